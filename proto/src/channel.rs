@@ -1,0 +1,285 @@
+//! The client side of the gateway connection: rustls configs (CA pin for the first contact, the stored trust bundle
+//! afterwards, the node certificate as client identity), a tonic [`Channel`] over them, and the reconnect
+//! [`Backoff`] (exponential, full jitter, capped).
+//!
+//! The CA pin is `sha256:<hex>` of the CA certificate's SubjectPublicKeyInfo, the same form kubeadm uses for its
+//! discovery hash: a node that has never talked to the control plane trusts exactly the chain whose CA key matches.
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    #[error("CA pin must be sha256:<64 hex characters>")]
+    BadPin,
+    #[error("gateway URL {url:?} must be https://host:port")]
+    BadUrl { url: String },
+    #[error("building TLS configuration")]
+    Tls(#[source] rustls::Error),
+    #[error("connecting to the gateway at {url}")]
+    Connect {
+        url: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// `sha256:<hex>` of the SubjectPublicKeyInfo of a certificate.
+pub fn ca_pin_of(cert_der: &[u8]) -> Option<String> {
+    spki_of(cert_der).map(|spki| format!("sha256:{}", hex::encode(crate::sha256(&spki))))
+}
+
+fn spki_of(cert_der: &[u8]) -> Option<Vec<u8>> {
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(cert_der).ok()?;
+    Some(cert.public_key().raw.to_vec())
+}
+
+fn parse_pin(pin: &str) -> Result<[u8; 32], ChannelError> {
+    let hex_part = pin
+        .trim()
+        .strip_prefix("sha256:")
+        .ok_or(ChannelError::BadPin)?;
+    let bytes = hex::decode(hex_part).map_err(|_| ChannelError::BadPin)?;
+    bytes.try_into().map_err(|_| ChannelError::BadPin)
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// How the client decides to trust the gateway.
+pub enum ServerTrust {
+    /// First contact: trust the chain whose CA key matches the pin.
+    Pin(String),
+    /// Afterwards: the CA certificates received at join (the trust bundle).
+    Bundle(Vec<CertificateDer<'static>>),
+}
+
+/// A client TLS config for the gateway (ALPN h2), optionally presenting a client certificate.
+pub fn client_config(
+    trust: ServerTrust,
+    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+) -> Result<Arc<rustls::ClientConfig>, ChannelError> {
+    let provider = provider();
+    let verifier: Arc<dyn ServerCertVerifier> = match trust {
+        ServerTrust::Pin(pin) => Arc::new(PinnedCaVerifier {
+            pin: parse_pin(&pin)?,
+            provider: provider.clone(),
+        }),
+        ServerTrust::Bundle(cas) => {
+            let mut roots = RootCertStore::empty();
+            for ca in cas {
+                roots.add(ca).map_err(ChannelError::Tls)?;
+            }
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()
+                .map_err(|e| ChannelError::Tls(rustls::Error::General(e.to_string())))?
+        }
+    };
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(ChannelError::Tls)?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let mut config = match identity {
+        Some((chain, key)) => builder
+            .with_client_auth_cert(chain, key)
+            .map_err(ChannelError::Tls)?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Trusts a server chain only if one of the presented certificates is a CA whose SPKI hash equals the pin, and the
+/// end entity verifies (name, dates, signature) against that CA.
+#[derive(Debug)]
+struct PinnedCaVerifier {
+    pin: [u8; 32],
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for PinnedCaVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let ca = intermediates
+            .iter()
+            .find(|c| spki_of(c).is_some_and(|spki| crate::sha256(&spki) == self.pin))
+            .ok_or_else(|| {
+                rustls::Error::General(
+                    "no certificate in the gateway's chain matches the CA pin".into(),
+                )
+            })?;
+        let mut roots = RootCertStore::empty();
+        roots.add(ca.clone().into_owned())?;
+        let inner =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+                .build()
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
+        inner.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// Host and port of an `https://host:port` gateway URL.
+pub fn parse_gateway_url(url: &str) -> Result<(String, u16), ChannelError> {
+    let bad = || ChannelError::BadUrl {
+        url: url.to_string(),
+    };
+    let uri: Uri = url.parse().map_err(|_| bad())?;
+    if uri.scheme_str() != Some("https") {
+        return Err(bad());
+    }
+    let host = uri
+        .host()
+        .ok_or_else(bad)?
+        .trim_matches(|c| c == '[' || c == ']')
+        .to_string();
+    Ok((host, uri.port_u16().unwrap_or(443)))
+}
+
+/// Opens one HTTP/2 connection to the gateway over `tls`. The returned channel does not reconnect by itself beyond
+/// what tonic does; long-lived callers wrap it in their own loop with [`Backoff`].
+pub async fn connect(url: &str, tls: Arc<rustls::ClientConfig>) -> Result<Channel, ChannelError> {
+    let (host, port) = parse_gateway_url(url)?;
+    let server_name = ServerName::try_from(host.clone()).map_err(|_| ChannelError::BadUrl {
+        url: url.to_string(),
+    })?;
+    let connector = tower::service_fn(move |_: Uri| {
+        let tls = tls.clone();
+        let host = host.clone();
+        let server_name = server_name.clone();
+        async move {
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            tcp.set_nodelay(true)?;
+            let stream = tokio_rustls::TlsConnector::from(tls)
+                .connect(server_name, tcp)
+                .await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+        }
+    });
+    // The scheme here only tells tonic to speak HTTP/2 over what the connector returns; TLS is ours.
+    Endpoint::from_shared(format!("http://gateway:{port}"))
+        .map_err(|source| ChannelError::Connect {
+            url: url.to_string(),
+            source,
+        })?
+        .connect_timeout(Duration::from_secs(10))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .connect_with_connector(connector)
+        .await
+        .map_err(|source| ChannelError::Connect {
+            url: url.to_string(),
+            source,
+        })
+}
+
+/// Exponential backoff with full jitter and a cap (AWS architecture blog's "full jitter"): attempt n waits a uniform
+/// random time in `[0, min(cap, base * 2^n))`. Pure: the caller passes the random source.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    base: Duration,
+    cap: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    pub fn new(base: Duration, cap: Duration) -> Backoff {
+        Backoff {
+            base,
+            cap,
+            attempt: 0,
+        }
+    }
+
+    /// The next wait; `unit` is a uniform random number in [0, 1).
+    pub fn next_delay(&mut self, unit: f64) -> Duration {
+        let ceiling = self
+            .base
+            .saturating_mul(1u32.checked_shl(self.attempt.min(30)).unwrap_or(u32::MAX))
+            .min(self.cap);
+        self.attempt = self.attempt.saturating_add(1);
+        ceiling.mul_f64(unit.clamp(0.0, 1.0))
+    }
+
+    /// After a success, start again from the base.
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_cap_with_full_jitter() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        assert_eq!(b.next_delay(0.999_999).as_millis(), 99);
+        assert_eq!(b.next_delay(0.5).as_millis(), 100);
+        for _ in 0..40 {
+            assert!(b.next_delay(0.999_999) <= Duration::from_secs(5));
+        }
+        assert_eq!(b.next_delay(0.0), Duration::ZERO);
+        b.reset();
+        assert!(b.next_delay(0.999_999) < Duration::from_millis(100));
+    }
+
+    #[test]
+    fn urls_and_pins() {
+        assert_eq!(
+            parse_gateway_url("https://127.0.0.1:7443").ok(),
+            Some(("127.0.0.1".into(), 7443))
+        );
+        assert!(parse_gateway_url("http://127.0.0.1:7443").is_err());
+        assert!(parse_pin("sha256:00").is_err());
+        assert!(parse_pin(&format!("sha256:{}", "ab".repeat(32))).is_ok());
+    }
+}

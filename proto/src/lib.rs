@@ -1,0 +1,36 @@
+//! bc-proto: the contract between Better Compute's parties.
+//!
+//! It owns the `bettercompute.v1` protobuf services (generated tonic code, checked in, with a drift test), the
+//! join-token format ([`token`]), HPKE sealing of tokens to JoinService ([`seal`]), SPIFFE IDs ([`spiffe`]), the
+//! signed-result envelope ([`envelope`]) and the client channel builder: mTLS, CA pinning, reconnect backoff with
+//! full jitter ([`channel`]).
+//!
+//! It imports no other crate of the workspace; every party depends on it. Start with `proto/bettercompute/v1/
+//! node.proto`, then [`token`] and [`seal`].
+
+pub mod channel;
+pub mod envelope;
+pub mod seal;
+pub mod spiffe;
+pub mod token;
+
+/// Generated protobuf messages and gRPC clients/servers for `bettercompute.v1`.
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod v1 {
+    include!("gen/bettercompute.v1.rs");
+}
+
+/// The agent version every binary reports (from the workspace version).
+pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// SHA-256 of `bytes`.
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).into()
+}
+
+/// Installs ring as the process-wide rustls crypto provider. Every binary calls this first (the graph holds exactly
+/// one provider; see CRATES.md pitfall 1). Calling it twice is harmless.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
