@@ -1,1 +1,11 @@
+//! bc-core: Better Compute's domain types and pure decisions.
+//!
+//! It owns what the control plane decides: join-token rules ([`join`]), the hardware key ([`hardware`]), the lean
+//! IAM check ([`iam`]) and node lifecycle states ([`node`]). It must not import tokio, sqlx, tonic, axum or reqwest,
+//! and never reads the clock, the RNG or the environment: time arrives as an argument (Unix milliseconds).
+//! Start with [`join::check_token`].
 
+pub mod hardware;
+pub mod iam;
+pub mod join;
+pub mod node;

@@ -1,0 +1,147 @@
+//! Tenants, principals with API keys, grants, and pools.
+
+use crate::{Store, StoreError};
+use bc_core::iam::Grant;
+use sqlx::Row;
+
+/// A principal as the API sees it after authenticating its key.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub id: String,
+    pub tenant_id: String,
+    pub name: String,
+    pub api_key_hash: String,
+    pub tenant_is_root: bool,
+    pub grants: Vec<Grant>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Pool {
+    pub id: String,
+    pub tenant_id: String,
+    pub name: String,
+    pub allow_reclaim: bool,
+    pub acceptance: serde_json::Value,
+}
+
+pub const ROOT_TENANT: &str = "root";
+
+impl Store {
+    /// Creates the root tenant if absent.
+    pub async fn ensure_root_tenant(&self) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO tenants (id, name, is_root) VALUES ($1, 'root', true) ON CONFLICT (id) DO NOTHING")
+            .bind(ROOT_TENANT)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Creates (or replaces the key of) a principal, with its grants.
+    pub async fn upsert_principal(
+        &self,
+        id: &str,
+        tenant_id: &str,
+        name: &str,
+        api_key_id: &str,
+        api_key_hash: &str,
+        grants: &[Grant],
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO principals (id, tenant_id, name, api_key_id, api_key_hash) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (id) DO UPDATE SET api_key_id = $4, api_key_hash = $5, disabled = false",
+        )
+        .bind(id)
+        .bind(tenant_id)
+        .bind(name)
+        .bind(api_key_id)
+        .bind(api_key_hash)
+        .execute(&mut *tx)
+        .await?;
+        for g in grants {
+            sqlx::query("INSERT INTO grants (principal_id, permission, scope) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+                .bind(id)
+                .bind(&g.permission)
+                .bind(&g.scope)
+                .execute(&mut *tx)
+                .await?;
+        }
+        audit(&mut tx, "system", "principal.key-set", &format!("principal/{id}"), serde_json::json!({"api_key_id": api_key_id})).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The enabled principal owning API key `api_key_id`, with its grants (one round trip).
+    pub async fn principal_by_api_key(&self, api_key_id: &str) -> Result<Option<Principal>, StoreError> {
+        let row = sqlx::query(
+            "SELECT p.id, p.tenant_id, p.name, p.api_key_hash, t.is_root, \
+                    COALESCE((SELECT jsonb_agg(jsonb_build_object('permission', g.permission, 'scope', g.scope)) \
+                              FROM grants g WHERE g.principal_id = p.id), '[]'::jsonb) \
+             FROM principals p JOIN tenants t ON t.id = p.tenant_id \
+             WHERE p.api_key_id = $1 AND NOT p.disabled",
+        )
+        .bind(api_key_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let grants: serde_json::Value = row.get(5);
+        let grants: Vec<Grant> = serde_json::from_value(grants).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        Ok(Some(Principal {
+            id: row.get(0),
+            tenant_id: row.get(1),
+            name: row.get(2),
+            api_key_hash: row.get::<Option<String>, _>(3).unwrap_or_default(),
+            tenant_is_root: row.get(4),
+            grants,
+        }))
+    }
+
+    pub async fn ensure_pool(&self, id: &str, tenant_id: &str, name: &str, allow_reclaim: bool) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO pools (id, tenant_id, name, allow_reclaim) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(id)
+        .bind(tenant_id)
+        .bind(name)
+        .bind(allow_reclaim)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn pool_by_id(&self, id: &str) -> Result<Pool, StoreError> {
+        let row = sqlx::query("SELECT id, tenant_id, name, allow_reclaim, acceptance FROM pools WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::NotFound {
+                what: "pool",
+                id: id.to_string(),
+            })?;
+        Ok(Pool {
+            id: row.get(0),
+            tenant_id: row.get(1),
+            name: row.get(2),
+            allow_reclaim: row.get(3),
+            acceptance: row.get(4),
+        })
+    }
+}
+
+/// Appends an audit event inside `tx`.
+pub(crate) async fn audit(
+    tx: &mut sqlx::PgConnection,
+    actor: &str,
+    action: &str,
+    subject: &str,
+    detail: serde_json::Value,
+) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO audit_events (actor, action, subject, detail) VALUES ($1, $2, $3, $4)")
+        .bind(actor)
+        .bind(action)
+        .bind(subject)
+        .bind(detail)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! Embedded migrations: the SQL files under `migrations/` are compiled into the binary and applied in order, once,
+//! under an advisory lock, each in its own transaction. A checksum guards against a file edited after it ran; a
+//! database newer than the binary is refused rather than guessed at.
+
+use sha2::{Digest, Sha256};
+use sqlx::{PgPool, Row};
+
+pub struct Migration {
+    pub version: i64,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "identity_and_join",
+    sql: include_str!("../migrations/0001_identity_and_join.sql"),
+}];
+
+/// Arbitrary constant naming our advisory lock.
+const LOCK_KEY: i64 = 0x6263_6d69_6772; // "bcmigr"
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("database error while migrating")]
+    Db(#[from] sqlx::Error),
+    #[error("migration {version} ({name}) was changed after it was applied (checksum differs)")]
+    Changed { version: i64, name: String },
+    #[error("database has migration {version} which this binary does not know: it is newer than this binary")]
+    DatabaseNewer { version: i64 },
+}
+
+fn checksum(sql: &str) -> String {
+    hex::encode(Sha256::digest(sql.as_bytes()))
+}
+
+/// Applies pending migrations; returns how many ran.
+pub async fn migrate(pool: &PgPool) -> Result<usize, MigrateError> {
+    let mut conn = pool.acquire().await?;
+    sqlx::query("SELECT pg_advisory_lock($1)").bind(LOCK_KEY).execute(&mut *conn).await?;
+    let result = apply(&mut conn).await;
+    let unlock = sqlx::query("SELECT pg_advisory_unlock($1)").bind(LOCK_KEY).execute(&mut *conn).await;
+    let n = result?;
+    unlock?;
+    Ok(n)
+}
+
+async fn apply(conn: &mut sqlx::PgConnection) -> Result<usize, MigrateError> {
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS bc_migrations (version bigint PRIMARY KEY, name text NOT NULL, \
+         checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .execute(&mut *conn)
+    .await?;
+    let applied = sqlx::query("SELECT version, name, checksum FROM bc_migrations ORDER BY version")
+        .fetch_all(&mut *conn)
+        .await?;
+    for row in &applied {
+        let version: i64 = row.get(0);
+        let Some(m) = MIGRATIONS.iter().find(|m| m.version == version) else {
+            return Err(MigrateError::DatabaseNewer { version });
+        };
+        if row.get::<String, _>(2) != checksum(m.sql) {
+            return Err(MigrateError::Changed {
+                version,
+                name: row.get(1),
+            });
+        }
+    }
+    let mut ran = 0;
+    for m in MIGRATIONS {
+        if applied.iter().any(|r| r.get::<i64, _>(0) == m.version) {
+            continue;
+        }
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        sqlx::raw_sql(m.sql).execute(&mut *tx).await?;
+        sqlx::query("INSERT INTO bc_migrations (version, name, checksum) VALUES ($1, $2, $3)")
+            .bind(m.version)
+            .bind(m.name)
+            .bind(checksum(m.sql))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        tracing::info!(version = m.version, name = m.name, "applied migration");
+        ran += 1;
+    }
+    Ok(ran)
+}

@@ -1,0 +1,251 @@
+//! Nodes: created or reclaimed by joins (in batches, one transaction per token per batch), listed by operators.
+
+use crate::{Store, StoreError, from_ms, to_ms};
+use sqlx::Row;
+
+/// One join that passed every check that does not need the token's row lock.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct JoinCandidate {
+    pub node_id: String,
+    /// When set, re-adopt this existing node (reclaim) instead of inserting a new one.
+    #[serde(skip)]
+    pub reclaim: bool,
+    pub hardware_key: Option<String>,
+    pub claims: serde_json::Value,
+    pub join_key_hash: String,
+    pub cert_serial: String,
+    pub not_after_ms: i64,
+}
+
+/// What became of one candidate once the token's row was locked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JoinCommit {
+    Joined { node_id: String, reclaimed: bool },
+    Revoked,
+    Expired,
+    Exhausted,
+    /// Another live node already holds this hardware key. `same_key` when that node joined with the same token and
+    /// node key (a retry that raced its own first attempt).
+    HardwareTaken { node_id: String, same_key: bool },
+    /// The node to reclaim was revoked or changed hardware between the check and the commit.
+    ReclaimLost,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodeRow {
+    pub id: String,
+    pub pool_id: String,
+    pub state: String,
+    pub hardware_key: Option<String>,
+    pub claims: serde_json::Value,
+    pub joined_at_ms: i64,
+    pub cert_not_after_ms: i64,
+    pub join_token_id: Option<String>,
+    pub session_epoch: i64,
+}
+
+/// A node found by its hardware key.
+#[derive(Debug, Clone)]
+pub struct HardwareOwner {
+    pub node_id: String,
+    pub join_token_id: Option<String>,
+    pub join_key_hash: String,
+}
+
+const NODE_COLUMNS: &str =
+    "id, pool_id, state, hardware_key, claims, joined_at, cert_not_after, join_token_id, session_epoch";
+
+fn node_from_row(row: &sqlx::postgres::PgRow) -> NodeRow {
+    NodeRow {
+        id: row.get(0),
+        pool_id: row.get(1),
+        state: row.get(2),
+        hardware_key: row.get(3),
+        claims: row.get(4),
+        joined_at_ms: to_ms(row.get(5)),
+        cert_not_after_ms: to_ms(row.get(6)),
+        join_token_id: row.get(7),
+        session_epoch: row.get(8),
+    }
+}
+
+impl Store {
+    /// Spends `token_id` for a batch of candidates in one transaction: locks the token row, grants at most
+    /// `uses_left` of them in order, reclaims or inserts the nodes, decrements the uses by what was actually used,
+    /// and writes one audit event per node. The returned outcomes are in the order of `candidates`.
+    pub async fn commit_joins(
+        &self,
+        token_id: &str,
+        pool_id: &str,
+        candidates: &[JoinCandidate],
+    ) -> Result<Vec<JoinCommit>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let token = sqlx::query(
+            "SELECT uses_left, revoked_at IS NOT NULL, expires_at <= now() FROM join_tokens WHERE id = $1 FOR UPDATE",
+        )
+        .bind(token_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| StoreError::NotFound {
+            what: "join token",
+            id: token_id.to_string(),
+        })?;
+        let (uses_left, revoked, expired): (i32, bool, bool) = (token.get(0), token.get(1), token.get(2));
+        if revoked || expired {
+            let o = if revoked { JoinCommit::Revoked } else { JoinCommit::Expired };
+            return Ok(vec![o; candidates.len()]);
+        }
+        let granted = usize::try_from(uses_left).unwrap_or(0).min(candidates.len());
+        let (chosen, _) = candidates.split_at(granted);
+        let to_json = |reclaim: bool| {
+            serde_json::to_value(chosen.iter().filter(|c| c.reclaim == reclaim).collect::<Vec<_>>())
+                .map_err(|e| StoreError::Corrupt(e.to_string()))
+        };
+        const RECORD: &str = "jsonb_to_recordset($1) AS x(node_id text, hardware_key text, claims jsonb, \
+                              join_key_hash text, cert_serial text, not_after_ms bigint)";
+        let mut done: Vec<(String, bool)> = Vec::with_capacity(granted);
+        if chosen.iter().any(|c| c.reclaim) {
+            let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE nodes n SET state = 'adopting', claims = x.claims, join_token_id = $2, \
+                 join_key_hash = x.join_key_hash, joined_at = now(), cert_serial = x.cert_serial, \
+                 cert_not_after = to_timestamp(x.not_after_ms / 1000.0), updated_at = now() \
+                 FROM {RECORD} WHERE n.id = x.node_id AND n.hardware_key = x.hardware_key AND n.state <> 'revoked' \
+                 RETURNING n.id"
+            )))
+            .bind(to_json(true)?)
+            .bind(token_id)
+            .fetch_all(&mut *tx)
+            .await?;
+            done.extend(rows.iter().map(|r| (r.get::<String, _>(0), true)));
+        }
+        if chosen.iter().any(|c| !c.reclaim) {
+            let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO nodes (id, pool_id, state, hardware_key, claims, join_token_id, join_key_hash, joined_at, \
+                 cert_serial, cert_not_after) \
+                 SELECT x.node_id, $2, 'adopting', x.hardware_key, x.claims, $3, x.join_key_hash, now(), \
+                 x.cert_serial, to_timestamp(x.not_after_ms / 1000.0) FROM {RECORD} \
+                 ON CONFLICT DO NOTHING RETURNING id"
+            )))
+            .bind(to_json(false)?)
+            .bind(pool_id)
+            .bind(token_id)
+            .fetch_all(&mut *tx)
+            .await?;
+            done.extend(rows.iter().map(|r| (r.get::<String, _>(0), false)));
+        }
+        if !done.is_empty() {
+            let used = i32::try_from(done.len()).unwrap_or(i32::MAX);
+            sqlx::query("UPDATE join_tokens SET uses_left = uses_left - $2 WHERE id = $1")
+                .bind(token_id)
+                .bind(used)
+                .execute(&mut *tx)
+                .await?;
+            let ids: Vec<&str> = done.iter().map(|(id, _)| id.as_str()).collect();
+            let reclaimed: Vec<bool> = done.iter().map(|(_, r)| *r).collect();
+            sqlx::query(
+                "INSERT INTO audit_events (actor, action, subject, detail) \
+                 SELECT 'join-token/' || $1, CASE WHEN r THEN 'node.reclaimed' ELSE 'node.joined' END, \
+                 'node/' || id, jsonb_build_object('pool', $2::text) FROM unnest($3::text[], $4::bool[]) AS u(id, r)",
+            )
+            .bind(token_id)
+            .bind(pool_id)
+            .bind(&ids)
+            .bind(&reclaimed)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+
+        let mut out = Vec::with_capacity(candidates.len());
+        for (i, c) in candidates.iter().enumerate() {
+            if i >= granted {
+                out.push(JoinCommit::Exhausted);
+            } else if let Some((_, reclaimed)) = done.iter().find(|(id, _)| *id == c.node_id) {
+                out.push(JoinCommit::Joined {
+                    node_id: c.node_id.clone(),
+                    reclaimed: *reclaimed,
+                });
+            } else if c.reclaim {
+                out.push(JoinCommit::ReclaimLost);
+            } else {
+                let owner = match &c.hardware_key {
+                    Some(hk) => self.node_by_hardware_key(hk).await?,
+                    None => None,
+                };
+                out.push(match owner {
+                    Some(o) => JoinCommit::HardwareTaken {
+                        same_key: o.join_key_hash == c.join_key_hash && o.join_token_id.as_deref() == Some(token_id),
+                        node_id: o.node_id,
+                    },
+                    // The conflicting node was revoked in between: report it as taken; a retry will succeed.
+                    None => JoinCommit::HardwareTaken {
+                        node_id: String::new(),
+                        same_key: false,
+                    },
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// A node joined with this token and node key within the last `window_ms` (a retry of a join whose reply was
+    /// lost). Revoked nodes are never returned.
+    pub async fn recent_join(
+        &self,
+        token_id: &str,
+        join_key_hash: &str,
+        window_ms: i64,
+    ) -> Result<Option<NodeRow>, StoreError> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {NODE_COLUMNS} FROM nodes WHERE join_token_id = $1 AND join_key_hash = $2 \
+             AND joined_at > now() - make_interval(secs => $3 / 1000.0) AND state <> 'revoked'"
+        )))
+        .bind(token_id)
+        .bind(join_key_hash)
+        .bind(window_ms as f64)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.as_ref().map(node_from_row))
+    }
+
+    /// The live (not revoked) node holding `hardware_key`.
+    pub async fn node_by_hardware_key(&self, hardware_key: &str) -> Result<Option<HardwareOwner>, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, join_token_id, join_key_hash FROM nodes WHERE hardware_key = $1 AND state <> 'revoked'",
+        )
+        .bind(hardware_key)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| HardwareOwner {
+            node_id: r.get(0),
+            join_token_id: r.get(1),
+            join_key_hash: r.get(2),
+        }))
+    }
+
+    /// Records the certificate most recently issued to a node.
+    pub async fn record_node_cert(&self, node_id: &str, serial: &str, not_after_ms: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE nodes SET cert_serial = $2, cert_not_after = $3, updated_at = now() WHERE id = $1")
+            .bind(node_id)
+            .bind(serial)
+            .bind(from_ms(not_after_ms))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn node(&self, id: &str) -> Result<Option<NodeRow>, StoreError> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {NODE_COLUMNS} FROM nodes WHERE id = $1")))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(node_from_row))
+    }
+
+    pub async fn list_nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY joined_at, id")))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(node_from_row).collect())
+    }
+}

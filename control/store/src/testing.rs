@@ -1,0 +1,137 @@
+//! The test harness: one private PostgreSQL per test process (fsync off), a template database migrated once, and a
+//! fresh database per test created from the template (`CREATE DATABASE … TEMPLATE`, milliseconds).
+
+use crate::embedded::{Durability, EmbeddedPostgres};
+use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+const TEMPLATE: &str = "bc_template";
+const PREFIX: &str = "bc-test-pg-";
+
+struct Cluster {
+    pg: EmbeddedPostgres,
+    dir: PathBuf,
+}
+
+static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+static TEMPLATE_READY: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// Removes clusters left by earlier test processes that died (their pid is in the directory name).
+fn remove_stale_clusters(tmp: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(pid) = name.strip_prefix(PREFIX).and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+fn cluster() -> &'static Cluster {
+    let result = CLUSTER.get_or_init(|| {
+        let tmp = std::env::temp_dir();
+        remove_stale_clusters(&tmp);
+        let dir = tmp.join(format!("{PREFIX}{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // The postgres user must be able to reach the directory when we run as root.
+        EmbeddedPostgres::start(&dir, Durability::Throwaway)
+            .map(|pg| Cluster { pg, dir })
+            .map_err(|e| format!("{e}: {}", error_chain(&e)))
+    });
+    match result {
+        Ok(c) => c,
+        Err(e) => panic!("test PostgreSQL did not start: {e}"),
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = String::new();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(&format!(" / {s}"));
+        cur = s.source();
+    }
+    out
+}
+
+/// A fresh, migrated database for one test.
+pub struct TestDb {
+    pub pool: PgPool,
+    pub name: String,
+}
+
+impl TestDb {
+    pub fn connect_options(&self) -> PgConnectOptions {
+        cluster().pg.connect_options(&self.name)
+    }
+
+    /// A `postgres://` URL to this database (for spawning `better-compute serve --database-url`).
+    pub fn url(&self) -> String {
+        cluster().pg.url(&self.name)
+    }
+
+    /// A plain-text `pg_dump` of the whole database (schema and data).
+    pub fn dump(&self) -> std::io::Result<String> {
+        let c = cluster();
+        let bin = std::fs::read_dir("/usr/lib/postgresql")?
+            .flatten()
+            .map(|e| e.path().join("bin/pg_dump"))
+            .find(|p| p.exists())
+            .ok_or_else(|| std::io::Error::other("pg_dump not found"))?;
+        let out = std::process::Command::new(bin)
+            .arg("--no-owner")
+            .arg(c.pg.url(&self.name))
+            .output()?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(String::from_utf8_lossy(&out.stderr).to_string()));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).to_string())
+    }
+
+    pub fn cluster_dir() -> PathBuf {
+        cluster().dir.clone()
+    }
+}
+
+/// Creates a fresh database from the migrated template.
+pub async fn test_db() -> TestDb {
+    let c = cluster();
+    TEMPLATE_READY
+        .get_or_init(|| async {
+            let admin = c.pg.pool("postgres", 2).await.expect("connect to test cluster");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {TEMPLATE}")))
+                .execute(&admin)
+                .await
+                .expect("create template database");
+            let tpl = c.pg.pool(TEMPLATE, 2).await.expect("connect to template");
+            crate::migrate::migrate(&tpl).await.expect("migrate template");
+            tpl.close().await;
+            admin.close().await;
+        })
+        .await;
+    let name = format!("t{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+    let admin = c.pg.pool("postgres", 1).await.expect("connect to test cluster");
+    let mut attempt = 0;
+    loop {
+        match sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name} TEMPLATE {TEMPLATE}"))).execute(&admin).await {
+            Ok(_) => break,
+            // Another test copying the template at the same moment holds it briefly.
+            Err(e) if attempt < 50 => {
+                attempt += 1;
+                tracing::debug!(error = %e, "retrying CREATE DATABASE");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("create test database: {e}"),
+        }
+    }
+    admin.close().await;
+    let pool = c.pg.pool(&name, 20).await.expect("connect to test database");
+    TestDb { pool, name }
+}
