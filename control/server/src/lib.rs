@@ -1,1 +1,199 @@
+//! bc-control: the `better-compute` control plane.
+//!
+//! It owns the HTTP API and IAM ([`api`]), JoinService and the CA ([`join`], [`ca`]), role wiring ([`start`]),
+//! configuration ([`config`]), `dev` mode on an embedded PostgreSQL ([`dev`]) and the operator CLI's API client
+//! ([`client`]). Decisions live in bc-core, state in bc-store, the daemon-facing server in bc-gateway; this crate
+//! wires them. Start with [`start`].
 
+pub mod api;
+pub mod ca;
+pub mod client;
+pub mod config;
+pub mod dev;
+pub mod join;
+
+use crate::ca::Ca;
+use crate::config::ServeConfig;
+use bc_core::iam::Grant;
+use bc_proto::token::{Token, TokenKind};
+use bc_store::Store;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("loading the CA and JoinService key")]
+    Ca(#[from] ca::CaError),
+    #[error("binding {what} on {addr}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("gateway TLS")]
+    Tls(#[from] bc_gateway::tls::TlsError),
+    #[error("store")]
+    Store(#[from] bc_store::StoreError),
+}
+
+/// A started control plane: where it listens and what nodes need to trust it.
+pub struct Running {
+    pub api_addr: Option<SocketAddr>,
+    pub gateway_addr: Option<SocketAddr>,
+    pub gateway_url: String,
+    pub ca_pin: String,
+    pub join_public_key: String,
+    pub trust_domain: String,
+    tasks: JoinSet<()>,
+    stop: watch::Sender<bool>,
+}
+
+impl Running {
+    /// Stops every role and waits for them.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Waits until a role task ends on its own (which is an error in a server), then stops the rest.
+    pub async fn wait_any(&mut self) {
+        let _ = self.tasks.join_next().await;
+    }
+}
+
+/// Starts the roles of `config` against `store` (already migrated). Nothing blocks: the listeners are bound before
+/// this returns, so callers can print addresses and tests can connect at once.
+pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartError> {
+    let ca = Arc::new(Ca::load_or_create(&config.state_dir, &config.trust_domain)?);
+    let join_key = ca::load_or_create_join_key(&config.state_dir)?;
+    let join_public_key = join_key.public_key().encode();
+    store.ensure_root_tenant().await?;
+    let (stop, stop_rx) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+    let bind = |what: &'static str, addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { what, addr, source })
+    };
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let mut gateway_addr = None;
+    let mut gateway_url = config.gateway_url.clone().unwrap_or_default();
+    if config.roles.gateway {
+        let listener = bind("gateway", config.gateway_listen).await?;
+        let addr = listener.local_addr().map_err(|source| StartError::Bind {
+            what: "gateway",
+            addr: config.gateway_listen,
+            source,
+        })?;
+        gateway_addr = Some(addr);
+        if gateway_url.is_empty() {
+            let host = config.gateway_hosts.first().cloned().unwrap_or_else(|| addr.ip().to_string());
+            gateway_url = format!("https://{host}:{}", addr.port());
+        }
+        let gateway_id = format!("gw-{}", addr.port());
+        let (chain, key) = ca.issue_gateway(&gateway_id, &config.gateway_hosts)?;
+        let tls = bc_gateway::tls::server_config(chain, key, std::slice::from_ref(ca.cert_der()))?;
+        let join = join::JoinService::start(store.clone(), ca.clone(), join_key);
+        let services = bc_gateway::Services { join };
+        let rx = stop_rx.clone();
+        tasks.spawn(async move {
+            if let Err(e) = bc_gateway::serve(listener, tls, services, bc_gateway::Limits::default(), stopped(rx)).await {
+                tracing::error!(error = %e, "gateway stopped");
+            }
+        });
+        tracing::info!(%addr, "gateway role listening");
+    }
+
+    let mut api_addr = None;
+    if config.roles.api {
+        let listener = bind("api", config.api_listen).await?;
+        let addr = listener.local_addr().map_err(|source| StartError::Bind {
+            what: "api",
+            addr: config.api_listen,
+            source,
+        })?;
+        api_addr = Some(addr);
+        let state = api::ApiState {
+            store: store.clone(),
+            ca: ca.clone(),
+            join_public_key: join_public_key.clone(),
+            gateway_url: gateway_url.clone(),
+        };
+        let rx = stop_rx.clone();
+        tasks.spawn(async move {
+            if let Err(e) = axum::serve(listener, api::router(state)).with_graceful_shutdown(stopped(rx)).await {
+                tracing::error!(error = %e, "api stopped");
+            }
+        });
+        tracing::info!(%addr, "api role listening");
+    }
+    for (on, name) in [
+        (config.roles.controllers, "controllers"),
+        (config.roles.scheduler, "scheduler"),
+        (config.roles.sinks, "sinks"),
+        (config.roles.iam, "iam"),
+    ] {
+        if on {
+            tracing::info!(role = name, "role enabled; no loops of this role exist in this version yet");
+        }
+    }
+    Ok(Running {
+        api_addr,
+        gateway_addr,
+        gateway_url,
+        ca_pin: ca.pin(),
+        join_public_key,
+        trust_domain: config.trust_domain.clone(),
+        tasks,
+        stop,
+    })
+}
+
+/// Creates (or re-keys) the administrator principal of the root tenant with every permission; returns its API key.
+pub async fn bootstrap_admin(store: &Store) -> Result<String, bc_store::StoreError> {
+    store.ensure_root_tenant().await?;
+    let key = Token::generate(TokenKind::ApiKey)
+        .map_err(|e| bc_store::StoreError::Corrupt(format!("no randomness: {e}")))?;
+    store
+        .upsert_principal(
+            "admin",
+            bc_store::iam::ROOT_TENANT,
+            "administrator",
+            key.id(),
+            &key.secret().hash(),
+            &[Grant {
+                permission: "*".into(),
+                scope: "*".into(),
+            }],
+        )
+        .await?;
+    Ok(key.reveal())
+}
+
+/// Re-installs a known admin key (dev mode keeps its key in its data directory).
+pub async fn restore_admin(store: &Store, key: &str) -> Result<bool, bc_store::StoreError> {
+    let Ok(key) = Token::parse(TokenKind::ApiKey, key) else {
+        return Ok(false);
+    };
+    store.ensure_root_tenant().await?;
+    store
+        .upsert_principal(
+            "admin",
+            bc_store::iam::ROOT_TENANT,
+            "administrator",
+            key.id(),
+            &key.secret().hash(),
+            &[Grant {
+                permission: "*".into(),
+                scope: "*".into(),
+            }],
+        )
+        .await?;
+    Ok(true)
+}

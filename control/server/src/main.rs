@@ -1,1 +1,337 @@
-fn main() {}
+//! `better-compute`: the control plane binary. Parses arguments, builds the runtime, calls the library.
+
+use anyhow::Context as _;
+use bc_control::client::ApiClient;
+use bc_control::config::ServeConfigWire;
+use bc_store::Store;
+use clap::{Parser, Subcommand};
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "better-compute", version, about = "Better Compute control plane")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct ApiArgs {
+    /// Control-plane API URL.
+    #[arg(long, env = "BC_API_URL", default_value = "http://127.0.0.1:7080")]
+    api_url: String,
+    /// API key (bcak_…).
+    #[arg(long, env = "BC_API_KEY", hide_env_values = true)]
+    api_key: String,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Apply the embedded database migrations (once per deploy).
+    Migrate {
+        #[arg(long, env = "BC_DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+    /// Serve the given roles.
+    Serve {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Comma-separated: api,gateway,controllers,scheduler,sinks,iam (or all).
+        #[arg(long)]
+        roles: Option<String>,
+        #[arg(long, env = "BC_DATABASE_URL", hide_env_values = true)]
+        database_url: Option<String>,
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        #[arg(long)]
+        trust_domain: Option<String>,
+        #[arg(long)]
+        api_listen: Option<String>,
+        #[arg(long)]
+        gateway_listen: Option<String>,
+        /// A DNS name or IP address for the gateway certificate (repeatable).
+        #[arg(long = "gateway-host")]
+        gateway_hosts: Vec<String>,
+        #[arg(long)]
+        gateway_url: Option<String>,
+        /// Do not run migrations at start (they are run by `migrate` in the deploy).
+        #[arg(long)]
+        no_migrate: bool,
+    },
+    /// Everything in one process on a private PostgreSQL under --data-dir. No other setup.
+    Dev {
+        #[arg(long, default_value = ".bc-dev")]
+        data_dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:7080")]
+        api_listen: SocketAddr,
+        #[arg(long, default_value = "127.0.0.1:7443")]
+        gateway_listen: SocketAddr,
+        #[arg(long, default_value = "dev.bettercompute.local")]
+        trust_domain: String,
+    },
+    /// Create the administrator principal (or give it a new key) and print its API key.
+    BootstrapAdmin {
+        #[arg(long, env = "BC_DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+    /// Join tokens: create, list, revoke.
+    JoinTokens {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: JoinTokenCommand,
+    },
+    /// Nodes: list, show.
+    Nodes {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: NodeCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum JoinTokenCommand {
+    /// Create a token; prints the token (shown once) on stdout.
+    Create {
+        #[arg(long, default_value = "default")]
+        pool: String,
+        #[arg(long, default_value_t = 1)]
+        uses: i32,
+        /// Lifetime: 90s, 30m, 24h, 7d.
+        #[arg(long, default_value = "24h")]
+        ttl: String,
+        /// Hardware the joining node must match, e.g. --expect gpu.count=8 (repeatable).
+        #[arg(long = "expect", value_name = "CLAIM=VALUE")]
+        expect: Vec<String>,
+        /// Allow re-adopting an existing node whose hardware key matches.
+        #[arg(long)]
+        reclaim: bool,
+    },
+    List {
+        #[arg(long)]
+        pool: Option<String>,
+    },
+    Revoke { id: String },
+}
+
+#[derive(Subcommand)]
+enum NodeCommand {
+    List,
+    Show { id: String },
+}
+
+fn parse_ttl(s: &str) -> anyhow::Result<i64> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1),
+        Some((i, 'm')) => (&s[..i], 60),
+        Some((i, 'h')) => (&s[..i], 3600),
+        Some((i, 'd')) => (&s[..i], 86_400),
+        _ => (s, 1),
+    };
+    let n: i64 = num.parse().with_context(|| format!("--ttl {s:?}: expected a number with s, m, h or d"))?;
+    Ok(n * mult)
+}
+
+fn main() -> anyhow::Result<()> {
+    bc_proto::install_crypto_provider();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BC_LOG").unwrap_or_else(|_| "info,sqlx=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(run(cli))
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn connect(url: &str) -> anyhow::Result<Store> {
+    let pool = bc_store::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(64)
+        .connect(url)
+        .await
+        .context("connecting to PostgreSQL")?;
+    Ok(Store::new(pool))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Migrate { database_url } => {
+            let store = connect(&database_url).await?;
+            let n = bc_store::migrate::migrate(store.pool()).await?;
+            println!("applied {n} migration(s)");
+        }
+        Command::BootstrapAdmin { database_url } => {
+            let store = connect(&database_url).await?;
+            println!("{}", bc_control::bootstrap_admin(&store).await?);
+        }
+        Command::Serve {
+            config,
+            roles,
+            database_url,
+            state_dir,
+            trust_domain,
+            api_listen,
+            gateway_listen,
+            gateway_hosts,
+            gateway_url,
+            no_migrate,
+        } => {
+            let (base, origin) = match &config {
+                Some(p) => (ServeConfigWire::from_file(p)?, p.display().to_string()),
+                None => (ServeConfigWire::default(), "command line".to_string()),
+            };
+            let cfg = base
+                .overlay(ServeConfigWire {
+                    state_dir,
+                    database_url,
+                    trust_domain,
+                    roles,
+                    api_listen,
+                    gateway_listen,
+                    gateway_hosts: (!gateway_hosts.is_empty()).then_some(gateway_hosts),
+                    gateway_url,
+                })
+                .validate(&origin)?;
+            let url = cfg
+                .database_url
+                .clone()
+                .context("INVALID_CONFIG: database_url is required (flag --database-url or BC_DATABASE_URL)")?;
+            let store = connect(&url).await?;
+            if !no_migrate {
+                bc_store::migrate::migrate(store.pool()).await?;
+            }
+            let mut running = bc_control::start(&cfg, store).await?;
+            println!(
+                "serving: api={} gateway={} ca_pin={} join_key={}",
+                running.api_addr.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+                running.gateway_addr.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+                running.ca_pin,
+                running.join_public_key
+            );
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                _ = running.wait_any() => tracing::error!("a role stopped on its own"),
+            }
+            running.shutdown().await;
+        }
+        Command::Dev {
+            data_dir,
+            api_listen,
+            gateway_listen,
+            trust_domain,
+        } => {
+            let opts = bc_control::dev::DevOptions {
+                data_dir: data_dir.clone(),
+                api_listen,
+                gateway_listen,
+                trust_domain,
+            };
+            bc_control::dev::run(
+                opts,
+                |r| {
+                    println!("better-compute dev is ready in {} ms (data in {})", r.ready_ms, data_dir.display());
+                    println!("  api:           {}", r.api_url);
+                    println!("  gateway:       {}", r.gateway_url);
+                    println!("  admin key:     {}", r.admin_key);
+                    println!("  CA pin:        {}", r.ca_pin);
+                    println!("  join key:      {}", r.join_public_key);
+                    println!("  join token:    {}  (pool default, 16 uses, 24h, reclaim)", r.join_token);
+                    println!("  environment:   {}/dev.env", data_dir.display());
+                },
+                shutdown_signal(),
+            )
+            .await?;
+        }
+        Command::JoinTokens { api, command } => {
+            let client = ApiClient::new(&api.api_url, &api.api_key);
+            match command {
+                JoinTokenCommand::Create {
+                    pool,
+                    uses,
+                    ttl,
+                    expect,
+                    reclaim,
+                } => {
+                    let mut exp = serde_json::Map::new();
+                    for e in expect {
+                        let (k, v) = e.split_once('=').context("--expect must be CLAIM=VALUE")?;
+                        exp.insert(k.to_string(), Value::String(v.to_string()));
+                    }
+                    let v = client
+                        .call(
+                            "join-tokens",
+                            "create",
+                            json!({"pool": pool, "uses": uses, "ttl_seconds": parse_ttl(&ttl)?, "expect": exp, "reclaim": reclaim}),
+                        )
+                        .await?;
+                    println!("{}", v["token"].as_str().unwrap_or_default());
+                    eprintln!(
+                        "join token {} for pool {}: {} use(s), reclaim {}; the secret is shown only once",
+                        v["id"].as_str().unwrap_or_default(),
+                        v["pool"].as_str().unwrap_or_default(),
+                        v["uses"],
+                        v["reclaim"]
+                    );
+                }
+                JoinTokenCommand::List { pool } => {
+                    let v = client.call("join-tokens", "list", json!({"pool": pool})).await?;
+                    println!("{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}", "ID", "POOL", "LEFT", "TOTAL", "REVOKED", "RECLAIM");
+                    for t in v["tokens"].as_array().into_iter().flatten() {
+                        println!(
+                            "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
+                            t["id"].as_str().unwrap_or_default(),
+                            t["pool_id"].as_str().unwrap_or_default(),
+                            t["uses_left"],
+                            t["uses_total"],
+                            t["revoked"],
+                            t["reclaim"]
+                        );
+                    }
+                }
+                JoinTokenCommand::Revoke { id } => {
+                    client.call("join-tokens", "revoke", json!({"id": id})).await?;
+                    println!("revoked {id}");
+                }
+            }
+        }
+        Command::Nodes { api, command } => {
+            let client = ApiClient::new(&api.api_url, &api.api_key);
+            match command {
+                NodeCommand::List => {
+                    let v = client.call("nodes", "list", json!({})).await?;
+                    println!("{:<38} {:<10} {:<10} {:>5} {:<20}", "NODE", "POOL", "STATE", "GPUS", "HOSTNAME");
+                    for n in v["nodes"].as_array().into_iter().flatten() {
+                        println!(
+                            "{:<38} {:<10} {:<10} {:>5} {:<20}",
+                            n["id"].as_str().unwrap_or_default(),
+                            n["pool_id"].as_str().unwrap_or_default(),
+                            n["state"].as_str().unwrap_or_default(),
+                            n["claims"]["gpus"].as_array().map(|g| g.len()).unwrap_or(0),
+                            n["claims"]["hostname"].as_str().unwrap_or_default()
+                        );
+                    }
+                }
+                NodeCommand::Show { id } => {
+                    let v = client.call("nodes", "get", json!({"id": id})).await?;
+                    println!("{}", serde_json::to_string_pretty(&v["node"])?);
+                }
+            }
+        }
+    }
+    Ok(())
+}

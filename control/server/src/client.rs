@@ -1,0 +1,55 @@
+//! The operator CLI's client for the HTTP API.
+
+use serde_json::Value;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("calling {url}")]
+    Http {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{code}: {message}")]
+    Api { code: String, message: String },
+}
+
+pub struct ApiClient {
+    base: String,
+    key: String,
+    http: reqwest::Client,
+}
+
+impl ApiClient {
+    pub fn new(base: &str, key: &str) -> ApiClient {
+        ApiClient {
+            base: base.trim_end_matches('/').to_string(),
+            key: key.to_string(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// `POST /api/compute/{group}/{method}`.
+    pub async fn call(&self, group: &str, method: &str, body: Value) -> Result<Value, ClientError> {
+        let url = format!("{}/api/compute/{group}/{method}", self.base);
+        let http = |source| ClientError::Http { url: url.clone(), source };
+        let resp = self
+            .http
+            .post(&url)
+            .bearer_auth(&self.key)
+            .json(&body)
+            .send()
+            .await
+            .map_err(http)?;
+        let ok = resp.status().is_success();
+        let v: Value = resp.json().await.map_err(http)?;
+        if ok {
+            Ok(v)
+        } else {
+            Err(ClientError::Api {
+                code: v["code"].as_str().unwrap_or("UNAVAILABLE").to_string(),
+                message: v["message"].as_str().unwrap_or("no message").to_string(),
+            })
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! Control-plane configuration: a serde "wire" struct read from TOML (every field optional; command-line flags
+//! override), validated into [`ServeConfig`]. Errors name the file and the field (INVALID_CONFIG).
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The roles a process can run. Several processes of each share work through the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Roles {
+    pub api: bool,
+    pub gateway: bool,
+    pub controllers: bool,
+    pub scheduler: bool,
+    pub sinks: bool,
+    pub iam: bool,
+}
+
+pub const ROLE_NAMES: &[&str] = &["api", "gateway", "controllers", "scheduler", "sinks", "iam"];
+
+impl Roles {
+    pub fn all() -> Roles {
+        Roles {
+            api: true,
+            gateway: true,
+            controllers: true,
+            scheduler: true,
+            sinks: true,
+            iam: true,
+        }
+    }
+
+    pub fn parse(list: &str) -> Result<Roles, String> {
+        let mut r = Roles::default();
+        for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match name {
+                "api" => r.api = true,
+                "gateway" => r.gateway = true,
+                "controllers" => r.controllers = true,
+                "scheduler" => r.scheduler = true,
+                "sinks" => r.sinks = true,
+                "iam" => r.iam = true,
+                "all" => r = Roles::all(),
+                other => return Err(format!("unknown role {other:?}; roles are {}", ROLE_NAMES.join(", "))),
+            }
+        }
+        if r == Roles::default() {
+            return Err("no roles given".into());
+        }
+        Ok(r)
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeConfigWire {
+    pub state_dir: Option<PathBuf>,
+    pub database_url: Option<String>,
+    pub trust_domain: Option<String>,
+    pub roles: Option<String>,
+    pub api_listen: Option<String>,
+    pub gateway_listen: Option<String>,
+    /// DNS names and IP addresses the gateway certificate covers.
+    pub gateway_hosts: Option<Vec<String>>,
+    /// The gateway URL nodes are told to use (defaults to https://<first host>:<gateway port>).
+    pub gateway_url: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub state_dir: PathBuf,
+    pub database_url: Option<String>,
+    pub trust_domain: String,
+    pub roles: Roles,
+    pub api_listen: SocketAddr,
+    pub gateway_listen: SocketAddr,
+    pub gateway_hosts: Vec<String>,
+    pub gateway_url: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("INVALID_CONFIG: reading {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("INVALID_CONFIG: {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("INVALID_CONFIG: {origin}: field {field}: {message}")]
+    Field {
+        origin: String,
+        field: &'static str,
+        message: String,
+    },
+}
+
+impl ServeConfigWire {
+    pub fn from_file(path: &Path) -> Result<ServeConfigWire, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Fields set in `over` replace ours.
+    pub fn overlay(self, over: ServeConfigWire) -> ServeConfigWire {
+        ServeConfigWire {
+            state_dir: over.state_dir.or(self.state_dir),
+            database_url: over.database_url.or(self.database_url),
+            trust_domain: over.trust_domain.or(self.trust_domain),
+            roles: over.roles.or(self.roles),
+            api_listen: over.api_listen.or(self.api_listen),
+            gateway_listen: over.gateway_listen.or(self.gateway_listen),
+            gateway_hosts: over.gateway_hosts.or(self.gateway_hosts),
+            gateway_url: over.gateway_url.or(self.gateway_url),
+        }
+    }
+
+    /// Validates; `origin` names where the values came from (a file path or "command line").
+    pub fn validate(self, origin: &str) -> Result<ServeConfig, ConfigError> {
+        let field = |field: &'static str, message: String| ConfigError::Field {
+            origin: origin.to_string(),
+            field,
+            message,
+        };
+        let addr = |name: &'static str, v: Option<String>, default: &str| -> Result<SocketAddr, ConfigError> {
+            v.as_deref()
+                .unwrap_or(default)
+                .parse()
+                .map_err(|e| field(name, format!("not a socket address ({e})")))
+        };
+        let trust_domain = self.trust_domain.unwrap_or_else(|| "bettercompute.local".into());
+        if bc_proto::spiffe::SpiffeId::new(&trust_domain, bc_proto::spiffe::Role::Node, "x").is_err() {
+            return Err(field("trust_domain", "must be lowercase letters, digits, '.', '-', '_'".into()));
+        }
+        let roles = Roles::parse(self.roles.as_deref().unwrap_or("api,gateway")).map_err(|m| field("roles", m))?;
+        if let Some(url) = &self.gateway_url {
+            bc_proto::channel::parse_gateway_url(url).map_err(|e| field("gateway_url", e.to_string()))?;
+        }
+        Ok(ServeConfig {
+            state_dir: self.state_dir.unwrap_or_else(|| PathBuf::from("/var/lib/better-compute")),
+            database_url: self.database_url,
+            trust_domain,
+            roles,
+            api_listen: addr("api_listen", self.api_listen, "127.0.0.1:7080")?,
+            gateway_listen: addr("gateway_listen", self.gateway_listen, "127.0.0.1:7443")?,
+            gateway_hosts: self
+                .gateway_hosts
+                .unwrap_or_else(|| vec!["localhost".into(), "127.0.0.1".into()]),
+            gateway_url: self.gateway_url,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_example_parses() -> Result<(), ConfigError> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/examples/control.toml");
+        let c = ServeConfigWire::from_file(&path)?.validate(&path.display().to_string())?;
+        assert!(c.roles.api && c.roles.gateway);
+        Ok(())
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let wire = ServeConfigWire {
+            api_listen: Some("nope".into()),
+            ..Default::default()
+        };
+        let e = wire.validate("x.toml").map(|_| ()).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("x.toml") && e.contains("api_listen"), "{e}");
+        let wire = ServeConfigWire {
+            roles: Some("api,wizard".into()),
+            ..Default::default()
+        };
+        assert!(wire.validate("cli").is_err());
+    }
+}

@@ -1,0 +1,146 @@
+//! `better-compute dev`: a private PostgreSQL under a data directory, migrated, every role in one process on
+//! localhost, an administrator key, a fresh join token. A second `dev` on the same directory reuses the database,
+//! the CA, the JoinService key and the admin key.
+
+use crate::config::{Roles, ServeConfig};
+use bc_core::join::Expectations;
+use bc_proto::token::{Token, TokenKind};
+use bc_store::Store;
+use bc_store::embedded::{Durability, EmbeddedPostgres};
+use bc_store::join_tokens::NewJoinToken;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+pub const DATABASE: &str = "bettercompute";
+pub const DEFAULT_POOL: &str = "default";
+
+pub struct DevOptions {
+    pub data_dir: PathBuf,
+    pub api_listen: SocketAddr,
+    pub gateway_listen: SocketAddr,
+    pub trust_domain: String,
+}
+
+/// What `dev` prints when it is ready (and writes to `<data>/dev.env`).
+pub struct DevReady {
+    pub api_url: String,
+    pub gateway_url: String,
+    pub admin_key: String,
+    pub ca_pin: String,
+    pub join_public_key: String,
+    pub join_token: String,
+    pub database_url: String,
+    pub ready_ms: u128,
+}
+
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+/// Runs dev mode until `shutdown` resolves; `on_ready` is called once everything listens.
+pub async fn run(
+    opts: DevOptions,
+    on_ready: impl FnOnce(&DevReady),
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    std::fs::create_dir_all(&opts.data_dir)?;
+    let data_dir = std::fs::canonicalize(&opts.data_dir)?;
+    // The postgres user (when we are root) must be able to reach its directory.
+    let mut perms = std::fs::metadata(&data_dir)?.permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o711);
+    std::fs::set_permissions(&data_dir, perms)?;
+    let pg_dir = data_dir.join("pg");
+    let pg = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&pg_dir, Durability::Durable)).await??;
+    let admin_pool = pg.pool("postgres", 2).await?;
+    let exists: Option<i32> = bc_store::sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+        .bind(DATABASE)
+        .fetch_optional(&admin_pool)
+        .await?;
+    if exists.is_none() {
+        bc_store::sqlx::raw_sql("CREATE DATABASE bettercompute").execute(&admin_pool).await?;
+    }
+    admin_pool.close().await;
+    let pool = pg.pool(DATABASE, 64).await?;
+    bc_store::migrate::migrate(&pool).await?;
+    let store = Store::new(pool);
+    store.ensure_root_tenant().await?;
+    store.ensure_pool(DEFAULT_POOL, bc_store::iam::ROOT_TENANT, "default pool", true).await?;
+
+    let key_path = data_dir.join("admin.key");
+    let admin_key = match std::fs::read_to_string(&key_path) {
+        Ok(k) if crate::restore_admin(&store, k.trim()).await? => k.trim().to_string(),
+        _ => {
+            let k = crate::bootstrap_admin(&store).await?;
+            write_private(&key_path, &k)?;
+            k
+        }
+    };
+
+    let config = ServeConfig {
+        state_dir: data_dir.join("state"),
+        database_url: None,
+        trust_domain: opts.trust_domain.clone(),
+        roles: Roles::all(),
+        api_listen: opts.api_listen,
+        gateway_listen: opts.gateway_listen,
+        gateway_hosts: vec!["localhost".into(), "127.0.0.1".into()],
+        gateway_url: None,
+    };
+    let running = crate::start(&config, store.clone()).await?;
+
+    let token = Token::generate(TokenKind::Join)?;
+    let expires_at_ms = (time::OffsetDateTime::now_utc().unix_timestamp() + 86_400) * 1000;
+    store
+        .create_join_token(NewJoinToken {
+            id: token.id(),
+            pool_id: DEFAULT_POOL,
+            secret_hash: &token.secret().hash(),
+            uses: 16,
+            expires_at_ms,
+            expect: &Expectations::default(),
+            reclaim: true,
+            created_by: "dev",
+        })
+        .await?;
+
+    let ready = DevReady {
+        api_url: running.api_addr.map(|a| format!("http://{a}")).unwrap_or_default(),
+        gateway_url: running.gateway_url.clone(),
+        admin_key,
+        ca_pin: running.ca_pin.clone(),
+        join_public_key: running.join_public_key.clone(),
+        join_token: token.reveal(),
+        database_url: pg.url(DATABASE),
+        ready_ms: t0.elapsed().as_millis(),
+    };
+    write_private(
+        &data_dir.join("dev.env"),
+        &format!(
+            "BC_API_URL={}\nBC_API_KEY={}\nBC_GATEWAY_URL={}\nBC_CA_PIN={}\nBC_JOIN_KEY={}\nBC_JOIN_TOKEN={}\nBC_DATABASE_URL={}\n",
+            ready.api_url,
+            ready.admin_key,
+            ready.gateway_url,
+            ready.ca_pin,
+            ready.join_public_key,
+            ready.join_token,
+            ready.database_url
+        ),
+    )?;
+    on_ready(&ready);
+    shutdown.await;
+    running.shutdown().await;
+    store.pool().close().await;
+    tokio::task::spawn_blocking(move || pg.stop()).await?;
+    Ok(())
+}

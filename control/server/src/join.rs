@@ -1,0 +1,334 @@
+//! JoinService: opens the sealed token, checks it, computes the hardware key, signs the node certificate and
+//! commits the node. Commits are batched (group commit): concurrent joins on a token share one transaction, so the
+//! token's row lock and the WAL flush are paid once per batch instead of once per node, with every join still
+//! acknowledged only after its commit is durable.
+
+use crate::ca::{Ca, CsrError, Issued, verify_csr};
+use bc_core::hardware::{self, HardwareClaims};
+use bc_core::join::{REPLAY_WINDOW_MS, TokenRejection, check_token};
+use bc_proto::seal::{self, JoinPrivateKey, SealError};
+use bc_proto::spiffe::{Role, SpiffeId};
+use bc_proto::token::{Token, TokenKind};
+use bc_proto::v1;
+use bc_store::Store;
+use bc_store::nodes::{JoinCandidate, JoinCommit};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use time::OffsetDateTime;
+use tokio::sync::{mpsc, oneshot};
+use tonic::Status;
+
+const MAX_SEALED: usize = 512;
+const MAX_CSR: usize = 8 * 1024;
+const MAX_STRING: usize = 256;
+const MAX_NICS: usize = 256;
+const MAX_GPUS: usize = 64;
+const MAX_NOTES: usize = 32;
+/// Most joins one transaction commits.
+const MAX_BATCH: usize = 256;
+
+pub struct JoinService {
+    store: Store,
+    ca: Arc<Ca>,
+    key: JoinPrivateKey,
+    batches: mpsc::Sender<Job>,
+}
+
+struct Job {
+    token_id: String,
+    pool_id: String,
+    candidate: JoinCandidate,
+    reply: oneshot::Sender<Result<JoinCommit, String>>,
+}
+
+fn now() -> OffsetDateTime {
+    OffsetDateTime::now_utc()
+}
+
+fn now_ms(t: OffsetDateTime) -> i64 {
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+fn internal(what: &str, e: &dyn std::error::Error) -> Status {
+    tracing::error!(error = %e, "{what}");
+    Status::unavailable(format!("{what}; the control plane logged the cause, retry later"))
+}
+
+impl JoinService {
+    /// Creates the service and starts its batch committer on the current runtime.
+    pub fn start(store: Store, ca: Arc<Ca>, key: JoinPrivateKey) -> Arc<JoinService> {
+        let (tx, rx) = mpsc::channel(4096);
+        tokio::spawn(commit_loop(store.clone(), rx));
+        Arc::new(JoinService {
+            store,
+            ca,
+            key,
+            batches: tx,
+        })
+    }
+
+    pub async fn join(&self, req: v1::JoinRequest, peer: Option<SocketAddr>) -> Result<v1::JoinResponse, Status> {
+        let claims = validate_claims(req.claims.unwrap_or_default())?;
+        if req.sealed_token.len() > MAX_SEALED {
+            return Err(Status::invalid_argument(format!("sealed_token is longer than {MAX_SEALED} bytes")));
+        }
+        if req.csr_der.len() > MAX_CSR {
+            return Err(Status::invalid_argument(format!("csr_der is longer than {MAX_CSR} bytes")));
+        }
+        let csr = verify_csr(&req.csr_der).map_err(|e| match e {
+            CsrError::BadSignature => Status::permission_denied(e.to_string()),
+            _ => Status::invalid_argument(e.to_string()),
+        })?;
+        let token = seal::open(&self.key, &req.sealed_token, &csr.spki_der).map_err(|e| match e {
+            SealError::WrongKey => Status::permission_denied(e.to_string()),
+            _ => Status::invalid_argument(e.to_string()),
+        })?;
+        let token = Token::parse(TokenKind::Join, &token)
+            .map_err(|e| Status::invalid_argument(format!("the sealed token is not a join token: {e}")))?;
+        let row = self
+            .store
+            .join_token(token.id())
+            .await
+            .map_err(|e| internal("reading the join token", &e))?
+            .ok_or_else(|| Status::permission_denied(format!("unknown join token {}", token.id())))?;
+        if !token.secret().matches_hash(&row.secret_hash) {
+            return Err(Status::permission_denied(format!(
+                "join token {} secret does not match",
+                token.id()
+            )));
+        }
+        let key_hash = hex::encode(bc_proto::sha256(&csr.spki_der));
+        let t = now();
+        if !row.revoked
+            && let Some(node) = self
+                .store
+                .recent_join(&row.id, &key_hash, REPLAY_WINDOW_MS)
+                .await
+                .map_err(|e| internal("reading recent joins", &e))?
+        {
+            return self.replay(&csr, &node.id, &node.pool_id, t).await;
+        }
+        check_token(&row.state(), &claims, now_ms(t)).map_err(|r| match r {
+            TokenRejection::Exhausted => Status::resource_exhausted(r.to_string()),
+            _ => Status::permission_denied(r.to_string()),
+        })?;
+        let hk = hardware::hardware_key(&claims);
+        let mut reclaim_of = None;
+        if row.reclaim
+            && let Some(hk) = &hk
+        {
+            let pool = self.store.pool_by_id(&row.pool_id).await.map_err(|e| internal("reading the pool", &e))?;
+            if pool.allow_reclaim {
+                reclaim_of = self
+                    .store
+                    .node_by_hardware_key(hk)
+                    .await
+                    .map_err(|e| internal("reading nodes", &e))?
+                    .map(|o| o.node_id);
+            }
+        }
+        let node_id = reclaim_of.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let issued = self
+            .ca
+            .issue_workload(&csr, Role::Node, &node_id, t)
+            .map_err(|e| internal("signing the node certificate", &e))?;
+        let candidate = JoinCandidate {
+            node_id: node_id.clone(),
+            reclaim: reclaim_of.is_some(),
+            hardware_key: hk,
+            claims: serde_json::to_value(&claims).map_err(|e| internal("encoding claims", &e))?,
+            join_key_hash: key_hash,
+            cert_serial: issued.serial_hex.clone(),
+            not_after_ms: issued.not_after_ms,
+        };
+        let (reply, rx) = oneshot::channel();
+        self.batches
+            .send(Job {
+                token_id: row.id.clone(),
+                pool_id: row.pool_id.clone(),
+                candidate,
+                reply,
+            })
+            .await
+            .map_err(|_| Status::unavailable("join committer stopped"))?;
+        let outcome = rx
+            .await
+            .map_err(|_| Status::unavailable("join committer stopped"))?
+            .map_err(|e| Status::unavailable(format!("committing the join failed ({e}); retry")))?;
+        match outcome {
+            JoinCommit::Joined { node_id, reclaimed } => {
+                tracing::info!(node_id, token = row.id, reclaimed, ?peer, "node joined");
+                Ok(self.response(&node_id, &row.pool_id, issued, reclaimed, false))
+            }
+            JoinCommit::Exhausted => Err(Status::resource_exhausted(TokenRejection::Exhausted.to_string())),
+            JoinCommit::Revoked => Err(Status::permission_denied(TokenRejection::Revoked.to_string())),
+            JoinCommit::Expired => Err(Status::permission_denied(TokenRejection::Expired.to_string())),
+            JoinCommit::HardwareTaken { node_id, same_key: true } => self.replay(&csr, &node_id, &row.pool_id, t).await,
+            JoinCommit::HardwareTaken { node_id, .. } => Err(Status::already_exists(format!(
+                "this hardware already belongs to node {node_id}: join with a reclaim token, or revoke that node first"
+            ))),
+            JoinCommit::ReclaimLost => Err(Status::aborted("the node to reclaim changed during the join; retry")),
+        }
+    }
+
+    /// A retry of a committed join (same token, same key): the same node and a fresh certificate, no use spent.
+    async fn replay(
+        &self,
+        csr: &crate::ca::VerifiedCsr,
+        node_id: &str,
+        pool_id: &str,
+        t: OffsetDateTime,
+    ) -> Result<v1::JoinResponse, Status> {
+        let issued = self
+            .ca
+            .issue_workload(csr, Role::Node, node_id, t)
+            .map_err(|e| internal("signing the node certificate", &e))?;
+        self.store
+            .record_node_cert(node_id, &issued.serial_hex, issued.not_after_ms)
+            .await
+            .map_err(|e| internal("recording the certificate", &e))?;
+        tracing::info!(node_id, "join retried: same node, no use spent");
+        Ok(self.response(node_id, pool_id, issued, false, true))
+    }
+
+    fn response(&self, node_id: &str, pool: &str, issued: Issued, reclaimed: bool, replayed: bool) -> v1::JoinResponse {
+        let spiffe = SpiffeId::new(self.ca.trust_domain(), Role::Node, node_id)
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        v1::JoinResponse {
+            node_id: node_id.to_string(),
+            spiffe_id: spiffe,
+            cert_der: issued.cert_der,
+            chain_der: Vec::new(),
+            trust_bundle_der: vec![self.ca.cert_der().to_vec()],
+            reclaimed,
+            pool: pool.to_string(),
+            not_after_unix_ms: issued.not_after_ms,
+            replayed,
+        }
+    }
+}
+
+impl bc_gateway::JoinHandler for JoinService {
+    fn join(
+        &self,
+        request: v1::JoinRequest,
+        peer: Option<SocketAddr>,
+    ) -> bc_gateway::BoxFuture<'_, Result<v1::JoinResponse, Status>> {
+        Box::pin(JoinService::join(self, request, peer))
+    }
+}
+
+/// Takes whatever joins are waiting (up to MAX_BATCH), commits them per token in one transaction each, answers.
+async fn commit_loop(store: Store, mut rx: mpsc::Receiver<Job>) {
+    while let Some(first) = rx.recv().await {
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(j) => jobs.push(j),
+                Err(_) => break,
+            }
+        }
+        while !jobs.is_empty() {
+            let token = jobs[0].token_id.clone();
+            let pool = jobs[0].pool_id.clone();
+            let (group, rest): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.token_id == token);
+            jobs = rest;
+            let candidates: Vec<JoinCandidate> = group.iter().map(|j| j.candidate.clone()).collect();
+            match store.commit_joins(&token, &pool, &candidates).await {
+                Ok(outcomes) => {
+                    for (job, outcome) in group.into_iter().zip(outcomes) {
+                        let _ = job.reply.send(Ok(outcome));
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, token, "join batch failed");
+                    for job in group {
+                        let _ = job.reply.send(Err(e.to_string()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn check_len(field: String, s: &str) -> Result<(), Status> {
+    if s.len() > MAX_STRING || s.chars().any(char::is_control) {
+        return Err(Status::invalid_argument(format!(
+            "claims.{field} must be at most {MAX_STRING} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Converts wire claims to domain claims, refusing oversized or garbled values with the field's path.
+pub fn validate_claims(c: v1::HardwareClaims) -> Result<HardwareClaims, Status> {
+    if c.nics.len() > MAX_NICS || c.gpus.len() > MAX_GPUS || c.collection_notes.len() > MAX_NOTES {
+        return Err(Status::invalid_argument(format!(
+            "claims list too long: at most {MAX_NICS} nics, {MAX_GPUS} gpus, {MAX_NOTES} notes"
+        )));
+    }
+    let dmi = c.dmi.unwrap_or_default();
+    for (name, v) in [
+        ("dmi.system_uuid", &dmi.system_uuid),
+        ("dmi.system_serial", &dmi.system_serial),
+        ("dmi.board_serial", &dmi.board_serial),
+        ("dmi.chassis_serial", &dmi.chassis_serial),
+        ("dmi.vendor", &dmi.vendor),
+        ("dmi.product", &dmi.product),
+        ("hostname", &c.hostname),
+        ("arch", &c.arch),
+        ("gpu_backend", &c.gpu_backend),
+    ] {
+        check_len(name.to_string(), v)?;
+    }
+    for (i, n) in c.nics.iter().enumerate() {
+        for (f, v) in [("name", &n.name), ("mac", &n.mac), ("driver", &n.driver), ("pci_address", &n.pci_address)] {
+            check_len(format!("nics[{i}].{f}"), v)?;
+        }
+    }
+    for (i, g) in c.gpus.iter().enumerate() {
+        for (f, v) in [("uuid", &g.uuid), ("serial", &g.serial), ("model", &g.model), ("pci_bus_id", &g.pci_bus_id)] {
+            check_len(format!("gpus[{i}].{f}"), v)?;
+        }
+    }
+    for (i, n) in c.collection_notes.iter().enumerate() {
+        check_len(format!("collection_notes[{i}]"), n)?;
+    }
+    Ok(HardwareClaims {
+        dmi: hardware::DmiClaims {
+            system_uuid: dmi.system_uuid,
+            system_serial: dmi.system_serial,
+            board_serial: dmi.board_serial,
+            chassis_serial: dmi.chassis_serial,
+            vendor: dmi.vendor,
+            product: dmi.product,
+        },
+        nics: c
+            .nics
+            .into_iter()
+            .map(|n| hardware::NicClaim {
+                name: n.name,
+                mac: n.mac,
+                driver: n.driver,
+                pci_address: n.pci_address,
+            })
+            .collect(),
+        gpus: c
+            .gpus
+            .into_iter()
+            .map(|g| hardware::GpuClaim {
+                index: g.index,
+                uuid: g.uuid,
+                serial: g.serial,
+                model: g.model,
+                pci_bus_id: g.pci_bus_id,
+                memory_mib: g.memory_mib,
+            })
+            .collect(),
+        hostname: c.hostname,
+        arch: c.arch,
+        gpu_backend: c.gpu_backend,
+        collection_notes: c.collection_notes,
+    })
+}
