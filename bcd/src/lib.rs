@@ -1,1 +1,13 @@
+//! bcd: the Better Compute node daemon, as a library with a thin binary.
+//!
+//! It owns the node side of identity: the node key and state directory ([`state`]), configuration pinned by the
+//! install script ([`config`]), hardware claims from DMI, sysfs and the GPU backend ([`hardware`], [`gpu`]) and
+//! `bcd join` ([`join`]). GPU access goes through the [`gpu::GpuBackend`] trait: NVML (feature `nvml`) or a JSON
+//! fixture. With default features off (as the ramdisk builds it) it has no NVML and no site code.
+//! Start with [`join::join`].
 
+pub mod config;
+pub mod gpu;
+pub mod hardware;
+pub mod join;
+pub mod state;

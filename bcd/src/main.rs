@@ -1,1 +1,154 @@
-fn main() {}
+//! `bcd`: the node daemon binary. Parses arguments, builds the runtime, calls the library.
+
+use anyhow::Context as _;
+use bcd::config::{ConfigWire, GpuBackendChoice};
+use clap::{Parser, Subcommand};
+use std::path::{Path, PathBuf};
+
+#[derive(Parser)]
+#[command(name = "bcd", version, about = "Better Compute node daemon")]
+struct Cli {
+    /// Configuration file (written by the install script).
+    #[arg(long, global = true, default_value = "/etc/bcd/bcd.toml")]
+    config: PathBuf,
+    /// State directory (node key, certificate, identity).
+    #[arg(long, global = true, env = "BCD_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct Overrides {
+    #[arg(long)]
+    gateway_url: Option<String>,
+    #[arg(long)]
+    ca_pin: Option<String>,
+    #[arg(long)]
+    join_public_key: Option<String>,
+    /// nvml, none, or fixture:<path>.
+    #[arg(long)]
+    gpu_backend: Option<String>,
+    /// Read /sys and /proc under this root instead of / (tests, containers).
+    #[arg(long)]
+    hardware_root: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Join the control plane with a join token (bcjt_…). Safe to re-run after a crash.
+    Join {
+        /// The token; prefer BCD_JOIN_TOKEN or --token-file so it stays out of the process list.
+        #[arg(env = "BCD_JOIN_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Attempts while the gateway is unreachable.
+        #[arg(long, default_value_t = 8)]
+        attempts: u32,
+        #[command(flatten)]
+        overrides: Overrides,
+    },
+    /// Show this node's identity and certificate lifetime.
+    Status,
+    /// Run the daemon: the session with the gateway.
+    Run,
+}
+
+fn load_config(path: &Path, state_dir: Option<PathBuf>, o: Overrides) -> anyhow::Result<bcd::config::Config> {
+    let (base, origin) = if path.exists() {
+        (ConfigWire::from_file(path)?, path.display().to_string())
+    } else {
+        (ConfigWire::default(), "command line".to_string())
+    };
+    Ok(base
+        .overlay(ConfigWire {
+            gateway_url: o.gateway_url,
+            ca_pin: o.ca_pin,
+            join_public_key: o.join_public_key,
+            state_dir,
+            gpu_backend: o.gpu_backend,
+            hardware_root: o.hardware_root,
+        })
+        .validate(&origin)?)
+}
+
+fn main() {
+    bc_proto::install_crypto_provider();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("BCD_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(run(cli)));
+    if let Err(e) = result {
+        eprintln!("bcd: error: {}", format!("{e:#}").replace(": ", ": "));
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Join {
+            token,
+            token_file,
+            attempts,
+            overrides,
+        } => {
+            let token = match (token, token_file) {
+                (Some(t), _) => t,
+                (None, Some(f)) => std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?,
+                (None, None) => anyhow::bail!("give the join token as an argument, in BCD_JOIN_TOKEN or with --token-file"),
+            };
+            let config = load_config(&cli.config, cli.state_dir, overrides)?;
+            let (backend, gpu_error) = match bcd::gpu::open(&config.gpu_backend) {
+                Ok(b) => (Some(b), None),
+                Err(e) if config.gpu_backend == GpuBackendChoice::Nvml => (None, Some(e.to_string())),
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(e) = &gpu_error {
+                tracing::warn!(error = %e, "no GPUs reported");
+            }
+            let claims = bcd::hardware::collect(&config.hardware_root, backend.as_deref(), gpu_error);
+            let gpus = claims.gpus.len();
+            let outcome = bcd::join::join(&config, &token, bcd::join::JoinOptions { attempts, claims }).await?;
+            let how = if outcome.replayed {
+                " (a retry of an earlier join: same node, no token use spent)"
+            } else if outcome.reclaimed {
+                " (reclaimed: same node as before)"
+            } else {
+                ""
+            };
+            println!(
+                "joined as node {} in pool {} with {gpus} GPU(s){how}",
+                outcome.identity.node_id, outcome.identity.pool
+            );
+            println!("identity {}; state in {}", outcome.identity.spiffe_id, config.state_dir.display());
+        }
+        Command::Status => {
+            let dir = cli.state_dir.unwrap_or_else(|| PathBuf::from("/var/lib/bcd"));
+            let state = bcd::state::StateDir::open(&dir)?;
+            match state.identity()? {
+                None => println!("not joined (state in {})", dir.display()),
+                Some(id) => {
+                    let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+                    println!("node {} ({})", id.node_id, id.spiffe_id);
+                    println!("pool {}; gateway {}", id.pool, id.gateway_url);
+                    println!("certificate expires in {} min", (id.not_after_ms - now) / 60_000);
+                }
+            }
+        }
+        Command::Run => {
+            anyhow::bail!(
+                "`bcd run` (the gateway session) is not in this version yet; the node is joined and its identity is \
+                 in the state directory"
+            );
+        }
+    }
+    Ok(())
+}

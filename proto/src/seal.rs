@@ -50,6 +50,12 @@ pub enum SealError {
 #[derive(Clone)]
 pub struct JoinPublicKey(<Kem as hpke::Kem>::PublicKey);
 
+impl std::fmt::Debug for JoinPublicKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "JoinPublicKey({})", self.encode())
+    }
+}
+
 /// JoinService's private key; kept by the control plane (0600).
 pub struct JoinPrivateKey(<Kem as hpke::Kem>::PrivateKey);
 

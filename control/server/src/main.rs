@@ -296,10 +296,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                             "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
                             t["id"].as_str().unwrap_or_default(),
                             t["pool_id"].as_str().unwrap_or_default(),
-                            t["uses_left"],
-                            t["uses_total"],
-                            t["revoked"],
-                            t["reclaim"]
+                            t["uses_left"].to_string(),
+                            t["uses_total"].to_string(),
+                            t["revoked"].to_string(),
+                            t["reclaim"].to_string()
                         );
                     }
                 }

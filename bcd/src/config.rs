@@ -1,0 +1,144 @@
+//! `bcd` configuration (`/etc/bcd/bcd.toml`, written by the install script): where the gateway is and what to
+//! trust before the node holds a trust bundle. Command-line flags override the file.
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigWire {
+    pub gateway_url: Option<String>,
+    /// `sha256:<hex>` of the control-plane CA's SubjectPublicKeyInfo.
+    pub ca_pin: Option<String>,
+    /// JoinService's HPKE public key (base64url).
+    pub join_public_key: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    /// `nvml` (default where built), or `fixture:<path to JSON>`.
+    pub gpu_backend: Option<String>,
+    /// Root under which `/sys` and `/proc` are read (tests and containers); default `/`.
+    pub hardware_root: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub gateway_url: String,
+    pub ca_pin: String,
+    pub join_public_key: bc_proto::seal::JoinPublicKey,
+    pub state_dir: PathBuf,
+    pub gpu_backend: GpuBackendChoice,
+    pub hardware_root: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuBackendChoice {
+    Nvml,
+    Fixture(PathBuf),
+    None,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{origin}: {field}: {message}")]
+    Field {
+        origin: String,
+        field: &'static str,
+        message: String,
+    },
+}
+
+impl ConfigWire {
+    pub fn from_file(path: &Path) -> Result<ConfigWire, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    pub fn overlay(self, over: ConfigWire) -> ConfigWire {
+        ConfigWire {
+            gateway_url: over.gateway_url.or(self.gateway_url),
+            ca_pin: over.ca_pin.or(self.ca_pin),
+            join_public_key: over.join_public_key.or(self.join_public_key),
+            state_dir: over.state_dir.or(self.state_dir),
+            gpu_backend: over.gpu_backend.or(self.gpu_backend),
+            hardware_root: over.hardware_root.or(self.hardware_root),
+        }
+    }
+
+    pub fn validate(self, origin: &str) -> Result<Config, ConfigError> {
+        let field = |field: &'static str, message: String| ConfigError::Field {
+            origin: origin.to_string(),
+            field,
+            message,
+        };
+        let gateway_url = self.gateway_url.ok_or_else(|| field("gateway_url", "is required".into()))?;
+        bc_proto::channel::parse_gateway_url(&gateway_url).map_err(|e| field("gateway_url", e.to_string()))?;
+        let ca_pin = self.ca_pin.ok_or_else(|| field("ca_pin", "is required".into()))?;
+        let pin_ok = ca_pin
+            .strip_prefix("sha256:")
+            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+        if !pin_ok {
+            return Err(field("ca_pin", "must be sha256:<64 hex characters>".into()));
+        }
+        let key = self
+            .join_public_key
+            .ok_or_else(|| field("join_public_key", "is required".into()))?;
+        let join_public_key =
+            bc_proto::seal::JoinPublicKey::parse(&key).map_err(|e| field("join_public_key", e.to_string()))?;
+        let default_backend = if cfg!(feature = "nvml") { "nvml" } else { "none" };
+        let gpu_backend = match self.gpu_backend.as_deref().unwrap_or(default_backend) {
+            "nvml" => GpuBackendChoice::Nvml,
+            "none" => GpuBackendChoice::None,
+            other => match other.strip_prefix("fixture:") {
+                Some(p) if !p.is_empty() => GpuBackendChoice::Fixture(PathBuf::from(p)),
+                _ => return Err(field("gpu_backend", "must be nvml, none or fixture:<path>".into())),
+            },
+        };
+        Ok(Config {
+            gateway_url,
+            ca_pin,
+            join_public_key,
+            state_dir: self.state_dir.unwrap_or_else(|| PathBuf::from("/var/lib/bcd")),
+            gpu_backend,
+            hardware_root: self.hardware_root.unwrap_or_else(|| PathBuf::from("/")),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_example_parses() -> Result<(), ConfigError> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/bcd.toml");
+        let c = ConfigWire::from_file(&path)?.validate(&path.display().to_string())?;
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/bcd"));
+        Ok(())
+    }
+
+    #[test]
+    fn missing_and_bad_fields_are_named() {
+        let e = ConfigWire::default().validate("f.toml").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("gateway_url"), "{e}");
+        let w = ConfigWire {
+            gateway_url: Some("https://127.0.0.1:1".into()),
+            ca_pin: Some("md5:00".into()),
+            ..Default::default()
+        };
+        let e = w.validate("f.toml").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("ca_pin"), "{e}");
+    }
+}

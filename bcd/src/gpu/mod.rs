@@ -1,0 +1,64 @@
+//! GPU access behind a trait: [`nvml::NvmlBackend`] on real nodes (feature `nvml`, library loaded at run time) and
+//! [`fixture::FixtureBackend`] (a JSON file) for tests and demos on machines without GPUs.
+
+pub mod fixture;
+#[cfg(feature = "nvml")]
+pub mod nvml;
+
+use serde::{Deserialize, Serialize};
+
+/// One GPU as inventory and join claims need it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub uuid: String,
+    #[serde(default)]
+    pub serial: String,
+    pub model: String,
+    #[serde(default)]
+    pub pci_bus_id: String,
+    #[serde(default)]
+    pub memory_mib: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// The backend cannot be used on this machine (no driver, no library): a reported condition, not a crash.
+    #[error("GPU backend {backend} unavailable: {reason}")]
+    Unavailable { backend: &'static str, reason: String },
+    #[error("GPU backend {backend}: {message}")]
+    Query { backend: &'static str, message: String },
+}
+
+pub trait GpuBackend: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn gpus(&self) -> Result<Vec<GpuInfo>, GpuError>;
+}
+
+/// A backend for machines where GPU collection is turned off.
+pub struct NoGpus;
+
+impl GpuBackend for NoGpus {
+    fn name(&self) -> &'static str {
+        "none"
+    }
+
+    fn gpus(&self) -> Result<Vec<GpuInfo>, GpuError> {
+        Ok(Vec::new())
+    }
+}
+
+/// Builds the configured backend. An NVML that cannot load is returned as an error the caller reports.
+pub fn open(choice: &crate::config::GpuBackendChoice) -> Result<Box<dyn GpuBackend>, GpuError> {
+    match choice {
+        crate::config::GpuBackendChoice::None => Ok(Box::new(NoGpus)),
+        crate::config::GpuBackendChoice::Fixture(path) => Ok(Box::new(fixture::FixtureBackend::load(path)?)),
+        #[cfg(feature = "nvml")]
+        crate::config::GpuBackendChoice::Nvml => Ok(Box::new(nvml::NvmlBackend::init()?)),
+        #[cfg(not(feature = "nvml"))]
+        crate::config::GpuBackendChoice::Nvml => Err(GpuError::Unavailable {
+            backend: "nvml",
+            reason: "this bcd was built without the nvml feature".into(),
+        }),
+    }
+}
