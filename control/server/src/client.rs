@@ -29,6 +29,10 @@ impl ApiClient {
         }
     }
 
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
     /// `POST /api/compute/{group}/{method}`.
     pub async fn call(&self, group: &str, method: &str, body: Value) -> Result<Value, ClientError> {
         let url = format!("{}/api/compute/{group}/{method}", self.base);

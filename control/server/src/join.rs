@@ -69,6 +69,12 @@ impl JoinService {
 
     pub async fn join(&self, req: v1::JoinRequest, peer: Option<SocketAddr>) -> Result<v1::JoinResponse, Status> {
         let claims = validate_claims(req.claims.unwrap_or_default())?;
+        if req.csr_der.is_empty() {
+            return Err(Status::invalid_argument("csr_der is empty: send the node's PKCS#10 request"));
+        }
+        if req.sealed_token.is_empty() {
+            return Err(Status::invalid_argument("sealed_token is empty: seal the join token to JoinService"));
+        }
         if req.sealed_token.len() > MAX_SEALED {
             return Err(Status::invalid_argument(format!("sealed_token is longer than {MAX_SEALED} bytes")));
         }
