@@ -1,1 +1,13 @@
-//! bcd-site: proxy DHCP, TFTP, boot HTTP, Redfish client and the boot lease for `bcd site` (filled by the site issue).
+//! bcd-site owns the boot services a rack management host runs for `bcd site`: proxy DHCP ([`dhcp`]) and a
+//! read-only TFTP server ([`tftp`]); boot HTTP, the Redfish client and the boot lease will join them here.
+//!
+//! It knows nothing of the session or the control plane and must not import `bcd`, `bc-proto` or any control
+//! crate: `bcd site` wires its session to these services, handing them a [`dhcp::NetbootTable`] through a
+//! `tokio::sync::watch` channel and the served directory as a path.
+//!
+//! Each service is split the same way: a sans-I/O part that decides (`dhcp::decide`, `tftp::codec`,
+//! `tftp::negotiate`) and a thin async server that takes already-bound sockets and a shutdown future
+//! (`dhcp::server::run`, `tftp::server::run`). Start reading at [`dhcp::decide()`] and [`tftp::codec`].
+
+pub mod dhcp;
+pub mod tftp;

@@ -58,13 +58,23 @@ pub fn build_request(
     token: &str,
     claims: v1::HardwareClaims,
 ) -> Result<v1::JoinRequest, JoinError> {
-    let parsed = Token::parse(TokenKind::Join, token)?;
     let key = state.load_or_create_key()?;
+    request_for_key(config, &key, token, claims)
+}
+
+/// A request for `token` from `key` (no state directory: load generators and tests).
+pub fn request_for_key(
+    config: &Config,
+    key: &rcgen::KeyPair,
+    token: &str,
+    claims: v1::HardwareClaims,
+) -> Result<v1::JoinRequest, JoinError> {
+    let parsed = Token::parse(TokenKind::Join, token)?;
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, "bcd node");
     params.distinguished_name = dn;
-    let csr = params.serialize_request(&key).map_err(JoinError::Csr)?;
+    let csr = params.serialize_request(key).map_err(JoinError::Csr)?;
     let sealed = bc_proto::seal::seal(&config.join_public_key, &parsed.reveal(), &key.subject_public_key_info())?;
     Ok(v1::JoinRequest {
         sealed_token: sealed,

@@ -238,6 +238,9 @@ async fn every_refusal_is_distinct_clear_and_changes_nothing() -> TestResult {
         c.hostname = "h".repeat(10_000);
     }
     cases.push(("oversized claims", Code::InvalidArgument, "claims.hostname", huge_claims));
+    let mut garbage_version = req(&fresh)?;
+    garbage_version.agent_version = "\u{7f}\u{0}".into();
+    cases.push(("garbage agent_version", Code::InvalidArgument, "agent_version", garbage_version));
     let mut empty = req(&fresh)?;
     empty.sealed_token.clear();
     empty.csr_der.clear();

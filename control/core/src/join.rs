@@ -156,14 +156,16 @@ mod tests {
 
     #[test]
     fn expectations() {
-        let mut c = HardwareClaims::default();
-        c.gpus = vec![
-            GpuClaim {
-                model: "NVIDIA H100".into(),
-                ..Default::default()
-            };
-            8
-        ];
+        let c = HardwareClaims {
+            gpus: vec![
+                GpuClaim {
+                    model: "NVIDIA H100".into(),
+                    ..Default::default()
+                };
+                8
+            ],
+            ..Default::default()
+        };
         let mut e = Expectations::default();
         e.0.insert("gpu.count".into(), "8".into());
         e.0.insert("gpu.model".into(), "nvidia h100".into());

@@ -69,6 +69,9 @@ impl JoinService {
 
     pub async fn join(&self, req: v1::JoinRequest, peer: Option<SocketAddr>) -> Result<v1::JoinResponse, Status> {
         let claims = validate_claims(req.claims.unwrap_or_default())?;
+        check_len("agent_version".into(), &req.agent_version).map_err(|_| {
+            Status::invalid_argument(format!("agent_version must be at most {MAX_STRING} bytes without control characters"))
+        })?;
         if req.csr_der.is_empty() {
             return Err(Status::invalid_argument("csr_der is empty: send the node's PKCS#10 request"));
         }

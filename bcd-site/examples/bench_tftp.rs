@@ -1,0 +1,250 @@
+//! TFTP benchmark: time for `curl --tftp-blksize 1468` to fetch a loader from our server and from dnsmasq's TFTP
+//! (the peer), alternating fetches in the same invocation, inside a network namespace of its own (dnsmasq needs
+//! port 69; the namespace's private loopback keeps it off the host's). Prints median and p90 per server and the
+//! ratio (dnsmasq time / our time: above 1 means we are faster), ending with `tftp: <ms> ms` (our median).
+//!
+//! Needs root, iproute2, curl and dnsmasq. The namespace is created and deleted here under a name carrying this
+//! process's PID, on every exit path.
+//!
+//! usage: bench_tftp [--file PATH] [--fetches N] [--blksize N]
+//! (the file defaults to /usr/lib/ipxe/snponly.efi when the `ipxe` package is installed, else 1 MiB of noise)
+
+use std::io::Read as _;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use bcd_site::tftp::Limits;
+use bcd_site::tftp::server::{TftpCounters, run};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::UdpSocket;
+use tokio::process::Command;
+
+const OUR_PORT: u16 = 6969;
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    if args.first().map(String::as_str) == Some("serve") {
+        return rt.block_on(serve(&args[1..]));
+    }
+    rt.block_on(bench(&args))
+}
+
+fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+}
+
+async fn serve(args: &[String]) -> Result<()> {
+    let root = PathBuf::from(flag(args, "--root").context("--root")?);
+    let socket = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, OUR_PORT)).await?;
+    println!("ready");
+    let stop = async {
+        let _ = tokio::task::spawn_blocking(|| {
+            let mut sink = Vec::new();
+            std::io::stdin().read_to_end(&mut sink)
+        })
+        .await;
+    };
+    let counters = Arc::new(TftpCounters::default());
+    run(socket, &root, Limits::default(), counters, stop).await?;
+    Ok(())
+}
+
+/// Deletes the namespace when dropped.
+struct Namespace(String);
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+async fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip").args(args).output().await?;
+    if !out.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// One curl fetch inside the namespace; returns curl's own `time_total` in milliseconds.
+async fn fetch(ns: &str, url: &str, blksize: &str, out: &Path) -> Result<f64> {
+    let o = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "curl",
+            "-sS",
+            "--max-time",
+            "30",
+            "--tftp-blksize",
+            blksize,
+        ])
+        .args(["-w", "%{time_total}", "-o"])
+        .arg(out)
+        .arg(url)
+        .kill_on_drop(true)
+        .output()
+        .await?;
+    if !o.status.success() {
+        bail!("curl {url}: {}", String::from_utf8_lossy(&o.stderr).trim());
+    }
+    let secs: f64 = String::from_utf8_lossy(&o.stdout).trim().parse()?;
+    Ok(secs * 1000.0)
+}
+
+fn summary(mut ms: Vec<f64>) -> (f64, f64) {
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| ms[((ms.len() as f64 * q) as usize).min(ms.len() - 1)];
+    (at(0.5), at(0.9))
+}
+
+async fn bench(args: &[String]) -> Result<()> {
+    let fetches: usize = flag(args, "--fetches").unwrap_or("30").parse()?;
+    let blksize = flag(args, "--blksize").unwrap_or("1468").to_owned();
+    let dir = tempfile::tempdir()?;
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root)?;
+    let source = flag(args, "--file").map(PathBuf::from).or_else(|| {
+        let p = PathBuf::from("/usr/lib/ipxe/snponly.efi");
+        p.exists().then_some(p)
+    });
+    let name = match &source {
+        Some(p) => {
+            let name = p
+                .file_name()
+                .context("file name")?
+                .to_string_lossy()
+                .into_owned();
+            std::fs::copy(p, root.join(&name))?;
+            name
+        }
+        None => {
+            let mut x: u32 = 0x9e37_79b9;
+            let noise: Vec<u8> = (0..1 << 20)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    x as u8
+                })
+                .collect();
+            std::fs::write(root.join("noise.bin"), noise)?;
+            "noise.bin".to_owned()
+        }
+    };
+    let file = root.join(&name);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644))?;
+    }
+    let size = std::fs::metadata(&file)?.len();
+    let ns = format!("bcd-tbench-{}", std::process::id());
+    let _guard = Namespace(ns.clone());
+    tokio::select! {
+        r = measure(&ns, &root, &name, size, fetches, &blksize, dir.path()) => r,
+        _ = tokio::signal::ctrl_c() => bail!("interrupted"),
+    }
+}
+
+async fn measure(
+    ns: &str,
+    root: &Path,
+    name: &str,
+    size: u64,
+    fetches: usize,
+    blksize: &str,
+    tmp: &Path,
+) -> Result<()> {
+    ip(&["netns", "add", ns]).await?;
+    ip(&["-n", ns, "link", "set", "lo", "up"]).await?;
+    let got = tmp.join("got");
+    let want = std::fs::read(root.join(name))?;
+    println!(
+        "# {name} ({size} bytes), curl --tftp-blksize {blksize}, {fetches} fetches per server, alternating"
+    );
+
+    let mut dnsmasq = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "dnsmasq",
+            "--keep-in-foreground",
+            "--port=0",
+            "--enable-tftp",
+        ])
+        .arg(format!("--tftp-root={}", root.display()))
+        .args(["--listen-address=127.0.0.1", "--bind-interfaces"])
+        .arg(format!("--pid-file={}", tmp.join("dnsmasq.pid").display()))
+        .arg(format!(
+            "--log-facility={}",
+            tmp.join("dnsmasq.log").display()
+        ))
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting dnsmasq")?;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let mut ours_child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(std::env::current_exe()?)
+        .args(["serve", "--root"])
+        .arg(root)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting our TFTP server")?;
+    let mut lines = BufReader::new(ours_child.stdout.take().context("stdout")?).lines();
+    let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await??;
+    if first.as_deref() != Some("ready") {
+        bail!("our TFTP server did not start: {first:?}");
+    }
+    let their_url = format!("tftp://127.0.0.1/{name}");
+    let our_url = format!("tftp://127.0.0.1:{OUR_PORT}/{name}");
+    for (who, url) in [("dnsmasq", &their_url), ("bcd-site", &our_url)] {
+        fetch(ns, url, blksize, &got).await?;
+        if std::fs::read(&got)? != want {
+            bail!("{who} served different bytes");
+        }
+    }
+    // Alternate fetches so that load from elsewhere on the machine hits both servers alike.
+    let mut theirs = Vec::new();
+    let mut ours = Vec::new();
+    for _ in 0..fetches {
+        theirs.push(fetch(ns, &their_url, blksize, Path::new("/dev/null")).await?);
+        ours.push(fetch(ns, &our_url, blksize, Path::new("/dev/null")).await?);
+    }
+    let _ = dnsmasq.kill().await;
+    drop(ours_child.stdin.take());
+    let _ = tokio::time::timeout(Duration::from_secs(5), ours_child.wait()).await;
+
+    let (d50, d90) = summary(theirs);
+    let (o50, o90) = summary(ours);
+    println!("dnsmasq:  median {d50:.1} ms, p90 {d90:.1} ms");
+    println!("bcd-site: median {o50:.1} ms, p90 {o90:.1} ms");
+    println!(
+        "ratio {:.2} vs dnsmasq (their median time / ours)",
+        d50 / o50.max(0.001)
+    );
+    println!("# {name}: {size} bytes at blksize {blksize}");
+    println!("tftp: {o50:.1} ms");
+    Ok(())
+}

@@ -1,0 +1,472 @@
+//! The pure proxy-DHCP decision: request + netboot table + who we are → reply or ignore-with-reason.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+
+use dhcproto::v4::{DhcpOption, DhcpOptions, HType, Message, MessageType, Opcode, OptionCode};
+
+use super::table::{MacAddr, NetbootTable};
+
+/// Which socket a request arrived on; the two behave differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListenPort {
+    /// UDP 67: DISCOVER is answered with an OFFER carrying the boot file and option 43.
+    Dhcp,
+    /// UDP 4011: the PXE boot-server port; REQUEST (or INFORM) is answered with an ACK.
+    PxeBoot,
+}
+
+/// Loader file names, relative to the TFTP root (and to `/ipxe/` on the boot HTTP server for HTTP boot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootFiles {
+    /// Option 93 = 0 (x86 BIOS).
+    pub bios: String,
+    /// Option 93 = 7 or 9 (x64 UEFI): `snponly.efi` uses the firmware's own NIC driver, `ipxe.efi` brings its own.
+    pub x64_uefi: String,
+    /// Option 93 = 11 (arm64 UEFI).
+    pub arm64_uefi: String,
+    /// Option 93 = 10 (32-bit ARM UEFI); `None` ignores such clients with a reason.
+    pub arm32_uefi: Option<String>,
+}
+
+impl Default for BootFiles {
+    fn default() -> Self {
+        BootFiles {
+            bios: "undionly.kpxe".into(),
+            x64_uefi: "snponly.efi".into(),
+            arm64_uefi: "snp-arm64.efi".into(),
+            arm32_uefi: None,
+        }
+    }
+}
+
+/// Who this proxy is, as clients must see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// Address on the boot segment: siaddr (TFTP server), option 54 and the host of every URL.
+    pub server_ip: Ipv4Addr,
+    /// Port of the boot HTTP server (`/boot/<mac>.ipxe`, `/ipxe/<loader>`).
+    pub http_port: u16,
+    pub files: BootFiles,
+}
+
+impl ServerInfo {
+    fn http_base(&self) -> String {
+        if self.http_port == 80 {
+            format!("http://{}", self.server_ip)
+        } else {
+            format!("http://{}:{}", self.server_ip, self.http_port)
+        }
+    }
+
+    /// The per-MAC iPXE script URL handed to clients that are already iPXE.
+    pub fn ipxe_script_url(&self, mac: &MacAddr) -> String {
+        format!("{}/boot/{mac}.ipxe", self.http_base())
+    }
+
+    fn http_loader_url(&self, file: &str) -> String {
+        format!("{}/ipxe/{file}", self.http_base())
+    }
+}
+
+/// Client system architecture (option 93, RFC 4578 and the IANA registry), as far as we boot it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    BiosX86,
+    UefiX64,
+    UefiArm32,
+    UefiArm64,
+    HttpX64,
+    HttpArm64,
+}
+
+impl Arch {
+    pub fn from_code(code: u16) -> Option<Arch> {
+        match code {
+            0 => Some(Arch::BiosX86),
+            7 | 9 => Some(Arch::UefiX64),
+            10 => Some(Arch::UefiArm32),
+            11 => Some(Arch::UefiArm64),
+            16 => Some(Arch::HttpX64),
+            19 => Some(Arch::HttpArm64),
+            _ => None,
+        }
+    }
+}
+
+/// Where a reply goes; the server turns this into a socket address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destination {
+    /// Limited broadcast to the client port (68): the client has no address yet.
+    Broadcast,
+    /// Unicast to an address the client already holds (ciaddr), client port.
+    Client(Ipv4Addr),
+    /// Back to the relay agent (giaddr), server port 67.
+    Relay(Ipv4Addr),
+    /// Back to the exact source address and port (port 4011 requests).
+    Source,
+}
+
+/// A reply to send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    pub message: Message,
+    pub destination: Destination,
+    pub mac: MacAddr,
+    /// The boot file or URL handed out, for the log.
+    pub bootfile: String,
+}
+
+/// Why a request gets no answer. Every ignored packet is counted by [`IgnoreReason::kind`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IgnoreReason {
+    NotBootRequest,
+    NotEthernet {
+        htype: u8,
+        hlen: u8,
+    },
+    NoMessageType,
+    /// The message type is not one this port answers (e.g. REQUEST on 67 is for the address server).
+    UnansweredType {
+        port: ListenPort,
+        msg_type: String,
+    },
+    NotPxeClient {
+        vendor_class: Option<String>,
+    },
+    NotMarkedForNetboot {
+        mac: MacAddr,
+    },
+    NoArchitecture {
+        mac: MacAddr,
+    },
+    UnsupportedArchitecture {
+        mac: MacAddr,
+        code: u16,
+    },
+    /// A 4011 request addressed (option 54) to another boot server.
+    OtherServer {
+        mac: MacAddr,
+        server_id: Ipv4Addr,
+    },
+}
+
+impl IgnoreReason {
+    /// A stable short name, used as the drop counter's label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            IgnoreReason::NotBootRequest => "not_boot_request",
+            IgnoreReason::NotEthernet { .. } => "not_ethernet",
+            IgnoreReason::NoMessageType => "no_message_type",
+            IgnoreReason::UnansweredType { .. } => "unanswered_type",
+            IgnoreReason::NotPxeClient { .. } => "not_pxe_client",
+            IgnoreReason::NotMarkedForNetboot { .. } => "not_marked_for_netboot",
+            IgnoreReason::NoArchitecture { .. } => "no_architecture",
+            IgnoreReason::UnsupportedArchitecture { .. } => "unsupported_architecture",
+            IgnoreReason::OtherServer { .. } => "other_server",
+        }
+    }
+}
+
+impl fmt::Display for IgnoreReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IgnoreReason::NotBootRequest => write!(f, "not a BOOTREQUEST"),
+            IgnoreReason::NotEthernet { htype, hlen } => {
+                write!(f, "hardware type {htype} / length {hlen} is not Ethernet")
+            }
+            IgnoreReason::NoMessageType => write!(f, "no DHCP message type (option 53)"),
+            IgnoreReason::UnansweredType { port, msg_type } => {
+                write!(f, "{msg_type} is not answered on {port:?}")
+            }
+            IgnoreReason::NotPxeClient { vendor_class } => {
+                write!(
+                    f,
+                    "vendor class {vendor_class:?} is neither PXEClient nor HTTPClient"
+                )
+            }
+            IgnoreReason::NotMarkedForNetboot { mac } => {
+                write!(f, "{mac} is not marked for netboot")
+            }
+            IgnoreReason::NoArchitecture { mac } => {
+                write!(
+                    f,
+                    "{mac} sent no client architecture (option 93 or PXEClient:Arch)"
+                )
+            }
+            IgnoreReason::UnsupportedArchitecture { mac, code } => {
+                write!(
+                    f,
+                    "{mac} has client architecture {code}, for which no loader is configured"
+                )
+            }
+            IgnoreReason::OtherServer { mac, server_id } => {
+                write!(f, "{mac} addressed boot server {server_id}, not us")
+            }
+        }
+    }
+}
+
+/// The outcome of [`decide`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    Reply(Box<Reply>),
+    Ignore { reason: IgnoreReason },
+}
+
+/// PXE vendor sub-option 6, PXE_DISCOVERY_CONTROL: bit 3 = "a boot file is in this offer: download it, no
+/// prompt, menu or boot-server discovery".
+const PXE_DISCOVERY_CONTROL: u8 = 6;
+const DISCOVERY_USE_BOOTFILE: u8 = 0x08;
+/// PXE vendor sub-option 71, PXE_BOOT_ITEM: echoed on 4011 when the client names one.
+const PXE_BOOT_ITEM: u8 = 71;
+
+/// Decides the answer to one request. Pure: no clock, no I/O.
+pub fn decide(
+    request: &Message,
+    port: ListenPort,
+    table: &NetbootTable,
+    server: &ServerInfo,
+) -> Decision {
+    match decide_inner(request, port, table, server) {
+        Ok(reply) => Decision::Reply(Box::new(reply)),
+        Err(reason) => Decision::Ignore { reason },
+    }
+}
+
+fn decide_inner(
+    req: &Message,
+    port: ListenPort,
+    table: &NetbootTable,
+    server: &ServerInfo,
+) -> Result<Reply, IgnoreReason> {
+    if req.opcode() != Opcode::BootRequest {
+        return Err(IgnoreReason::NotBootRequest);
+    }
+    let mac = ethernet_mac(req)?;
+    let opts = req.opts();
+    let msg_type = opts.msg_type().ok_or(IgnoreReason::NoMessageType)?;
+    let reply_type = match (port, msg_type) {
+        (ListenPort::Dhcp, MessageType::Discover) => MessageType::Offer,
+        (ListenPort::PxeBoot, MessageType::Request | MessageType::Inform) => MessageType::Ack,
+        (port, other) => {
+            return Err(IgnoreReason::UnansweredType {
+                port,
+                msg_type: format!("{other:?}"),
+            });
+        }
+    };
+
+    let class = vendor_class(opts);
+    let client_kind = match class {
+        Some(c) if c.starts_with(b"PXEClient") => ClientKind::Pxe,
+        Some(c) if c.starts_with(b"HTTPClient") => ClientKind::Http,
+        other => {
+            return Err(IgnoreReason::NotPxeClient {
+                vendor_class: other.map(|c| String::from_utf8_lossy(c).into_owned()),
+            });
+        }
+    };
+    if !table.contains(&mac) {
+        return Err(IgnoreReason::NotMarkedForNetboot { mac });
+    }
+    if port == ListenPort::PxeBoot
+        && let Some(DhcpOption::ServerIdentifier(id)) = opts.get(OptionCode::ServerIdentifier)
+        && *id != server.server_ip
+    {
+        return Err(IgnoreReason::OtherServer {
+            mac,
+            server_id: *id,
+        });
+    }
+
+    // iPXE asks again once loaded: hand it the script, never the loader (that would loop). It needs no
+    // architecture-specific file, so its architecture is not consulted.
+    let (bootfile, answer_class) = if is_ipxe(opts) {
+        let class = match client_kind {
+            ClientKind::Http => ANSWER_HTTP,
+            ClientKind::Pxe => ANSWER_PXE,
+        };
+        (server.ipxe_script_url(&mac), class)
+    } else {
+        let code = client_arch(opts, class).ok_or(IgnoreReason::NoArchitecture { mac })?;
+        let unsupported = || IgnoreReason::UnsupportedArchitecture { mac, code };
+        let files = &server.files;
+        match Arch::from_code(code).ok_or_else(unsupported)? {
+            Arch::BiosX86 => (files.bios.clone(), ANSWER_PXE),
+            Arch::UefiX64 => (files.x64_uefi.clone(), ANSWER_PXE),
+            Arch::UefiArm64 => (files.arm64_uefi.clone(), ANSWER_PXE),
+            Arch::UefiArm32 => (
+                files.arm32_uefi.clone().ok_or_else(unsupported)?,
+                ANSWER_PXE,
+            ),
+            Arch::HttpX64 => (server.http_loader_url(&files.x64_uefi), ANSWER_HTTP),
+            Arch::HttpArm64 => (server.http_loader_url(&files.arm64_uefi), ANSWER_HTTP),
+        }
+    };
+
+    // new_with_id, not default(): default() draws a random xid, and a decision reads no RNG.
+    let mut reply = Message::new_with_id(
+        req.xid(),
+        req.ciaddr(),
+        Ipv4Addr::UNSPECIFIED,
+        server.server_ip,
+        req.giaddr(),
+        &mac.0,
+    );
+    reply
+        .set_opcode(Opcode::BootReply)
+        .set_htype(HType::Eth)
+        .set_hops(0)
+        .set_secs(0)
+        .set_flags(req.flags());
+    reply.clear_sname();
+    // The fname field holds at most 128 bytes; longer URLs travel in option 67 only.
+    if bootfile.len() <= 127 {
+        reply.set_fname(bootfile.as_bytes());
+    } else {
+        reply.clear_fname();
+    }
+
+    let out = reply.opts_mut();
+    out.insert(DhcpOption::MessageType(reply_type));
+    out.insert(DhcpOption::ServerIdentifier(server.server_ip));
+    out.insert(DhcpOption::ClassIdentifier(answer_class.to_vec()));
+    out.insert(DhcpOption::BootfileName(bootfile.clone().into_bytes()));
+    if answer_class == ANSWER_PXE {
+        out.insert(DhcpOption::VendorExtensions(pxe_vendor_options(port, opts)));
+    }
+    if let Some(DhcpOption::ClientMachineIdentifier(uuid)) =
+        opts.get(OptionCode::ClientMachineIdentifier)
+    {
+        // PXE clients expect their UUID/GUID (option 97) back.
+        out.insert(DhcpOption::ClientMachineIdentifier(uuid.clone()));
+    }
+
+    let destination = match port {
+        ListenPort::PxeBoot => Destination::Source,
+        ListenPort::Dhcp if !req.giaddr().is_unspecified() => Destination::Relay(req.giaddr()),
+        ListenPort::Dhcp if !req.ciaddr().is_unspecified() => Destination::Client(req.ciaddr()),
+        ListenPort::Dhcp => Destination::Broadcast,
+    };
+    Ok(Reply {
+        message: reply,
+        destination,
+        mac,
+        bootfile,
+    })
+}
+
+const ANSWER_PXE: &[u8] = b"PXEClient";
+const ANSWER_HTTP: &[u8] = b"HTTPClient";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClientKind {
+    Pxe,
+    Http,
+}
+
+fn ethernet_mac(req: &Message) -> Result<MacAddr, IgnoreReason> {
+    let hlen = req.hlen();
+    if req.htype() != HType::Eth || hlen != 6 {
+        return Err(IgnoreReason::NotEthernet {
+            htype: req.htype().into(),
+            hlen,
+        });
+    }
+    // hlen == 6 was checked, so chaddr() cannot slice out of bounds.
+    let bytes: [u8; 6] = req
+        .chaddr()
+        .try_into()
+        .map_err(|_| IgnoreReason::NotEthernet {
+            htype: req.htype().into(),
+            hlen,
+        })?;
+    Ok(MacAddr(bytes))
+}
+
+fn vendor_class(opts: &DhcpOptions) -> Option<&[u8]> {
+    match opts.get(OptionCode::ClassIdentifier) {
+        Some(DhcpOption::ClassIdentifier(c)) => Some(c),
+        _ => None,
+    }
+}
+
+/// Option 93, else the `Arch:NNNNN` field of `PXEClient:Arch:NNNNN:UNDI:...`.
+fn client_arch(opts: &DhcpOptions, class: Option<&[u8]>) -> Option<u16> {
+    if let Some(DhcpOption::ClientSystemArchitecture(arch)) =
+        opts.get(OptionCode::ClientSystemArchitecture)
+    {
+        return Some(u16::from(*arch));
+    }
+    let class = std::str::from_utf8(class?).ok()?;
+    let mut parts = class.split(':');
+    while let Some(part) = parts.next() {
+        if part == "Arch" {
+            return parts.next()?.parse().ok();
+        }
+    }
+    None
+}
+
+/// User class (option 77) is iPXE: either the raw string iPXE sends or an RFC 3004 list containing it.
+fn is_ipxe(opts: &DhcpOptions) -> bool {
+    let Some(DhcpOption::UserClass(data)) = opts.get(OptionCode::UserClass) else {
+        return false;
+    };
+    if data.as_slice() == b"iPXE" {
+        return true;
+    }
+    let mut rest = data.as_slice();
+    while let Some((&len, tail)) = rest.split_first() {
+        let len = usize::from(len);
+        if len == 0 || len > tail.len() {
+            return false;
+        }
+        let (class, next) = tail.split_at(len);
+        if class == b"iPXE" {
+            return true;
+        }
+        rest = next;
+    }
+    false
+}
+
+/// Option 43 for PXE clients: use the boot file in this packet, no discovery; on 4011 echo the boot item asked for.
+fn pxe_vendor_options(port: ListenPort, req: &DhcpOptions) -> Vec<u8> {
+    let mut v = vec![PXE_DISCOVERY_CONTROL, 1, DISCOVERY_USE_BOOTFILE];
+    if port == ListenPort::PxeBoot
+        && let Some(item) = requested_boot_item(req)
+    {
+        v.extend_from_slice(&[PXE_BOOT_ITEM, 4]);
+        v.extend_from_slice(&item);
+    }
+    v.push(255);
+    v
+}
+
+fn requested_boot_item(req: &DhcpOptions) -> Option<[u8; 4]> {
+    let Some(DhcpOption::VendorExtensions(data)) = req.get(OptionCode::VendorExtensions) else {
+        return None;
+    };
+    let mut rest = data.as_slice();
+    while let [code, tail @ ..] = rest {
+        match *code {
+            0 => rest = tail,
+            255 => return None,
+            code => {
+                let (&len, tail) = tail.split_first()?;
+                let len = usize::from(len);
+                if len > tail.len() {
+                    return None;
+                }
+                let (value, next) = tail.split_at(len);
+                if code == PXE_BOOT_ITEM {
+                    return value.try_into().ok();
+                }
+                rest = next;
+            }
+        }
+    }
+    None
+}

@@ -1,0 +1,136 @@
+//! Read-only TFTP for the iPXE loaders: [`codec`] (sans-I/O packets), [`negotiate`] (options against
+//! [`Limits`]), [`root`] (what a request may open) and [`server`] (one task per transfer).
+
+pub mod codec;
+pub mod root;
+pub mod server;
+
+use std::time::Duration;
+
+use codec::RequestOptions;
+
+/// Bounds on what clients may ask for and how long the server keeps trying.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Transfers running at once; more requests are refused with a TFTP error until one ends.
+    pub max_transfers: usize,
+    /// Largest block size granted (RFC 2348 allows 8..=65464).
+    pub max_blksize: u16,
+    /// Largest window granted (RFC 7440).
+    pub max_windowsize: u16,
+    /// Largest window in bytes (window × block size): the memory one transfer holds for retransmission.
+    pub max_window_bytes: usize,
+    /// Retransmit timeout when the client does not ask for one (RFC 2349 allows 1..=255 s).
+    pub timeout: Duration,
+    /// Retransmissions of one window before the transfer is abandoned.
+    pub max_retries: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_transfers: 64,
+            max_blksize: 65464,
+            max_windowsize: 64,
+            max_window_bytes: 1 << 20,
+            timeout: Duration::from_secs(1),
+            max_retries: 5,
+        }
+    }
+}
+
+/// The block size when no option is negotiated (RFC 1350).
+pub const DEFAULT_BLKSIZE: usize = 512;
+
+/// What a transfer will use, and the OACK that tells the client so (empty: send DATA 1 directly).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Negotiated {
+    pub blksize: usize,
+    pub timeout: Duration,
+    pub windowsize: u16,
+    pub oack: Vec<(String, String)>,
+}
+
+/// Accepts the options within RFC ranges, lowered to `limits`; out-of-range options are left out of the OACK,
+/// which per RFC 2347 means "not accepted". `tsize` is answered with `file_size`. Pure.
+pub fn negotiate(req: &RequestOptions, file_size: u64, limits: &Limits) -> Negotiated {
+    let mut n = Negotiated {
+        blksize: DEFAULT_BLKSIZE,
+        timeout: limits.timeout,
+        windowsize: 1,
+        oack: Vec::new(),
+    };
+    if let Some(b) = req.blksize.filter(|b| (8..=65464).contains(b)) {
+        let b = b.min(u64::from(limits.max_blksize.max(8)));
+        n.blksize = usize::try_from(b).unwrap_or(DEFAULT_BLKSIZE);
+        n.oack.push(("blksize".into(), b.to_string()));
+    }
+    if let Some(t) = req.timeout.filter(|t| (1..=255).contains(t)) {
+        n.timeout = Duration::from_secs(t);
+        n.oack.push(("timeout".into(), t.to_string()));
+    }
+    if req.tsize.is_some() {
+        n.oack.push(("tsize".into(), file_size.to_string()));
+    }
+    if let Some(w) = req.windowsize.filter(|w| (1..=65535).contains(w)) {
+        let by_bytes = (limits.max_window_bytes / n.blksize).max(1) as u64;
+        let w = w.min(u64::from(limits.max_windowsize.max(1))).min(by_bytes);
+        n.windowsize = u16::try_from(w).unwrap_or(1);
+        n.oack.push(("windowsize".into(), w.to_string()));
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_requests_get_rfc1350_defaults() {
+        let n = negotiate(&RequestOptions::default(), 10, &Limits::default());
+        assert_eq!((n.blksize, n.windowsize, n.oack.len()), (512, 1, 0));
+    }
+
+    #[test]
+    fn options_are_clamped_or_left_out() {
+        let limits = Limits {
+            max_blksize: 1468,
+            max_windowsize: 8,
+            ..Limits::default()
+        };
+        let req = RequestOptions {
+            blksize: Some(9000),
+            timeout: Some(0),
+            tsize: Some(0),
+            windowsize: Some(64),
+        };
+        let n = negotiate(&req, 123_456, &limits);
+        assert_eq!(n.blksize, 1468);
+        assert_eq!(n.windowsize, 8);
+        assert_eq!(
+            n.timeout, limits.timeout,
+            "timeout 0 is out of range and refused"
+        );
+        assert_eq!(
+            n.oack,
+            vec![
+                ("blksize".to_string(), "1468".to_string()),
+                ("tsize".to_string(), "123456".to_string()),
+                ("windowsize".to_string(), "8".to_string()),
+            ]
+        );
+        // A huge block size shrinks the window so one transfer holds at most max_window_bytes.
+        let big = RequestOptions {
+            blksize: Some(65464),
+            windowsize: Some(64),
+            ..RequestOptions::default()
+        };
+        let n = negotiate(&big, 0, &Limits::default());
+        assert_eq!((n.blksize, n.windowsize), (65464, 16));
+        let tiny = RequestOptions {
+            blksize: Some(7),
+            ..RequestOptions::default()
+        };
+        assert!(negotiate(&tiny, 0, &limits).oack.is_empty());
+    }
+}

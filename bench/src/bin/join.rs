@@ -1,0 +1,243 @@
+//! `scripts/bench join`: join throughput and latency against the dev control plane, with durable commits.
+//!
+//! Starts `better-compute dev` (release build, fresh data directory, fsync and synchronous_commit on), mints one
+//! token with enough uses, pre-builds every join request (node key, CSR, sealed token, distinct hardware claims:
+//! node-side work, not what is measured), then runs CONCURRENCY clients, each doing a fresh TLS connection and a
+//! Join per node, and reports joins/s and latency percentiles. Beside it: PostgreSQL's own commit rate on the same
+//! cluster (pgbench, 64 clients, contended single-row UPDATE and plain INSERT), and the time `dev` takes to be
+//! ready again from the existing data directory.
+
+use anyhow::{Context as _, bail};
+use bc_proto::v1;
+use std::collections::HashMap;
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const CONCURRENCY: usize = 64;
+const JOINS: usize = 12_000;
+const WARMUP: usize = 500;
+
+struct Dev {
+    child: Child,
+    env: HashMap<String, String>,
+    ready_wall: Duration,
+}
+
+fn start_dev(bin: &Path, dir: &Path) -> anyhow::Result<Dev> {
+    let t0 = Instant::now();
+    let mut child = Command::new(bin.join("better-compute"))
+        .args(["dev", "--api-listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .env("BC_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting better-compute dev")?;
+    let stdout = child.stdout.take().context("dev stdout")?;
+    let mut ready = false;
+    for line in BufReader::new(stdout).lines() {
+        if line?.contains("environment:") {
+            ready = true;
+            break;
+        }
+    }
+    if !ready {
+        bail!("dev exited before it was ready");
+    }
+    let ready_wall = t0.elapsed();
+    let env = std::fs::read_to_string(dir.join("dev.env"))?
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect();
+    Ok(Dev { child, env, ready_wall })
+}
+
+impl Dev {
+    fn stop(mut self) -> anyhow::Result<()> {
+        Command::new("kill").arg(self.child.id().to_string()).status()?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+fn claims(i: usize) -> v1::HardwareClaims {
+    v1::HardwareClaims {
+        dmi: Some(v1::DmiClaims {
+            system_uuid: format!("bench-{i:08}"),
+            system_serial: format!("BSN{i:08}"),
+            ..Default::default()
+        }),
+        nics: vec![v1::NicClaim {
+            name: "eth0".into(),
+            mac: format!("02:bc:{:02x}:{:02x}:{:02x}:{:02x}", (i >> 24) & 0xff, (i >> 16) & 0xff, (i >> 8) & 0xff, i & 0xff),
+            ..Default::default()
+        }],
+        gpus: (0..8)
+            .map(|g| v1::GpuClaim {
+                index: g,
+                uuid: format!("GPU-{i:08}-{g}"),
+                serial: format!("{i:08}{g}"),
+                model: "NVIDIA H100 80GB HBM3".into(),
+                ..Default::default()
+            })
+            .collect(),
+        hostname: format!("bench-{i}"),
+        arch: "x86_64".into(),
+        gpu_backend: "fixture".into(),
+        collection_notes: vec![],
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx].as_secs_f64() * 1000.0
+}
+
+fn pgbench(url: &str, script: &str, setup: &str) -> anyhow::Result<f64> {
+    let bin = std::fs::read_dir("/usr/lib/postgresql")?
+        .flatten()
+        .map(|e| e.path().join("bin/pgbench"))
+        .find(|p| p.exists())
+        .context("pgbench not found")?;
+    let psql = bin.with_file_name("psql");
+    let st = Command::new(&psql).args([url, "-q", "-c", setup]).status()?;
+    if !st.success() {
+        bail!("psql setup failed");
+    }
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(file.path(), script)?;
+    let out = Command::new(bin)
+        .args(["-n", "-c", "64", "-j", "2", "-T", "5", "-f"])
+        .arg(file.path())
+        .arg(url)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tps = text
+        .lines()
+        .find(|l| l.starts_with("tps"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("pgbench output: {text}{}", String::from_utf8_lossy(&out.stderr)))?;
+    Ok(tps)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    bc_proto::install_crypto_provider();
+    let bin = PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
+    let data = tempfile::tempdir()?;
+    let dev = start_dev(&bin, data.path())?;
+    let env = &dev.env;
+    let api = reqwest::Client::new();
+    let token: serde_json::Value = api
+        .post(format!("{}/api/compute/join-tokens/create", env["BC_API_URL"]))
+        .bearer_auth(&env["BC_API_KEY"])
+        .json(&serde_json::json!({"pool": "default", "uses": JOINS + WARMUP + 10, "ttl_seconds": 3600}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let token = token["token"].as_str().context("token")?.to_string();
+    let config = Arc::new(
+        bcd::config::ConfigWire {
+            gateway_url: Some(env["BC_GATEWAY_URL"].clone()),
+            ca_pin: Some(env["BC_CA_PIN"].clone()),
+            join_public_key: Some(env["BC_JOIN_KEY"].clone()),
+            state_dir: None,
+            gpu_backend: Some("none".into()),
+            hardware_root: None,
+        }
+        .validate("bench")?,
+    );
+
+    println!("preparing {} join requests (node keys, CSRs, sealed tokens: node-side work, not timed)", JOINS + WARMUP);
+    let t = Instant::now();
+    let mut requests = Vec::with_capacity(JOINS + WARMUP);
+    for i in 0..JOINS + WARMUP {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        requests.push(bcd::join::request_for_key(&config, &key, &token, claims(i))?);
+    }
+    println!("  prepared in {:.1} s", t.elapsed().as_secs_f64());
+    let timed = requests.split_off(WARMUP);
+    run_clients(config.clone(), requests).await?;
+
+    let t0 = Instant::now();
+    let latencies = run_clients(config.clone(), timed).await?;
+    let wall = t0.elapsed();
+    let mut sorted = latencies.clone();
+    sorted.sort();
+    let rate = sorted.len() as f64 / wall.as_secs_f64();
+    println!(
+        "joins: {} in {:.2} s with {CONCURRENCY} concurrent clients, each join a fresh TLS connection",
+        sorted.len(),
+        wall.as_secs_f64()
+    );
+    println!(
+        "latency ms: p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1}",
+        percentile(&sorted, 0.50),
+        percentile(&sorted, 0.90),
+        percentile(&sorted, 0.99),
+        percentile(&sorted, 1.0)
+    );
+    let url = env["BC_DATABASE_URL"].clone();
+    let update = pgbench(
+        &url,
+        "UPDATE bench_counter SET n = n + 1 WHERE id = 1;\n",
+        "CREATE TABLE IF NOT EXISTS bench_counter (id int primary key, n bigint); \
+         INSERT INTO bench_counter VALUES (1, 0) ON CONFLICT DO NOTHING",
+    )?;
+    let insert = pgbench(
+        &url,
+        "INSERT INTO bench_rows (v) VALUES (1);\n",
+        "CREATE TABLE IF NOT EXISTS bench_rows (id bigserial primary key, v int)",
+    )?;
+    println!(
+        "postgresql commit rate on the same cluster (pgbench, 64 clients, fsync+synchronous_commit on): \
+         contended single-row UPDATE {update:.0} tps, single-row INSERT {insert:.0} tps"
+    );
+    println!("anchors: NICo ingests ~64 machines/min (~1.1/s); SPIRE rate-limits attestation to 1/s per IP");
+    let first_ready = dev.ready_wall;
+    dev.stop()?;
+    let again = start_dev(&bin, data.path())?;
+    println!(
+        "dev ready: first start (initdb) {:.0} ms, again from the existing data directory {:.0} ms",
+        first_ready.as_secs_f64() * 1000.0,
+        again.ready_wall.as_secs_f64() * 1000.0
+    );
+    again.stop()?;
+    println!("join-p99: {:.1} ms", percentile(&sorted, 0.99));
+    println!("join: {rate:.0} joins/s");
+    Ok(())
+}
+
+/// Runs the requests over CONCURRENCY workers; returns each join's latency. Any failed join aborts the run.
+async fn run_clients(config: Arc<bcd::config::Config>, requests: Vec<v1::JoinRequest>) -> anyhow::Result<Vec<Duration>> {
+    let queue = Arc::new(std::sync::Mutex::new(requests));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..CONCURRENCY {
+        let queue = queue.clone();
+        let config = config.clone();
+        tasks.spawn(async move {
+            let mut lat = Vec::new();
+            loop {
+                let next = queue.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.pop();
+                let Some(req) = next else { break };
+                let t = Instant::now();
+                bcd::join::send(&config, req).await.map_err(|s| anyhow::anyhow!("join failed: {s:?}"))?;
+                lat.push(t.elapsed());
+            }
+            Ok::<_, anyhow::Error>(lat)
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        all.extend(r??);
+    }
+    Ok(all)
+}
