@@ -1,18 +1,11 @@
-//! Join-token rules: whether a token may admit a node now, and whether the node's claims meet the token's
-//! `expect`.
+//! Join-token rules: the refusals a join can meet and whether a node's claims meet the token's `expect`.
+//! Revocation, expiry and uses are decided where they can be decided atomically: under the token's row lock when
+//! the join commits (bc-store), in the order revoked, expired (unless the join is a retry within
+//! [`REPLAY_WINDOW_MS`]), exhausted.
 
 use crate::hardware::HardwareClaims;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-
-/// A token row as the decision needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenState {
-    pub uses_left: i64,
-    pub expires_at_ms: i64,
-    pub revoked: bool,
-    pub expect: Expectations,
-}
 
 /// Hardware claims a token requires, by claim name. Names: `dmi.system_uuid`, `dmi.system_serial`,
 /// `dmi.board_serial`, `dmi.chassis_serial`, `dmi.vendor`, `dmi.product`, `gpu.count`, `gpu.model` (every GPU),
@@ -111,21 +104,6 @@ impl Expectations {
     }
 }
 
-/// Whether `token` may admit a node with `claims` at `now_ms`. Checked in a fixed order so each rejection is
-/// stable: revoked, expired, exhausted, expect.
-pub fn check_token(token: &TokenState, claims: &HardwareClaims, now_ms: i64) -> Result<(), TokenRejection> {
-    if token.revoked {
-        return Err(TokenRejection::Revoked);
-    }
-    if now_ms >= token.expires_at_ms {
-        return Err(TokenRejection::Expired);
-    }
-    if token.uses_left <= 0 {
-        return Err(TokenRejection::Exhausted);
-    }
-    token.expect.check(claims)
-}
-
 /// How long a retry with the same token and the same node key returns the same node without spending a use.
 pub const REPLAY_WINDOW_MS: i64 = 10 * 60 * 1000;
 
@@ -133,26 +111,6 @@ pub const REPLAY_WINDOW_MS: i64 = 10 * 60 * 1000;
 mod tests {
     use super::*;
     use crate::hardware::GpuClaim;
-
-    fn token() -> TokenState {
-        TokenState {
-            uses_left: 1,
-            expires_at_ms: 1_000,
-            revoked: false,
-            expect: Expectations::default(),
-        }
-    }
-
-    #[test]
-    fn order_of_rejections() {
-        let c = HardwareClaims::default();
-        assert_eq!(check_token(&token(), &c, 999), Ok(()));
-        assert_eq!(check_token(&token(), &c, 1_000), Err(TokenRejection::Expired));
-        let t = TokenState { uses_left: 0, ..token() };
-        assert_eq!(check_token(&t, &c, 0), Err(TokenRejection::Exhausted));
-        let t = TokenState { revoked: true, uses_left: 0, ..token() };
-        assert_eq!(check_token(&t, &c, 5_000), Err(TokenRejection::Revoked));
-    }
 
     #[test]
     fn expectations() {

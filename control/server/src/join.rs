@@ -5,12 +5,13 @@
 
 use crate::ca::{Ca, CsrError, Issued, verify_csr};
 use bc_core::hardware::{self, HardwareClaims};
-use bc_core::join::{REPLAY_WINDOW_MS, TokenRejection, check_token};
+use bc_core::join::TokenRejection;
 use bc_proto::seal::{self, JoinPrivateKey, SealError};
 use bc_proto::spiffe::{Role, SpiffeId};
 use bc_proto::token::{Token, TokenKind};
 use bc_proto::v1;
 use bc_store::Store;
+use bc_store::join_tokens::JoinTokenRow;
 use bc_store::nodes::{JoinCandidate, JoinCommit};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,11 +25,17 @@ const MAX_STRING: usize = 256;
 const MAX_NICS: usize = 256;
 const MAX_GPUS: usize = 64;
 const MAX_NOTES: usize = 32;
+/// Join tokens kept in memory (cleared when full).
+const TOKEN_CACHE: usize = 4096;
 /// Most joins one transaction commits.
 const MAX_BATCH: usize = 256;
 
 pub struct JoinService {
     store: Store,
+    /// Join tokens by id. Only what never changes is used from here (secret hash, pool, expect, reclaim); the
+    /// mutable parts are decided at commit under the row lock, so a cached entry is never stale in a way that
+    /// matters.
+    tokens: std::sync::Mutex<std::collections::HashMap<String, Arc<JoinTokenRow>>>,
     ca: Arc<Ca>,
     key: JoinPrivateKey,
     batches: mpsc::Sender<Job>,
@@ -45,10 +52,6 @@ fn now() -> OffsetDateTime {
     OffsetDateTime::now_utc()
 }
 
-fn now_ms(t: OffsetDateTime) -> i64 {
-    (t.unix_timestamp_nanos() / 1_000_000) as i64
-}
-
 fn internal(what: &str, e: &dyn std::error::Error) -> Status {
     tracing::error!(error = %e, "{what}");
     Status::unavailable(format!("{what}; the control plane logged the cause, retry later"))
@@ -61,6 +64,7 @@ impl JoinService {
         tokio::spawn(commit_loop(store.clone(), rx));
         Arc::new(JoinService {
             store,
+            tokens: std::sync::Mutex::new(std::collections::HashMap::new()),
             ca,
             key,
             batches: tx,
@@ -94,12 +98,7 @@ impl JoinService {
         })?;
         let token = Token::parse(TokenKind::Join, &token)
             .map_err(|e| Status::invalid_argument(format!("the sealed token is not a join token: {e}")))?;
-        let row = self
-            .store
-            .join_token(token.id())
-            .await
-            .map_err(|e| internal("reading the join token", &e))?
-            .ok_or_else(|| Status::permission_denied(format!("unknown join token {}", token.id())))?;
+        let row = self.token(token.id()).await?;
         if !token.secret().matches_hash(&row.secret_hash) {
             return Err(Status::permission_denied(format!(
                 "join token {} secret does not match",
@@ -108,19 +107,9 @@ impl JoinService {
         }
         let key_hash = hex::encode(bc_proto::sha256(&csr.spki_der));
         let t = now();
-        if !row.revoked
-            && let Some(node) = self
-                .store
-                .recent_join(&row.id, &key_hash, REPLAY_WINDOW_MS)
-                .await
-                .map_err(|e| internal("reading recent joins", &e))?
-        {
-            return self.replay(&csr, &node.id, &node.pool_id, t).await;
-        }
-        check_token(&row.state(), &claims, now_ms(t)).map_err(|r| match r {
-            TokenRejection::Exhausted => Status::resource_exhausted(r.to_string()),
-            _ => Status::permission_denied(r.to_string()),
-        })?;
+        // What never changes about a token is checked here; revocation, expiry and uses are decided under the
+        // token's row lock at commit, where a retry of a committed join is also recognised by its key.
+        row.expect.check(&claims).map_err(|r| Status::permission_denied(r.to_string()))?;
         let hk = hardware::hardware_key(&claims);
         let mut reclaim_of = None;
         if row.reclaim
@@ -172,12 +161,34 @@ impl JoinService {
             JoinCommit::Exhausted => Err(Status::resource_exhausted(TokenRejection::Exhausted.to_string())),
             JoinCommit::Revoked => Err(Status::permission_denied(TokenRejection::Revoked.to_string())),
             JoinCommit::Expired => Err(Status::permission_denied(TokenRejection::Expired.to_string())),
-            JoinCommit::HardwareTaken { node_id, same_key: true } => self.replay(&csr, &node_id, &row.pool_id, t).await,
+            JoinCommit::Replay { node_id } | JoinCommit::HardwareTaken { node_id, same_key: true } => {
+                self.replay(&csr, &node_id, &row.pool_id, t).await
+            }
             JoinCommit::HardwareTaken { node_id, .. } => Err(Status::already_exists(format!(
                 "this hardware already belongs to node {node_id}: join with a reclaim token, or revoke that node first"
             ))),
             JoinCommit::ReclaimLost => Err(Status::aborted("the node to reclaim changed during the join; retry")),
         }
+    }
+
+    async fn token(&self, id: &str) -> Result<Arc<JoinTokenRow>, Status> {
+        if let Some(t) = self.tokens.lock().ok().and_then(|m| m.get(id).cloned()) {
+            return Ok(t);
+        }
+        let row = self
+            .store
+            .join_token(id)
+            .await
+            .map_err(|e| internal("reading the join token", &e))?
+            .ok_or_else(|| Status::permission_denied(format!("unknown join token {id}")))?;
+        let row = Arc::new(row);
+        if let Ok(mut m) = self.tokens.lock() {
+            if m.len() >= TOKEN_CACHE {
+                m.clear();
+            }
+            m.insert(id.to_string(), row.clone());
+        }
+        Ok(row)
     }
 
     /// A retry of a committed join (same token, same key): the same node and a fresh certificate, no use spent.

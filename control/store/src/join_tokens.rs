@@ -2,7 +2,7 @@
 
 use crate::iam::audit;
 use crate::{Store, StoreError, from_ms, to_ms};
-use bc_core::join::{Expectations, TokenState};
+use bc_core::join::Expectations;
 use sqlx::Row;
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -19,17 +19,6 @@ pub struct JoinTokenRow {
     pub reclaim: bool,
     pub created_by: String,
     pub created_at_ms: i64,
-}
-
-impl JoinTokenRow {
-    pub fn state(&self) -> TokenState {
-        TokenState {
-            uses_left: i64::from(self.uses_left),
-            expires_at_ms: self.expires_at_ms,
-            revoked: self.revoked,
-            expect: self.expect.clone(),
-        }
-    }
 }
 
 pub struct NewJoinToken<'a> {

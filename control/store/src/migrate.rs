@@ -11,11 +11,18 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "identity_and_join",
-    sql: include_str!("../migrations/0001_identity_and_join.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "identity_and_join",
+        sql: include_str!("../migrations/0001_identity_and_join.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "join_key_unique",
+        sql: include_str!("../migrations/0002_join_key_unique.sql"),
+    },
+];
 
 /// Arbitrary constant naming our advisory lock.
 const LOCK_KEY: i64 = 0x6263_6d69_6772; // "bcmigr"

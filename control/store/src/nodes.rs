@@ -29,6 +29,9 @@ pub enum JoinCommit {
     HardwareTaken { node_id: String, same_key: bool },
     /// The node to reclaim was revoked or changed hardware between the check and the commit.
     ReclaimLost,
+    /// A retry of a join this token already committed for this node key within the replay window: the same node,
+    /// no use spent.
+    Replay { node_id: String },
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -91,9 +94,20 @@ impl Store {
             id: token_id.to_string(),
         })?;
         let (uses_left, revoked, expired): (i32, bool, bool) = (token.get(0), token.get(1), token.get(2));
-        if revoked || expired {
-            let o = if revoked { JoinCommit::Revoked } else { JoinCommit::Expired };
-            return Ok(vec![o; candidates.len()]);
+        if revoked {
+            return Ok(vec![JoinCommit::Revoked; candidates.len()]);
+        }
+        if expired {
+            tx.commit().await?;
+            let keys: Vec<&str> = candidates.iter().map(|c| c.join_key_hash.as_str()).collect();
+            let replays = self.recent_joins_by_key(token_id, &keys, bc_core::join::REPLAY_WINDOW_MS).await?;
+            return Ok(candidates
+                .iter()
+                .map(|c| match replays.iter().find(|(k, _)| *k == c.join_key_hash) {
+                    Some((_, node_id)) => JoinCommit::Replay { node_id: node_id.clone() },
+                    None => JoinCommit::Expired,
+                })
+                .collect());
         }
         let granted = usize::try_from(uses_left).unwrap_or(0).min(candidates.len());
         let (chosen, _) = candidates.split_at(granted);
@@ -110,7 +124,7 @@ impl Store {
                  join_key_hash = x.join_key_hash, joined_at = now(), cert_serial = x.cert_serial, \
                  cert_not_after = to_timestamp(x.not_after_ms / 1000.0), updated_at = now() \
                  FROM {RECORD} WHERE n.id = x.node_id AND n.hardware_key = x.hardware_key AND n.state <> 'revoked' \
-                 RETURNING n.id"
+                 AND n.join_key_hash <> x.join_key_hash RETURNING n.id"
             )))
             .bind(to_json(true)?)
             .bind(token_id)
@@ -156,15 +170,26 @@ impl Store {
         }
         tx.commit().await?;
 
+        // Candidates that did not become nodes: a retry of an earlier join with the same key is a replay (unless
+        // the token was revoked since); otherwise say why.
+        let missing: Vec<&str> = candidates
+            .iter()
+            .enumerate()
+            .filter(|(i, c)| *i >= granted || !done.iter().any(|(id, _)| *id == c.node_id))
+            .map(|(_, c)| c.join_key_hash.as_str())
+            .collect();
+        let replays = self.recent_joins_by_key(token_id, &missing, bc_core::join::REPLAY_WINDOW_MS).await?;
         let mut out = Vec::with_capacity(candidates.len());
         for (i, c) in candidates.iter().enumerate() {
-            if i >= granted {
-                out.push(JoinCommit::Exhausted);
-            } else if let Some((_, reclaimed)) = done.iter().find(|(id, _)| *id == c.node_id) {
+            if let Some((_, reclaimed)) = done.iter().find(|(id, _)| *id == c.node_id) {
                 out.push(JoinCommit::Joined {
                     node_id: c.node_id.clone(),
                     reclaimed: *reclaimed,
                 });
+            } else if let Some((_, node_id)) = replays.iter().find(|(k, _)| *k == c.join_key_hash) {
+                out.push(JoinCommit::Replay { node_id: node_id.clone() });
+            } else if i >= granted {
+                out.push(JoinCommit::Exhausted);
             } else if c.reclaim {
                 out.push(JoinCommit::ReclaimLost);
             } else {
@@ -188,24 +213,27 @@ impl Store {
         Ok(out)
     }
 
-    /// A node joined with this token and node key within the last `window_ms` (a retry of a join whose reply was
-    /// lost). Revoked nodes are never returned.
-    pub async fn recent_join(
+    /// (key hash, node id) of live nodes that joined with `token_id` and one of `key_hashes` within `window_ms`:
+    /// retries of joins whose reply was lost.
+    pub async fn recent_joins_by_key(
         &self,
         token_id: &str,
-        join_key_hash: &str,
+        key_hashes: &[&str],
         window_ms: i64,
-    ) -> Result<Option<NodeRow>, StoreError> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {NODE_COLUMNS} FROM nodes WHERE join_token_id = $1 AND join_key_hash = $2 \
-             AND joined_at > now() - make_interval(secs => $3 / 1000.0) AND state <> 'revoked'"
-        )))
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        if key_hashes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(
+            "SELECT join_key_hash, id FROM nodes WHERE join_token_id = $1 AND join_key_hash = ANY($2) \
+             AND joined_at > now() - make_interval(secs => $3 / 1000.0) AND state <> 'revoked'",
+        )
         .bind(token_id)
-        .bind(join_key_hash)
+        .bind(key_hashes)
         .bind(window_ms as f64)
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await?;
-        Ok(row.as_ref().map(node_from_row))
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
     /// The live (not revoked) node holding `hardware_key`.
