@@ -10,4 +10,6 @@
 //! (`dhcp::server::run`, `tftp::server::run`). Start reading at [`dhcp::decide()`] and [`tftp::codec`].
 
 pub mod dhcp;
+pub mod http;
+pub mod redfish;
 pub mod tftp;

@@ -83,9 +83,14 @@ impl ConfigWire {
             field,
             message,
         };
-        let gateway_url = self.gateway_url.ok_or_else(|| field("gateway_url", "is required".into()))?;
-        bc_proto::channel::parse_gateway_url(&gateway_url).map_err(|e| field("gateway_url", e.to_string()))?;
-        let ca_pin = self.ca_pin.ok_or_else(|| field("ca_pin", "is required".into()))?;
+        let gateway_url = self
+            .gateway_url
+            .ok_or_else(|| field("gateway_url", "is required".into()))?;
+        bc_proto::channel::parse_gateway_url(&gateway_url)
+            .map_err(|e| field("gateway_url", e.to_string()))?;
+        let ca_pin = self
+            .ca_pin
+            .ok_or_else(|| field("ca_pin", "is required".into()))?;
         let pin_ok = ca_pin
             .strip_prefix("sha256:")
             .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
@@ -95,22 +100,33 @@ impl ConfigWire {
         let key = self
             .join_public_key
             .ok_or_else(|| field("join_public_key", "is required".into()))?;
-        let join_public_key =
-            bc_proto::seal::JoinPublicKey::parse(&key).map_err(|e| field("join_public_key", e.to_string()))?;
-        let default_backend = if cfg!(feature = "nvml") { "nvml" } else { "none" };
+        let join_public_key = bc_proto::seal::JoinPublicKey::parse(&key)
+            .map_err(|e| field("join_public_key", e.to_string()))?;
+        let default_backend = if cfg!(feature = "nvml") {
+            "nvml"
+        } else {
+            "none"
+        };
         let gpu_backend = match self.gpu_backend.as_deref().unwrap_or(default_backend) {
             "nvml" => GpuBackendChoice::Nvml,
             "none" => GpuBackendChoice::None,
             other => match other.strip_prefix("fixture:") {
                 Some(p) if !p.is_empty() => GpuBackendChoice::Fixture(PathBuf::from(p)),
-                _ => return Err(field("gpu_backend", "must be nvml, none or fixture:<path>".into())),
+                _ => {
+                    return Err(field(
+                        "gpu_backend",
+                        "must be nvml, none or fixture:<path>".into(),
+                    ));
+                }
             },
         };
         Ok(Config {
             gateway_url,
             ca_pin,
             join_public_key,
-            state_dir: self.state_dir.unwrap_or_else(|| PathBuf::from("/var/lib/bcd")),
+            state_dir: self
+                .state_dir
+                .unwrap_or_else(|| PathBuf::from("/var/lib/bcd")),
             gpu_backend,
             hardware_root: self.hardware_root.unwrap_or_else(|| PathBuf::from("/")),
         })
@@ -131,14 +147,22 @@ mod tests {
 
     #[test]
     fn missing_and_bad_fields_are_named() {
-        let e = ConfigWire::default().validate("f.toml").err().map(|e| e.to_string()).unwrap_or_default();
+        let e = ConfigWire::default()
+            .validate("f.toml")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains("gateway_url"), "{e}");
         let w = ConfigWire {
             gateway_url: Some("https://127.0.0.1:1".into()),
             ca_pin: Some("md5:00".into()),
             ..Default::default()
         };
-        let e = w.validate("f.toml").err().map(|e| e.to_string()).unwrap_or_default();
+        let e = w
+            .validate("f.toml")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains("ca_pin"), "{e}");
     }
 }

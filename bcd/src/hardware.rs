@@ -6,7 +6,9 @@ use bc_proto::v1;
 use std::path::Path;
 
 fn read_trimmed(path: &Path) -> String {
-    std::fs::read_to_string(path).map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 fn link_name(path: &Path) -> String {
@@ -17,7 +19,11 @@ fn link_name(path: &Path) -> String {
 }
 
 /// Collects claims. A GPU backend failure is recorded in `collection_notes`, not fatal: the control plane decides.
-pub fn collect(root: &Path, gpus: Option<&dyn GpuBackend>, gpu_error: Option<String>) -> v1::HardwareClaims {
+pub fn collect(
+    root: &Path,
+    gpus: Option<&dyn GpuBackend>,
+    gpu_error: Option<String>,
+) -> v1::HardwareClaims {
     let dmi_dir = root.join("sys/class/dmi/id");
     let dmi = v1::DmiClaims {
         system_uuid: read_trimmed(&dmi_dir.join("product_uuid")),

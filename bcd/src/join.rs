@@ -26,7 +26,11 @@ pub enum JoinError {
     #[error("the control plane refused the join ({code:?}): {message}")]
     Refused { code: tonic::Code, message: String },
     #[error("the gateway at {url} was unreachable after {attempts} attempts; last error: {last}")]
-    Unreachable { url: String, attempts: u32, last: String },
+    Unreachable {
+        url: String,
+        attempts: u32,
+        last: String,
+    },
     #[error("the control plane's answer is not acceptable: {0}")]
     BadResponse(String),
 }
@@ -48,7 +52,10 @@ pub struct JoinOutcome {
 
 /// Codes worth retrying: the gateway or database is briefly unavailable, or the reclaim raced.
 fn retryable(code: tonic::Code) -> bool {
-    matches!(code, tonic::Code::Unavailable | tonic::Code::Aborted | tonic::Code::DeadlineExceeded)
+    matches!(
+        code,
+        tonic::Code::Unavailable | tonic::Code::Aborted | tonic::Code::DeadlineExceeded
+    )
 }
 
 /// A request for `token` from the key in `state` (creating the key first if needed).
@@ -75,7 +82,11 @@ pub fn request_for_key(
     dn.push(DnType::CommonName, "bcd node");
     params.distinguished_name = dn;
     let csr = params.serialize_request(key).map_err(JoinError::Csr)?;
-    let sealed = bc_proto::seal::seal(&config.join_public_key, &parsed.reveal(), &key.subject_public_key_info())?;
+    let sealed = bc_proto::seal::seal(
+        &config.join_public_key,
+        &parsed.reveal(),
+        &key.subject_public_key_info(),
+    )?;
     Ok(v1::JoinRequest {
         sealed_token: sealed,
         csr_der: csr.der().to_vec(),
@@ -85,7 +96,10 @@ pub fn request_for_key(
 }
 
 /// Sends one Join over a fresh pinned-TLS connection.
-pub async fn send(config: &Config, request: v1::JoinRequest) -> Result<v1::JoinResponse, tonic::Status> {
+pub async fn send(
+    config: &Config,
+    request: v1::JoinRequest,
+) -> Result<v1::JoinResponse, tonic::Status> {
     let tls = channel::client_config(ServerTrust::Pin(config.ca_pin.clone()), None)
         .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
     let ch = channel::connect(&config.gateway_url, tls)
@@ -108,14 +122,22 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// Checks the answer belongs to us: the certificate names the node, certifies our key, and the trust bundle holds
 /// the pinned CA.
-fn check_response(config: &Config, state: &StateDir, r: &v1::JoinResponse) -> Result<(), JoinError> {
+fn check_response(
+    config: &Config,
+    state: &StateDir,
+    r: &v1::JoinResponse,
+) -> Result<(), JoinError> {
     let bad = |m: String| JoinError::BadResponse(m);
     let id = SpiffeId::from_cert_der(&r.cert_der).map_err(|e| bad(format!("certificate: {e}")))?;
     if id.to_string() != r.spiffe_id || id.id() != r.node_id {
-        return Err(bad(format!("certificate names {id}, the answer says {} / {}", r.spiffe_id, r.node_id)));
+        return Err(bad(format!(
+            "certificate names {id}, the answer says {} / {}",
+            r.spiffe_id, r.node_id
+        )));
     }
     let key = state.load_or_create_key()?;
-    let cert_key = bc_proto::envelope::cert_public_point(&r.cert_der).map_err(|e| bad(e.to_string()))?;
+    let cert_key =
+        bc_proto::envelope::cert_public_point(&r.cert_der).map_err(|e| bad(e.to_string()))?;
     if cert_key != key.public_key_raw() {
         return Err(bad("certificate does not certify this node's key".into()));
     }
@@ -131,7 +153,11 @@ fn check_response(config: &Config, state: &StateDir, r: &v1::JoinResponse) -> Re
 
 /// Joins with `token`, retrying while the gateway is unreachable. Safe to run again after a crash at any point:
 /// the key is reused, and the control plane answers a retry within 10 minutes with the same node.
-pub async fn join(config: &Config, token: &str, opts: JoinOptions) -> Result<JoinOutcome, JoinError> {
+pub async fn join(
+    config: &Config,
+    token: &str,
+    opts: JoinOptions,
+) -> Result<JoinOutcome, JoinError> {
     let state = StateDir::open(&config.state_dir)?;
     let request = build_request(config, &state, token, opts.claims)?;
     let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));

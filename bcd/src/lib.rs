@@ -7,7 +7,10 @@
 //! Start with [`join::join`].
 
 pub mod config;
+pub mod diag;
 pub mod gpu;
 pub mod hardware;
+pub mod inventory;
 pub mod join;
+pub mod session;
 pub mod state;

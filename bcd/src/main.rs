@@ -51,11 +51,18 @@ enum Command {
     },
     /// Show this node's identity and certificate lifetime.
     Status,
-    /// Run the daemon: the session with the gateway.
-    Run,
+    /// Run the daemon: the session with the gateway (reconnects by itself).
+    Run {
+        #[command(flatten)]
+        overrides: Overrides,
+    },
 }
 
-fn load_config(path: &Path, state_dir: Option<PathBuf>, o: Overrides) -> anyhow::Result<bcd::config::Config> {
+fn load_config(
+    path: &Path,
+    state_dir: Option<PathBuf>,
+    o: Overrides,
+) -> anyhow::Result<bcd::config::Config> {
     let (base, origin) = if path.exists() {
         (ConfigWire::from_file(path)?, path.display().to_string())
     } else {
@@ -73,10 +80,24 @@ fn load_config(path: &Path, state_dir: Option<PathBuf>, o: Overrides) -> anyhow:
         .validate(&origin)?)
 }
 
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
 fn main() {
     bc_proto::install_crypto_provider();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("BCD_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BCD_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -102,21 +123,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let token = match (token, token_file) {
                 (Some(t), _) => t,
-                (None, Some(f)) => std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?,
-                (None, None) => anyhow::bail!("give the join token as an argument, in BCD_JOIN_TOKEN or with --token-file"),
+                (None, Some(f)) => std::fs::read_to_string(&f)
+                    .with_context(|| format!("reading {}", f.display()))?,
+                (None, None) => anyhow::bail!(
+                    "give the join token as an argument, in BCD_JOIN_TOKEN or with --token-file"
+                ),
             };
             let config = load_config(&cli.config, cli.state_dir, overrides)?;
             let (backend, gpu_error) = match bcd::gpu::open(&config.gpu_backend) {
                 Ok(b) => (Some(b), None),
-                Err(e) if config.gpu_backend == GpuBackendChoice::Nvml => (None, Some(e.to_string())),
+                Err(e) if config.gpu_backend == GpuBackendChoice::Nvml => {
+                    (None, Some(e.to_string()))
+                }
                 Err(e) => return Err(e.into()),
             };
             if let Some(e) = &gpu_error {
                 tracing::warn!(error = %e, "no GPUs reported");
             }
-            let claims = bcd::hardware::collect(&config.hardware_root, backend.as_deref(), gpu_error);
+            let claims =
+                bcd::hardware::collect(&config.hardware_root, backend.as_deref(), gpu_error);
             let gpus = claims.gpus.len();
-            let outcome = bcd::join::join(&config, &token, bcd::join::JoinOptions { attempts, claims }).await?;
+            let outcome =
+                bcd::join::join(&config, &token, bcd::join::JoinOptions { attempts, claims })
+                    .await?;
             let how = if outcome.replayed {
                 " (a retry of an earlier join: same node, no token use spent)"
             } else if outcome.reclaimed {
@@ -128,10 +157,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "joined as node {} in pool {} with {gpus} GPU(s){how}",
                 outcome.identity.node_id, outcome.identity.pool
             );
-            println!("identity {}; state in {}", outcome.identity.spiffe_id, config.state_dir.display());
+            println!(
+                "identity {}; state in {}",
+                outcome.identity.spiffe_id,
+                config.state_dir.display()
+            );
         }
         Command::Status => {
-            let dir = cli.state_dir.unwrap_or_else(|| PathBuf::from("/var/lib/bcd"));
+            let dir = cli
+                .state_dir
+                .unwrap_or_else(|| PathBuf::from("/var/lib/bcd"));
             let state = bcd::state::StateDir::open(&dir)?;
             match state.identity()? {
                 None => println!("not joined (state in {})", dir.display()),
@@ -139,15 +174,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
                     println!("node {} ({})", id.node_id, id.spiffe_id);
                     println!("pool {}; gateway {}", id.pool, id.gateway_url);
-                    println!("certificate expires in {} min", (id.not_after_ms - now) / 60_000);
+                    println!(
+                        "certificate expires in {} min",
+                        (id.not_after_ms - now) / 60_000
+                    );
                 }
             }
         }
-        Command::Run => {
-            anyhow::bail!(
-                "`bcd run` (the gateway session) is not in this version yet; the node is joined and its identity is \
-                 in the state directory"
-            );
+        Command::Run { overrides } => {
+            let config = load_config(&cli.config, cli.state_dir, overrides)?;
+            let gpu: Option<std::sync::Arc<dyn bcd::gpu::GpuBackend>> =
+                match bcd::gpu::open(&config.gpu_backend) {
+                    Ok(b) => Some(std::sync::Arc::from(b)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no GPU backend: GPUs will be reported missing");
+                        None
+                    }
+                };
+            let mut daemon = bcd::session::Daemon::new(config, gpu);
+            daemon.run(shutdown_signal()).await?;
         }
     }
     Ok(())

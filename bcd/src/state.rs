@@ -67,11 +67,18 @@ impl StateDir {
             .mode(0o700)
             .create(dir)
             .map_err(io("creating", dir))?;
-        Ok(StateDir { dir: dir.to_path_buf() })
+        Ok(StateDir {
+            dir: dir.to_path_buf(),
+        })
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
+    }
+
+    /// Writes a file in the state directory atomically.
+    pub fn write_file(&self, name: &str, bytes: &[u8], mode: u32) -> Result<(), StateError> {
+        self.write(name, bytes, mode)
     }
 
     fn write(&self, name: &str, bytes: &[u8], mode: u32) -> Result<(), StateError> {
@@ -102,7 +109,8 @@ impl StateDir {
                 path,
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(StateError::KeyGen)?;
+                let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+                    .map_err(StateError::KeyGen)?;
                 self.write("node.key", key.serialize_pem().as_bytes(), 0o600)?;
                 Ok(key)
             }
@@ -111,7 +119,12 @@ impl StateDir {
     }
 
     /// Stores the results of a join: certificate, trust bundle, identity (identity last: its presence means joined).
-    pub fn store_join(&self, cert_der: &[u8], bundle: &[Vec<u8>], identity: &NodeIdentity) -> Result<(), StateError> {
+    pub fn store_join(
+        &self,
+        cert_der: &[u8],
+        bundle: &[Vec<u8>],
+        identity: &NodeIdentity,
+    ) -> Result<(), StateError> {
         self.write("node.crt", pem("CERTIFICATE", cert_der).as_bytes(), 0o644)?;
         let bundle_pem: String = bundle.iter().map(|c| pem("CERTIFICATE", c)).collect();
         self.write("bundle.pem", bundle_pem.as_bytes(), 0o644)?;
@@ -126,10 +139,12 @@ impl StateDir {
     pub fn identity(&self) -> Result<Option<NodeIdentity>, StateError> {
         let path = self.path("node.json");
         match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|_| StateError::Invalid {
-                what: "node identity",
-                path,
-            }),
+            Ok(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|_| StateError::Invalid {
+                    what: "node identity",
+                    path,
+                }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io("reading", &path)(e)),
         }

@@ -1,132 +1,14 @@
 //! `bcd join` end to end: a real control plane (API + gateway roles) on a real PostgreSQL, real TLS on loopback,
 //! the bcd library and the real `bcd` binary.
 
-use bc_control::client::ApiClient;
-use bc_control::config::{Roles, ServeConfig};
+mod common;
+
 use bc_proto::v1;
-use bc_store::Store;
-use bc_store::testing::{TestDb, test_db};
-use bcd::config::ConfigWire;
+use common::*;
 use serde_json::{Value, json};
 use std::path::Path;
 use tokio::process::Command;
 use tonic::Code;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-struct Plane {
-    running: bc_control::Running,
-    store: Store,
-    db: TestDb,
-    dir: tempfile::TempDir,
-    admin: ApiClient,
-}
-
-async fn plane() -> Plane {
-    bc_proto::install_crypto_provider();
-    let db = test_db().await;
-    let store = Store::new(db.pool.clone());
-    store.ensure_root_tenant().await.expect("root tenant");
-    store.ensure_pool("default", "root", "default", true).await.expect("pool");
-    store.ensure_pool("strict", "root", "no reclaim", false).await.expect("pool");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = ServeConfig {
-        state_dir: dir.path().join("control"),
-        database_url: None,
-        trust_domain: "test.bc".into(),
-        roles: Roles {
-            api: true,
-            gateway: true,
-            ..Roles::default()
-        },
-        api_listen: "127.0.0.1:0".parse().expect("addr"),
-        gateway_listen: "127.0.0.1:0".parse().expect("addr"),
-        gateway_hosts: vec!["localhost".into(), "127.0.0.1".into()],
-        gateway_url: None,
-    };
-    let running = bc_control::start(&config, store.clone()).await.expect("start control plane");
-    let key = bc_control::bootstrap_admin(&store).await.expect("admin");
-    let api = format!("http://{}", running.api_addr.expect("api addr"));
-    Plane {
-        running,
-        store,
-        db,
-        dir,
-        admin: ApiClient::new(&api, &key),
-    }
-}
-
-impl Plane {
-    fn node_config(&self, name: &str) -> bcd::config::Config {
-        ConfigWire {
-            gateway_url: Some(self.running.gateway_url.clone()),
-            ca_pin: Some(self.running.ca_pin.clone()),
-            join_public_key: Some(self.running.join_public_key.clone()),
-            state_dir: Some(self.dir.path().join(name)),
-            gpu_backend: Some("none".into()),
-            hardware_root: None,
-        }
-        .validate("test")
-        .expect("node config")
-    }
-
-    async fn token(&self, body: Value) -> String {
-        let v = self.admin.call("join-tokens", "create", body).await.expect("create token");
-        v["token"].as_str().expect("token").to_string()
-    }
-
-    /// (nodes, sum of uses left, audit events): what a refused join must leave unchanged.
-    async fn snapshot(&self) -> (i64, i64, i64) {
-        let q = "SELECT (SELECT count(*) FROM nodes), (SELECT COALESCE(sum(uses_left), 0) FROM join_tokens), \
-                 (SELECT count(*) FROM audit_events)";
-        sqlx_row(&self.store, q).await
-    }
-}
-
-async fn sqlx_row(store: &Store, q: &'static str) -> (i64, i64, i64) {
-    bc_store::sqlx::query_as::<_, (i64, i64, i64)>(q).fetch_one(store.pool()).await.expect("snapshot")
-}
-
-/// Claims of a distinct simulated machine.
-fn claims(seed: &str, gpus: u32) -> v1::HardwareClaims {
-    let fixture: Value = serde_json::from_str(&bcd::gpu::fixture::synthetic(gpus, seed)).expect("fixture");
-    let h = bc_proto::sha256(seed.as_bytes());
-    v1::HardwareClaims {
-        dmi: Some(v1::DmiClaims {
-            system_uuid: format!("uuid-{seed}"),
-            system_serial: format!("SN-{seed}"),
-            vendor: "Test".into(),
-            product: "GPU box".into(),
-            ..Default::default()
-        }),
-        nics: vec![v1::NicClaim {
-            name: "eth0".into(),
-            mac: format!("02:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", h[0], h[1], h[2], h[3], h[4]),
-            ..Default::default()
-        }],
-        gpus: fixture["gpus"]
-            .as_array()
-            .expect("gpus")
-            .iter()
-            .map(|g| v1::GpuClaim {
-                index: g["index"].as_u64().unwrap_or(0) as u32,
-                uuid: g["uuid"].as_str().unwrap_or_default().into(),
-                serial: g["serial"].as_str().unwrap_or_default().into(),
-                model: g["model"].as_str().unwrap_or_default().into(),
-                pci_bus_id: g["pci_bus_id"].as_str().unwrap_or_default().into(),
-                memory_mib: g["memory_mib"].as_u64().unwrap_or(0),
-            })
-            .collect(),
-        hostname: seed.into(),
-        arch: "x86_64".into(),
-        gpu_backend: "fixture".into(),
-        collection_notes: vec![],
-    }
-}
-
-async fn join(p: &Plane, state: &str, token: &str, c: v1::HardwareClaims) -> Result<bcd::join::JoinOutcome, bcd::join::JoinError> {
-    bcd::join::join(&p.node_config(state), token, bcd::join::JoinOptions { attempts: 1, claims: c }).await
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fresh_join_is_adopting_with_claims_and_a_verifiable_spiffe_cert() -> TestResult {
@@ -135,9 +17,15 @@ async fn fresh_join_is_adopting_with_claims_and_a_verifiable_spiffe_cert() -> Te
     let out = join(&p, "n1", &token, claims("n1", 8)).await?;
     assert!(!out.replayed && !out.reclaimed);
 
-    let v = p.admin.call("nodes", "get", json!({"id": out.identity.node_id})).await?;
+    let v = p
+        .admin
+        .call("nodes", "get", json!({"id": out.identity.node_id}))
+        .await?;
     assert_eq!(v["node"]["state"], "adopting");
-    assert_eq!(v["node"]["claims"]["gpus"].as_array().map(Vec::len), Some(8));
+    assert_eq!(
+        v["node"]["claims"]["gpus"].as_array().map(Vec::len),
+        Some(8)
+    );
     assert_eq!(v["node"]["claims"]["dmi"]["system_uuid"], "uuid-n1");
 
     // The certificate chains to the CA for client auth and carries exactly one SPIFFE URI SAN.
@@ -165,12 +53,21 @@ async fn fresh_join_is_adopting_with_claims_and_a_verifiable_spiffe_cert() -> Te
                 .collect()
         })
         .unwrap_or_default();
-    assert_eq!(uris, vec![format!("spiffe://test.bc/node/{}", out.identity.node_id)]);
+    assert_eq!(
+        uris,
+        vec![format!("spiffe://test.bc/node/{}", out.identity.node_id)]
+    );
     let life = x.validity().not_after.timestamp() - x.validity().not_before.timestamp();
     assert_eq!(life, 24 * 3600 + 5 * 60, "24 h plus the 5 min backdate");
     // The key file is private.
     use std::os::unix::fs::PermissionsExt as _;
-    assert_eq!(std::fs::metadata(state.path("node.key"))?.permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(state.path("node.key"))?
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
     Ok(())
 }
 
@@ -190,13 +87,19 @@ async fn every_refusal_is_distinct_clear_and_changes_nothing() -> TestResult {
     let fresh = p.token(json!({"pool": "default", "uses": 5})).await;
     let revoked = p.token(json!({"pool": "default", "uses": 5})).await;
     let revoked_id = revoked[5..21].to_string();
-    p.admin.call("join-tokens", "revoke", json!({"id": revoked_id})).await?;
-    let expired = p.token(json!({"pool": "default", "uses": 5})).await;
-    bc_store::sqlx::query("UPDATE join_tokens SET expires_at = now() - interval '1 minute' WHERE id = $1")
-        .bind(&expired[5..21])
-        .execute(p.store.pool())
+    p.admin
+        .call("join-tokens", "revoke", json!({"id": revoked_id}))
         .await?;
-    let expecting = p.token(json!({"pool": "default", "uses": 5, "expect": {"gpu.count": "4"}})).await;
+    let expired = p.token(json!({"pool": "default", "uses": 5})).await;
+    bc_store::sqlx::query(
+        "UPDATE join_tokens SET expires_at = now() - interval '1 minute' WHERE id = $1",
+    )
+    .bind(&expired[5..21])
+    .execute(p.store.pool())
+    .await?;
+    let expecting = p
+        .token(json!({"pool": "default", "uses": 5, "expect": {"gpu.count": "4"}}))
+        .await;
     let before = p.snapshot().await;
 
     let cfg = p.node_config("probe");
@@ -205,53 +108,121 @@ async fn every_refusal_is_distinct_clear_and_changes_nothing() -> TestResult {
     let req = |token: &str| bcd::join::build_request(&cfg, &state, token, claims("probe", 8));
 
     let mut cases: Vec<(&str, Code, &str, v1::JoinRequest)> = Vec::new();
-    let wrong_secret = format!("{}{}", &fresh[..22], if &fresh[22..23] == "A" { "B" } else { "A" }) + &fresh[23..];
-    cases.push(("wrong secret", Code::PermissionDenied, "secret does not match", req(&wrong_secret)?));
+    let wrong_secret = format!(
+        "{}{}",
+        &fresh[..22],
+        if &fresh[22..23] == "A" { "B" } else { "A" }
+    ) + &fresh[23..];
+    cases.push((
+        "wrong secret",
+        Code::PermissionDenied,
+        "secret does not match",
+        req(&wrong_secret)?,
+    ));
     cases.push(("expired", Code::PermissionDenied, "expired", req(&expired)?));
     cases.push(("revoked", Code::PermissionDenied, "revoked", req(&revoked)?));
-    cases.push(("exhausted", Code::ResourceExhausted, "no uses left", req(&good)?));
-    cases.push(("expect mismatch", Code::PermissionDenied, "gpu.count is \"8\"", req(&expecting)?));
+    cases.push((
+        "exhausted",
+        Code::ResourceExhausted,
+        "no uses left",
+        req(&good)?,
+    ));
+    cases.push((
+        "expect mismatch",
+        Code::PermissionDenied,
+        "gpu.count is \"8\"",
+        req(&expecting)?,
+    ));
     // A captured blob replayed with another CSR key.
     let mut replayed = req(&fresh)?;
-    replayed.csr_der = bcd::join::build_request(&cfg, &other_state, &fresh, claims("probe", 8))?.csr_der;
-    cases.push(("replayed blob", Code::PermissionDenied, "sealed for another key", replayed));
+    replayed.csr_der =
+        bcd::join::build_request(&cfg, &other_state, &fresh, claims("probe", 8))?.csr_der;
+    cases.push((
+        "replayed blob",
+        Code::PermissionDenied,
+        "sealed for another key",
+        replayed,
+    ));
     let mut tampered = req(&fresh)?;
     tampered.sealed_token[40] ^= 0x01;
     cases.push(("tampered blob", Code::InvalidArgument, "corrupt", tampered));
     let mut bad_sig = req(&fresh)?;
     let n = bad_sig.csr_der.len();
     bad_sig.csr_der[n - 3] ^= 0x01;
-    cases.push(("bad CSR signature", Code::PermissionDenied, "signature does not verify", bad_sig));
+    cases.push((
+        "bad CSR signature",
+        Code::PermissionDenied,
+        "signature does not verify",
+        bad_sig,
+    ));
     let mut garbage_sealed = req(&fresh)?;
     garbage_sealed.sealed_token = vec![0x5a; 97];
-    cases.push(("garbage sealed_token", Code::InvalidArgument, "sealed token", garbage_sealed));
+    cases.push((
+        "garbage sealed_token",
+        Code::InvalidArgument,
+        "sealed token",
+        garbage_sealed,
+    ));
     let mut garbage_csr = req(&fresh)?;
     garbage_csr.csr_der = b"\x30\x03garbage".to_vec();
-    cases.push(("garbage csr_der", Code::InvalidArgument, "not a DER PKCS#10", garbage_csr));
+    cases.push((
+        "garbage csr_der",
+        Code::InvalidArgument,
+        "not a DER PKCS#10",
+        garbage_csr,
+    ));
     let mut garbage_claims = req(&fresh)?;
     if let Some(c) = garbage_claims.claims.as_mut() {
         c.gpus[1].serial = "\u{0}\u{1b}[31m".into();
     }
-    cases.push(("garbage claims", Code::InvalidArgument, "claims.gpus[1].serial", garbage_claims));
+    cases.push((
+        "garbage claims",
+        Code::InvalidArgument,
+        "claims.gpus[1].serial",
+        garbage_claims,
+    ));
     let mut huge_claims = req(&fresh)?;
     if let Some(c) = huge_claims.claims.as_mut() {
         c.hostname = "h".repeat(10_000);
     }
-    cases.push(("oversized claims", Code::InvalidArgument, "claims.hostname", huge_claims));
+    cases.push((
+        "oversized claims",
+        Code::InvalidArgument,
+        "claims.hostname",
+        huge_claims,
+    ));
     let mut garbage_version = req(&fresh)?;
     garbage_version.agent_version = "\u{7f}\u{0}".into();
-    cases.push(("garbage agent_version", Code::InvalidArgument, "agent_version", garbage_version));
+    cases.push((
+        "garbage agent_version",
+        Code::InvalidArgument,
+        "agent_version",
+        garbage_version,
+    ));
     let mut empty = req(&fresh)?;
     empty.sealed_token.clear();
     empty.csr_der.clear();
-    cases.push(("empty fields", Code::InvalidArgument, "csr_der is empty", empty));
+    cases.push((
+        "empty fields",
+        Code::InvalidArgument,
+        "csr_der is empty",
+        empty,
+    ));
 
     let mut messages = std::collections::HashSet::new();
     for (name, code, phrase, request) in cases {
         let s = refused(&p, request).await;
         assert_eq!(s.code(), code, "{name}: {}", s.message());
-        assert!(s.message().contains(phrase), "{name}: {:?} lacks {phrase:?}", s.message());
-        assert!(messages.insert(s.message().to_string()), "{name}: message not distinct: {}", s.message());
+        assert!(
+            s.message().contains(phrase),
+            "{name}: {:?} lacks {phrase:?}",
+            s.message()
+        );
+        assert!(
+            messages.insert(s.message().to_string()),
+            "{name}: message not distinct: {}",
+            s.message()
+        );
         assert_eq!(p.snapshot().await, before, "{name} changed state");
     }
     // The honest request still works afterwards.
@@ -270,9 +241,21 @@ async fn killed_after_commit_then_retried_gives_one_node_and_one_use() -> TestRe
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_bcd"));
         cmd.args(["--config", "/nonexistent", "--state-dir"])
             .arg(p.dir.path().join("crashy"))
-            .args(["join", "--attempts", "1", "--gpu-backend", "none", "--gateway-url"])
+            .args([
+                "join",
+                "--attempts",
+                "1",
+                "--gpu-backend",
+                "none",
+                "--gateway-url",
+            ])
             .arg(&p.running.gateway_url)
-            .args(["--ca-pin", &p.running.ca_pin, "--join-public-key", &p.running.join_public_key])
+            .args([
+                "--ca-pin",
+                &p.running.ca_pin,
+                "--join-public-key",
+                &p.running.join_public_key,
+            ])
             .arg("--hardware-root")
             .arg(&hw)
             .env("BCD_JOIN_TOKEN", &token);
@@ -282,12 +265,23 @@ async fn killed_after_commit_then_retried_gives_one_node_and_one_use() -> TestRe
         cmd.output()
     };
     let first = run(true).await?;
-    assert_eq!(first.status.code(), Some(137), "the client died after the server committed");
+    assert_eq!(
+        first.status.code(),
+        Some(137),
+        "the client died after the server committed"
+    );
     assert!(!p.dir.path().join("crashy/node.json").exists());
-    assert!(p.dir.path().join("crashy/node.key").exists(), "the key was persisted before the call");
+    assert!(
+        p.dir.path().join("crashy/node.key").exists(),
+        "the key was persisted before the call"
+    );
     let second = run(false).await?;
     let stdout = String::from_utf8_lossy(&second.stdout);
-    assert!(second.status.success(), "retry failed: {}", String::from_utf8_lossy(&second.stderr));
+    assert!(
+        second.status.success(),
+        "retry failed: {}",
+        String::from_utf8_lossy(&second.stderr)
+    );
     assert!(stdout.contains("a retry of an earlier join"), "{stdout}");
     let (nodes, uses_left, _) = p.snapshot().await;
     assert_eq!((nodes, uses_left), (1, 0), "one node, one use spent");
@@ -302,12 +296,17 @@ async fn reclaim_keeps_the_node_id_and_plain_rejoin_is_refused() -> TestResult {
     // Reinstalled: new state directory, new key, same hardware.
     let plain = p.token(json!({"pool": "default", "uses": 1})).await;
     match join(&p, "reinstalled-plain", &plain, claims("box", 8)).await {
-        Err(bcd::join::JoinError::Refused { code: Code::AlreadyExists, message }) => {
+        Err(bcd::join::JoinError::Refused {
+            code: Code::AlreadyExists,
+            message,
+        }) => {
             assert!(message.contains(&a.identity.node_id), "{message}")
         }
         other => panic!("expected AlreadyExists, got {other:?}"),
     }
-    let reclaim = p.token(json!({"pool": "default", "uses": 1, "reclaim": true})).await;
+    let reclaim = p
+        .token(json!({"pool": "default", "uses": 1, "reclaim": true}))
+        .await;
     let b = join(&p, "reinstalled", &reclaim, claims("box", 8)).await?;
     assert!(b.reclaimed);
     assert_eq!(b.identity.node_id, a.identity.node_id);
@@ -315,7 +314,11 @@ async fn reclaim_keeps_the_node_id_and_plain_rejoin_is_refused() -> TestResult {
     // A pool that does not allow reclaim refuses reclaim tokens at creation.
     let err = p
         .admin
-        .call("join-tokens", "create", json!({"pool": "strict", "uses": 1, "reclaim": true}))
+        .call(
+            "join-tokens",
+            "create",
+            json!({"pool": "strict", "uses": 1, "reclaim": true}),
+        )
         .await
         .err()
         .map(|e| e.to_string())
@@ -333,13 +336,18 @@ async fn n_concurrent_joins_on_n_minus_one_uses() -> TestResult {
     for i in 0..N {
         let p = p.clone();
         let token = token.clone();
-        tasks.spawn(async move { join(&p, &format!("c{i}"), &token, claims(&format!("c{i}"), 1)).await });
+        tasks.spawn(async move {
+            join(&p, &format!("c{i}"), &token, claims(&format!("c{i}"), 1)).await
+        });
     }
     let (mut ok, mut exhausted) = (0, 0);
     while let Some(r) = tasks.join_next().await {
         match r? {
             Ok(_) => ok += 1,
-            Err(bcd::join::JoinError::Refused { code: Code::ResourceExhausted, .. }) => exhausted += 1,
+            Err(bcd::join::JoinError::Refused {
+                code: Code::ResourceExhausted,
+                ..
+            }) => exhausted += 1,
             Err(e) => panic!("unexpected: {e:?}"),
         }
     }
@@ -355,32 +363,20 @@ async fn the_database_never_holds_a_token_or_api_key_secret() -> TestResult {
     let token = p.token(json!({"pool": "default", "uses": 2})).await;
     join(&p, "s1", &token, claims("s1", 1)).await?;
     let dump = p.db.dump()?;
-    assert!(dump.contains(&token[5..21]), "the dump must contain the token id (sanity check of the dump)");
+    assert!(
+        dump.contains(&token[5..21]),
+        "the dump must contain the token id (sanity check of the dump)"
+    );
     let secret = &token[22..];
-    assert!(!dump.contains(secret), "token secret found in the database dump");
+    assert!(
+        !dump.contains(secret),
+        "token secret found in the database dump"
+    );
     let api_secret = p.admin_key_secret();
-    assert!(!dump.contains(&api_secret), "API key secret found in the database dump");
-    Ok(())
-}
-
-impl Plane {
-    fn admin_key_secret(&self) -> String {
-        self.admin.key().split('.').nth(1).unwrap_or_default().to_string()
-    }
-}
-
-fn fake_hardware(root: &Path, seed: &str) -> std::io::Result<()> {
-    let dmi = root.join("sys/class/dmi/id");
-    std::fs::create_dir_all(&dmi)?;
-    std::fs::write(dmi.join("product_uuid"), format!("uuid-{seed}\n"))?;
-    std::fs::write(dmi.join("product_serial"), format!("SN-{seed}\n"))?;
-    std::fs::write(dmi.join("sys_vendor"), "Test\n")?;
-    let nic = root.join("sys/class/net/eth0");
-    std::fs::create_dir_all(nic.join("device"))?;
-    let h = bc_proto::sha256(seed.as_bytes());
-    std::fs::write(nic.join("address"), format!("02:{:02x}:{:02x}:{:02x}:00:01\n", h[0], h[1], h[2]))?;
-    std::fs::create_dir_all(root.join("proc/sys/kernel"))?;
-    std::fs::write(root.join("proc/sys/kernel/hostname"), format!("{seed}\n"))?;
+    assert!(
+        !dump.contains(&api_secret),
+        "API key secret found in the database dump"
+    );
     Ok(())
 }
 
@@ -396,8 +392,18 @@ async fn install_script_into_a_staging_root_installs_and_joins() -> TestResult {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/install.sh");
     let out = Command::new("sh")
         .arg(&script)
-        .args(["--gateway-url", &p.running.gateway_url, "--ca-pin", &p.running.ca_pin])
-        .args(["--join-public-key", &p.running.join_public_key, "--binary", env!("CARGO_BIN_EXE_bcd")])
+        .args([
+            "--gateway-url",
+            &p.running.gateway_url,
+            "--ca-pin",
+            &p.running.ca_pin,
+        ])
+        .args([
+            "--join-public-key",
+            &p.running.join_public_key,
+            "--binary",
+            env!("CARGO_BIN_EXE_bcd"),
+        ])
         .arg("--gpu-backend")
         .arg(format!("fixture:{}", fixture.display()))
         .arg("--hardware-root")
@@ -407,19 +413,32 @@ async fn install_script_into_a_staging_root_installs_and_joins() -> TestResult {
         .output()
         .await?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "install.sh failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "install.sh failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("with 8 GPU(s)"), "{stdout}");
     assert!(root.join("usr/local/bin/bcd").exists());
     let unit = std::fs::read_to_string(root.join("etc/systemd/system/bcd.service"))?;
-    assert!(unit.contains("ExecStart=/usr/local/bin/bcd --config /etc/bcd/bcd.toml run"), "{unit}");
+    assert!(
+        unit.contains("ExecStart=/usr/local/bin/bcd --config /etc/bcd/bcd.toml run"),
+        "{unit}"
+    );
     let conf = std::fs::read_to_string(root.join("etc/bcd/bcd.toml"))?;
-    assert!(conf.contains(&p.running.ca_pin) && conf.contains(&p.running.join_public_key), "{conf}");
+    assert!(
+        conf.contains(&p.running.ca_pin) && conf.contains(&p.running.join_public_key),
+        "{conf}"
+    );
     let id: Value = serde_json::from_slice(&std::fs::read(root.join("var/lib/bcd/node.json"))?)?;
     let v = p.admin.call("nodes", "list", json!({})).await?;
     let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
     assert_eq!(nodes.len(), 1);
     assert_eq!(nodes[0]["id"], id["node_id"]);
     assert_eq!(nodes[0]["claims"]["dmi"]["system_uuid"], "uuid-installed");
-    assert!(!conf.contains(&token[22..]), "the token must not be written to the config");
+    assert!(
+        !conf.contains(&token[22..]),
+        "the token must not be written to the config"
+    );
     Ok(())
 }

@@ -98,9 +98,9 @@ pub struct NvLinkState {
     pub active: bool,
 }
 
-/// Everything `diag.nvml` judges about one GPU.
+/// Everything `diag.nvml` judges about one GPU. (Unknown fields are accepted when reading, so an older reader
+/// can take a newer node's observations.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct GpuHealth {
     pub index: u32,
     pub uuid: String,
@@ -173,7 +173,10 @@ pub mod throttle {
 
 const THROTTLE_NAMES: [(u64, &str); 9] = [
     (throttle::GPU_IDLE, "gpu_idle"),
-    (throttle::APPLICATIONS_CLOCKS_SETTING, "applications_clocks_setting"),
+    (
+        throttle::APPLICATIONS_CLOCKS_SETTING,
+        "applications_clocks_setting",
+    ),
     (throttle::SW_POWER_CAP, "sw_power_cap"),
     (throttle::HW_SLOWDOWN, "hw_slowdown"),
     (throttle::SYNC_BOOST, "sync_boost"),
@@ -204,9 +207,15 @@ mod tests {
     #[test]
     fn reading_json_shapes() {
         let v: Reading<u64> = Reading::Value(3);
-        assert_eq!(serde_json::to_string(&v).ok().as_deref(), Some(r#"{"value":3}"#));
+        assert_eq!(
+            serde_json::to_string(&v).ok().as_deref(),
+            Some(r#"{"value":3}"#)
+        );
         let n: Reading<u64> = Reading::NotSupported;
-        assert_eq!(serde_json::to_string(&n).ok().as_deref(), Some(r#""not_supported""#));
+        assert_eq!(
+            serde_json::to_string(&n).ok().as_deref(),
+            Some(r#""not_supported""#)
+        );
         let back: Result<Reading<u64>, _> = serde_json::from_str(r#"{"not_collected":"why"}"#);
         assert!(matches!(back, Ok(Reading::NotCollected(r)) if r == "why"));
     }

@@ -1,9 +1,15 @@
 //! GPU access behind a trait: [`nvml::NvmlBackend`] on real nodes (feature `nvml`, library loaded at run time) and
-//! [`fixture::FixtureBackend`] (a JSON file) for tests and demos on machines without GPUs.
+//! [`fixture::FixtureBackend`] (a JSON file) for tests and demos on machines without GPUs. [`GpuBackend::gpus`]
+//! lists GPUs for inventory and join claims; [`GpuBackend::health`] observes what `diag.nvml` judges
+//! ([`health::GpuHealth`]).
 
+pub mod fault;
 pub mod fixture;
+pub mod health;
 #[cfg(feature = "nvml")]
 pub mod nvml;
+
+pub use health::{GpuHealth, Reading};
 
 use serde::{Deserialize, Serialize};
 
@@ -25,14 +31,31 @@ pub struct GpuInfo {
 pub enum GpuError {
     /// The backend cannot be used on this machine (no driver, no library): a reported condition, not a crash.
     #[error("GPU backend {backend} unavailable: {reason}")]
-    Unavailable { backend: &'static str, reason: String },
+    Unavailable {
+        backend: &'static str,
+        reason: String,
+    },
     #[error("GPU backend {backend}: {message}")]
-    Query { backend: &'static str, message: String },
+    Query {
+        backend: &'static str,
+        message: String,
+    },
 }
 
 pub trait GpuBackend: Send + Sync {
     fn name(&self) -> &'static str;
     fn gpus(&self) -> Result<Vec<GpuInfo>, GpuError>;
+
+    /// Observed health of every visible GPU. A backend that collects none reports each GPU with every reading
+    /// `not_collected`, so the checks skip rather than pass.
+    fn health(&self) -> Result<Vec<GpuHealth>, GpuError> {
+        let reason = format!("the {} backend collects no GPU health", self.name());
+        Ok(self
+            .gpus()?
+            .into_iter()
+            .map(|g| GpuHealth::unobserved(g.index, g.uuid, g.pci_bus_id, &reason))
+            .collect())
+    }
 }
 
 /// A backend for machines where GPU collection is turned off.
@@ -52,7 +75,9 @@ impl GpuBackend for NoGpus {
 pub fn open(choice: &crate::config::GpuBackendChoice) -> Result<Box<dyn GpuBackend>, GpuError> {
     match choice {
         crate::config::GpuBackendChoice::None => Ok(Box::new(NoGpus)),
-        crate::config::GpuBackendChoice::Fixture(path) => Ok(Box::new(fixture::FixtureBackend::load(path)?)),
+        crate::config::GpuBackendChoice::Fixture(path) => {
+            Ok(Box::new(fixture::FixtureBackend::load(path)?))
+        }
         #[cfg(feature = "nvml")]
         crate::config::GpuBackendChoice::Nvml => Ok(Box::new(nvml::NvmlBackend::init()?)),
         #[cfg(not(feature = "nvml"))]

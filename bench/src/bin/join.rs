@@ -29,7 +29,14 @@ struct Dev {
 fn start_dev(bin: &Path, dir: &Path) -> anyhow::Result<Dev> {
     let t0 = Instant::now();
     let mut child = Command::new(bin.join("better-compute"))
-        .args(["dev", "--api-listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0", "--data-dir"])
+        .args([
+            "dev",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--gateway-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
         .arg(dir)
         .env("BC_LOG", "warn")
         .stdout(Stdio::piped())
@@ -50,14 +57,23 @@ fn start_dev(bin: &Path, dir: &Path) -> anyhow::Result<Dev> {
     let ready_wall = t0.elapsed();
     let env = std::fs::read_to_string(dir.join("dev.env"))?
         .lines()
-        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .filter_map(|l| {
+            l.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
         .collect();
-    Ok(Dev { child, env, ready_wall })
+    Ok(Dev {
+        child,
+        env,
+        ready_wall,
+    })
 }
 
 impl Dev {
     fn stop(mut self) -> anyhow::Result<()> {
-        Command::new("kill").arg(self.child.id().to_string()).status()?;
+        Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status()?;
         self.child.wait()?;
         Ok(())
     }
@@ -72,7 +88,13 @@ fn claims(i: usize) -> v1::HardwareClaims {
         }),
         nics: vec![v1::NicClaim {
             name: "eth0".into(),
-            mac: format!("02:bc:{:02x}:{:02x}:{:02x}:{:02x}", (i >> 24) & 0xff, (i >> 16) & 0xff, (i >> 8) & 0xff, i & 0xff),
+            mac: format!(
+                "02:bc:{:02x}:{:02x}:{:02x}:{:02x}",
+                (i >> 24) & 0xff,
+                (i >> 16) & 0xff,
+                (i >> 8) & 0xff,
+                i & 0xff
+            ),
             ..Default::default()
         }],
         gpus: (0..8)
@@ -106,7 +128,9 @@ fn pgbench(url: &str, script: &str, setup: &str) -> anyhow::Result<f64> {
         .find(|p| p.exists())
         .context("pgbench not found")?;
     let psql = bin.with_file_name("psql");
-    let st = Command::new(&psql).args([url, "-q", "-c", setup]).status()?;
+    let st = Command::new(&psql)
+        .args([url, "-q", "-c", setup])
+        .status()?;
     if !st.success() {
         bail!("psql setup failed");
     }
@@ -123,14 +147,20 @@ fn pgbench(url: &str, script: &str, setup: &str) -> anyhow::Result<f64> {
         .find(|l| l.starts_with("tps"))
         .and_then(|l| l.split_whitespace().nth(2))
         .and_then(|v| v.parse().ok())
-        .with_context(|| format!("pgbench output: {text}{}", String::from_utf8_lossy(&out.stderr)))?;
+        .with_context(|| {
+            format!(
+                "pgbench output: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
     Ok(tps)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     bc_proto::install_crypto_provider();
-    let bin = PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
+    let bin =
+        PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
     let data = tempfile::tempdir()?;
     let dev = start_dev(&bin, data.path())?;
     let env = &dev.env;
@@ -156,12 +186,20 @@ async fn main() -> anyhow::Result<()> {
         .validate("bench")?,
     );
 
-    println!("preparing {} join requests (node keys, CSRs, sealed tokens: node-side work, not timed)", JOINS + WARMUP);
+    println!(
+        "preparing {} join requests (node keys, CSRs, sealed tokens: node-side work, not timed)",
+        JOINS + WARMUP
+    );
     let t = Instant::now();
     let mut requests = Vec::with_capacity(JOINS + WARMUP);
     for i in 0..JOINS + WARMUP {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-        requests.push(bcd::join::request_for_key(&config, &key, &token, claims(i))?);
+        requests.push(bcd::join::request_for_key(
+            &config,
+            &key,
+            &token,
+            claims(i),
+        )?);
     }
     println!("  prepared in {:.1} s", t.elapsed().as_secs_f64());
     let timed = requests.split_off(WARMUP);
@@ -201,7 +239,9 @@ async fn main() -> anyhow::Result<()> {
         "postgresql commit rate on the same cluster (pgbench, 64 clients, fsync+synchronous_commit on): \
          contended single-row UPDATE {update:.0} tps, single-row INSERT {insert:.0} tps"
     );
-    println!("anchors: NICo ingests ~64 machines/min (~1.1/s); SPIRE rate-limits attestation to 1/s per IP");
+    println!(
+        "anchors: NICo ingests ~64 machines/min (~1.1/s); SPIRE rate-limits attestation to 1/s per IP"
+    );
     let first_ready = dev.ready_wall;
     dev.stop()?;
     let again = start_dev(&bin, data.path())?;
@@ -217,7 +257,10 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// Runs the requests over CONCURRENCY workers; returns each join's latency. Any failed join aborts the run.
-async fn run_clients(config: Arc<bcd::config::Config>, requests: Vec<v1::JoinRequest>) -> anyhow::Result<Vec<Duration>> {
+async fn run_clients(
+    config: Arc<bcd::config::Config>,
+    requests: Vec<v1::JoinRequest>,
+) -> anyhow::Result<Vec<Duration>> {
     let queue = Arc::new(std::sync::Mutex::new(requests));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..CONCURRENCY {
@@ -229,7 +272,9 @@ async fn run_clients(config: Arc<bcd::config::Config>, requests: Vec<v1::JoinReq
                 let next = queue.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.pop();
                 let Some(req) = next else { break };
                 let t = Instant::now();
-                bcd::join::send(&config, req).await.map_err(|s| anyhow::anyhow!("join failed: {s:?}"))?;
+                bcd::join::send(&config, req)
+                    .await
+                    .map_err(|s| anyhow::anyhow!("join failed: {s:?}"))?;
                 lat.push(t.elapsed());
             }
             Ok::<_, anyhow::Error>(lat)

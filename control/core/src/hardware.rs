@@ -90,7 +90,10 @@ pub fn stable_identifiers(claims: &HardwareClaims) -> Vec<String> {
     }
     for gpu in &claims.gpus {
         if !is_placeholder(&gpu.serial) {
-            lines.push(format!("gpu.serial={}", gpu.serial.trim().to_ascii_lowercase()));
+            lines.push(format!(
+                "gpu.serial={}",
+                gpu.serial.trim().to_ascii_lowercase()
+            ));
         }
     }
     lines.sort();
@@ -144,12 +147,22 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(hardware_key(&a), hardware_key(&b));
-        assert_ne!(hardware_key(&a), hardware_key(&claims("other", "aa:bb:cc:dd:ee:01")));
-        assert_eq!(stable_identifiers(&a).len(), 2, "placeholder serial must not count");
+        assert_ne!(
+            hardware_key(&a),
+            hardware_key(&claims("other", "aa:bb:cc:dd:ee:01"))
+        );
+        assert_eq!(
+            stable_identifiers(&a).len(),
+            2,
+            "placeholder serial must not count"
+        );
     }
 
     #[test]
     fn no_identifiers_no_key() {
-        assert_eq!(hardware_key(&claims("00000000-0000-0000-0000-000000000000", "")), None);
+        assert_eq!(
+            hardware_key(&claims("00000000-0000-0000-0000-000000000000", "")),
+            None
+        );
     }
 }

@@ -51,10 +51,22 @@ mod tests {
     fn wildcards() {
         let perm = "compute:join-tokens:create";
         assert!(allows(&[g("*", "*")], perm, "pool/a"));
-        assert!(allows(&[g("compute:join-tokens:*", "pool/a")], perm, "pool/a"));
+        assert!(allows(
+            &[g("compute:join-tokens:*", "pool/a")],
+            perm,
+            "pool/a"
+        ));
         assert!(allows(&[g("compute:*", "pool/*")], perm, "pool/a"));
-        assert!(!allows(&[g("compute:join-tokens:create", "pool/b")], perm, "pool/a"));
-        assert!(!allows(&[g("compute:join-tokens:list", "*")], perm, "pool/a"));
+        assert!(!allows(
+            &[g("compute:join-tokens:create", "pool/b")],
+            perm,
+            "pool/a"
+        ));
+        assert!(!allows(
+            &[g("compute:join-tokens:list", "*")],
+            perm,
+            "pool/a"
+        ));
         assert!(!allows(&[g("compute:join-tokens", "*")], perm, "pool/a"));
         assert!(!allows(&[], perm, "pool/a"));
     }

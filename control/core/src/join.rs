@@ -36,7 +36,9 @@ pub enum TokenRejection {
     Expired,
     #[error("join token has no uses left")]
     Exhausted,
-    #[error("hardware does not match the token's expect: {claim} is {found:?}, the token expects {expected:?}")]
+    #[error(
+        "hardware does not match the token's expect: {claim} is {found:?}, the token expects {expected:?}"
+    )]
     ExpectMismatch {
         claim: String,
         expected: String,
@@ -71,9 +73,18 @@ impl Expectations {
             let eq = |a: &str| a.trim().eq_ignore_ascii_case(expected.trim());
             let (ok, found) = match claim.as_str() {
                 "dmi.system_uuid" => (eq(&claims.dmi.system_uuid), claims.dmi.system_uuid.clone()),
-                "dmi.system_serial" => (eq(&claims.dmi.system_serial), claims.dmi.system_serial.clone()),
-                "dmi.board_serial" => (eq(&claims.dmi.board_serial), claims.dmi.board_serial.clone()),
-                "dmi.chassis_serial" => (eq(&claims.dmi.chassis_serial), claims.dmi.chassis_serial.clone()),
+                "dmi.system_serial" => (
+                    eq(&claims.dmi.system_serial),
+                    claims.dmi.system_serial.clone(),
+                ),
+                "dmi.board_serial" => (
+                    eq(&claims.dmi.board_serial),
+                    claims.dmi.board_serial.clone(),
+                ),
+                "dmi.chassis_serial" => (
+                    eq(&claims.dmi.chassis_serial),
+                    claims.dmi.chassis_serial.clone(),
+                ),
                 "dmi.vendor" => (eq(&claims.dmi.vendor), claims.dmi.vendor.clone()),
                 "dmi.product" => (eq(&claims.dmi.product), claims.dmi.product.clone()),
                 "hostname" => (eq(&claims.hostname), claims.hostname.clone()),
@@ -84,7 +95,10 @@ impl Expectations {
                 }
                 "gpu.model" => {
                     let models: Vec<&str> = claims.gpus.iter().map(|g| g.model.as_str()).collect();
-                    (!models.is_empty() && models.iter().all(|m| eq(m)), models.join(","))
+                    (
+                        !models.is_empty() && models.iter().all(|m| eq(m)),
+                        models.join(","),
+                    )
                 }
                 "nic.mac" => {
                     let macs: Vec<&str> = claims.nics.iter().map(|n| n.mac.as_str()).collect();
@@ -129,7 +143,9 @@ mod tests {
         e.0.insert("gpu.model".into(), "nvidia h100".into());
         assert_eq!(e.check(&c), Ok(()));
         e.0.insert("gpu.count".into(), "4".into());
-        assert!(matches!(e.check(&c), Err(TokenRejection::ExpectMismatch { claim, .. }) if claim == "gpu.count"));
+        assert!(
+            matches!(e.check(&c), Err(TokenRejection::ExpectMismatch { claim, .. }) if claim == "gpu.count")
+        );
         let mut bad = Expectations::default();
         bad.0.insert("gpu.colour".into(), "red".into());
         assert!(bad.validate().is_err());

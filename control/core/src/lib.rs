@@ -8,4 +8,5 @@
 pub mod hardware;
 pub mod iam;
 pub mod join;
+pub mod lifecycle;
 pub mod node;

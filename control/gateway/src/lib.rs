@@ -5,6 +5,7 @@
 //! Join (and later Renew and SecretRequest) are handed to services it receives as traits ([`JoinHandler`]). It must
 //! not import bc-store or bc-control. Start with [`serve`].
 
+pub mod session;
 pub mod tls;
 
 use bc_proto::v1;
@@ -21,14 +22,23 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// JoinService as the gateway sees it: a request in, a response or a status with a clear message out.
 pub trait JoinHandler: Send + Sync + 'static {
-    fn join(&self, request: v1::JoinRequest, peer: Option<SocketAddr>)
-    -> BoxFuture<'_, Result<v1::JoinResponse, tonic::Status>>;
+    fn join(
+        &self,
+        request: v1::JoinRequest,
+        peer: Option<SocketAddr>,
+    ) -> BoxFuture<'_, Result<v1::JoinResponse, tonic::Status>>;
 }
 
 /// What the gateway serves.
 #[derive(Clone)]
 pub struct Services {
     pub join: Arc<dyn JoinHandler>,
+    /// Sessions (with the registry that holds them), when the control plane provides a backend.
+    pub session: Option<(
+        Arc<dyn session::SessionBackend>,
+        session::SessionConfig,
+        session::Registry,
+    )>,
 }
 
 /// Limits on what a peer may make the gateway do.
@@ -39,6 +49,8 @@ pub struct Limits {
     pub handshake_timeout: Duration,
     /// Largest gRPC message accepted (Join requests are a few KiB).
     pub max_message_bytes: usize,
+    /// How long a shutdown waits for in-flight calls after closing sessions.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for Limits {
@@ -47,6 +59,7 @@ impl Default for Limits {
             concurrent_handshakes: 512,
             handshake_timeout: Duration::from_secs(10),
             max_message_bytes: 64 * 1024,
+            shutdown_grace: Duration::from_secs(5),
         }
     }
 }
@@ -61,7 +74,10 @@ struct JoinSvc(Arc<dyn JoinHandler>);
 
 #[tonic::async_trait]
 impl v1::join_service_server::JoinService for JoinSvc {
-    async fn join(&self, request: tonic::Request<v1::JoinRequest>) -> Result<tonic::Response<v1::JoinResponse>, tonic::Status> {
+    async fn join(
+        &self,
+        request: tonic::Request<v1::JoinRequest>,
+    ) -> Result<tonic::Response<v1::JoinResponse>, tonic::Status> {
         let peer = request.remote_addr();
         let response = self.0.join(request.into_inner(), peer).await?;
         Ok(tonic::Response::new(response))
@@ -81,7 +97,9 @@ pub async fn serve(
     let handshakes = Arc::new(tokio::sync::Semaphore::new(limits.concurrent_handshakes));
     let accept_loop = tokio::spawn(async move {
         loop {
-            let Ok(permit) = handshakes.clone().acquire_owned().await else { return };
+            let Ok(permit) = handshakes.clone().acquire_owned().await else {
+                return;
+            };
             let (tcp, addr) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
@@ -109,12 +127,52 @@ pub async fn serve(
     });
     let join = v1::join_service_server::JoinServiceServer::new(JoinSvc(services.join))
         .max_decoding_message_size(limits.max_message_bytes);
-    let result = tonic::transport::Server::builder()
+    let mut router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .add_service(join)
-        .serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown)
-        .await
-        .map_err(GatewayError::Serve);
+        .add_service(join);
+    let mut housekeeping = None;
+    let mut registry_for_shutdown = None;
+    if let Some((backend, config, registry)) = services.session {
+        registry_for_shutdown = Some(registry.clone());
+        housekeeping = Some(tokio::spawn(session::housekeeping(
+            backend.clone(),
+            registry.clone(),
+            config.clone(),
+        )));
+        let svc = session::SessionSvc {
+            backend,
+            registry,
+            config,
+        };
+        router = router.add_service(
+            v1::session_service_server::SessionServiceServer::new(svc)
+                .max_decoding_message_size(limits.max_message_bytes),
+        );
+    }
+    // Sessions are long-lived streams: a graceful shutdown first closes them (daemons reconnect elsewhere or
+    // later), then gives in-flight calls a bounded grace period.
+    let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        if let Some(r) = registry_for_shutdown {
+            r.close_all("gateway shutting down");
+        }
+        let _ = stopping_tx.send(true);
+    };
+    let serve = router.serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown);
+    let result = tokio::select! {
+        r = serve => r.map_err(GatewayError::Serve),
+        _ = async {
+            let _ = stopping_rx.wait_for(|s| *s).await;
+            tokio::time::sleep(limits.shutdown_grace).await;
+        } => {
+            tracing::warn!("gateway shutdown grace period over; dropping remaining connections");
+            Ok(())
+        }
+    };
     accept_loop.abort();
+    if let Some(h) = housekeeping {
+        h.abort();
+    }
     result
 }

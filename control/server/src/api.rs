@@ -50,7 +50,9 @@ impl ApiError {
 impl From<bc_store::StoreError> for ApiError {
     fn from(e: bc_store::StoreError) -> ApiError {
         match e {
-            bc_store::StoreError::NotFound { what, id } => ApiError::new("NOT_FOUND", format!("{what} {id:?} not found")),
+            bc_store::StoreError::NotFound { what, id } => {
+                ApiError::new("NOT_FOUND", format!("{what} {id:?} not found"))
+            }
             bc_store::StoreError::Conflict(m) => ApiError::new("CONFLICT", m),
             other => {
                 tracing::error!(error = %other, source = ?std::error::Error::source(&other), "store error");
@@ -70,13 +72,20 @@ impl IntoResponse for ApiError {
             "CONFLICT" => StatusCode::CONFLICT,
             _ => StatusCode::SERVICE_UNAVAILABLE,
         };
-        (status, Json(json!({"code": self.code, "message": self.message}))).into_response()
+        (
+            status,
+            Json(json!({"code": self.code, "message": self.message})),
+        )
+            .into_response()
     }
 }
 
 pub fn router(state: ApiState) -> axum::Router {
     axum::Router::new()
-        .route("/api/compute/{group}/{method}", axum::routing::post(dispatch))
+        .route(
+            "/api/compute/{group}/{method}",
+            axum::routing::post(dispatch),
+        )
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .with_state(state)
 }
@@ -90,7 +99,8 @@ async fn authenticate(store: &Store, headers: &HeaderMap) -> Result<Principal, A
     let key = header
         .strip_prefix("Bearer ")
         .ok_or_else(|| unauth("Authorization must be Bearer <api key>"))?;
-    let key = Token::parse(TokenKind::ApiKey, key).map_err(|e| unauth(&format!("malformed API key: {e}")))?;
+    let key = Token::parse(TokenKind::ApiKey, key)
+        .map_err(|e| unauth(&format!("malformed API key: {e}")))?;
     let principal = store
         .principal_by_api_key(key.id())
         .await?
@@ -130,13 +140,18 @@ async fn dispatch(
         ("join-tokens", "revoke") => revoke_join_token(&state, &principal, parse(body)?).await,
         ("nodes", "list") => list_nodes(&state, &principal).await,
         ("nodes", "get") => get_node(&state, &principal, parse(body)?).await,
+        ("nodes", "drain") => set_node_state(&state, &principal, parse(body)?, "draining").await,
+        ("nodes", "revoke") => set_node_state(&state, &principal, parse(body)?, "revoked").await,
         ("system", "info") => Ok(Json(json!({
             "trust_domain": state.ca.trust_domain(),
             "ca_pin": state.ca.pin(),
             "join_public_key": state.join_public_key,
             "gateway_url": state.gateway_url,
         }))),
-        _ => Err(ApiError::new("NOT_FOUND", format!("no method {group}.{method}"))),
+        _ => Err(ApiError::new(
+            "NOT_FOUND",
+            format!("no method {group}.{method}"),
+        )),
     }
 }
 
@@ -162,20 +177,36 @@ fn day() -> i64 {
     86_400
 }
 
-async fn create_join_token(state: &ApiState, p: &Principal, req: CreateJoinToken) -> Result<Json<Value>, ApiError> {
-    require(p, "compute:join-tokens:create", &format!("pool/{}", req.pool))?;
+async fn create_join_token(
+    state: &ApiState,
+    p: &Principal,
+    req: CreateJoinToken,
+) -> Result<Json<Value>, ApiError> {
+    require(
+        p,
+        "compute:join-tokens:create",
+        &format!("pool/{}", req.pool),
+    )?;
     if !(1..=1_000_000).contains(&req.uses) {
         return Err(ApiError::invalid("uses must be between 1 and 1000000"));
     }
     if !(60..=365 * 86_400).contains(&req.ttl_seconds) {
-        return Err(ApiError::invalid("ttl_seconds must be between 60 and 31536000"));
+        return Err(ApiError::invalid(
+            "ttl_seconds must be between 60 and 31536000",
+        ));
     }
-    req.expect.validate().map_err(|e| ApiError::invalid(e.to_string()))?;
+    req.expect
+        .validate()
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     let pool = state.store.pool_by_id(&req.pool).await?;
     if req.reclaim && !pool.allow_reclaim {
-        return Err(ApiError::invalid(format!("pool {} does not allow reclaim", pool.id)));
+        return Err(ApiError::invalid(format!(
+            "pool {} does not allow reclaim",
+            pool.id
+        )));
     }
-    let token = Token::generate(TokenKind::Join).map_err(|_| ApiError::new("UNAVAILABLE", "no randomness"))?;
+    let token = Token::generate(TokenKind::Join)
+        .map_err(|_| ApiError::new("UNAVAILABLE", "no randomness"))?;
     let expires_at_ms = now_ms() + req.ttl_seconds * 1000;
     state
         .store
@@ -206,12 +237,22 @@ struct ListJoinTokens {
     pool: Option<String>,
 }
 
-async fn list_join_tokens(state: &ApiState, p: &Principal, req: ListJoinTokens) -> Result<Json<Value>, ApiError> {
+async fn list_join_tokens(
+    state: &ApiState,
+    p: &Principal,
+    req: ListJoinTokens,
+) -> Result<Json<Value>, ApiError> {
     let pools = req.pool.map(|p| vec![p]);
     let tokens = state.store.list_join_tokens(pools.as_deref()).await?;
     let visible: Vec<_> = tokens
         .into_iter()
-        .filter(|t| allows(&p.grants, "compute:join-tokens:list", &format!("pool/{}", t.pool_id)))
+        .filter(|t| {
+            allows(
+                &p.grants,
+                "compute:join-tokens:list",
+                &format!("pool/{}", t.pool_id),
+            )
+        })
         .collect();
     Ok(Json(json!({ "tokens": visible })))
 }
@@ -222,12 +263,24 @@ struct ById {
     id: String,
 }
 
-async fn revoke_join_token(state: &ApiState, p: &Principal, req: ById) -> Result<Json<Value>, ApiError> {
-    let token = state.store.join_token(&req.id).await?.ok_or_else(|| {
-        ApiError::new("NOT_FOUND", format!("join token {:?} not found", req.id))
-    })?;
-    require(p, "compute:join-tokens:revoke", &format!("pool/{}", token.pool_id))?;
-    state.store.revoke_join_token(&req.id, &format!("principal/{}", p.id)).await?;
+async fn revoke_join_token(
+    state: &ApiState,
+    p: &Principal,
+    req: ById,
+) -> Result<Json<Value>, ApiError> {
+    let token =
+        state.store.join_token(&req.id).await?.ok_or_else(|| {
+            ApiError::new("NOT_FOUND", format!("join token {:?} not found", req.id))
+        })?;
+    require(
+        p,
+        "compute:join-tokens:revoke",
+        &format!("pool/{}", token.pool_id),
+    )?;
+    state
+        .store
+        .revoke_join_token(&req.id, &format!("principal/{}", p.id))
+        .await?;
     Ok(Json(json!({"id": req.id, "revoked": true})))
 }
 
@@ -237,7 +290,13 @@ async fn list_nodes(state: &ApiState, p: &Principal) -> Result<Json<Value>, ApiE
         .list_nodes()
         .await?
         .into_iter()
-        .filter(|n| allows(&p.grants, "compute:nodes:list", &format!("pool/{}", n.pool_id)))
+        .filter(|n| {
+            allows(
+                &p.grants,
+                "compute:nodes:list",
+                &format!("pool/{}", n.pool_id),
+            )
+        })
         .collect();
     Ok(Json(json!({ "nodes": nodes })))
 }
@@ -249,7 +308,44 @@ async fn get_node(state: &ApiState, p: &Principal, req: ById) -> Result<Json<Val
         .await?
         .ok_or_else(|| ApiError::new("NOT_FOUND", format!("node {:?} not found", req.id)))?;
     require(p, "compute:nodes:get", &format!("pool/{}", node.pool_id))?;
-    Ok(Json(json!({ "node": node })))
+    let inventory: serde_json::Map<String, Value> = state
+        .store
+        .inventory(&node.id)
+        .await?
+        .into_iter()
+        .map(|(name, _, payload)| (name, payload))
+        .collect();
+    Ok(Json(json!({ "node": node, "inventory": inventory })))
+}
+
+async fn set_node_state(
+    state: &ApiState,
+    p: &Principal,
+    req: ById,
+    to: &str,
+) -> Result<Json<Value>, ApiError> {
+    let node = state
+        .store
+        .node(&req.id)
+        .await?
+        .ok_or_else(|| ApiError::new("NOT_FOUND", format!("node {:?} not found", req.id)))?;
+    let verb = if to == "revoked" { "revoke" } else { "drain" };
+    require(
+        p,
+        &format!("compute:nodes:{verb}"),
+        &format!("pool/{}", node.pool_id),
+    )?;
+    if !state
+        .store
+        .set_node_state(&node.id, to, &format!("principal/{}", p.id))
+        .await?
+    {
+        return Err(ApiError::new(
+            "CONFLICT",
+            format!("node {} is revoked; nothing to change", node.id),
+        ));
+    }
+    Ok(Json(json!({"id": node.id, "state": to})))
 }
 
 fn now_ms() -> i64 {

@@ -7,10 +7,13 @@
 use bc_proto::seal::{self, JoinPrivateKey};
 use bc_proto::spiffe::{Role, SpiffeId};
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, PublicKeyData as _, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
+    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, PublicKeyData as _,
+    SanType, SerialNumber,
 };
-use rustls::pki_types::{CertificateDer, CertificateSigningRequestDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::pki_types::{
+    CertificateDer, CertificateSigningRequestDer, PrivateKeyDer, PrivatePkcs8KeyDer,
+};
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
@@ -55,19 +58,28 @@ pub enum CsrError {
 pub struct VerifiedCsr {
     params: CertificateSigningRequestParams,
     pub spki_der: Vec<u8>,
+    /// The raw public key (uncompressed P-256 point).
+    pub public_point: Vec<u8>,
 }
 
 pub fn verify_csr(der: &[u8]) -> Result<VerifiedCsr, CsrError> {
-    let params = CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(der)).map_err(|e| match e {
-        rcgen::Error::CouldNotParseCertificationRequest => CsrError::Unparseable,
-        rcgen::Error::InvalidCertificationRequestSignature => CsrError::BadSignature,
-        other => CsrError::Other(other.to_string()),
-    })?;
+    let params =
+        CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(der))
+            .map_err(|e| match e {
+                rcgen::Error::CouldNotParseCertificationRequest => CsrError::Unparseable,
+                rcgen::Error::InvalidCertificationRequestSignature => CsrError::BadSignature,
+                other => CsrError::Other(other.to_string()),
+            })?;
     if params.public_key.algorithm() != &rcgen::PKCS_ECDSA_P256_SHA256 {
         return Err(CsrError::KeyAlgorithm);
     }
     let spki_der = params.public_key.subject_public_key_info();
-    Ok(VerifiedCsr { params, spki_der })
+    let public_point = params.public_key.der_bytes().to_vec();
+    Ok(VerifiedCsr {
+        params,
+        spki_der,
+        public_point,
+    })
 }
 
 pub struct Ca {
@@ -148,11 +160,18 @@ impl Ca {
                 let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
                 let mut p = CertificateParams::default();
                 let mut dn = DistinguishedName::new();
-                dn.push(DnType::CommonName, format!("Better Compute CA {trust_domain}"));
+                dn.push(
+                    DnType::CommonName,
+                    format!("Better Compute CA {trust_domain}"),
+                );
                 dn.push(DnType::OrganizationName, "Better Compute");
                 p.distinguished_name = dn;
                 p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-                p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+                p.key_usages = vec![
+                    KeyUsagePurpose::KeyCertSign,
+                    KeyUsagePurpose::CrlSign,
+                    KeyUsagePurpose::DigitalSignature,
+                ];
                 let now = OffsetDateTime::now_utc();
                 p.not_before = now - BACKDATE;
                 p.not_after = now + Duration::days(3650);
@@ -189,8 +208,15 @@ impl Ca {
     }
 
     /// A 24 h client certificate for a workload: exactly one SPIFFE URI SAN, random serial, backdated NotBefore.
-    pub fn issue_workload(&self, csr: &VerifiedCsr, role: Role, id: &str, now: OffsetDateTime) -> Result<Issued, CaError> {
-        let spiffe = SpiffeId::new(&self.trust_domain, role, id).map_err(|e| CaError::Rcgen(rcgen::Error::X509(e.to_string())))?;
+    pub fn issue_workload(
+        &self,
+        csr: &VerifiedCsr,
+        role: Role,
+        id: &str,
+        now: OffsetDateTime,
+    ) -> Result<Issued, CaError> {
+        let spiffe = SpiffeId::new(&self.trust_domain, role, id)
+            .map_err(|e| CaError::Rcgen(rcgen::Error::X509(e.to_string())))?;
         let mut p = CertificateParams::default();
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, id);
@@ -224,7 +250,8 @@ impl Ca {
         let mut p = CertificateParams::new(hosts.to_vec())?;
         let spiffe = SpiffeId::new(&self.trust_domain, Role::Gateway, gateway_id)
             .map_err(|e| CaError::Rcgen(rcgen::Error::X509(e.to_string())))?;
-        p.subject_alt_names.push(SanType::URI(spiffe.to_string().try_into()?));
+        p.subject_alt_names
+            .push(SanType::URI(spiffe.to_string().try_into()?));
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, format!("gateway {gateway_id}"));
         p.distinguished_name = dn;

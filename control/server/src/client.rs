@@ -36,7 +36,10 @@ impl ApiClient {
     /// `POST /api/compute/{group}/{method}`.
     pub async fn call(&self, group: &str, method: &str, body: Value) -> Result<Value, ClientError> {
         let url = format!("{}/api/compute/{group}/{method}", self.base);
-        let http = |source| ClientError::Http { url: url.clone(), source };
+        let http = |source| ClientError::Http {
+            url: url.clone(),
+            source,
+        };
         let resp = self
             .http
             .post(&url)

@@ -41,7 +41,12 @@ impl Roles {
                 "sinks" => r.sinks = true,
                 "iam" => r.iam = true,
                 "all" => r = Roles::all(),
-                other => return Err(format!("unknown role {other:?}; roles are {}", ROLE_NAMES.join(", "))),
+                other => {
+                    return Err(format!(
+                        "unknown role {other:?}; roles are {}",
+                        ROLE_NAMES.join(", ")
+                    ));
+                }
             }
         }
         if r == Roles::default() {
@@ -76,6 +81,18 @@ pub struct ServeConfig {
     pub gateway_listen: SocketAddr,
     pub gateway_hosts: Vec<String>,
     pub gateway_url: Option<String>,
+    /// Session timing overrides (tests and benchmarks); defaults are in bc-gateway.
+    pub session_timing: Option<SessionTiming>,
+    /// Lifecycle controller timing overrides (tests); defaults in [`crate::lifecycle::LifecycleTiming`].
+    pub lifecycle_timing: Option<crate::lifecycle::LifecycleTiming>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct SessionTiming {
+    pub heartbeat: std::time::Duration,
+    pub liveness_interval: std::time::Duration,
+    pub pending_interval: std::time::Duration,
+    pub idle_timeout: std::time::Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -129,22 +146,36 @@ impl ServeConfigWire {
             field,
             message,
         };
-        let addr = |name: &'static str, v: Option<String>, default: &str| -> Result<SocketAddr, ConfigError> {
+        let addr = |name: &'static str,
+                    v: Option<String>,
+                    default: &str|
+         -> Result<SocketAddr, ConfigError> {
             v.as_deref()
                 .unwrap_or(default)
                 .parse()
                 .map_err(|e| field(name, format!("not a socket address ({e})")))
         };
-        let trust_domain = self.trust_domain.unwrap_or_else(|| "bettercompute.local".into());
-        if bc_proto::spiffe::SpiffeId::new(&trust_domain, bc_proto::spiffe::Role::Node, "x").is_err() {
-            return Err(field("trust_domain", "must be lowercase letters, digits, '.', '-', '_'".into()));
+        let trust_domain = self
+            .trust_domain
+            .unwrap_or_else(|| "bettercompute.local".into());
+        if bc_proto::spiffe::SpiffeId::new(&trust_domain, bc_proto::spiffe::Role::Node, "x")
+            .is_err()
+        {
+            return Err(field(
+                "trust_domain",
+                "must be lowercase letters, digits, '.', '-', '_'".into(),
+            ));
         }
-        let roles = Roles::parse(self.roles.as_deref().unwrap_or("api,gateway")).map_err(|m| field("roles", m))?;
+        let roles = Roles::parse(self.roles.as_deref().unwrap_or("api,gateway"))
+            .map_err(|m| field("roles", m))?;
         if let Some(url) = &self.gateway_url {
-            bc_proto::channel::parse_gateway_url(url).map_err(|e| field("gateway_url", e.to_string()))?;
+            bc_proto::channel::parse_gateway_url(url)
+                .map_err(|e| field("gateway_url", e.to_string()))?;
         }
         Ok(ServeConfig {
-            state_dir: self.state_dir.unwrap_or_else(|| PathBuf::from("/var/lib/better-compute")),
+            state_dir: self
+                .state_dir
+                .unwrap_or_else(|| PathBuf::from("/var/lib/better-compute")),
             database_url: self.database_url,
             trust_domain,
             roles,
@@ -154,6 +185,8 @@ impl ServeConfigWire {
                 .gateway_hosts
                 .unwrap_or_else(|| vec!["localhost".into(), "127.0.0.1".into()]),
             gateway_url: self.gateway_url,
+            session_timing: None,
+            lifecycle_timing: None,
         })
     }
 }
@@ -176,7 +209,12 @@ mod tests {
             api_listen: Some("nope".into()),
             ..Default::default()
         };
-        let e = wire.validate("x.toml").map(|_| ()).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = wire
+            .validate("x.toml")
+            .map(|_| ())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains("x.toml") && e.contains("api_listen"), "{e}");
         let wire = ServeConfigWire {
             roles: Some("api,wizard".into()),

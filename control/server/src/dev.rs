@@ -61,21 +61,33 @@ pub async fn run(
     std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o711);
     std::fs::set_permissions(&data_dir, perms)?;
     let pg_dir = data_dir.join("pg");
-    let pg = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&pg_dir, Durability::Durable)).await??;
+    let pg =
+        tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&pg_dir, Durability::Durable))
+            .await??;
     let admin_pool = pg.pool("postgres", 2).await?;
-    let exists: Option<i32> = bc_store::sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
-        .bind(DATABASE)
-        .fetch_optional(&admin_pool)
-        .await?;
+    let exists: Option<i32> =
+        bc_store::sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+            .bind(DATABASE)
+            .fetch_optional(&admin_pool)
+            .await?;
     if exists.is_none() {
-        bc_store::sqlx::raw_sql("CREATE DATABASE bettercompute").execute(&admin_pool).await?;
+        bc_store::sqlx::raw_sql("CREATE DATABASE bettercompute")
+            .execute(&admin_pool)
+            .await?;
     }
     admin_pool.close().await;
     let pool = pg.pool(DATABASE, 64).await?;
     bc_store::migrate::migrate(&pool).await?;
     let store = Store::new(pool);
     store.ensure_root_tenant().await?;
-    store.ensure_pool(DEFAULT_POOL, bc_store::iam::ROOT_TENANT, "default pool", true).await?;
+    store
+        .ensure_pool(
+            DEFAULT_POOL,
+            bc_store::iam::ROOT_TENANT,
+            "default pool",
+            true,
+        )
+        .await?;
 
     let key_path = data_dir.join("admin.key");
     let admin_key = match std::fs::read_to_string(&key_path) {
@@ -96,6 +108,8 @@ pub async fn run(
         gateway_listen: opts.gateway_listen,
         gateway_hosts: vec!["localhost".into(), "127.0.0.1".into()],
         gateway_url: None,
+        session_timing: None,
+        lifecycle_timing: None,
     };
     let running = crate::start(&config, store.clone()).await?;
 
@@ -115,7 +129,10 @@ pub async fn run(
         .await?;
 
     let ready = DevReady {
-        api_url: running.api_addr.map(|a| format!("http://{a}")).unwrap_or_default(),
+        api_url: running
+            .api_addr
+            .map(|a| format!("http://{a}"))
+            .unwrap_or_default(),
         gateway_url: running.gateway_url.clone(),
         admin_key,
         ca_pin: running.ca_pin.clone(),

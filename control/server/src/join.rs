@@ -54,7 +54,9 @@ fn now() -> OffsetDateTime {
 
 fn internal(what: &str, e: &dyn std::error::Error) -> Status {
     tracing::error!(error = %e, "{what}");
-    Status::unavailable(format!("{what}; the control plane logged the cause, retry later"))
+    Status::unavailable(format!(
+        "{what}; the control plane logged the cause, retry later"
+    ))
 }
 
 impl JoinService {
@@ -71,33 +73,49 @@ impl JoinService {
         })
     }
 
-    pub async fn join(&self, req: v1::JoinRequest, peer: Option<SocketAddr>) -> Result<v1::JoinResponse, Status> {
+    pub async fn join(
+        &self,
+        req: v1::JoinRequest,
+        peer: Option<SocketAddr>,
+    ) -> Result<v1::JoinResponse, Status> {
         let claims = validate_claims(req.claims.unwrap_or_default())?;
         check_len("agent_version".into(), &req.agent_version).map_err(|_| {
-            Status::invalid_argument(format!("agent_version must be at most {MAX_STRING} bytes without control characters"))
+            Status::invalid_argument(format!(
+                "agent_version must be at most {MAX_STRING} bytes without control characters"
+            ))
         })?;
         if req.csr_der.is_empty() {
-            return Err(Status::invalid_argument("csr_der is empty: send the node's PKCS#10 request"));
+            return Err(Status::invalid_argument(
+                "csr_der is empty: send the node's PKCS#10 request",
+            ));
         }
         if req.sealed_token.is_empty() {
-            return Err(Status::invalid_argument("sealed_token is empty: seal the join token to JoinService"));
+            return Err(Status::invalid_argument(
+                "sealed_token is empty: seal the join token to JoinService",
+            ));
         }
         if req.sealed_token.len() > MAX_SEALED {
-            return Err(Status::invalid_argument(format!("sealed_token is longer than {MAX_SEALED} bytes")));
+            return Err(Status::invalid_argument(format!(
+                "sealed_token is longer than {MAX_SEALED} bytes"
+            )));
         }
         if req.csr_der.len() > MAX_CSR {
-            return Err(Status::invalid_argument(format!("csr_der is longer than {MAX_CSR} bytes")));
+            return Err(Status::invalid_argument(format!(
+                "csr_der is longer than {MAX_CSR} bytes"
+            )));
         }
         let csr = verify_csr(&req.csr_der).map_err(|e| match e {
             CsrError::BadSignature => Status::permission_denied(e.to_string()),
             _ => Status::invalid_argument(e.to_string()),
         })?;
-        let token = seal::open(&self.key, &req.sealed_token, &csr.spki_der).map_err(|e| match e {
-            SealError::WrongKey => Status::permission_denied(e.to_string()),
-            _ => Status::invalid_argument(e.to_string()),
+        let token =
+            seal::open(&self.key, &req.sealed_token, &csr.spki_der).map_err(|e| match e {
+                SealError::WrongKey => Status::permission_denied(e.to_string()),
+                _ => Status::invalid_argument(e.to_string()),
+            })?;
+        let token = Token::parse(TokenKind::Join, &token).map_err(|e| {
+            Status::invalid_argument(format!("the sealed token is not a join token: {e}"))
         })?;
-        let token = Token::parse(TokenKind::Join, &token)
-            .map_err(|e| Status::invalid_argument(format!("the sealed token is not a join token: {e}")))?;
         let row = self.token(token.id()).await?;
         if !token.secret().matches_hash(&row.secret_hash) {
             return Err(Status::permission_denied(format!(
@@ -109,13 +127,19 @@ impl JoinService {
         let t = now();
         // What never changes about a token is checked here; revocation, expiry and uses are decided under the
         // token's row lock at commit, where a retry of a committed join is also recognised by its key.
-        row.expect.check(&claims).map_err(|r| Status::permission_denied(r.to_string()))?;
+        row.expect
+            .check(&claims)
+            .map_err(|r| Status::permission_denied(r.to_string()))?;
         let hk = hardware::hardware_key(&claims);
         let mut reclaim_of = None;
         if row.reclaim
             && let Some(hk) = &hk
         {
-            let pool = self.store.pool_by_id(&row.pool_id).await.map_err(|e| internal("reading the pool", &e))?;
+            let pool = self
+                .store
+                .pool_by_id(&row.pool_id)
+                .await
+                .map_err(|e| internal("reading the pool", &e))?;
             if pool.allow_reclaim {
                 reclaim_of = self
                     .store
@@ -125,7 +149,9 @@ impl JoinService {
                     .map(|o| o.node_id);
             }
         }
-        let node_id = reclaim_of.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let node_id = reclaim_of
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let issued = self
             .ca
             .issue_workload(&csr, Role::Node, &node_id, t)
@@ -138,6 +164,7 @@ impl JoinService {
             join_key_hash: key_hash,
             cert_serial: issued.serial_hex.clone(),
             not_after_ms: issued.not_after_ms,
+            public_key_hex: hex::encode(&csr.public_point),
         };
         let (reply, rx) = oneshot::channel();
         self.batches
@@ -158,16 +185,26 @@ impl JoinService {
                 tracing::info!(node_id, token = row.id, reclaimed, ?peer, "node joined");
                 Ok(self.response(&node_id, &row.pool_id, issued, reclaimed, false))
             }
-            JoinCommit::Exhausted => Err(Status::resource_exhausted(TokenRejection::Exhausted.to_string())),
-            JoinCommit::Revoked => Err(Status::permission_denied(TokenRejection::Revoked.to_string())),
-            JoinCommit::Expired => Err(Status::permission_denied(TokenRejection::Expired.to_string())),
-            JoinCommit::Replay { node_id } | JoinCommit::HardwareTaken { node_id, same_key: true } => {
-                self.replay(&csr, &node_id, &row.pool_id, t).await
-            }
+            JoinCommit::Exhausted => Err(Status::resource_exhausted(
+                TokenRejection::Exhausted.to_string(),
+            )),
+            JoinCommit::Revoked => Err(Status::permission_denied(
+                TokenRejection::Revoked.to_string(),
+            )),
+            JoinCommit::Expired => Err(Status::permission_denied(
+                TokenRejection::Expired.to_string(),
+            )),
+            JoinCommit::Replay { node_id }
+            | JoinCommit::HardwareTaken {
+                node_id,
+                same_key: true,
+            } => self.replay(&csr, &node_id, &row.pool_id, t).await,
             JoinCommit::HardwareTaken { node_id, .. } => Err(Status::already_exists(format!(
                 "this hardware already belongs to node {node_id}: join with a reclaim token, or revoke that node first"
             ))),
-            JoinCommit::ReclaimLost => Err(Status::aborted("the node to reclaim changed during the join; retry")),
+            JoinCommit::ReclaimLost => Err(Status::aborted(
+                "the node to reclaim changed during the join; retry",
+            )),
         }
     }
 
@@ -211,7 +248,14 @@ impl JoinService {
         Ok(self.response(node_id, pool_id, issued, false, true))
     }
 
-    fn response(&self, node_id: &str, pool: &str, issued: Issued, reclaimed: bool, replayed: bool) -> v1::JoinResponse {
+    fn response(
+        &self,
+        node_id: &str,
+        pool: &str,
+        issued: Issued,
+        reclaimed: bool,
+        replayed: bool,
+    ) -> v1::JoinResponse {
         let spiffe = SpiffeId::new(self.ca.trust_domain(), Role::Node, node_id)
             .map(|s| s.to_string())
             .unwrap_or_default();
@@ -252,9 +296,11 @@ async fn commit_loop(store: Store, mut rx: mpsc::Receiver<Job>) {
         while !jobs.is_empty() {
             let token = jobs[0].token_id.clone();
             let pool = jobs[0].pool_id.clone();
-            let (group, rest): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.token_id == token);
+            let (group, rest): (Vec<Job>, Vec<Job>) =
+                jobs.into_iter().partition(|j| j.token_id == token);
             jobs = rest;
-            let candidates: Vec<JoinCandidate> = group.iter().map(|j| j.candidate.clone()).collect();
+            let candidates: Vec<JoinCandidate> =
+                group.iter().map(|j| j.candidate.clone()).collect();
             match store.commit_joins(&token, &pool, &candidates).await {
                 Ok(outcomes) => {
                     for (job, outcome) in group.into_iter().zip(outcomes) {
@@ -303,12 +349,22 @@ pub fn validate_claims(c: v1::HardwareClaims) -> Result<HardwareClaims, Status> 
         check_len(name.to_string(), v)?;
     }
     for (i, n) in c.nics.iter().enumerate() {
-        for (f, v) in [("name", &n.name), ("mac", &n.mac), ("driver", &n.driver), ("pci_address", &n.pci_address)] {
+        for (f, v) in [
+            ("name", &n.name),
+            ("mac", &n.mac),
+            ("driver", &n.driver),
+            ("pci_address", &n.pci_address),
+        ] {
             check_len(format!("nics[{i}].{f}"), v)?;
         }
     }
     for (i, g) in c.gpus.iter().enumerate() {
-        for (f, v) in [("uuid", &g.uuid), ("serial", &g.serial), ("model", &g.model), ("pci_bus_id", &g.pci_bus_id)] {
+        for (f, v) in [
+            ("uuid", &g.uuid),
+            ("serial", &g.serial),
+            ("model", &g.model),
+            ("pci_bus_id", &g.pci_bus_id),
+        ] {
             check_len(format!("gpus[{i}].{f}"), v)?;
         }
     }

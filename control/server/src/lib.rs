@@ -11,6 +11,8 @@ pub mod client;
 pub mod config;
 pub mod dev;
 pub mod join;
+pub mod lifecycle;
+pub mod session;
 
 use crate::ca::Ca;
 use crate::config::ServeConfig;
@@ -44,6 +46,8 @@ pub struct Running {
     pub api_addr: Option<SocketAddr>,
     pub gateway_addr: Option<SocketAddr>,
     pub gateway_url: String,
+    /// The sessions the gateway role holds (for status and benchmarks).
+    pub sessions: Option<bc_gateway::session::Registry>,
     pub ca_pin: String,
     pub join_public_key: String,
     pub trust_domain: String,
@@ -54,6 +58,11 @@ pub struct Running {
 impl Running {
     /// Stops every role and waits for them.
     pub async fn shutdown(mut self) {
+        self.stop().await;
+    }
+
+    /// Stops every role and waits for them, in place.
+    pub async fn stop(&mut self) {
         let _ = self.stop.send(true);
         while self.tasks.join_next().await.is_some() {}
     }
@@ -83,6 +92,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     };
 
     let mut gateway_addr = None;
+    let mut gateway_registry = None;
     let mut gateway_url = config.gateway_url.clone().unwrap_or_default();
     if config.roles.gateway {
         let listener = bind("gateway", config.gateway_listen).await?;
@@ -93,17 +103,45 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         })?;
         gateway_addr = Some(addr);
         if gateway_url.is_empty() {
-            let host = config.gateway_hosts.first().cloned().unwrap_or_else(|| addr.ip().to_string());
+            let host = config
+                .gateway_hosts
+                .first()
+                .cloned()
+                .unwrap_or_else(|| addr.ip().to_string());
             gateway_url = format!("https://{host}:{}", addr.port());
         }
         let gateway_id = format!("gw-{}", addr.port());
         let (chain, key) = ca.issue_gateway(&gateway_id, &config.gateway_hosts)?;
         let tls = bc_gateway::tls::server_config(chain, key, std::slice::from_ref(ca.cert_der()))?;
         let join = join::JoinService::start(store.clone(), ca.clone(), join_key);
-        let services = bc_gateway::Services { join };
+        let registry = bc_gateway::session::Registry::default();
+        let mut session_config = bc_gateway::session::SessionConfig::new(&config.trust_domain);
+        if let Some(t) = config.session_timing {
+            session_config.heartbeat = t.heartbeat;
+            session_config.liveness_interval = t.liveness_interval;
+            session_config.pending_interval = t.pending_interval;
+            session_config.idle_timeout = t.idle_timeout;
+        }
+        let backend = Arc::new(session::ControlSessions::new(
+            store.clone(),
+            &config.trust_domain,
+        ));
+        let services = bc_gateway::Services {
+            join,
+            session: Some((backend, session_config, registry.clone())),
+        };
+        gateway_registry = Some(registry);
         let rx = stop_rx.clone();
         tasks.spawn(async move {
-            if let Err(e) = bc_gateway::serve(listener, tls, services, bc_gateway::Limits::default(), stopped(rx)).await {
+            if let Err(e) = bc_gateway::serve(
+                listener,
+                tls,
+                services,
+                bc_gateway::Limits::default(),
+                stopped(rx),
+            )
+            .await
+            {
                 tracing::error!(error = %e, "gateway stopped");
             }
         });
@@ -127,26 +165,37 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         };
         let rx = stop_rx.clone();
         tasks.spawn(async move {
-            if let Err(e) = axum::serve(listener, api::router(state)).with_graceful_shutdown(stopped(rx)).await {
+            if let Err(e) = axum::serve(listener, api::router(state))
+                .with_graceful_shutdown(stopped(rx))
+                .await
+            {
                 tracing::error!(error = %e, "api stopped");
             }
         });
         tracing::info!(%addr, "api role listening");
     }
+    if config.roles.controllers {
+        let timing = config.lifecycle_timing.unwrap_or_default();
+        tasks.spawn(lifecycle::run(store.clone(), timing, stop_rx.clone()));
+        tracing::info!("controllers role: lifecycle controller running");
+    }
     for (on, name) in [
-        (config.roles.controllers, "controllers"),
         (config.roles.scheduler, "scheduler"),
         (config.roles.sinks, "sinks"),
         (config.roles.iam, "iam"),
     ] {
         if on {
-            tracing::info!(role = name, "role enabled; no loops of this role exist in this version yet");
+            tracing::info!(
+                role = name,
+                "role enabled; no loops of this role exist in this version yet"
+            );
         }
     }
     Ok(Running {
         api_addr,
         gateway_addr,
         gateway_url,
+        sessions: gateway_registry,
         ca_pin: ca.pin(),
         join_public_key,
         trust_domain: config.trust_domain.clone(),

@@ -10,7 +10,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "better-compute", version, about = "Better Compute control plane")]
+#[command(
+    name = "better-compute",
+    version,
+    about = "Better Compute control plane"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -113,13 +117,21 @@ enum JoinTokenCommand {
         #[arg(long)]
         pool: Option<String>,
     },
-    Revoke { id: String },
+    Revoke {
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
 enum NodeCommand {
+    /// Nodes with state, online, GPUs and last seen.
     List,
+    /// One node: state, conditions, GPUs, inventory, last seen.
     Show { id: String },
+    /// Stop handing out this node's GPUs.
+    Drain { id: String },
+    /// Refuse this node's identity from now on (its session is closed within a liveness interval).
+    Revoke { id: String },
 }
 
 fn parse_ttl(s: &str) -> anyhow::Result<i64> {
@@ -131,7 +143,9 @@ fn parse_ttl(s: &str) -> anyhow::Result<i64> {
         Some((i, 'd')) => (&s[..i], 86_400),
         _ => (s, 1),
     };
-    let n: i64 = num.parse().with_context(|| format!("--ttl {s:?}: expected a number with s, m, h or d"))?;
+    let n: i64 = num
+        .parse()
+        .with_context(|| format!("--ttl {s:?}: expected a number with s, m, h or d"))?;
     Ok(n * mult)
 }
 
@@ -139,12 +153,15 @@ fn main() -> anyhow::Result<()> {
     bc_proto::install_crypto_provider();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("BC_LOG").unwrap_or_else(|_| "info,sqlx=warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("BC_LOG")
+                .unwrap_or_else(|_| "info,sqlx=warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(run(cli))
 }
 
@@ -207,10 +224,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     gateway_url,
                 })
                 .validate(&origin)?;
-            let url = cfg
-                .database_url
-                .clone()
-                .context("INVALID_CONFIG: database_url is required (flag --database-url or BC_DATABASE_URL)")?;
+            let url = cfg.database_url.clone().context(
+                "INVALID_CONFIG: database_url is required (flag --database-url or BC_DATABASE_URL)",
+            )?;
             let store = connect(&url).await?;
             if !no_migrate {
                 bc_store::migrate::migrate(store.pool()).await?;
@@ -218,8 +234,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let mut running = bc_control::start(&cfg, store).await?;
             println!(
                 "serving: api={} gateway={} ca_pin={} join_key={}",
-                running.api_addr.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
-                running.gateway_addr.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+                running
+                    .api_addr
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                running
+                    .gateway_addr
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| "-".into()),
                 running.ca_pin,
                 running.join_public_key
             );
@@ -244,13 +266,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             bc_control::dev::run(
                 opts,
                 |r| {
-                    println!("better-compute dev is ready in {} ms (data in {})", r.ready_ms, data_dir.display());
+                    println!(
+                        "better-compute dev is ready in {} ms (data in {})",
+                        r.ready_ms,
+                        data_dir.display()
+                    );
                     println!("  api:           {}", r.api_url);
                     println!("  gateway:       {}", r.gateway_url);
                     println!("  admin key:     {}", r.admin_key);
                     println!("  CA pin:        {}", r.ca_pin);
                     println!("  join key:      {}", r.join_public_key);
-                    println!("  join token:    {}  (pool default, 16 uses, 24h, reclaim)", r.join_token);
+                    println!(
+                        "  join token:    {}  (pool default, 16 uses, 24h, reclaim)",
+                        r.join_token
+                    );
                     println!("  environment:   {}/dev.env", data_dir.display());
                 },
                 shutdown_signal(),
@@ -289,8 +318,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     );
                 }
                 JoinTokenCommand::List { pool } => {
-                    let v = client.call("join-tokens", "list", json!({"pool": pool})).await?;
-                    println!("{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}", "ID", "POOL", "LEFT", "TOTAL", "REVOKED", "RECLAIM");
+                    let v = client
+                        .call("join-tokens", "list", json!({"pool": pool}))
+                        .await?;
+                    println!(
+                        "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
+                        "ID", "POOL", "LEFT", "TOTAL", "REVOKED", "RECLAIM"
+                    );
                     for t in v["tokens"].as_array().into_iter().flatten() {
                         println!(
                             "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
@@ -304,7 +338,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                 }
                 JoinTokenCommand::Revoke { id } => {
-                    client.call("join-tokens", "revoke", json!({"id": id})).await?;
+                    client
+                        .call("join-tokens", "revoke", json!({"id": id}))
+                        .await?;
                     println!("revoked {id}");
                 }
             }
@@ -314,21 +350,71 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             match command {
                 NodeCommand::List => {
                     let v = client.call("nodes", "list", json!({})).await?;
-                    println!("{:<38} {:<10} {:<10} {:>5} {:<20}", "NODE", "POOL", "STATE", "GPUS", "HOSTNAME");
+                    let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+                    println!(
+                        "{:<38} {:<10} {:<10} {:<7} {:>5} {:>9} {:<20}",
+                        "NODE", "POOL", "STATE", "ONLINE", "GPUS", "SEEN", "HOSTNAME"
+                    );
                     for n in v["nodes"].as_array().into_iter().flatten() {
+                        let seen = n["last_seen_ms"]
+                            .as_i64()
+                            .map(|t| format!("{}s ago", (now - t).max(0) / 1000))
+                            .unwrap_or_else(|| "never".into());
                         println!(
-                            "{:<38} {:<10} {:<10} {:>5} {:<20}",
+                            "{:<38} {:<10} {:<10} {:<7} {:>5} {:>9} {:<20}",
                             n["id"].as_str().unwrap_or_default(),
                             n["pool_id"].as_str().unwrap_or_default(),
                             n["state"].as_str().unwrap_or_default(),
+                            if n["online"].as_bool().unwrap_or(false) {
+                                "yes"
+                            } else {
+                                "no"
+                            },
                             n["claims"]["gpus"].as_array().map(|g| g.len()).unwrap_or(0),
+                            seen,
                             n["claims"]["hostname"].as_str().unwrap_or_default()
                         );
                     }
                 }
                 NodeCommand::Show { id } => {
                     let v = client.call("nodes", "get", json!({"id": id})).await?;
-                    println!("{}", serde_json::to_string_pretty(&v["node"])?);
+                    let n = &v["node"];
+                    println!(
+                        "node {}  pool {}  state {}",
+                        n["id"], n["pool_id"], n["state"]
+                    );
+                    println!(
+                        "online {}  last seen {}  epoch {}",
+                        n["online"], n["last_seen_ms"], n["session_epoch"]
+                    );
+                    println!(
+                        "desired generation {}  acknowledged {}",
+                        n["desired_generation"], n["acked_generation"]
+                    );
+                    for c in n["conditions"].as_array().into_iter().flatten() {
+                        println!("condition: {}", c.as_str().unwrap_or_default());
+                    }
+                    for g in v["inventory"]["gpus"]["gpus"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                    {
+                        println!(
+                            "gpu {} {} {}",
+                            g["index"],
+                            g["uuid"].as_str().unwrap_or_default(),
+                            g["model"].as_str().unwrap_or_default()
+                        );
+                    }
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                }
+                NodeCommand::Drain { id } => {
+                    client.call("nodes", "drain", json!({"id": id})).await?;
+                    println!("draining {id}");
+                }
+                NodeCommand::Revoke { id } => {
+                    client.call("nodes", "revoke", json!({"id": id})).await?;
+                    println!("revoked {id}");
                 }
             }
         }

@@ -25,7 +25,10 @@ async fn grants_are_scoped_to_pools_and_errors_have_stable_codes() {
     let store = Store::new(db.pool.clone());
     store.ensure_root_tenant().await.expect("tenant");
     for pool in ["a", "b"] {
-        store.ensure_pool(pool, "root", pool, true).await.expect("pool");
+        store
+            .ensure_pool(pool, "root", pool, true)
+            .await
+            .expect("pool");
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let config = ServeConfig {
@@ -40,8 +43,12 @@ async fn grants_are_scoped_to_pools_and_errors_have_stable_codes() {
         gateway_listen: "127.0.0.1:0".parse().expect("addr"),
         gateway_hosts: vec!["localhost".into()],
         gateway_url: None,
+        session_timing: None,
+        lifecycle_timing: None,
     };
-    let running = bc_control::start(&config, store.clone()).await.expect("start");
+    let running = bc_control::start(&config, store.clone())
+        .await
+        .expect("start");
     let url = format!("http://{}", running.api_addr.expect("api"));
 
     let key = Token::generate(TokenKind::ApiKey).expect("key");
@@ -63,29 +70,81 @@ async fn grants_are_scoped_to_pools_and_errors_have_stable_codes() {
     let create = |pool: &str| json!({"pool": pool, "uses": 1});
 
     assert!(code(ops.call("join-tokens", "create", create("a")).await).starts_with("OK"));
-    assert_eq!(code(ops.call("join-tokens", "create", create("b")).await), "ACCESS_DENIED");
-    assert_eq!(code(ops.call("join-tokens", "create", create("nope")).await), "ACCESS_DENIED");
-    assert!(code(ops.call("nodes", "list", json!({})).await).starts_with("OK"));
-    assert_eq!(code(ops.call("join-tokens", "create", json!({"pool": "a", "uses": 0})).await), "INVALID_ARGUMENT");
     assert_eq!(
-        code(ops.call("join-tokens", "create", json!({"pool": "a", "expect": {"gpu.colour": "red"}})).await),
+        code(ops.call("join-tokens", "create", create("b")).await),
+        "ACCESS_DENIED"
+    );
+    assert_eq!(
+        code(ops.call("join-tokens", "create", create("nope")).await),
+        "ACCESS_DENIED"
+    );
+    assert!(code(ops.call("nodes", "list", json!({})).await).starts_with("OK"));
+    assert_eq!(
+        code(
+            ops.call("join-tokens", "create", json!({"pool": "a", "uses": 0}))
+                .await
+        ),
         "INVALID_ARGUMENT"
     );
-    assert_eq!(code(ops.call("join-tokens", "create", json!({"pool": "a", "bogus": 1})).await), "INVALID_ARGUMENT");
-    assert_eq!(code(ops.call("join-tokens", "frobnicate", json!({})).await), "NOT_FOUND");
+    assert_eq!(
+        code(
+            ops.call(
+                "join-tokens",
+                "create",
+                json!({"pool": "a", "expect": {"gpu.colour": "red"}})
+            )
+            .await
+        ),
+        "INVALID_ARGUMENT"
+    );
+    assert_eq!(
+        code(
+            ops.call("join-tokens", "create", json!({"pool": "a", "bogus": 1}))
+                .await
+        ),
+        "INVALID_ARGUMENT"
+    );
+    assert_eq!(
+        code(ops.call("join-tokens", "frobnicate", json!({})).await),
+        "NOT_FOUND"
+    );
     let wrong = ApiClient::new(&url, &format!("{}.{}", &key.reveal()[..21], "A".repeat(43)));
-    assert_eq!(code(wrong.call("nodes", "list", json!({})).await), "UNAUTHENTICATED");
+    assert_eq!(
+        code(wrong.call("nodes", "list", json!({})).await),
+        "UNAUTHENTICATED"
+    );
     let garbage = ApiClient::new(&url, "not-a-key");
-    assert_eq!(code(garbage.call("nodes", "list", json!({})).await), "UNAUTHENTICATED");
+    assert_eq!(
+        code(garbage.call("nodes", "list", json!({})).await),
+        "UNAUTHENTICATED"
+    );
     // Listing shows only what the grant covers.
-    let admin = ApiClient::new(&url, &bc_control::bootstrap_admin(&store).await.expect("admin"));
-    admin.call("join-tokens", "create", create("b")).await.expect("admin creates in b");
-    let listed = ops.call("join-tokens", "list", json!({})).await.expect("list");
-    let pools: Vec<_> = listed["tokens"].as_array().expect("tokens").iter().map(|t| t["pool_id"].clone()).collect();
+    let admin = ApiClient::new(
+        &url,
+        &bc_control::bootstrap_admin(&store).await.expect("admin"),
+    );
+    admin
+        .call("join-tokens", "create", create("b"))
+        .await
+        .expect("admin creates in b");
+    let listed = ops
+        .call("join-tokens", "list", json!({}))
+        .await
+        .expect("list");
+    let pools: Vec<_> = listed["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t["pool_id"].clone())
+        .collect();
     assert_eq!(pools, vec![json!("a")]);
 
     for f in ["ca.key", "join.key"] {
-        let mode = std::fs::metadata(config.state_dir.join(f)).expect(f).permissions().mode() & 0o777;
+        let mode = std::fs::metadata(config.state_dir.join(f))
+            .expect(f)
+            .permissions()
+            .mode()
+            & 0o777;
         assert_eq!(mode, 0o600, "{f} must be private");
     }
     running.shutdown().await;

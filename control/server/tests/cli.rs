@@ -10,19 +10,35 @@ const BIN: &str = env!("CARGO_BIN_EXE_better-compute");
 #[test]
 fn serve_refuses_bad_configuration_naming_the_field() {
     let out = Command::new(BIN)
-        .args(["serve", "--roles", "api,wizard", "--database-url", "postgres://x@127.0.0.1:1/x"])
+        .args([
+            "serve",
+            "--roles",
+            "api,wizard",
+            "--database-url",
+            "postgres://x@127.0.0.1:1/x",
+        ])
         .output()
         .expect("run better-compute");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("INVALID_CONFIG") && err.contains("roles") && err.contains("wizard"), "{err}");
+    assert!(
+        err.contains("INVALID_CONFIG") && err.contains("roles") && err.contains("wizard"),
+        "{err}"
+    );
 }
 
 /// Starts `dev`, waits for its ready block, returns (lines, ready time) and stops it.
 fn dev_once(dir: &std::path::Path) -> (Vec<String>, Duration) {
     let t0 = Instant::now();
     let mut child = Command::new(BIN)
-        .args(["dev", "--api-listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0", "--data-dir"])
+        .args([
+            "dev",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--gateway-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
         .arg(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -60,9 +76,17 @@ fn second_dev_reuses_the_same_data() {
     let (first, _) = dev_once(dir.path());
     let (second, ready) = dev_once(dir.path());
     for name in ["admin key:", "CA pin:", "join key:"] {
-        assert_eq!(field(&first, name), field(&second, name), "{name} changed between runs");
+        assert_eq!(
+            field(&first, name),
+            field(&second, name),
+            "{name} changed between runs"
+        );
     }
-    assert_ne!(field(&first, "join token:"), field(&second, "join token:"), "each dev mints a fresh token");
+    assert_ne!(
+        field(&first, "join token:"),
+        field(&second, "join token:"),
+        "each dev mints a fresh token"
+    );
     // Not a performance assertion (that is scripts/bench): a sanity bound far above the 3 s goal.
     assert!(ready < Duration::from_secs(30), "dev took {ready:?}");
 }

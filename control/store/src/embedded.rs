@@ -5,8 +5,8 @@
 //! and the server runs as it. The child gets PR_SET_PDEATHSIG(SIGINT): if our process dies, PostgreSQL does a fast
 //! shutdown instead of lingering as an orphan.
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::io;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -29,7 +29,9 @@ pub enum EmbeddedError {
         #[source]
         source: io::Error,
     },
-    #[error("running as root but there is no `postgres` user to own the cluster (install Debian's postgresql)")]
+    #[error(
+        "running as root but there is no `postgres` user to own the cluster (install Debian's postgresql)"
+    )]
     NoPostgresUser,
     #[error("{program} failed ({status}); its output:\n{output}")]
     Command {
@@ -65,13 +67,17 @@ pub struct EmbeddedPostgres {
 
 fn find_bin_dir() -> Result<PathBuf, EmbeddedError> {
     let mut best: Option<(u32, PathBuf)> = None;
-    let entries = std::fs::read_dir("/usr/lib/postgresql").map_err(|_| EmbeddedError::NoBinaries)?;
+    let entries =
+        std::fs::read_dir("/usr/lib/postgresql").map_err(|_| EmbeddedError::NoBinaries)?;
     for e in entries.flatten() {
         let Ok(v) = e.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
         let bin = e.path().join("bin");
-        if bin.join("postgres").exists() && bin.join("initdb").exists() && best.as_ref().is_none_or(|(b, _)| v > *b) {
+        if bin.join("postgres").exists()
+            && bin.join("initdb").exists()
+            && best.as_ref().is_none_or(|(b, _)| v > *b)
+        {
             best = Some((v, bin));
         }
     }
@@ -86,7 +92,8 @@ fn run_as() -> Result<Option<(u32, u32)>, EmbeddedError> {
     if euid != 0 {
         return Ok(None);
     }
-    let passwd = std::fs::read_to_string("/etc/passwd").map_err(|_| EmbeddedError::NoPostgresUser)?;
+    let passwd =
+        std::fs::read_to_string("/etc/passwd").map_err(|_| EmbeddedError::NoPostgresUser)?;
     for line in passwd.lines() {
         let f: Vec<&str> = line.split(':').collect();
         if f.len() > 3 && f[0] == "postgres" {
@@ -128,12 +135,17 @@ fn run(mut cmd: Command) -> Result<(), EmbeddedError> {
     Err(EmbeddedError::Command {
         program,
         status: out.status.to_string(),
-        output: format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        output: format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
     })
 }
 
 fn free_port() -> Result<u16, EmbeddedError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(io_err("binding a probe port", Path::new("127.0.0.1")))?;
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(io_err("binding a probe port", Path::new("127.0.0.1")))?;
     l.local_addr()
         .map(|a| a.port())
         .map_err(io_err("reading a probe port", Path::new("127.0.0.1")))
@@ -159,13 +171,22 @@ impl EmbeddedPostgres {
             write_private(&pw_path, hex::encode(pw).as_bytes(), owner)?;
             std::fs::create_dir_all(&data).map_err(io_err("creating", &data))?;
             if let Some((uid, gid)) = owner {
-                std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(io_err("chown", dir))?;
-                std::os::unix::fs::chown(&data, Some(uid), Some(gid)).map_err(io_err("chown", &data))?;
+                std::os::unix::fs::chown(dir, Some(uid), Some(gid))
+                    .map_err(io_err("chown", dir))?;
+                std::os::unix::fs::chown(&data, Some(uid), Some(gid))
+                    .map_err(io_err("chown", &data))?;
             }
             let mut cmd = command(&bin.join("initdb"), owner);
             cmd.arg("-D")
                 .arg(&data)
-                .args(["-U", SUPERUSER, "-E", "UTF8", "--no-locale", "--auth=scram-sha-256"])
+                .args([
+                    "-U",
+                    SUPERUSER,
+                    "-E",
+                    "UTF8",
+                    "--no-locale",
+                    "--auth=scram-sha-256",
+                ])
                 .arg(format!("--pwfile={}", pw_path.display()));
             if durability == Durability::Throwaway {
                 cmd.arg("--no-sync");
@@ -206,7 +227,14 @@ impl EmbeddedPostgres {
         ]);
         match durability {
             Durability::Durable => cmd.args(["-c", "fsync=on", "-c", "synchronous_commit=on"]),
-            Durability::Throwaway => cmd.args(["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]),
+            Durability::Throwaway => cmd.args([
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+            ]),
         };
         cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
         // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent; it runs in the
@@ -255,7 +283,15 @@ impl EmbeddedPostgres {
         loop {
             if self.keeper.as_ref().is_none_or(|k| k.is_finished()) {
                 let output = std::fs::read_to_string(log).unwrap_or_default();
-                let tail: String = output.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+                let tail: String = output
+                    .lines()
+                    .rev()
+                    .take(20)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n");
                 return Err(EmbeddedError::Command {
                     program: "postgres".into(),
                     status: "exited during start-up".into(),
@@ -295,11 +331,18 @@ impl EmbeddedPostgres {
 
     /// A `postgres://` URL for tools such as psql and pgbench.
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://{SUPERUSER}:{}@127.0.0.1:{}/{database}", self.password, self.port)
+        format!(
+            "postgres://{SUPERUSER}:{}@127.0.0.1:{}/{database}",
+            self.password, self.port
+        )
     }
 
     /// A pool to `database`, retrying while the server finishes starting up.
-    pub async fn pool(&self, database: &str, max_connections: u32) -> Result<PgPool, EmbeddedError> {
+    pub async fn pool(
+        &self,
+        database: &str,
+        max_connections: u32,
+    ) -> Result<PgPool, EmbeddedError> {
         let start = Instant::now();
         loop {
             match PgPoolOptions::new()
@@ -323,7 +366,9 @@ impl EmbeddedPostgres {
     }
 
     fn shutdown(&mut self) {
-        let Some(keeper) = self.keeper.take() else { return };
+        let Some(keeper) = self.keeper.take() else {
+            return;
+        };
         if !keeper.is_finished() {
             // SAFETY: kill(2) on our own child's pid (not yet reaped: the keeper thread is still waiting on it).
             #[allow(unsafe_code)]
@@ -341,7 +386,11 @@ impl Drop for EmbeddedPostgres {
     }
 }
 
-fn write_private(path: &Path, bytes: &[u8], owner: Option<(u32, u32)>) -> Result<(), EmbeddedError> {
+fn write_private(
+    path: &Path,
+    bytes: &[u8],
+    owner: Option<(u32, u32)>,
+) -> Result<(), EmbeddedError> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut f = std::fs::OpenOptions::new()

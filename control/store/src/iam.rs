@@ -66,13 +66,23 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
-        audit(&mut tx, "system", "principal.key-set", &format!("principal/{id}"), serde_json::json!({"api_key_id": api_key_id})).await?;
+        audit(
+            &mut tx,
+            "system",
+            "principal.key-set",
+            &format!("principal/{id}"),
+            serde_json::json!({"api_key_id": api_key_id}),
+        )
+        .await?;
         tx.commit().await?;
         Ok(())
     }
 
     /// The enabled principal owning API key `api_key_id`, with its grants (one round trip).
-    pub async fn principal_by_api_key(&self, api_key_id: &str) -> Result<Option<Principal>, StoreError> {
+    pub async fn principal_by_api_key(
+        &self,
+        api_key_id: &str,
+    ) -> Result<Option<Principal>, StoreError> {
         let row = sqlx::query(
             "SELECT p.id, p.tenant_id, p.name, p.api_key_hash, t.is_root, \
                     COALESCE((SELECT jsonb_agg(jsonb_build_object('permission', g.permission, 'scope', g.scope)) \
@@ -85,7 +95,8 @@ impl Store {
         .await?;
         let Some(row) = row else { return Ok(None) };
         let grants: serde_json::Value = row.get(5);
-        let grants: Vec<Grant> = serde_json::from_value(grants).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let grants: Vec<Grant> =
+            serde_json::from_value(grants).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         Ok(Some(Principal {
             id: row.get(0),
             tenant_id: row.get(1),
@@ -96,7 +107,13 @@ impl Store {
         }))
     }
 
-    pub async fn ensure_pool(&self, id: &str, tenant_id: &str, name: &str, allow_reclaim: bool) -> Result<(), StoreError> {
+    pub async fn ensure_pool(
+        &self,
+        id: &str,
+        tenant_id: &str,
+        name: &str,
+        allow_reclaim: bool,
+    ) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO pools (id, tenant_id, name, allow_reclaim) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING",
         )
@@ -110,14 +127,16 @@ impl Store {
     }
 
     pub async fn pool_by_id(&self, id: &str) -> Result<Pool, StoreError> {
-        let row = sqlx::query("SELECT id, tenant_id, name, allow_reclaim, acceptance FROM pools WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or_else(|| StoreError::NotFound {
-                what: "pool",
-                id: id.to_string(),
-            })?;
+        let row = sqlx::query(
+            "SELECT id, tenant_id, name, allow_reclaim, acceptance FROM pools WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::NotFound {
+            what: "pool",
+            id: id.to_string(),
+        })?;
         Ok(Pool {
             id: row.get(0),
             tenant_id: row.get(1),
@@ -136,12 +155,14 @@ pub(crate) async fn audit(
     subject: &str,
     detail: serde_json::Value,
 ) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO audit_events (actor, action, subject, detail) VALUES ($1, $2, $3, $4)")
-        .bind(actor)
-        .bind(action)
-        .bind(subject)
-        .bind(detail)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "INSERT INTO audit_events (actor, action, subject, detail) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(actor)
+    .bind(action)
+    .bind(subject)
+    .bind(detail)
+    .execute(&mut *tx)
+    .await?;
     Ok(())
 }

@@ -44,7 +44,8 @@ fn from_row(row: &sqlx::postgres::PgRow) -> Result<JoinTokenRow, StoreError> {
         uses_left: row.get(4),
         expires_at_ms: to_ms(row.get(5)),
         revoked: row.get(6),
-        expect: serde_json::from_value(row.get(7)).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        expect: serde_json::from_value(row.get(7))
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
         reclaim: row.get(8),
         created_by: row.get(9),
         created_at_ms: to_ms(row.get(10)),
@@ -81,15 +82,20 @@ impl Store {
     }
 
     pub async fn join_token(&self, id: &str) -> Result<Option<JoinTokenRow>, StoreError> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM join_tokens WHERE id = $1")))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM join_tokens WHERE id = $1"
+        )))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
         row.as_ref().map(from_row).transpose()
     }
 
     /// Tokens of the given pools (all pools when `pools` is `None`), newest first.
-    pub async fn list_join_tokens(&self, pools: Option<&[String]>) -> Result<Vec<JoinTokenRow>, StoreError> {
+    pub async fn list_join_tokens(
+        &self,
+        pools: Option<&[String]>,
+    ) -> Result<Vec<JoinTokenRow>, StoreError> {
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {COLUMNS} FROM join_tokens WHERE $1::text[] IS NULL OR pool_id = ANY($1) ORDER BY created_at DESC"
         )))
@@ -102,15 +108,24 @@ impl Store {
     /// Revokes a token; revoking twice is not an error. Returns false when no such token exists.
     pub async fn revoke_join_token(&self, id: &str, actor: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let n = sqlx::query("UPDATE join_tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+        let n = sqlx::query(
+            "UPDATE join_tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1",
+        )
+        .bind(id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
         if n == 0 {
             return Ok(false);
         }
-        audit(&mut tx, actor, "join-token.revoked", &format!("join-token/{id}"), serde_json::json!({})).await?;
+        audit(
+            &mut tx,
+            actor,
+            "join-token.revoked",
+            &format!("join-token/{id}"),
+            serde_json::json!({}),
+        )
+        .await?;
         tx.commit().await?;
         Ok(true)
     }

@@ -22,6 +22,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "join_key_unique",
         sql: include_str!("../migrations/0002_join_key_unique.sql"),
     },
+    Migration {
+        version: 3,
+        name: "sessions",
+        sql: include_str!("../migrations/0003_sessions.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.
@@ -33,7 +38,9 @@ pub enum MigrateError {
     Db(#[from] sqlx::Error),
     #[error("migration {version} ({name}) was changed after it was applied (checksum differs)")]
     Changed { version: i64, name: String },
-    #[error("database has migration {version} which this binary does not know: it is newer than this binary")]
+    #[error(
+        "database has migration {version} which this binary does not know: it is newer than this binary"
+    )]
     DatabaseNewer { version: i64 },
 }
 
@@ -44,9 +51,15 @@ fn checksum(sql: &str) -> String {
 /// Applies pending migrations; returns how many ran.
 pub async fn migrate(pool: &PgPool) -> Result<usize, MigrateError> {
     let mut conn = pool.acquire().await?;
-    sqlx::query("SELECT pg_advisory_lock($1)").bind(LOCK_KEY).execute(&mut *conn).await?;
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(LOCK_KEY)
+        .execute(&mut *conn)
+        .await?;
     let result = apply(&mut conn).await;
-    let unlock = sqlx::query("SELECT pg_advisory_unlock($1)").bind(LOCK_KEY).execute(&mut *conn).await;
+    let unlock = sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(LOCK_KEY)
+        .execute(&mut *conn)
+        .await;
     let n = result?;
     unlock?;
     Ok(n)

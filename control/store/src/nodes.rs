@@ -15,23 +15,33 @@ pub struct JoinCandidate {
     pub join_key_hash: String,
     pub cert_serial: String,
     pub not_after_ms: i64,
+    /// Hex of the node key's public point.
+    pub public_key_hex: String,
 }
 
 /// What became of one candidate once the token's row was locked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JoinCommit {
-    Joined { node_id: String, reclaimed: bool },
+    Joined {
+        node_id: String,
+        reclaimed: bool,
+    },
     Revoked,
     Expired,
     Exhausted,
     /// Another live node already holds this hardware key. `same_key` when that node joined with the same token and
     /// node key (a retry that raced its own first attempt).
-    HardwareTaken { node_id: String, same_key: bool },
+    HardwareTaken {
+        node_id: String,
+        same_key: bool,
+    },
     /// The node to reclaim was revoked or changed hardware between the check and the commit.
     ReclaimLost,
     /// A retry of a join this token already committed for this node key within the replay window: the same node,
     /// no use spent.
-    Replay { node_id: String },
+    Replay {
+        node_id: String,
+    },
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -45,6 +55,11 @@ pub struct NodeRow {
     pub cert_not_after_ms: i64,
     pub join_token_id: Option<String>,
     pub session_epoch: i64,
+    pub online: bool,
+    pub last_seen_ms: Option<i64>,
+    pub desired_generation: i64,
+    pub acked_generation: i64,
+    pub conditions: serde_json::Value,
 }
 
 /// A node found by its hardware key.
@@ -55,8 +70,8 @@ pub struct HardwareOwner {
     pub join_key_hash: String,
 }
 
-const NODE_COLUMNS: &str =
-    "id, pool_id, state, hardware_key, claims, joined_at, cert_not_after, join_token_id, session_epoch";
+const NODE_COLUMNS: &str = "id, pool_id, state, hardware_key, claims, joined_at, cert_not_after, join_token_id, \
+                            session_epoch, online, last_seen_at, desired_generation, acked_generation, conditions";
 
 fn node_from_row(row: &sqlx::postgres::PgRow) -> NodeRow {
     NodeRow {
@@ -69,6 +84,11 @@ fn node_from_row(row: &sqlx::postgres::PgRow) -> NodeRow {
         cert_not_after_ms: to_ms(row.get(6)),
         join_token_id: row.get(7),
         session_epoch: row.get(8),
+        online: row.get(9),
+        last_seen_ms: row.get::<Option<time::OffsetDateTime>, _>(10).map(to_ms),
+        desired_generation: row.get(11),
+        acked_generation: row.get(12),
+        conditions: row.get(13),
     }
 }
 
@@ -93,36 +113,54 @@ impl Store {
             what: "join token",
             id: token_id.to_string(),
         })?;
-        let (uses_left, revoked, expired): (i32, bool, bool) = (token.get(0), token.get(1), token.get(2));
+        let (uses_left, revoked, expired): (i32, bool, bool) =
+            (token.get(0), token.get(1), token.get(2));
         if revoked {
             return Ok(vec![JoinCommit::Revoked; candidates.len()]);
         }
         if expired {
             tx.commit().await?;
-            let keys: Vec<&str> = candidates.iter().map(|c| c.join_key_hash.as_str()).collect();
-            let replays = self.recent_joins_by_key(token_id, &keys, bc_core::join::REPLAY_WINDOW_MS).await?;
+            let keys: Vec<&str> = candidates
+                .iter()
+                .map(|c| c.join_key_hash.as_str())
+                .collect();
+            let replays = self
+                .recent_joins_by_key(token_id, &keys, bc_core::join::REPLAY_WINDOW_MS)
+                .await?;
             return Ok(candidates
                 .iter()
-                .map(|c| match replays.iter().find(|(k, _)| *k == c.join_key_hash) {
-                    Some((_, node_id)) => JoinCommit::Replay { node_id: node_id.clone() },
-                    None => JoinCommit::Expired,
-                })
+                .map(
+                    |c| match replays.iter().find(|(k, _)| *k == c.join_key_hash) {
+                        Some((_, node_id)) => JoinCommit::Replay {
+                            node_id: node_id.clone(),
+                        },
+                        None => JoinCommit::Expired,
+                    },
+                )
                 .collect());
         }
-        let granted = usize::try_from(uses_left).unwrap_or(0).min(candidates.len());
+        let granted = usize::try_from(uses_left)
+            .unwrap_or(0)
+            .min(candidates.len());
         let (chosen, _) = candidates.split_at(granted);
         let to_json = |reclaim: bool| {
-            serde_json::to_value(chosen.iter().filter(|c| c.reclaim == reclaim).collect::<Vec<_>>())
-                .map_err(|e| StoreError::Corrupt(e.to_string()))
+            serde_json::to_value(
+                chosen
+                    .iter()
+                    .filter(|c| c.reclaim == reclaim)
+                    .collect::<Vec<_>>(),
+            )
+            .map_err(|e| StoreError::Corrupt(e.to_string()))
         };
         const RECORD: &str = "jsonb_to_recordset($1) AS x(node_id text, hardware_key text, claims jsonb, \
-                              join_key_hash text, cert_serial text, not_after_ms bigint)";
+                              join_key_hash text, cert_serial text, not_after_ms bigint, public_key_hex text)";
         let mut done: Vec<(String, bool)> = Vec::with_capacity(granted);
         if chosen.iter().any(|c| c.reclaim) {
             let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "UPDATE nodes n SET state = 'adopting', claims = x.claims, join_token_id = $2, \
                  join_key_hash = x.join_key_hash, joined_at = now(), cert_serial = x.cert_serial, \
-                 cert_not_after = to_timestamp(x.not_after_ms / 1000.0), updated_at = now() \
+                 cert_not_after = to_timestamp(x.not_after_ms / 1000.0), public_key = decode(x.public_key_hex, 'hex'), \
+                 updated_at = now() \
                  FROM {RECORD} WHERE n.id = x.node_id AND n.hardware_key = x.hardware_key AND n.state <> 'revoked' \
                  AND n.join_key_hash <> x.join_key_hash RETURNING n.id"
             )))
@@ -135,9 +173,9 @@ impl Store {
         if chosen.iter().any(|c| !c.reclaim) {
             let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO nodes (id, pool_id, state, hardware_key, claims, join_token_id, join_key_hash, joined_at, \
-                 cert_serial, cert_not_after) \
+                 cert_serial, cert_not_after, public_key) \
                  SELECT x.node_id, $2, 'adopting', x.hardware_key, x.claims, $3, x.join_key_hash, now(), \
-                 x.cert_serial, to_timestamp(x.not_after_ms / 1000.0) FROM {RECORD} \
+                 x.cert_serial, to_timestamp(x.not_after_ms / 1000.0), decode(x.public_key_hex, 'hex') FROM {RECORD} \
                  ON CONFLICT DO NOTHING RETURNING id"
             )))
             .bind(to_json(false)?)
@@ -178,7 +216,9 @@ impl Store {
             .filter(|(i, c)| *i >= granted || !done.iter().any(|(id, _)| *id == c.node_id))
             .map(|(_, c)| c.join_key_hash.as_str())
             .collect();
-        let replays = self.recent_joins_by_key(token_id, &missing, bc_core::join::REPLAY_WINDOW_MS).await?;
+        let replays = self
+            .recent_joins_by_key(token_id, &missing, bc_core::join::REPLAY_WINDOW_MS)
+            .await?;
         let mut out = Vec::with_capacity(candidates.len());
         for (i, c) in candidates.iter().enumerate() {
             if let Some((_, reclaimed)) = done.iter().find(|(id, _)| *id == c.node_id) {
@@ -187,7 +227,9 @@ impl Store {
                     reclaimed: *reclaimed,
                 });
             } else if let Some((_, node_id)) = replays.iter().find(|(k, _)| *k == c.join_key_hash) {
-                out.push(JoinCommit::Replay { node_id: node_id.clone() });
+                out.push(JoinCommit::Replay {
+                    node_id: node_id.clone(),
+                });
             } else if i >= granted {
                 out.push(JoinCommit::Exhausted);
             } else if c.reclaim {
@@ -199,7 +241,8 @@ impl Store {
                 };
                 out.push(match owner {
                     Some(o) => JoinCommit::HardwareTaken {
-                        same_key: o.join_key_hash == c.join_key_hash && o.join_token_id.as_deref() == Some(token_id),
+                        same_key: o.join_key_hash == c.join_key_hash
+                            && o.join_token_id.as_deref() == Some(token_id),
                         node_id: o.node_id,
                     },
                     // The conflicting node was revoked in between: report it as taken; a retry will succeed.
@@ -236,8 +279,21 @@ impl Store {
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
+    /// The public point of a node's key (for verifying its signed results).
+    pub async fn node_public_key(&self, node_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let key: Option<Option<Vec<u8>>> =
+            sqlx::query_scalar("SELECT public_key FROM nodes WHERE id = $1")
+                .bind(node_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(key.flatten())
+    }
+
     /// The live (not revoked) node holding `hardware_key`.
-    pub async fn node_by_hardware_key(&self, hardware_key: &str) -> Result<Option<HardwareOwner>, StoreError> {
+    pub async fn node_by_hardware_key(
+        &self,
+        hardware_key: &str,
+    ) -> Result<Option<HardwareOwner>, StoreError> {
         let row = sqlx::query(
             "SELECT id, join_token_id, join_key_hash FROM nodes WHERE hardware_key = $1 AND state <> 'revoked'",
         )
@@ -252,7 +308,12 @@ impl Store {
     }
 
     /// Records the certificate most recently issued to a node.
-    pub async fn record_node_cert(&self, node_id: &str, serial: &str, not_after_ms: i64) -> Result<(), StoreError> {
+    pub async fn record_node_cert(
+        &self,
+        node_id: &str,
+        serial: &str,
+        not_after_ms: i64,
+    ) -> Result<(), StoreError> {
         sqlx::query("UPDATE nodes SET cert_serial = $2, cert_not_after = $3, updated_at = now() WHERE id = $1")
             .bind(node_id)
             .bind(serial)
@@ -263,17 +324,21 @@ impl Store {
     }
 
     pub async fn node(&self, id: &str) -> Result<Option<NodeRow>, StoreError> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {NODE_COLUMNS} FROM nodes WHERE id = $1")))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {NODE_COLUMNS} FROM nodes WHERE id = $1"
+        )))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(row.as_ref().map(node_from_row))
     }
 
     pub async fn list_nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY joined_at, id")))
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {NODE_COLUMNS} FROM nodes ORDER BY joined_at, id"
+        )))
+        .fetch_all(&self.pool)
+        .await?;
         Ok(rows.iter().map(node_from_row).collect())
     }
 }

@@ -22,10 +22,15 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// Removes clusters left by earlier test processes that died (their pid is in the directory name).
 fn remove_stale_clusters(tmp: &std::path::Path) {
-    let Ok(entries) = std::fs::read_dir(tmp) else { return };
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        let Some(pid) = name.strip_prefix(PREFIX).and_then(|p| p.parse::<u32>().ok()) else {
+        let Some(pid) = name
+            .strip_prefix(PREFIX)
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
             continue;
         };
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
@@ -90,7 +95,9 @@ impl TestDb {
             .arg(c.pg.url(&self.name))
             .output()?;
         if !out.status.success() {
-            return Err(std::io::Error::other(String::from_utf8_lossy(&out.stderr).to_string()));
+            return Err(std::io::Error::other(
+                String::from_utf8_lossy(&out.stderr).to_string(),
+            ));
         }
         Ok(String::from_utf8_lossy(&out.stdout).to_string())
     }
@@ -105,22 +112,39 @@ pub async fn test_db() -> TestDb {
     let c = cluster();
     TEMPLATE_READY
         .get_or_init(|| async {
-            let admin = c.pg.pool("postgres", 2).await.expect("connect to test cluster");
+            let admin =
+                c.pg.pool("postgres", 2)
+                    .await
+                    .expect("connect to test cluster");
             sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {TEMPLATE}")))
                 .execute(&admin)
                 .await
                 .expect("create template database");
             let tpl = c.pg.pool(TEMPLATE, 2).await.expect("connect to template");
-            crate::migrate::migrate(&tpl).await.expect("migrate template");
+            crate::migrate::migrate(&tpl)
+                .await
+                .expect("migrate template");
             tpl.close().await;
             admin.close().await;
         })
         .await;
-    let name = format!("t{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-    let admin = c.pg.pool("postgres", 1).await.expect("connect to test cluster");
+    let name = format!(
+        "t{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let admin =
+        c.pg.pool("postgres", 1)
+            .await
+            .expect("connect to test cluster");
     let mut attempt = 0;
     loop {
-        match sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name} TEMPLATE {TEMPLATE}"))).execute(&admin).await {
+        match sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE DATABASE {name} TEMPLATE {TEMPLATE}"
+        )))
+        .execute(&admin)
+        .await
+        {
             Ok(_) => break,
             // Another test copying the template at the same moment holds it briefly.
             Err(e) if attempt < 50 => {
@@ -132,6 +156,9 @@ pub async fn test_db() -> TestDb {
         }
     }
     admin.close().await;
-    let pool = c.pg.pool(&name, 20).await.expect("connect to test database");
+    let pool =
+        c.pg.pool(&name, 20)
+            .await
+            .expect("connect to test database");
     TestDb { pool, name }
 }

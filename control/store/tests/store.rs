@@ -10,7 +10,10 @@ async fn seeded(uses: i32) -> Store {
     let db = test_db().await;
     let store = Store::new(db.pool.clone());
     store.ensure_root_tenant().await.expect("root tenant");
-    store.ensure_pool("p1", "root", "pool one", true).await.expect("pool");
+    store
+        .ensure_pool("p1", "root", "pool one", true)
+        .await
+        .expect("pool");
     store
         .create_join_token(NewJoinToken {
             id: "0123456789abcdef",
@@ -36,25 +39,62 @@ fn candidate(n: u32, hk: &str) -> JoinCandidate {
         join_key_hash: format!("key-{n}"),
         cert_serial: format!("{n:02x}"),
         not_after_ms: 1_900_000_000_000,
+        public_key_hex: "04ab".into(),
     }
 }
 
 #[tokio::test]
 async fn batch_grants_at_most_uses_left_and_refuses_duplicate_hardware() {
     let store = seeded(3).await;
-    let batch = vec![candidate(1, "hk-a"), candidate(2, "hk-a"), candidate(3, "hk-c"), candidate(4, "hk-d")];
-    let out = store.commit_joins("0123456789abcdef", "p1", &batch).await.expect("commit");
-    assert_eq!(out[0], JoinCommit::Joined { node_id: "node-1".into(), reclaimed: false });
-    assert_eq!(out[1], JoinCommit::HardwareTaken { node_id: "node-1".into(), same_key: false });
-    assert_eq!(out[2], JoinCommit::Joined { node_id: "node-3".into(), reclaimed: false });
+    let batch = vec![
+        candidate(1, "hk-a"),
+        candidate(2, "hk-a"),
+        candidate(3, "hk-c"),
+        candidate(4, "hk-d"),
+    ];
+    let out = store
+        .commit_joins("0123456789abcdef", "p1", &batch)
+        .await
+        .expect("commit");
+    assert_eq!(
+        out[0],
+        JoinCommit::Joined {
+            node_id: "node-1".into(),
+            reclaimed: false
+        }
+    );
+    assert_eq!(
+        out[1],
+        JoinCommit::HardwareTaken {
+            node_id: "node-1".into(),
+            same_key: false
+        }
+    );
+    assert_eq!(
+        out[2],
+        JoinCommit::Joined {
+            node_id: "node-3".into(),
+            reclaimed: false
+        }
+    );
     assert_eq!(out[3], JoinCommit::Exhausted);
-    let token = store.join_token("0123456789abcdef").await.expect("read").expect("exists");
-    assert_eq!(token.uses_left, 1, "only the two nodes actually created spend a use");
+    let token = store
+        .join_token("0123456789abcdef")
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!(
+        token.uses_left, 1,
+        "only the two nodes actually created spend a use"
+    );
     assert_eq!(store.list_nodes().await.expect("list").len(), 2);
 }
 
 #[tokio::test]
 async fn migrations_are_idempotent() {
     let db = test_db().await;
-    assert_eq!(bc_store::migrate::migrate(&db.pool).await.expect("migrate"), 0);
+    assert_eq!(
+        bc_store::migrate::migrate(&db.pool).await.expect("migrate"),
+        0
+    );
 }

@@ -1,0 +1,363 @@
+//! `bcd run`: the daemon's one dial-out HTTP/2 mTLS connection to the gateway, carrying the Session stream.
+//!
+//! Hello → Welcome (epoch, heartbeat interval); heartbeats; inventory sections on request, each with a content
+//! hash, unchanged ones never resent; desired state applied and acknowledged by generation; commands run and their
+//! results signed by the node key. Any failure ends the session and the daemon reconnects with exponential backoff,
+//! full jitter and a cap. Nothing the gateway sends can panic the daemon: every message is checked.
+
+use crate::config::Config;
+use crate::gpu::GpuBackend;
+use crate::state::{StateDir, StateError};
+use bc_proto::channel::{self, Backoff, ServerTrust};
+use bc_proto::envelope::EnvelopeSigner;
+use bc_proto::v1;
+use rustls::pki_types::PrivateKeyDer;
+use rustls::pki_types::pem::PemObject as _;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("this node has not joined yet (no identity in {dir}): run `bcd join` first")]
+    NotJoined { dir: String },
+    #[error("node state")]
+    State(#[from] StateError),
+    #[error(
+        "the node certificate expired while the node was offline: rejoin with `bcd join` (a reclaim token keeps the \
+         node id where the pool allows reclaim)"
+    )]
+    CertificateExpired,
+    #[error("the control plane refused this node: {0}")]
+    Refused(String),
+}
+
+/// Why one session ended.
+#[derive(Debug, thiserror::Error)]
+enum SessionEnd {
+    #[error("connecting: {0}")]
+    Connect(String),
+    #[error("gateway: {0}")]
+    Status(String),
+    #[error("the gateway closed the session")]
+    Closed,
+    #[error("refused: {0}")]
+    Refused(String),
+    #[error("local: {0}")]
+    Local(String),
+}
+
+/// What the daemon remembers across sessions (in memory).
+pub struct Daemon {
+    pub config: Config,
+    pub gpu: Option<Arc<dyn GpuBackend>>,
+    /// Hashes of inventory sections sent in this process's earlier sessions.
+    known: HashMap<String, [u8; 32]>,
+    boot_id: String,
+    /// Sessions opened so far (for status and tests).
+    pub sessions_opened: u64,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Daemon {
+    pub fn new(config: Config, gpu: Option<Arc<dyn GpuBackend>>) -> Daemon {
+        let boot_id =
+            std::fs::read_to_string(config.hardware_root.join("proc/sys/kernel/random/boot_id"))
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default();
+        Daemon {
+            config,
+            gpu,
+            known: HashMap::new(),
+            boot_id,
+            sessions_opened: 0,
+        }
+    }
+
+    /// Runs sessions until `shutdown` resolves or the node can no longer connect without an operator.
+    pub async fn run(
+        &mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), RunError> {
+        tokio::pin!(shutdown);
+        let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+        loop {
+            let started = tokio::time::Instant::now();
+            let end = tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                end = self.session_once() => end,
+            };
+            match end {
+                SessionEnd::Refused(m) => return Err(RunError::Refused(m)),
+                SessionEnd::Local(m) if m == "not joined" => {
+                    return Err(RunError::NotJoined {
+                        dir: self.config.state_dir.display().to_string(),
+                    });
+                }
+                SessionEnd::Local(m) if m == "certificate expired" => {
+                    return Err(RunError::CertificateExpired);
+                }
+                other => {
+                    // A session that lasted a while was healthy: start the backoff again.
+                    if started.elapsed() > Duration::from_secs(60) {
+                        backoff.reset();
+                    }
+                    let wait = backoff.next_delay(rand::random::<f64>());
+                    tracing::warn!(reason = %other, ?wait, "session ended; reconnecting");
+                    tokio::select! {
+                        _ = &mut shutdown => return Ok(()),
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn tls(&self, state: &StateDir) -> Result<Arc<rustls::ClientConfig>, SessionEnd> {
+        let local = |e: &dyn std::fmt::Display| SessionEnd::Local(e.to_string());
+        let cert = state.certificate().map_err(|e| local(&e))?;
+        let bundle = state.trust_bundle().map_err(|e| local(&e))?;
+        let key = PrivateKeyDer::from_pem_file(state.path("node.key")).map_err(|e| local(&e))?;
+        channel::client_config(ServerTrust::Bundle(bundle), Some((vec![cert], key)))
+            .map_err(|e| local(&e))
+    }
+
+    async fn session_once(&mut self) -> SessionEnd {
+        let state = match StateDir::open(&self.config.state_dir) {
+            Ok(s) => s,
+            Err(e) => return SessionEnd::Local(e.to_string()),
+        };
+        let identity = match state.identity() {
+            Ok(Some(i)) => i,
+            Ok(None) => return SessionEnd::Local("not joined".into()),
+            Err(e) => return SessionEnd::Local(e.to_string()),
+        };
+        if identity.not_after_ms <= now_ms() {
+            return SessionEnd::Local("certificate expired".into());
+        }
+        let tls = match self.tls(&state) {
+            Ok(t) => t,
+            Err(e) => return e,
+        };
+        let signer = match std::fs::read_to_string(state.path("node.key"))
+            .map_err(|e| e.to_string())
+            .and_then(|pem| rcgen::KeyPair::from_pem(&pem).map_err(|e| e.to_string()))
+            .and_then(|k| {
+                EnvelopeSigner::new(&k.serialize_der(), identity.spiffe_id.clone())
+                    .map_err(|e| e.to_string())
+            }) {
+            Ok(s) => s,
+            Err(e) => return SessionEnd::Local(e),
+        };
+        let ch = match channel::connect(&identity.gateway_url, tls).await {
+            Ok(c) => c,
+            Err(e) => return SessionEnd::Connect(crate::join::error_chain(&e)),
+        };
+        let (tx, rx) = mpsc::channel::<v1::NodeMessage>(64);
+        let hello = v1::Hello {
+            node_id: identity.node_id.clone(),
+            agent_version: bc_proto::AGENT_VERSION.to_string(),
+            boot_id: self.boot_id.clone(),
+            clock_unix_ms: now_ms(),
+            known_inventory: self
+                .known
+                .iter()
+                .map(|(name, hash)| v1::InventoryHash {
+                    name: name.clone(),
+                    hash: hash.to_vec(),
+                })
+                .collect(),
+        };
+        if tx
+            .send(msg(v1::node_message::Msg::Hello(hello)))
+            .await
+            .is_err()
+        {
+            return SessionEnd::Local("outbound queue closed".into());
+        }
+        let mut client = v1::session_service_client::SessionServiceClient::new(ch);
+        let mut inbound = match client
+            .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+        {
+            Ok(r) => r.into_inner(),
+            Err(s) => return end_of(s),
+        };
+        self.sessions_opened += 1;
+        let mut heartbeat = tokio::time::interval(Duration::from_secs(15));
+        heartbeat.reset();
+        let mut seq = 0u64;
+        let expiry =
+            Duration::from_millis(u64::try_from(identity.not_after_ms - now_ms()).unwrap_or(0));
+        let expires = tokio::time::sleep(expiry);
+        tokio::pin!(expires);
+        loop {
+            tokio::select! {
+                _ = heartbeat.tick() => {
+                    seq += 1;
+                    if tx.send(msg(v1::node_message::Msg::Heartbeat(v1::Heartbeat { seq }))).await.is_err() {
+                        return SessionEnd::Closed;
+                    }
+                }
+                _ = &mut expires => return SessionEnd::Local("certificate expired".into()),
+                next = inbound.message() => {
+                    let m = match next {
+                        Ok(Some(m)) => m,
+                        Ok(None) => return SessionEnd::Closed,
+                        Err(s) => return end_of(s),
+                    };
+                    let Some(m) = m.msg else {
+                        tracing::debug!("empty GatewayMessage ignored");
+                        continue;
+                    };
+                    if let Some(every) = self.handle(m, &tx, &state, &signer).await {
+                        heartbeat = tokio::time::interval(every);
+                        heartbeat.reset();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one gateway message; returns a new heartbeat interval when the gateway set one.
+    async fn handle(
+        &mut self,
+        m: v1::gateway_message::Msg,
+        tx: &mpsc::Sender<v1::NodeMessage>,
+        state: &StateDir,
+        signer: &EnvelopeSigner,
+    ) -> Option<Duration> {
+        use v1::gateway_message::Msg;
+        match m {
+            Msg::Welcome(w) => {
+                tracing::info!(epoch = w.session_epoch, "session open");
+                let ms = u64::from(w.heartbeat_interval_ms).clamp(1_000, 300_000);
+                return Some(Duration::from_millis(ms));
+            }
+            Msg::InventoryRequest(r) => {
+                for section in self.sections(&r.sections) {
+                    self.known.insert(section.name.clone(), section.hash);
+                    let out = v1::InventorySection {
+                        name: section.name,
+                        hash: section.hash.to_vec(),
+                        payload: section.payload,
+                    };
+                    if tx
+                        .send(msg(v1::node_message::Msg::Inventory(out)))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+            Msg::DesiredState(d) => {
+                let (outcome, message) = match apply_desired(state, &d) {
+                    Ok(()) => ("applied", String::new()),
+                    Err(e) => ("failed", e),
+                };
+                tracing::info!(generation = d.generation, outcome, "desired state");
+                let ack = v1::DesiredStateAck {
+                    generation: d.generation,
+                    outcome: outcome.into(),
+                    message,
+                };
+                let _ = tx.send(msg(v1::node_message::Msg::Ack(ack))).await;
+            }
+            Msg::Command(c) => {
+                let envelope = self.command(&c, signer).await;
+                match envelope {
+                    Ok(env) => {
+                        let r = v1::CommandResult {
+                            id: c.id,
+                            envelope: Some(env),
+                        };
+                        let _ = tx.send(msg(v1::node_message::Msg::Result(r))).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(command = c.id, error = %e, "command failed to produce a result")
+                    }
+                }
+            }
+            Msg::Renew(_) => tracing::debug!("renewal response ignored"),
+            Msg::OpenTunnel(t) => tracing::info!(
+                tunnel = t.tunnel_id,
+                "tunnels are not available in this version"
+            ),
+        }
+        None
+    }
+
+    async fn command(
+        &self,
+        c: &v1::Command,
+        signer: &EnvelopeSigner,
+    ) -> Result<v1::SignedEnvelope, String> {
+        let args: serde_json::Value =
+            serde_json::from_slice(&c.args).unwrap_or(serde_json::Value::Null);
+        match c.kind.as_str() {
+            crate::diag::KIND => {
+                let expected = args["expected_gpu_count"]
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok());
+                let gpu = self.gpu.clone();
+                let report = tokio::task::spawn_blocking(move || {
+                    let backend: &dyn GpuBackend = match &gpu {
+                        Some(b) => b.as_ref(),
+                        None => &crate::gpu::NoGpus,
+                    };
+                    let policy = crate::diag::DiagPolicy::new(expected.unwrap_or(0));
+                    crate::diag::run(backend, &policy)
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+                crate::diag::sign(&report, signer).map_err(|e| e.to_string())
+            }
+            other => {
+                let payload =
+                    serde_json::json!({"error": format!("unknown command kind {other:?}")});
+                signer
+                    .sign(
+                        "application/vnd.bettercompute.error+json",
+                        payload.to_string().into_bytes(),
+                    )
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    fn sections(&self, names: &[String]) -> Vec<crate::inventory::Section> {
+        crate::inventory::collect_sections(&self.config.hardware_root, self.gpu.as_deref(), names)
+    }
+}
+
+fn msg(m: v1::node_message::Msg) -> v1::NodeMessage {
+    v1::NodeMessage { msg: Some(m) }
+}
+
+/// Permission errors mean an operator must act (revoked, unknown); the rest are worth a reconnect.
+fn end_of(s: tonic::Status) -> SessionEnd {
+    match s.code() {
+        tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => {
+            SessionEnd::Refused(s.message().to_string())
+        }
+        _ => SessionEnd::Status(format!("{:?}: {}", s.code(), s.message())),
+    }
+}
+
+/// Records the desired state (the apply hooks — CDI specs for bookings — arrive with reservations).
+fn apply_desired(state: &StateDir, d: &v1::DesiredState) -> Result<(), String> {
+    let spec: serde_json::Value =
+        serde_json::from_slice(&d.spec).map_err(|e| format!("spec is not JSON: {e}"))?;
+    let doc = serde_json::json!({"generation": d.generation, "spec": spec});
+    state
+        .write_file("desired.json", doc.to_string().as_bytes(), 0o600)
+        .map_err(|e| e.to_string())
+}

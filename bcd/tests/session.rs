@@ -1,0 +1,414 @@
+//! `bcd run` and the gateway's Session end to end: a real control plane (api, gateway, controllers) on a real
+//! PostgreSQL, mutual TLS on loopback, the real `bcd` binary with a fixture of 8 GPUs.
+
+mod common;
+
+use bc_proto::spiffe::Role;
+use bc_proto::v1;
+use common::*;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::process::{Child, Command};
+
+/// A joined simulated machine and its running daemon.
+struct Node {
+    id: String,
+    state: PathBuf,
+    fixture: PathBuf,
+    child: Option<Child>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.start_kill();
+        }
+    }
+}
+
+async fn joined_node(p: &Plane, name: &str, gpus: u32) -> Node {
+    let token = p.token(json!({"pool": "default", "uses": 1})).await;
+    let out = join(p, name, &token, claims(name, gpus))
+        .await
+        .expect("join");
+    let fixture = p.dir.path().join(format!("{name}-gpus.json"));
+    std::fs::write(&fixture, bcd::gpu::fixture::synthetic(gpus, name)).expect("fixture");
+    let hw = p.dir.path().join(format!("{name}-hw"));
+    fake_hardware(&hw, name).expect("hw");
+    Node {
+        id: out.identity.node_id,
+        state: p.dir.path().join(name),
+        fixture,
+        child: None,
+    }
+}
+
+fn spawn_run(p: &Plane, node: &mut Node, name: &str) {
+    let child = Command::new(env!("CARGO_BIN_EXE_bcd"))
+        .args(["--config", "/nonexistent", "--state-dir"])
+        .arg(&node.state)
+        .args([
+            "run",
+            "--gateway-url",
+            &p.running.gateway_url,
+            "--ca-pin",
+            &p.running.ca_pin,
+        ])
+        .args([
+            "--join-public-key",
+            &p.running.join_public_key,
+            "--gpu-backend",
+        ])
+        .arg(format!("fixture:{}", node.fixture.display()))
+        .arg("--hardware-root")
+        .arg(p.dir.path().join(format!("{name}-hw")))
+        .env("BCD_LOG", "info")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn bcd run");
+    node.child = Some(child);
+}
+
+async fn node_row(p: &Plane, id: &str) -> bc_store::nodes::NodeRow {
+    p.store.node(id).await.expect("read").expect("node exists")
+}
+
+/// Polls until `f` holds for the node, or fails after `secs`.
+async fn wait_for(
+    p: &Plane,
+    id: &str,
+    secs: u64,
+    what: &str,
+    f: impl Fn(&bc_store::nodes::NodeRow) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        let row = node_row(p, id).await;
+        if f(&row) {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!(
+                "timed out waiting for {what}: node is {} online={} gen={}/{} conditions={}",
+                row.state, row.online, row.desired_generation, row.acked_generation, row.conditions
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn fast() -> Options {
+    Options {
+        controllers: true,
+        fast: true,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_run_inventory_diag_adopted_and_generation_one_acknowledged() -> TestResult {
+    let p = plane_with(fast()).await;
+    let mut node = joined_node(&p, "gpu8", 8).await;
+    spawn_run(&p, &mut node, "gpu8");
+    wait_for(&p, &node.id, 60, "adoption", |n| {
+        n.state == "adopted" && n.acked_generation == 1
+    })
+    .await;
+    let row = node_row(&p, &node.id).await;
+    assert!(row.online);
+    assert_eq!(row.conditions, json!([]));
+    let sections: Vec<String> = p
+        .store
+        .inventory(&node.id)
+        .await?
+        .into_iter()
+        .map(|s| s.0)
+        .collect();
+    for s in ["cpu", "disks", "gpus", "memory", "nics", "system"] {
+        assert!(
+            sections.contains(&s.to_string()),
+            "section {s} missing: {sections:?}"
+        );
+    }
+    let gpus = p
+        .store
+        .inventory(&node.id)
+        .await?
+        .into_iter()
+        .find(|s| s.0 == "gpus")
+        .map(|s| s.2)
+        .unwrap_or_default();
+    assert_eq!(gpus.to_string().matches("GPU-gpu8-").count(), 8, "{gpus}");
+    // The acceptance check's result was signed by the node and verified.
+    let (state, kind, envelope): (String, String, Option<Vec<u8>>) =
+        bc_store::sqlx::query_as("SELECT state, kind, envelope FROM commands WHERE node_id = $1")
+            .bind(&node.id)
+            .fetch_one(p.store.pool())
+            .await?;
+    assert_eq!((state.as_str(), kind.as_str()), ("done", "diag.nvml"));
+    let env: v1::SignedEnvelope = prost::Message::decode(envelope.unwrap_or_default().as_slice())?;
+    assert_eq!(env.signer, format!("spiffe://test.bc/node/{}", node.id));
+    // The desired state reached the node.
+    let desired: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(node.state.join("desired.json"))?)?;
+    assert_eq!(desired["generation"], 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dbe_fault_fails_the_node_and_clearing_it_recovers() -> TestResult {
+    let p = plane_with(fast()).await;
+    let mut node = joined_node(&p, "faulty", 8).await;
+    let mut fixture: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&node.fixture)?)?;
+    fixture["gpus"][3]["faults"] = json!(["dbe"]);
+    std::fs::write(&node.fixture, fixture.to_string())?;
+    spawn_run(&p, &mut node, "faulty");
+    wait_for(&p, &node.id, 60, "failure", |n| n.state == "failed").await;
+    let row = node_row(&p, &node.id).await;
+    let conditions = row.conditions.to_string();
+    assert!(
+        conditions.contains("GPU 3") || conditions.contains("gpu 3"),
+        "{conditions}"
+    );
+    assert!(
+        conditions.to_lowercase().contains("dbe") || conditions.contains("double-bit"),
+        "{conditions}"
+    );
+    assert_eq!(
+        row.acked_generation, 0,
+        "a failed node gets no desired state"
+    );
+    // Clear the fault: the periodic re-check brings the node back.
+    fixture["gpus"][3]["faults"] = json!([]);
+    std::fs::write(&node.fixture, fixture.to_string())?;
+    wait_for(&p, &node.id, 60, "recovery", |n| {
+        n.state == "adopted" && n.acked_generation == 1
+    })
+    .await;
+    assert_eq!(node_row(&p, &node.id).await.conditions, json!([]));
+    Ok(())
+}
+
+/// A raw session client: the given identity, the given Hello.
+async fn raw_session(
+    p: &Plane,
+    cert: rustls::pki_types::CertificateDer<'static>,
+    key_pem: &str,
+    hello_node_id: &str,
+) -> Result<
+    (
+        tokio::sync::mpsc::Sender<v1::NodeMessage>,
+        tonic::Streaming<v1::GatewayMessage>,
+    ),
+    tonic::Status,
+> {
+    use rustls::pki_types::pem::PemObject as _;
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).expect("key");
+    let ca_pem = std::fs::read_to_string(p.dir.path().join("control/ca.crt")).expect("ca");
+    let ca = rustls::pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes()).expect("ca");
+    let tls = bc_proto::channel::client_config(
+        bc_proto::channel::ServerTrust::Bundle(vec![ca]),
+        Some((vec![cert], key)),
+    )
+    .expect("tls");
+    let ch = bc_proto::channel::connect(&p.running.gateway_url, tls)
+        .await
+        .map_err(|e| tonic::Status::unavailable(bcd::join::error_chain(&e)))?;
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let hello = v1::Hello {
+        node_id: hello_node_id.into(),
+        agent_version: "test".into(),
+        ..Default::default()
+    };
+    tx.send(v1::NodeMessage {
+        msg: Some(v1::node_message::Msg::Hello(hello)),
+    })
+    .await
+    .expect("send hello");
+    let mut client = v1::session_service_client::SessionServiceClient::new(ch);
+    let mut inbound = client
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    // The Welcome (or the refusal) comes first.
+    match inbound.message().await? {
+        Some(v1::GatewayMessage {
+            msg: Some(v1::gateway_message::Msg::Welcome(_)),
+        }) => Ok((tx, inbound)),
+        other => Err(tonic::Status::internal(format!(
+            "expected Welcome, got {other:?}"
+        ))),
+    }
+}
+
+/// A certificate from the control plane's CA (or `ca_dir`'s) for a fresh key, as `role`/`id`, issued at `at`.
+fn issue(
+    ca_dir: &Path,
+    role: Role,
+    id: &str,
+    at: time::OffsetDateTime,
+) -> (rustls::pki_types::CertificateDer<'static>, String) {
+    let ca = bc_control::ca::Ca::load_or_create(ca_dir, "test.bc").expect("ca");
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let csr = rcgen::CertificateParams::default()
+        .serialize_request(&key)
+        .expect("csr");
+    let verified = bc_control::ca::verify_csr(csr.der()).expect("verify");
+    let issued = ca.issue_workload(&verified, role, id, at).expect("issue");
+    (issued.cert_der.into(), key.serialize_pem())
+}
+
+fn node_identity(node: &Node) -> (rustls::pki_types::CertificateDer<'static>, String) {
+    let state = bcd::state::StateDir::open(&node.state).expect("state");
+    (
+        state.certificate().expect("cert"),
+        std::fs::read_to_string(state.path("node.key")).expect("key"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_at_the_handshake_and_at_hello() -> TestResult {
+    let p = plane_with(Options {
+        controllers: false,
+        fast: true,
+    })
+    .await;
+    let node = joined_node(&p, "ident", 1).await;
+    let other = joined_node(&p, "other", 1).await;
+    let (cert, key) = node_identity(&node);
+    let now = time::OffsetDateTime::now_utc();
+    let ca_dir = p.dir.path().join("control");
+
+    // The genuine identity works.
+    assert!(raw_session(&p, cert.clone(), &key, &node.id).await.is_ok());
+    // SPIFFE ID ≠ Hello.node_id.
+    let e = raw_session(&p, cert.clone(), &key, &other.id)
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        e.message().contains("does not match Hello.node_id"),
+        "{e:?}"
+    );
+    // A certificate from another CA: refused at the handshake (seen at the first RPC with TLS 1.3).
+    let (foreign, fkey) = issue(&p.dir.path().join("another-ca"), Role::Node, &node.id, now);
+    let e = raw_session(&p, foreign, &fkey, &node.id)
+        .await
+        .err()
+        .expect("refused");
+    assert_ne!(e.code(), tonic::Code::Ok, "{e:?}");
+    assert!(!e.message().contains("Welcome"), "{e:?}");
+    // An expired certificate from our CA.
+    let (old, okey) = issue(&ca_dir, Role::Node, &node.id, now - time::Duration::days(2));
+    let e = raw_session(&p, old, &okey, &node.id)
+        .await
+        .err()
+        .expect("refused");
+    assert!(!e.message().contains("Welcome"), "{e:?}");
+    // A site identity on the node endpoint.
+    let (site, skey) = issue(&ca_dir, Role::Site, "rack-1", now);
+    let e = raw_session(&p, site, &skey, "rack-1")
+        .await
+        .err()
+        .expect("refused");
+    assert!(e.message().contains("site identity"), "{e:?}");
+    // A revoked node.
+    p.admin
+        .call("nodes", "revoke", json!({"id": node.id}))
+        .await?;
+    let e = raw_session(&p, cert, &key, &node.id)
+        .await
+        .err()
+        .expect("refused");
+    assert!(e.message().contains("revoked"), "{e:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_with_one_identity_only_the_newest_epoch_writes() -> TestResult {
+    let p = plane_with(Options {
+        controllers: false,
+        fast: true,
+    })
+    .await;
+    let node = joined_node(&p, "twin", 1).await;
+    let (cert, key) = node_identity(&node);
+    let (old_tx, mut old_rx) = raw_session(&p, cert.clone(), &key, &node.id).await?;
+    let epoch_old = node_row(&p, &node.id).await.session_epoch;
+    let (new_tx, _new_rx) = raw_session(&p, cert, &key, &node.id).await?;
+    let epoch_new = node_row(&p, &node.id).await.session_epoch;
+    assert_eq!(epoch_new, epoch_old + 1);
+    // The older session is closed by the gateway.
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match old_rx.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return "ended".to_string(),
+                Err(s) => return s.message().to_string(),
+            }
+        }
+    })
+    .await?;
+    assert!(
+        closed.contains("superseded") || closed == "ended",
+        "{closed}"
+    );
+    // Its writes are refused; the new session's are stored.
+    let section = |n: &str| {
+        let payload = format!("{{\"from\":\"{n}\"}}").into_bytes();
+        v1::NodeMessage {
+            msg: Some(v1::node_message::Msg::Inventory(v1::InventorySection {
+                name: "system".into(),
+                hash: bc_proto::sha256(&payload).to_vec(),
+                payload,
+            })),
+        }
+    };
+    let _ = old_tx.send(section("old")).await;
+    new_tx.send(section("new")).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stored = p.store.inventory(&node.id).await?;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].2, json!({"from": "new"}));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_restart_daemons_reconnect_by_themselves() -> TestResult {
+    let mut p = plane_with(Options {
+        controllers: false,
+        fast: true,
+    })
+    .await;
+    let mut node = joined_node(&p, "steady", 2).await;
+    spawn_run(&p, &mut node, "steady");
+    wait_for(&p, &node.id, 30, "first session", |n| {
+        n.online && n.session_epoch == 1
+    })
+    .await;
+    let gateway = p.running.gateway_addr.expect("gateway addr");
+    // Stop the whole control plane, then start it again on the same gateway address and state.
+    p.running.stop().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = serve_config(
+        p.dir.path(),
+        &Options {
+            controllers: false,
+            fast: true,
+        },
+        gateway,
+    );
+    p.running = bc_control::start(&again, p.store.clone()).await?;
+    wait_for(&p, &node.id, 60, "reconnect", |n| {
+        n.online && n.session_epoch == 2
+    })
+    .await;
+    // Nothing duplicated: still one node, its inventory sections stored once each.
+    assert_eq!(p.snapshot().await.0, 1);
+    let sections = p.store.inventory(&node.id).await?;
+    let mut names: Vec<_> = sections.iter().map(|s| s.0.clone()).collect();
+    names.dedup();
+    assert_eq!(names.len(), sections.len());
+    Ok(())
+}

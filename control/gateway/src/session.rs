@@ -1,0 +1,434 @@
+//! The Session stream: one per daemon, on the daemon's single HTTP/2 mTLS connection.
+//!
+//! The peer's certificate was verified against the control-plane CA at the handshake; here the SPIFFE ID must name
+//! a node of our trust domain and equal `Hello.node_id`. Opening a session bumps the node's epoch in the store
+//! (through [`SessionBackend`]); a newer session closes the older one, and every write carries its epoch so a stale
+//! session's writes are refused by the store. Liveness stays in memory and reaches the store in one statement per
+//! interval, whatever the number of sessions.
+
+use crate::BoxFuture;
+use bc_proto::spiffe::{Role, SpiffeId};
+use bc_proto::v1;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// A live session's identity for the store: writes are accepted only for the node's current epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRef {
+    pub node_id: String,
+    pub epoch: u64,
+}
+
+/// What the control plane answers to a Hello.
+#[derive(Debug, Clone, Default)]
+pub struct SessionGrant {
+    pub epoch: u64,
+    /// Inventory sections to request now (those whose stored hash differs from what the node says it sent).
+    pub want_sections: Vec<String>,
+}
+
+/// Last-seen time of a session, for the batched liveness write.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub session: SessionRef,
+    pub at_ms: i64,
+}
+
+/// The store side of sessions, implemented by the control plane.
+pub trait SessionBackend: Send + Sync + 'static {
+    /// Refuses unknown and revoked nodes; bumps and returns the node's session epoch.
+    fn open(&self, node_id: &str, hello: &v1::Hello)
+    -> BoxFuture<'_, Result<SessionGrant, Status>>;
+    fn inventory(
+        &self,
+        s: &SessionRef,
+        section: v1::InventorySection,
+    ) -> BoxFuture<'_, Result<(), Status>>;
+    fn ack(&self, s: &SessionRef, ack: v1::DesiredStateAck) -> BoxFuture<'_, Result<(), Status>>;
+    fn result(
+        &self,
+        s: &SessionRef,
+        result: v1::CommandResult,
+    ) -> BoxFuture<'_, Result<(), Status>>;
+    /// The session ended (only acts if `s` is still the node's current epoch).
+    fn closed(&self, s: &SessionRef) -> BoxFuture<'_, ()>;
+    /// One statement for all live sessions; returns node ids whose sessions must close (revoked, or superseded
+    /// by a session on another gateway).
+    fn liveness(&self, seen: &[Seen]) -> BoxFuture<'_, Result<Vec<String>, Status>>;
+    /// Messages waiting for these sessions (commands, new desired state): one statement per call.
+    fn pending(
+        &self,
+        sessions: &[SessionRef],
+    ) -> BoxFuture<'_, Result<Vec<(String, v1::GatewayMessage)>, Status>>;
+}
+
+struct Entry {
+    epoch: u64,
+    last_seen_ms: Arc<AtomicI64>,
+    tx: mpsc::Sender<Result<v1::GatewayMessage, Status>>,
+    close: watch::Sender<Option<String>>,
+}
+
+/// The sessions this gateway holds.
+#[derive(Clone, Default)]
+pub struct Registry {
+    inner: Arc<Mutex<HashMap<String, Entry>>>,
+    opened: Arc<AtomicU64>,
+}
+
+impl Registry {
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Total sessions opened since start.
+    pub fn opened(&self) -> u64 {
+        self.opened.load(Ordering::Relaxed)
+    }
+
+    fn insert(&self, node_id: &str, entry: Entry) {
+        if let Ok(mut m) = self.inner.lock()
+            && let Some(old) = m.insert(node_id.to_string(), entry)
+        {
+            let _ = old.close.send(Some(
+                "superseded by a newer session of the same node".into(),
+            ));
+        }
+        self.opened.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn remove(&self, s: &SessionRef) {
+        if let Ok(mut m) = self.inner.lock()
+            && m.get(&s.node_id).is_some_and(|e| e.epoch == s.epoch)
+        {
+            m.remove(&s.node_id);
+        }
+    }
+
+    /// Closes a node's session with a reason.
+    pub fn close(&self, node_id: &str, reason: &str) {
+        if let Ok(m) = self.inner.lock()
+            && let Some(e) = m.get(node_id)
+        {
+            let _ = e.close.send(Some(reason.to_string()));
+        }
+    }
+
+    /// Closes every session (gateway shutdown).
+    pub fn close_all(&self, reason: &str) {
+        if let Ok(m) = self.inner.lock() {
+            for e in m.values() {
+                let _ = e.close.send(Some(reason.to_string()));
+            }
+        }
+    }
+
+    fn snapshot(&self) -> Vec<Seen> {
+        self.inner
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .map(|(id, e)| Seen {
+                        session: SessionRef {
+                            node_id: id.clone(),
+                            epoch: e.epoch,
+                        },
+                        at_ms: e.last_seen_ms.load(Ordering::Relaxed),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn sender(&self, node_id: &str) -> Option<mpsc::Sender<Result<v1::GatewayMessage, Status>>> {
+        self.inner
+            .lock()
+            .ok()
+            .and_then(|m| m.get(node_id).map(|e| e.tx.clone()))
+    }
+}
+
+/// Timing of sessions.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    pub trust_domain: String,
+    pub heartbeat: Duration,
+    /// How often liveness is written (one statement per interval).
+    pub liveness_interval: Duration,
+    /// How often waiting commands and desired state are pulled for live sessions.
+    pub pending_interval: Duration,
+    /// A session silent for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl SessionConfig {
+    pub fn new(trust_domain: &str) -> SessionConfig {
+        SessionConfig {
+            trust_domain: trust_domain.to_string(),
+            heartbeat: Duration::from_secs(15),
+            liveness_interval: Duration::from_secs(5),
+            pending_interval: Duration::from_millis(500),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+pub(crate) struct SessionSvc {
+    pub backend: Arc<dyn SessionBackend>,
+    pub registry: Registry,
+    pub config: SessionConfig,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The node identity of a verified peer certificate, or why it is not one.
+pub fn node_identity(
+    certs: Option<&[rustls::pki_types::CertificateDer<'static>]>,
+    trust_domain: &str,
+) -> Result<SpiffeId, Status> {
+    let leaf = certs
+        .and_then(|c| c.first())
+        .ok_or_else(|| Status::unauthenticated("Session needs a client certificate: join first"))?;
+    let id = SpiffeId::from_cert_der(leaf)
+        .map_err(|e| Status::unauthenticated(format!("client certificate: {e}")))?;
+    if id.trust_domain() != trust_domain {
+        return Err(Status::permission_denied(format!(
+            "{id} is not of trust domain {trust_domain}"
+        )));
+    }
+    if id.role() != Role::Node {
+        return Err(Status::permission_denied(format!(
+            "{id} is a {} identity; the node endpoint takes node identities only",
+            id.role().as_str()
+        )));
+    }
+    Ok(id)
+}
+
+type GatewayStream = Pin<Box<dyn Stream<Item = Result<v1::GatewayMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl v1::session_service_server::SessionService for SessionSvc {
+    async fn session(
+        &self,
+        request: Request<Streaming<v1::NodeMessage>>,
+    ) -> Result<Response<GatewayStream>, Status> {
+        let peer = request.remote_addr();
+        let certs = request.peer_certs();
+        let id = node_identity(
+            certs.as_deref().map(|v| v.as_slice()),
+            &self.config.trust_domain,
+        )
+        .inspect_err(|s| {
+            tracing::warn!(?peer, reason = s.message(), "session refused");
+        })?;
+        let mut inbound = request.into_inner();
+        let hello = match tokio::time::timeout(Duration::from_secs(10), inbound.message()).await {
+            Ok(Ok(Some(v1::NodeMessage {
+                msg: Some(v1::node_message::Msg::Hello(h)),
+            }))) => h,
+            Ok(Ok(_)) => {
+                return Err(Status::invalid_argument(
+                    "the first message of a session must be Hello",
+                ));
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(Status::deadline_exceeded("no Hello within 10 s")),
+        };
+        if hello.node_id != id.id() {
+            tracing::warn!(?peer, %id, hello = hello.node_id, "session refused: SPIFFE ID differs from Hello.node_id");
+            return Err(Status::permission_denied(format!(
+                "certificate identity {id} does not match Hello.node_id {:?}",
+                hello.node_id
+            )));
+        }
+        let grant = self.backend.open(id.id(), &hello).await.inspect_err(|s| {
+            tracing::warn!(
+                ?peer,
+                node_id = id.id(),
+                reason = s.message(),
+                "session refused"
+            );
+        })?;
+        let session = SessionRef {
+            node_id: id.id().to_string(),
+            epoch: grant.epoch,
+        };
+        let (tx, rx) = mpsc::channel(64);
+        let (close_tx, close_rx) = watch::channel(None);
+        let last_seen = Arc::new(AtomicI64::new(now_ms()));
+        self.registry.insert(
+            &session.node_id,
+            Entry {
+                epoch: grant.epoch,
+                last_seen_ms: last_seen.clone(),
+                tx: tx.clone(),
+                close: close_tx,
+            },
+        );
+        tracing::info!(
+            node_id = session.node_id,
+            epoch = session.epoch,
+            agent = hello.agent_version,
+            "session opened"
+        );
+        let welcome = v1::GatewayMessage {
+            msg: Some(v1::gateway_message::Msg::Welcome(v1::Welcome {
+                session_epoch: grant.epoch,
+                heartbeat_interval_ms: u32::try_from(self.config.heartbeat.as_millis())
+                    .unwrap_or(u32::MAX),
+            })),
+        };
+        let _ = tx.send(Ok(welcome)).await;
+        if !grant.want_sections.is_empty() {
+            let req = v1::GatewayMessage {
+                msg: Some(v1::gateway_message::Msg::InventoryRequest(
+                    v1::InventoryRequest {
+                        sections: grant.want_sections.clone(),
+                    },
+                )),
+            };
+            let _ = tx.send(Ok(req)).await;
+        }
+        tokio::spawn(drive(
+            self.backend.clone(),
+            self.registry.clone(),
+            session,
+            inbound,
+            tx,
+            close_rx,
+            last_seen,
+            self.config.idle_timeout,
+        ));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+/// Reads one session's inbound messages until it ends, is superseded, is closed, or goes idle.
+#[allow(clippy::too_many_arguments)]
+async fn drive(
+    backend: Arc<dyn SessionBackend>,
+    registry: Registry,
+    session: SessionRef,
+    mut inbound: Streaming<v1::NodeMessage>,
+    tx: mpsc::Sender<Result<v1::GatewayMessage, Status>>,
+    mut close: watch::Receiver<Option<String>>,
+    last_seen: Arc<AtomicI64>,
+    idle: Duration,
+) {
+    use v1::node_message::Msg;
+    let reason = loop {
+        let next = tokio::select! {
+            m = tokio::time::timeout(idle, inbound.message()) => m,
+            _ = close.changed() => {
+                let why = close.borrow().clone().unwrap_or_else(|| "closed".into());
+                let _ = tx.send(Err(Status::aborted(why.clone()))).await;
+                break why;
+            }
+        };
+        let msg = match next {
+            Err(_) => break format!("silent for {} s", idle.as_secs()),
+            Ok(Err(e)) => break format!("stream error: {}", e.message()),
+            Ok(Ok(None)) => break "node closed the stream".into(),
+            Ok(Ok(Some(m))) => m,
+        };
+        last_seen.store(now_ms(), Ordering::Relaxed);
+        let result = match msg.msg {
+            Some(Msg::Heartbeat(_)) => Ok(()),
+            Some(Msg::Inventory(section)) => backend.inventory(&session, section).await,
+            Some(Msg::Ack(ack)) => backend.ack(&session, ack).await,
+            Some(Msg::Result(r)) => backend.result(&session, r).await,
+            Some(Msg::Hello(_)) => Err(Status::invalid_argument(
+                "Hello may only be the first message",
+            )),
+            Some(Msg::Renew(_)) => Err(Status::unimplemented(
+                "renewal over the session is not available yet",
+            )),
+            None => Err(Status::invalid_argument("empty NodeMessage")),
+        };
+        if let Err(s) = result {
+            if s.code() == tonic::Code::Aborted {
+                // The store refused a write of a stale epoch: this session is superseded.
+                let _ = tx.send(Err(s.clone())).await;
+                break s.message().to_string();
+            }
+            tracing::info!(
+                node_id = session.node_id,
+                error = s.message(),
+                "node message refused"
+            );
+        }
+    };
+    registry.remove(&session);
+    backend.closed(&session).await;
+    tracing::info!(
+        node_id = session.node_id,
+        epoch = session.epoch,
+        reason,
+        "session closed"
+    );
+}
+
+/// Writes liveness in one statement per interval and closes sessions the store says must end; pulls waiting
+/// messages for live sessions.
+pub(crate) async fn housekeeping(
+    backend: Arc<dyn SessionBackend>,
+    registry: Registry,
+    config: SessionConfig,
+) {
+    let mut liveness = tokio::time::interval(config.liveness_interval);
+    let mut pending = tokio::time::interval(config.pending_interval);
+    liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    pending.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = liveness.tick() => {
+                let seen = registry.snapshot();
+                if seen.is_empty() {
+                    continue;
+                }
+                match backend.liveness(&seen).await {
+                    Ok(to_close) => {
+                        for node in to_close {
+                            registry.close(&node, "revoked or superseded");
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = e.message(), "liveness write failed"),
+                }
+            }
+            _ = pending.tick() => {
+                let sessions: Vec<SessionRef> = registry.snapshot().into_iter().map(|s| s.session).collect();
+                if sessions.is_empty() {
+                    continue;
+                }
+                match backend.pending(&sessions).await {
+                    Ok(messages) => {
+                        for (node, msg) in messages {
+                            if let Some(tx) = registry.sender(&node) {
+                                let _ = tx.try_send(Ok(msg));
+                            }
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = e.message(), "pending pull failed"),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! The control plane's side of sessions ([`bc_gateway::session::SessionBackend`] over bc-store): epochs,
+//! inventory sections, desired-state acknowledgements, signed command results, batched liveness and the pull of
+//! waiting messages.
+
+use bc_gateway::BoxFuture;
+use bc_gateway::session::{Seen, SessionBackend, SessionGrant, SessionRef};
+use bc_proto::spiffe::{Role, SpiffeId};
+use bc_proto::v1;
+use bc_store::Store;
+use bc_store::sessions::{OpenRefusal, Outgoing};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use tonic::Status;
+
+/// Inventory sections a node reports, in the order they are requested.
+pub const SECTIONS: &[&str] = &["system", "cpu", "memory", "gpus", "nics", "disks"];
+const MAX_SECTION_BYTES: usize = 1024 * 1024;
+
+pub struct ControlSessions {
+    store: Store,
+    trust_domain: String,
+    /// Desired-state generation already sent to each (node, epoch), so it is not resent every pull.
+    delivered: Mutex<HashMap<String, (u64, i64)>>,
+}
+
+fn unavailable(e: bc_store::StoreError) -> Status {
+    tracing::error!(error = %e, "store error in session");
+    Status::unavailable("the control plane's database is unavailable; retry")
+}
+
+fn stale(s: &SessionRef) -> Status {
+    Status::aborted(format!(
+        "session epoch {} of node {} is stale: a newer session exists",
+        s.epoch, s.node_id
+    ))
+}
+
+fn epoch(s: &SessionRef) -> i64 {
+    i64::try_from(s.epoch).unwrap_or(i64::MAX)
+}
+
+impl ControlSessions {
+    pub fn new(store: Store, trust_domain: &str) -> ControlSessions {
+        ControlSessions {
+            store,
+            trust_domain: trust_domain.to_string(),
+            delivered: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn open_inner(&self, node_id: &str, hello: &v1::Hello) -> Result<SessionGrant, Status> {
+        let opened = match self
+            .store
+            .open_session(node_id)
+            .await
+            .map_err(unavailable)?
+        {
+            Ok(o) => o,
+            Err(OpenRefusal::Unknown) => {
+                return Err(Status::permission_denied(format!(
+                    "unknown node {node_id}: join first"
+                )));
+            }
+            Err(OpenRefusal::Revoked) => {
+                return Err(Status::permission_denied(format!(
+                    "node {node_id} is revoked"
+                )));
+            }
+        };
+        let want_sections = SECTIONS
+            .iter()
+            .filter(|name| {
+                let stored = opened
+                    .stored_hashes
+                    .iter()
+                    .find(|(n, _)| n == *name)
+                    .map(|(_, h)| h.as_str());
+                let known = hello
+                    .known_inventory
+                    .iter()
+                    .find(|k| k.name == **name)
+                    .map(|k| hex::encode(&k.hash));
+                stored.is_none() || stored != known.as_deref()
+            })
+            .map(|s| s.to_string())
+            .collect();
+        Ok(SessionGrant {
+            epoch: u64::try_from(opened.epoch).unwrap_or(0),
+            want_sections,
+        })
+    }
+
+    async fn inventory_inner(
+        &self,
+        s: &SessionRef,
+        section: v1::InventorySection,
+    ) -> Result<(), Status> {
+        if !SECTIONS.contains(&section.name.as_str()) {
+            return Err(Status::invalid_argument(format!(
+                "unknown inventory section {:?}",
+                section.name
+            )));
+        }
+        if section.payload.len() > MAX_SECTION_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "section {} exceeds 1 MiB",
+                section.name
+            )));
+        }
+        if bc_proto::sha256(&section.payload).as_slice() != section.hash.as_slice() {
+            return Err(Status::invalid_argument(format!(
+                "section {}: hash does not match payload",
+                section.name
+            )));
+        }
+        let payload: serde_json::Value = serde_json::from_slice(&section.payload).map_err(|e| {
+            Status::invalid_argument(format!(
+                "section {}: payload is not JSON: {e}",
+                section.name
+            ))
+        })?;
+        let ok = self
+            .store
+            .put_inventory(
+                &s.node_id,
+                epoch(s),
+                &section.name,
+                &hex::encode(&section.hash),
+                &payload,
+            )
+            .await
+            .map_err(unavailable)?;
+        if ok { Ok(()) } else { Err(stale(s)) }
+    }
+
+    async fn result_inner(&self, s: &SessionRef, r: v1::CommandResult) -> Result<(), Status> {
+        let env = r
+            .envelope
+            .ok_or_else(|| Status::invalid_argument("CommandResult without a signed envelope"))?;
+        let key = self
+            .store
+            .node_public_key(&s.node_id)
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| Status::failed_precondition("no public key recorded for this node"))?;
+        let signer = SpiffeId::new(&self.trust_domain, Role::Node, &s.node_id)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?
+            .to_string();
+        let bytes = prost::Message::encode_to_vec(&env);
+        let verdict = bc_proto::envelope::verify(&env, &key, &signer)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                serde_json::from_slice::<serde_json::Value>(&env.payload).map_err(|e| e.to_string())
+            });
+        let stored = match &verdict {
+            Ok(v) => self.store.finish_command(&s.node_id, epoch(s), &r.id, Ok(v), &bytes).await,
+            Err(e) => {
+                tracing::warn!(node_id = s.node_id, command = r.id, error = %e, "command result refused");
+                self.store
+                    .finish_command(&s.node_id, epoch(s), &r.id, Err(&format!("result refused: {e}")), &bytes)
+                    .await
+            }
+        }
+        .map_err(unavailable)?;
+        if !stored {
+            return Err(Status::failed_precondition(format!(
+                "command {} is not waiting for a result",
+                r.id
+            )));
+        }
+        verdict.map(|_| ()).map_err(Status::permission_denied)
+    }
+
+    async fn pending_inner(
+        &self,
+        sessions: &[SessionRef],
+    ) -> Result<Vec<(String, v1::GatewayMessage)>, Status> {
+        let nodes: Vec<(String, i64)> = sessions
+            .iter()
+            .map(|s| (s.node_id.clone(), epoch(s)))
+            .collect();
+        let epochs: HashMap<&str, u64> = sessions
+            .iter()
+            .map(|s| (s.node_id.as_str(), s.epoch))
+            .collect();
+        let mut out = Vec::new();
+        for o in self.store.pending_for(&nodes).await.map_err(unavailable)? {
+            match o {
+                Outgoing::Command {
+                    node_id,
+                    id,
+                    kind,
+                    args,
+                    deadline_ms,
+                } => out.push((
+                    node_id,
+                    v1::GatewayMessage {
+                        msg: Some(v1::gateway_message::Msg::Command(v1::Command {
+                            id,
+                            kind,
+                            args: args.to_string().into_bytes(),
+                            deadline_unix_ms: deadline_ms,
+                        })),
+                    },
+                )),
+                Outgoing::Desired {
+                    node_id,
+                    generation,
+                    spec,
+                } => {
+                    let e = epochs.get(node_id.as_str()).copied().unwrap_or(0);
+                    let mut delivered = self
+                        .delivered
+                        .lock()
+                        .map_err(|_| Status::internal("lock"))?;
+                    if delivered.get(&node_id) == Some(&(e, generation)) {
+                        continue;
+                    }
+                    delivered.insert(node_id.clone(), (e, generation));
+                    out.push((
+                        node_id,
+                        v1::GatewayMessage {
+                            msg: Some(v1::gateway_message::Msg::DesiredState(v1::DesiredState {
+                                generation: u64::try_from(generation).unwrap_or(0),
+                                spec: spec.to_string().into_bytes(),
+                            })),
+                        },
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl SessionBackend for ControlSessions {
+    fn open(
+        &self,
+        node_id: &str,
+        hello: &v1::Hello,
+    ) -> BoxFuture<'_, Result<SessionGrant, Status>> {
+        let (node_id, hello) = (node_id.to_string(), hello.clone());
+        Box::pin(async move { self.open_inner(&node_id, &hello).await })
+    }
+
+    fn inventory(
+        &self,
+        s: &SessionRef,
+        section: v1::InventorySection,
+    ) -> BoxFuture<'_, Result<(), Status>> {
+        let s = s.clone();
+        Box::pin(async move { self.inventory_inner(&s, section).await })
+    }
+
+    fn ack(&self, s: &SessionRef, ack: v1::DesiredStateAck) -> BoxFuture<'_, Result<(), Status>> {
+        let s = s.clone();
+        Box::pin(async move {
+            let generation = i64::try_from(ack.generation).unwrap_or(i64::MAX);
+            let ok = self
+                .store
+                .ack_desired(&s.node_id, epoch(&s), generation, &ack.outcome)
+                .await
+                .map_err(unavailable)?;
+            if ok {
+                tracing::info!(
+                    node_id = s.node_id,
+                    generation,
+                    outcome = ack.outcome,
+                    "desired state acknowledged"
+                );
+                Ok(())
+            } else {
+                Err(stale(&s))
+            }
+        })
+    }
+
+    fn result(
+        &self,
+        s: &SessionRef,
+        result: v1::CommandResult,
+    ) -> BoxFuture<'_, Result<(), Status>> {
+        let s = s.clone();
+        Box::pin(async move { self.result_inner(&s, result).await })
+    }
+
+    fn closed(&self, s: &SessionRef) -> BoxFuture<'_, ()> {
+        let s = s.clone();
+        Box::pin(async move {
+            if let Err(e) = self.store.close_session(&s.node_id, epoch(&s)).await {
+                tracing::warn!(error = %e, node_id = s.node_id, "recording session close");
+            }
+            if let Ok(mut d) = self.delivered.lock()
+                && d.get(&s.node_id).is_some_and(|(e, _)| *e == s.epoch)
+            {
+                d.remove(&s.node_id);
+            }
+        })
+    }
+
+    fn liveness(&self, seen: &[Seen]) -> BoxFuture<'_, Result<Vec<String>, Status>> {
+        let rows: Vec<(String, i64, i64)> = seen
+            .iter()
+            .map(|s| (s.session.node_id.clone(), epoch(&s.session), s.at_ms))
+            .collect();
+        Box::pin(async move { self.store.record_liveness(&rows).await.map_err(unavailable) })
+    }
+
+    fn pending(
+        &self,
+        sessions: &[SessionRef],
+    ) -> BoxFuture<'_, Result<Vec<(String, v1::GatewayMessage)>, Status>> {
+        let sessions = sessions.to_vec();
+        Box::pin(async move { self.pending_inner(&sessions).await })
+    }
+}

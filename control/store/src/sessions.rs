@@ -1,0 +1,460 @@
+//! Sessions in the store: epochs, batched liveness, inventory sections, desired state acknowledgements and
+//! commands. Every write of a session names its epoch and is refused when the node has a newer one.
+
+use crate::iam::audit;
+use crate::{Store, StoreError};
+use sqlx::Row;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpenRefusal {
+    Unknown,
+    Revoked,
+}
+
+#[derive(Debug, Clone)]
+pub struct OpenedSession {
+    pub epoch: i64,
+    pub state: String,
+    /// (section name, hash) the store holds.
+    pub stored_hashes: Vec<(String, String)>,
+}
+
+/// A pending message for a live session.
+#[derive(Debug, Clone)]
+pub enum Outgoing {
+    Command {
+        node_id: String,
+        id: String,
+        kind: String,
+        args: serde_json::Value,
+        deadline_ms: i64,
+    },
+    Desired {
+        node_id: String,
+        generation: i64,
+        spec: serde_json::Value,
+    },
+}
+
+impl Store {
+    /// Bumps the node's session epoch (refusing unknown and revoked nodes), marks it online and records the
+    /// transition when it was offline.
+    pub async fn open_session(
+        &self,
+        node_id: &str,
+    ) -> Result<Result<OpenedSession, OpenRefusal>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "UPDATE nodes n SET session_epoch = n.session_epoch + 1, online = true, last_seen_at = now() \
+             FROM nodes o WHERE n.id = $1 AND o.id = n.id AND n.state <> 'revoked' \
+             RETURNING n.session_epoch, n.state, o.online",
+        )
+        .bind(node_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            let state: Option<String> = sqlx::query_scalar("SELECT state FROM nodes WHERE id = $1")
+                .bind(node_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            return Ok(Err(if state.is_some() {
+                OpenRefusal::Revoked
+            } else {
+                OpenRefusal::Unknown
+            }));
+        };
+        let epoch: i64 = row.get(0);
+        let was_online: bool = row.get(2);
+        if !was_online {
+            audit(
+                &mut tx,
+                "gateway",
+                "node.online",
+                &format!("node/{node_id}"),
+                serde_json::json!({"epoch": epoch}),
+            )
+            .await?;
+        }
+        let hashes = sqlx::query("SELECT name, hash FROM inventory_sections WHERE node_id = $1")
+            .bind(node_id)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Ok(OpenedSession {
+            epoch,
+            state: row.get(1),
+            stored_hashes: hashes.iter().map(|r| (r.get(0), r.get(1))).collect(),
+        }))
+    }
+
+    /// Stores an inventory section if `epoch` is still the node's; false when the session is stale.
+    pub async fn put_inventory(
+        &self,
+        node_id: &str,
+        epoch: i64,
+        name: &str,
+        hash: &str,
+        payload: &serde_json::Value,
+    ) -> Result<bool, StoreError> {
+        let n = sqlx::query(
+            "INSERT INTO inventory_sections (node_id, name, hash, payload) \
+             SELECT $1, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM nodes WHERE id = $1 AND session_epoch = $2) \
+             ON CONFLICT (node_id, name) DO UPDATE SET hash = $4, payload = $5, updated_at = now()",
+        )
+        .bind(node_id)
+        .bind(epoch)
+        .bind(name)
+        .bind(hash)
+        .bind(payload)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
+    pub async fn inventory(
+        &self,
+        node_id: &str,
+    ) -> Result<Vec<(String, String, serde_json::Value)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT name, hash, payload FROM inventory_sections WHERE node_id = $1 ORDER BY name",
+        )
+        .bind(node_id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect())
+    }
+
+    /// Records a desired-state acknowledgement; false when the session is stale.
+    pub async fn ack_desired(
+        &self,
+        node_id: &str,
+        epoch: i64,
+        generation: i64,
+        outcome: &str,
+    ) -> Result<bool, StoreError> {
+        let n = sqlx::query(
+            "UPDATE nodes SET acked_generation = GREATEST(acked_generation, $3), ack_outcome = $4, updated_at = now() \
+             WHERE id = $1 AND session_epoch = $2 AND desired_generation >= $3",
+        )
+        .bind(node_id)
+        .bind(epoch)
+        .bind(generation)
+        .bind(outcome)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
+    /// One statement for every live session of a gateway: records last-seen where the epoch is current and
+    /// returns the nodes whose sessions must close (revoked, or a newer epoch elsewhere).
+    pub async fn record_liveness(
+        &self,
+        seen: &[(String, i64, i64)],
+    ) -> Result<Vec<String>, StoreError> {
+        let ids: Vec<&str> = seen.iter().map(|s| s.0.as_str()).collect();
+        let epochs: Vec<i64> = seen.iter().map(|s| s.1).collect();
+        let at: Vec<i64> = seen.iter().map(|s| s.2).collect();
+        let rows = sqlx::query(
+            "WITH x AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS x(id, epoch, ms)), \
+             u AS (UPDATE nodes n SET last_seen_at = to_timestamp(x.ms / 1000.0), online = true FROM x \
+                   WHERE n.id = x.id AND n.session_epoch = x.epoch AND n.state <> 'revoked' RETURNING n.id) \
+             SELECT x.id FROM x WHERE x.id NOT IN (SELECT id FROM u)",
+        )
+        .bind(&ids)
+        .bind(&epochs)
+        .bind(&at)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    /// Marks the node offline if `epoch` is still its session, recording the transition.
+    pub async fn close_session(&self, node_id: &str, epoch: i64) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let n = sqlx::query(
+            "UPDATE nodes SET online = false WHERE id = $1 AND session_epoch = $2 AND online",
+        )
+        .bind(node_id)
+        .bind(epoch)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if n == 1 {
+            audit(
+                &mut tx,
+                "gateway",
+                "node.offline",
+                &format!("node/{node_id}"),
+                serde_json::json!({"epoch": epoch}),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Claims pending commands for the given live sessions (marking them sent) and lists desired state newer than
+    /// what the node acknowledged. One statement for commands, one for desired state.
+    pub async fn pending_for(&self, nodes: &[(String, i64)]) -> Result<Vec<Outgoing>, StoreError> {
+        let ids: Vec<&str> = nodes.iter().map(|n| n.0.as_str()).collect();
+        let epochs: Vec<i64> = nodes.iter().map(|n| n.1).collect();
+        let mut out = Vec::new();
+        let rows = sqlx::query(
+            "UPDATE commands c SET state = 'sent', sent_at = now() FROM nodes n \
+             WHERE c.state = 'pending' AND c.node_id = n.id AND n.id = ANY($1) \
+             AND n.session_epoch = (SELECT e FROM unnest($1::text[], $2::bigint[]) AS x(i, e) WHERE x.i = n.id) \
+             RETURNING c.node_id, c.id, c.kind, c.args, (extract(epoch FROM c.deadline_at) * 1000)::bigint",
+        )
+        .bind(&ids)
+        .bind(&epochs)
+        .fetch_all(&self.pool)
+        .await?;
+        for r in &rows {
+            out.push(Outgoing::Command {
+                node_id: r.get(0),
+                id: r.get(1),
+                kind: r.get(2),
+                args: r.get(3),
+                deadline_ms: r.get(4),
+            });
+        }
+        let rows = sqlx::query(
+            "SELECT id, desired_generation, desired_spec FROM nodes WHERE id = ANY($1) \
+             AND desired_generation > acked_generation",
+        )
+        .bind(&ids)
+        .fetch_all(&self.pool)
+        .await?;
+        for r in &rows {
+            out.push(Outgoing::Desired {
+                node_id: r.get(0),
+                generation: r.get(1),
+                spec: r.get(2),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Queues a command for a node.
+    pub async fn queue_command(
+        &self,
+        id: &str,
+        node_id: &str,
+        kind: &str,
+        args: &serde_json::Value,
+        deadline_ms: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO commands (id, node_id, kind, args, deadline_at) VALUES ($1, $2, $3, $4, to_timestamp($5 / 1000.0))",
+        )
+        .bind(id)
+        .bind(node_id)
+        .bind(kind)
+        .bind(args)
+        .bind(deadline_ms as f64)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Stores a verified command result if `epoch` is current; false when stale or unknown.
+    pub async fn finish_command(
+        &self,
+        node_id: &str,
+        epoch: i64,
+        id: &str,
+        result: Result<&serde_json::Value, &str>,
+        envelope: &[u8],
+    ) -> Result<bool, StoreError> {
+        let (state, payload, error) = match result {
+            Ok(v) => ("done", Some(v.clone()), None),
+            Err(e) => ("failed", None, Some(e.to_string())),
+        };
+        let n = sqlx::query(
+            "UPDATE commands c SET state = $4, result = $5, error = $6, envelope = $7, finished_at = now() \
+             FROM nodes n WHERE c.id = $3 AND c.node_id = $1 AND n.id = $1 AND n.session_epoch = $2 \
+             AND c.state IN ('pending', 'sent')",
+        )
+        .bind(node_id)
+        .bind(epoch)
+        .bind(id)
+        .bind(state)
+        .bind(payload)
+        .bind(error)
+        .bind(envelope)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
+    /// Sets a node's desired state; the gateway holding its session delivers it.
+    pub async fn set_desired(
+        &self,
+        node_id: &str,
+        generation: i64,
+        spec: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE nodes SET desired_generation = $2, desired_spec = $3, updated_at = now() WHERE id = $1")
+            .bind(node_id)
+            .bind(generation)
+            .bind(spec)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+/// A finished acceptance-check command not yet acted on.
+#[derive(Debug, Clone)]
+pub struct DiagResult {
+    pub command_id: String,
+    pub node_id: String,
+    pub node_state: String,
+    pub desired_generation: i64,
+    /// done, failed or expired.
+    pub state: String,
+    pub result: Option<serde_json::Value>,
+    pub error: Option<String>,
+}
+
+impl Store {
+    /// Expires commands past their deadline; returns how many.
+    pub async fn expire_commands(&self) -> Result<u64, StoreError> {
+        Ok(sqlx::query(
+            "UPDATE commands SET state = 'expired', finished_at = now() \
+             WHERE state IN ('pending', 'sent') AND deadline_at < now()",
+        )
+        .execute(&self.pool)
+        .await?
+        .rows_affected())
+    }
+
+    /// Online nodes that need an acceptance check of `kind`: adopting nodes whose GPU inventory has arrived, and
+    /// failed nodes whose last check finished more than `recheck_ms` ago; never while one is open.
+    /// Returns (node id, GPU count claimed at join).
+    pub async fn nodes_needing_check(
+        &self,
+        kind: &str,
+        recheck_ms: i64,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT n.id, COALESCE(jsonb_array_length(n.claims -> 'gpus'), 0)::bigint FROM nodes n \
+             WHERE n.online AND ( \
+               (n.state = 'adopting' AND EXISTS (SELECT 1 FROM inventory_sections s WHERE s.node_id = n.id AND s.name = 'gpus')) \
+               OR (n.state = 'failed' AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.node_id = n.id AND c.kind = $1 \
+                   AND c.finished_at > now() - make_interval(secs => $2 / 1000.0)))) \
+             AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.node_id = n.id AND c.kind = $1 \
+                   AND (c.state IN ('pending', 'sent') OR c.consumed_at IS NULL)) \
+             LIMIT 1000",
+        )
+        .bind(kind)
+        .bind(recheck_ms as f64)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    pub async fn unconsumed_results(&self, kind: &str) -> Result<Vec<DiagResult>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT c.id, c.node_id, n.state, n.desired_generation, c.state, c.result, c.error \
+             FROM commands c JOIN nodes n ON n.id = c.node_id \
+             WHERE c.kind = $1 AND c.consumed_at IS NULL AND c.state IN ('done', 'failed', 'expired') \
+             ORDER BY c.finished_at LIMIT 1000",
+        )
+        .bind(kind)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| DiagResult {
+                command_id: r.get(0),
+                node_id: r.get(1),
+                node_state: r.get(2),
+                desired_generation: r.get(3),
+                state: r.get(4),
+                result: r.get(5),
+                error: r.get(6),
+            })
+            .collect())
+    }
+
+    /// Applies a lifecycle transition decided from a command's result, and marks the result consumed, in one
+    /// transaction. `new_state` None keeps the state; `desired` sets the desired generation and spec.
+    pub async fn apply_lifecycle(
+        &self,
+        command_id: &str,
+        node_id: &str,
+        expected_state: &str,
+        new_state: Option<&str>,
+        conditions: &serde_json::Value,
+        desired: Option<(i64, serde_json::Value)>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let n = sqlx::query(
+            "UPDATE nodes SET state = COALESCE($3, state), conditions = $4, \
+             desired_generation = COALESCE($5, desired_generation), desired_spec = COALESCE($6, desired_spec), \
+             updated_at = now() WHERE id = $1 AND state = $2",
+        )
+        .bind(node_id)
+        .bind(expected_state)
+        .bind(new_state)
+        .bind(conditions)
+        .bind(desired.as_ref().map(|d| d.0))
+        .bind(desired.as_ref().map(|d| d.1.clone()))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        sqlx::query("UPDATE commands SET consumed_at = now() WHERE id = $1")
+            .bind(command_id)
+            .execute(&mut *tx)
+            .await?;
+        if let Some(state) = new_state.filter(|s| *s != expected_state) {
+            audit(
+                &mut tx,
+                "controller/lifecycle",
+                &format!("node.{state}"),
+                &format!("node/{node_id}"),
+                serde_json::json!({"from": expected_state, "conditions": conditions, "command": command_id}),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(n == 1)
+    }
+
+    /// Sets a node's state by operator action (drain, revoke), recording who did it.
+    pub async fn set_node_state(
+        &self,
+        node_id: &str,
+        state: &str,
+        actor: &str,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let n = sqlx::query(
+            "UPDATE nodes SET state = $2, updated_at = now() WHERE id = $1 AND state <> 'revoked'",
+        )
+        .bind(node_id)
+        .bind(state)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if n == 1 {
+            audit(
+                &mut tx,
+                actor,
+                &format!("node.{state}"),
+                &format!("node/{node_id}"),
+                serde_json::json!({}),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(n == 1)
+    }
+}
