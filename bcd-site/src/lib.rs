@@ -1,5 +1,6 @@
-//! bcd-site owns the boot services a rack management host runs for `bcd site`: proxy DHCP ([`dhcp`]) and a
-//! read-only TFTP server ([`tftp`]); boot HTTP, the Redfish client and the boot lease will join them here.
+//! bcd-site owns the boot services a rack management host runs for `bcd site`: proxy DHCP ([`dhcp`]), a
+//! read-only TFTP server ([`tftp`]), boot HTTP (iPXE scripts and artifacts with Range, [`http`]) and the Redfish
+//! client ([`redfish`]); the boot lease joins them with the site's session.
 //!
 //! It knows nothing of the session or the control plane and must not import `bcd`, `bc-proto` or any control
 //! crate: `bcd site` wires its session to these services, handing them a [`dhcp::NetbootTable`] through a

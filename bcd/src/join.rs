@@ -197,6 +197,10 @@ pub async fn join(
         pool: response.pool.clone(),
         gateway_url: config.gateway_url.clone(),
         not_after_ms: response.not_after_unix_ms,
+        issued_at_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0),
     };
     state.store_join(&response.cert_der, &response.trust_bundle_der, &identity)?;
     Ok(JoinOutcome {

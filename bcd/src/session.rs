@@ -194,10 +194,13 @@ impl Daemon {
         let mut heartbeat = tokio::time::interval(Duration::from_secs(15));
         heartbeat.reset();
         let mut seq = 0u64;
+        let mut identity = identity;
         let expiry =
             Duration::from_millis(u64::try_from(identity.not_after_ms - now_ms()).unwrap_or(0));
         let expires = tokio::time::sleep(expiry);
         tokio::pin!(expires);
+        let renew = tokio::time::sleep(renewal_delay(&state, &identity));
+        tokio::pin!(renew);
         loop {
             tokio::select! {
                 _ = heartbeat.tick() => {
@@ -207,6 +210,20 @@ impl Daemon {
                     }
                 }
                 _ = &mut expires => return SessionEnd::Local("certificate expired".into()),
+                _ = &mut renew => {
+                    match renewal_request(&state) {
+                        Ok(r) => {
+                            tracing::info!("renewing the node certificate");
+                            if tx.send(msg(v1::node_message::Msg::Renew(r))).await.is_err() {
+                                return SessionEnd::Closed;
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "cannot build a renewal request"),
+                    }
+                    // If no answer comes, ask again after a tenth of what is left (at least 1 s, at most 5 min).
+                    let left = u64::try_from(identity.not_after_ms - now_ms()).unwrap_or(0);
+                    renew.as_mut().reset(tokio::time::Instant::now() + Duration::from_millis((left / 10).clamp(1_000, 300_000)));
+                }
                 next = inbound.message() => {
                     let m = match next {
                         Ok(Some(m)) => m,
@@ -217,6 +234,17 @@ impl Daemon {
                         tracing::debug!("empty GatewayMessage ignored");
                         continue;
                     };
+                    if let v1::gateway_message::Msg::Renew(r) = &m {
+                        match store_renewal(&state, &mut identity, r) {
+                            Ok(()) => {
+                                tracing::info!(not_after_ms = identity.not_after_ms, "certificate renewed; used from the next connection");
+                                expires.as_mut().reset(tokio::time::Instant::now() + Duration::from_millis(u64::try_from(identity.not_after_ms - now_ms()).unwrap_or(0)));
+                                renew.as_mut().reset(tokio::time::Instant::now() + renewal_delay(&state, &identity));
+                            }
+                            Err(e) => tracing::warn!(error = %e, "renewal answer refused"),
+                        }
+                        continue;
+                    }
                     if let Some(every) = self.handle(m, &tx, &state, &signer).await {
                         heartbeat = tokio::time::interval(every);
                         heartbeat.reset();
@@ -336,6 +364,78 @@ impl Daemon {
     fn sections(&self, names: &[String]) -> Vec<crate::inventory::Section> {
         crate::inventory::collect_sections(&self.config.hardware_root, self.gpu.as_deref(), names)
     }
+}
+
+/// When to renew the stored certificate: 50% ±10% of its life, counted from when the node received it (the
+/// certificate's NotBefore is backdated), else from its NotBefore.
+fn renewal_delay(state: &StateDir, identity: &crate::state::NodeIdentity) -> Duration {
+    let start = if identity.issued_at_ms > 0 {
+        identity.issued_at_ms
+    } else {
+        state
+            .certificate()
+            .ok()
+            .and_then(|c| channel::cert_validity_ms(&c))
+            .map(|(nb, _)| nb)
+            .unwrap_or_else(now_ms)
+    };
+    channel::renewal_delay(
+        start,
+        identity.not_after_ms,
+        now_ms(),
+        rand::random::<f64>(),
+    )
+}
+
+/// A CSR from the node's own key: renewal proves possession of the key the current certificate certifies.
+fn renewal_request(state: &StateDir) -> Result<v1::RenewRequest, String> {
+    let key = state.load_or_create_key().map_err(|e| e.to_string())?;
+    let mut params = rcgen::CertificateParams::default();
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::CommonName, "bcd node");
+    params.distinguished_name = dn;
+    let csr = params.serialize_request(&key).map_err(|e| e.to_string())?;
+    Ok(v1::RenewRequest {
+        csr_der: csr.der().to_vec(),
+    })
+}
+
+/// Checks a renewed certificate (same identity, our key, later expiry) and stores it.
+fn store_renewal(
+    state: &StateDir,
+    identity: &mut crate::state::NodeIdentity,
+    r: &v1::RenewResponse,
+) -> Result<(), String> {
+    let id = bc_proto::spiffe::SpiffeId::from_cert_der(&r.cert_der).map_err(|e| e.to_string())?;
+    if id.to_string() != identity.spiffe_id {
+        return Err(format!(
+            "renewed certificate names {id}, not {}",
+            identity.spiffe_id
+        ));
+    }
+    let key = state.load_or_create_key().map_err(|e| e.to_string())?;
+    let point = bc_proto::envelope::cert_public_point(&r.cert_der).map_err(|e| e.to_string())?;
+    if point != key.public_key_raw() {
+        return Err("renewed certificate does not certify this node's key".into());
+    }
+    if r.not_after_unix_ms <= identity.not_after_ms {
+        return Err("renewed certificate does not outlive the current one".into());
+    }
+    let bundle = if r.trust_bundle_der.is_empty() {
+        state
+            .trust_bundle()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|c| c.to_vec())
+            .collect()
+    } else {
+        r.trust_bundle_der.clone()
+    };
+    identity.not_after_ms = r.not_after_unix_ms;
+    identity.issued_at_ms = now_ms();
+    state
+        .store_join(&r.cert_der, &bundle, identity)
+        .map_err(|e| e.to_string())
 }
 
 fn msg(m: v1::node_message::Msg) -> v1::NodeMessage {

@@ -33,6 +33,10 @@ pub struct NodeIdentity {
     pub pool: String,
     pub gateway_url: String,
     pub not_after_ms: i64,
+    /// When the node received its current certificate (renewal is scheduled from here, not from the backdated
+    /// NotBefore).
+    #[serde(default)]
+    pub issued_at_ms: i64,
 }
 
 pub struct StateDir {

@@ -102,6 +102,7 @@ fn fast() -> Options {
     Options {
         controllers: true,
         fast: true,
+        leaf_lifetime: None,
     }
 }
 
@@ -272,6 +273,7 @@ async fn refusals_at_the_handshake_and_at_hello() -> TestResult {
     let p = plane_with(Options {
         controllers: false,
         fast: true,
+        leaf_lifetime: None,
     })
     .await;
     let node = joined_node(&p, "ident", 1).await;
@@ -285,8 +287,7 @@ async fn refusals_at_the_handshake_and_at_hello() -> TestResult {
     // SPIFFE ID ≠ Hello.node_id.
     let e = raw_session(&p, cert.clone(), &key, &other.id)
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(
         e.message().contains("does not match Hello.node_id"),
         "{e:?}"
@@ -295,23 +296,20 @@ async fn refusals_at_the_handshake_and_at_hello() -> TestResult {
     let (foreign, fkey) = issue(&p.dir.path().join("another-ca"), Role::Node, &node.id, now);
     let e = raw_session(&p, foreign, &fkey, &node.id)
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert_ne!(e.code(), tonic::Code::Ok, "{e:?}");
     assert!(!e.message().contains("Welcome"), "{e:?}");
     // An expired certificate from our CA.
     let (old, okey) = issue(&ca_dir, Role::Node, &node.id, now - time::Duration::days(2));
     let e = raw_session(&p, old, &okey, &node.id)
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(!e.message().contains("Welcome"), "{e:?}");
     // A site identity on the node endpoint.
     let (site, skey) = issue(&ca_dir, Role::Site, "rack-1", now);
     let e = raw_session(&p, site, &skey, "rack-1")
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(e.message().contains("site identity"), "{e:?}");
     // A revoked node.
     p.admin
@@ -319,8 +317,7 @@ async fn refusals_at_the_handshake_and_at_hello() -> TestResult {
         .await?;
     let e = raw_session(&p, cert, &key, &node.id)
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(e.message().contains("revoked"), "{e:?}");
     Ok(())
 }
@@ -330,6 +327,7 @@ async fn two_daemons_with_one_identity_only_the_newest_epoch_writes() -> TestRes
     let p = plane_with(Options {
         controllers: false,
         fast: true,
+        leaf_lifetime: None,
     })
     .await;
     let node = joined_node(&p, "twin", 1).await;
@@ -379,6 +377,7 @@ async fn gateway_restart_daemons_reconnect_by_themselves() -> TestResult {
     let mut p = plane_with(Options {
         controllers: false,
         fast: true,
+        leaf_lifetime: None,
     })
     .await;
     let mut node = joined_node(&p, "steady", 2).await;
@@ -396,6 +395,7 @@ async fn gateway_restart_daemons_reconnect_by_themselves() -> TestResult {
         &Options {
             controllers: false,
             fast: true,
+            leaf_lifetime: None,
         },
         gateway,
     );
@@ -411,4 +411,117 @@ async fn gateway_restart_daemons_reconnect_by_themselves() -> TestResult {
     names.dedup();
     assert_eq!(names.len(), sections.len());
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renews_with_the_same_key_and_uses_the_new_cert_next_time() -> TestResult {
+    // 12 s certificates: the daemon renews at 50% ±10% (4.8–7.2 s after it received one).
+    let opts = Options {
+        controllers: false,
+        fast: true,
+        leaf_lifetime: Some(Duration::from_secs(12)),
+    };
+    let p = plane_with(opts).await;
+    let mut node = joined_node(&p, "renewer", 1).await;
+    let state = bcd::state::StateDir::open(&node.state)?;
+    let first = state.certificate()?;
+    let first_point = bc_proto::envelope::cert_public_point(&first)?;
+    spawn_run(&p, &mut node, "renewer");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let renewed = loop {
+        let now = state.certificate()?;
+        if now != first {
+            break now;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no renewal within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        bc_proto::envelope::cert_public_point(&renewed)?,
+        first_point,
+        "renewal keeps the node key"
+    );
+    let (nb, na) = bc_proto::channel::cert_validity_ms(&renewed).expect("validity");
+    let (_, first_na) = bc_proto::channel::cert_validity_ms(&first).expect("validity");
+    assert!(na > first_na && nb < na);
+    // The daemon lives past the first certificate's expiry: it reconnects with the renewed one.
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    let row = node_row(&p, &node.id).await;
+    assert!(
+        row.online,
+        "node went offline after its first certificate expired"
+    );
+    assert!(row.cert_not_after_ms >= na - 1000);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_signed_by_another_key_is_refused() -> TestResult {
+    let p = plane_with(Options {
+        controllers: false,
+        fast: true,
+        leaf_lifetime: None,
+    })
+    .await;
+    let node = joined_node(&p, "pop", 1).await;
+    let (cert, key) = node_identity(&node);
+    let serial_before: String =
+        bc_store::sqlx::query_scalar("SELECT cert_serial FROM nodes WHERE id = $1")
+            .bind(&node.id)
+            .fetch_one(p.store.pool())
+            .await?;
+    let (tx, mut rx) = raw_session(&p, cert, &key, &node.id).await?;
+    let renew_with = |k: &rcgen::KeyPair| v1::NodeMessage {
+        msg: Some(v1::node_message::Msg::Renew(v1::RenewRequest {
+            csr_der: rcgen::CertificateParams::default()
+                .serialize_request(k)
+                .expect("csr")
+                .der()
+                .to_vec(),
+        })),
+    };
+    let stranger = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    tx.send(renew_with(&stranger)).await?;
+    assert!(
+        next_renewal(&mut rx, Duration::from_secs(3)).await.is_err(),
+        "a CSR from another key got a certificate"
+    );
+    let serial_after: String =
+        bc_store::sqlx::query_scalar("SELECT cert_serial FROM nodes WHERE id = $1")
+            .bind(&node.id)
+            .fetch_one(p.store.pool())
+            .await?;
+    assert_eq!(serial_before, serial_after);
+    // The node's own key is renewed (positive control).
+    let own = rcgen::KeyPair::from_pem(&key)?;
+    tx.send(renew_with(&own)).await?;
+    let r = next_renewal(&mut rx, Duration::from_secs(3))
+        .await?
+        .expect("renewal answered");
+    assert_eq!(
+        bc_proto::envelope::cert_public_point(&r.cert_der)?,
+        own.public_key_raw()
+    );
+    Ok(())
+}
+
+async fn next_renewal(
+    rx: &mut tonic::Streaming<v1::GatewayMessage>,
+    wait: Duration,
+) -> Result<Option<v1::RenewResponse>, tokio::time::error::Elapsed> {
+    tokio::time::timeout(wait, async {
+        loop {
+            match rx.message().await {
+                Ok(Some(v1::GatewayMessage {
+                    msg: Some(v1::gateway_message::Msg::Renew(r)),
+                })) => return Some(r),
+                Ok(Some(_)) => continue,
+                _ => return None,
+            }
+        }
+    })
+    .await
 }

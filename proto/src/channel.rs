@@ -35,6 +35,26 @@ pub fn ca_pin_of(cert_der: &[u8]) -> Option<String> {
     spki_of(cert_der).map(|spki| format!("sha256:{}", hex::encode(crate::sha256(&spki))))
 }
 
+/// (NotBefore, NotAfter) of a certificate in Unix milliseconds.
+pub fn cert_validity_ms(cert_der: &[u8]) -> Option<(i64, i64)> {
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(cert_der).ok()?;
+    let v = cert.validity();
+    Some((
+        v.not_before.timestamp() * 1000,
+        v.not_after.timestamp() * 1000,
+    ))
+}
+
+/// When to renew a certificate valid from `not_before_ms` to `not_after_ms`: at 50% ±10% of its life (`unit` is
+/// uniform in [0, 1)), or now if that point has passed. Spreading renewals keeps a fleet that joined together
+/// from renewing together.
+pub fn renewal_delay(not_before_ms: i64, not_after_ms: i64, now_ms: i64, unit: f64) -> Duration {
+    let life = (not_after_ms - not_before_ms).max(0) as f64;
+    let at = not_before_ms as f64 + life * (0.4 + 0.2 * unit.clamp(0.0, 1.0));
+    Duration::from_millis((at - now_ms as f64).max(0.0) as u64)
+}
+
 fn spki_of(cert_der: &[u8]) -> Option<Vec<u8>> {
     use x509_parser::prelude::*;
     let (_, cert) = X509Certificate::from_der(cert_der).ok()?;
@@ -270,6 +290,25 @@ mod tests {
         assert_eq!(b.next_delay(0.0), Duration::ZERO);
         b.reset();
         assert!(b.next_delay(0.999_999) < Duration::from_millis(100));
+    }
+
+    #[test]
+    fn renewal_is_at_half_life_plus_minus_ten_percent() {
+        let day = 86_400_000;
+        assert_eq!(
+            renewal_delay(0, day, 0, 0.5),
+            Duration::from_millis(day as u64 / 2)
+        );
+        assert_eq!(
+            renewal_delay(0, day, 0, 0.0),
+            Duration::from_millis(day as u64 * 4 / 10)
+        );
+        assert!(renewal_delay(0, day, 0, 0.999_999) <= Duration::from_millis(day as u64 * 6 / 10));
+        assert_eq!(
+            renewal_delay(0, day, day, 0.5),
+            Duration::ZERO,
+            "overdue renews now"
+        );
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub type TestResult = Result<(), Box<dyn std::error::Error>>;
 #[derive(Default)]
 pub struct Options {
     pub controllers: bool,
+    /// Workload certificate lifetime (renewal tests); None is the 24 h default.
+    pub leaf_lifetime: Option<Duration>,
     /// Short intervals so sessions, liveness and acceptance happen within a test's patience.
     pub fast: bool,
 }
@@ -53,6 +55,7 @@ pub fn serve_config(dir: &Path, opts: &Options, gateway_listen: SocketAddr) -> S
             recheck_after: Duration::from_millis(300),
             deadline: Duration::from_secs(20),
         }),
+        leaf_lifetime: opts.leaf_lifetime,
     }
 }
 

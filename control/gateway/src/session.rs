@@ -56,6 +56,14 @@ pub trait SessionBackend: Send + Sync + 'static {
         s: &SessionRef,
         result: v1::CommandResult,
     ) -> BoxFuture<'_, Result<(), Status>>;
+    /// Renewal by proof of possession: `csr_der` must be signed by the key the session's certificate certifies
+    /// (`session_key`, the uncompressed public point the node proved in the TLS handshake).
+    fn renew(
+        &self,
+        s: &SessionRef,
+        csr_der: Vec<u8>,
+        session_key: Vec<u8>,
+    ) -> BoxFuture<'_, Result<v1::RenewResponse, Status>>;
     /// The session ended (only acts if `s` is still the node's current epoch).
     fn closed(&self, s: &SessionRef) -> BoxFuture<'_, ()>;
     /// One statement for all live sessions; returns node ids whose sessions must close (revoked, or superseded
@@ -237,6 +245,11 @@ impl v1::session_service_server::SessionService for SessionSvc {
         .inspect_err(|s| {
             tracing::warn!(?peer, reason = s.message(), "session refused");
         })?;
+        let session_key = certs
+            .as_deref()
+            .and_then(|c| c.first())
+            .and_then(|leaf| bc_proto::envelope::cert_public_point(leaf).ok())
+            .unwrap_or_default();
         let mut inbound = request.into_inner();
         let hello = match tokio::time::timeout(Duration::from_secs(10), inbound.message()).await {
             Ok(Ok(Some(v1::NodeMessage {
@@ -309,6 +322,7 @@ impl v1::session_service_server::SessionService for SessionSvc {
             self.backend.clone(),
             self.registry.clone(),
             session,
+            session_key,
             inbound,
             tx,
             close_rx,
@@ -327,6 +341,7 @@ async fn drive(
     backend: Arc<dyn SessionBackend>,
     registry: Registry,
     session: SessionRef,
+    session_key: Vec<u8>,
     mut inbound: Streaming<v1::NodeMessage>,
     tx: mpsc::Sender<Result<v1::GatewayMessage, Status>>,
     mut close: watch::Receiver<Option<String>>,
@@ -358,9 +373,26 @@ async fn drive(
             Some(Msg::Hello(_)) => Err(Status::invalid_argument(
                 "Hello may only be the first message",
             )),
-            Some(Msg::Renew(_)) => Err(Status::unimplemented(
-                "renewal over the session is not available yet",
-            )),
+            Some(Msg::Renew(r)) => match backend
+                .renew(&session, r.csr_der, session_key.clone())
+                .await
+            {
+                Ok(resp) => {
+                    let m = v1::GatewayMessage {
+                        msg: Some(v1::gateway_message::Msg::Renew(resp)),
+                    };
+                    let _ = tx.send(Ok(m)).await;
+                    Ok(())
+                }
+                Err(s) => {
+                    tracing::warn!(
+                        node_id = session.node_id,
+                        reason = s.message(),
+                        "renewal refused"
+                    );
+                    Ok(())
+                }
+            },
             None => Err(Status::invalid_argument("empty NodeMessage")),
         };
         if let Err(s) = result {

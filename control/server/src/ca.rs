@@ -19,7 +19,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use time::{Duration, OffsetDateTime};
 
-/// Node and site certificates live 24 hours; renewal happens at about half of that.
+/// Node and site certificates live 24 hours by default; renewal happens at about half of that.
 pub const LEAF_LIFETIME: Duration = Duration::hours(24);
 /// NotBefore is backdated so a node whose clock runs a little behind still accepts its certificate.
 pub const BACKDATE: Duration = Duration::minutes(5);
@@ -86,6 +86,7 @@ pub struct Ca {
     issuer: Issuer<'static, KeyPair>,
     cert_der: CertificateDer<'static>,
     trust_domain: String,
+    leaf_lifetime: Duration,
 }
 
 /// An issued leaf certificate.
@@ -191,7 +192,14 @@ impl Ca {
             issuer,
             cert_der,
             trust_domain: trust_domain.to_string(),
+            leaf_lifetime: LEAF_LIFETIME,
         })
+    }
+
+    /// Issues workload certificates of `lifetime` instead of 24 h (tests of renewal).
+    pub fn with_leaf_lifetime(mut self, lifetime: Duration) -> Ca {
+        self.leaf_lifetime = lifetime;
+        self
     }
 
     pub fn cert_der(&self) -> &CertificateDer<'static> {
@@ -227,7 +235,7 @@ impl Ca {
         p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         p.use_authority_key_identifier_extension = true;
         p.not_before = now - BACKDATE;
-        p.not_after = now + LEAF_LIFETIME;
+        p.not_after = now + self.leaf_lifetime;
         let serial = random_serial()?;
         let serial_hex = hex::encode(serial.to_bytes());
         p.serial_number = Some(serial);

@@ -85,6 +85,8 @@ pub struct ServeConfig {
     pub session_timing: Option<SessionTiming>,
     /// Lifecycle controller timing overrides (tests); defaults in [`crate::lifecycle::LifecycleTiming`].
     pub lifecycle_timing: Option<crate::lifecycle::LifecycleTiming>,
+    /// Workload certificate lifetime override (tests of renewal); default 24 h.
+    pub leaf_lifetime: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -187,6 +189,7 @@ impl ServeConfigWire {
             gateway_url: self.gateway_url,
             session_timing: None,
             lifecycle_timing: None,
+            leaf_lifetime: None,
         })
     }
 }

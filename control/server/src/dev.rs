@@ -110,6 +110,7 @@ pub async fn run(
         gateway_url: None,
         session_timing: None,
         lifecycle_timing: None,
+        leaf_lifetime: None,
     };
     let running = crate::start(&config, store.clone()).await?;
 

@@ -76,7 +76,11 @@ impl Running {
 /// Starts the roles of `config` against `store` (already migrated). Nothing blocks: the listeners are bound before
 /// this returns, so callers can print addresses and tests can connect at once.
 pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartError> {
-    let ca = Arc::new(Ca::load_or_create(&config.state_dir, &config.trust_domain)?);
+    let mut ca = Ca::load_or_create(&config.state_dir, &config.trust_domain)?;
+    if let Some(l) = config.leaf_lifetime {
+        ca = ca.with_leaf_lifetime(time::Duration::try_from(l).unwrap_or(ca::LEAF_LIFETIME));
+    }
+    let ca = Arc::new(ca);
     let join_key = ca::load_or_create_join_key(&config.state_dir)?;
     let join_public_key = join_key.public_key().encode();
     store.ensure_root_tenant().await?;
@@ -122,10 +126,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             session_config.pending_interval = t.pending_interval;
             session_config.idle_timeout = t.idle_timeout;
         }
-        let backend = Arc::new(session::ControlSessions::new(
-            store.clone(),
-            &config.trust_domain,
-        ));
+        let backend = Arc::new(session::ControlSessions::new(store.clone(), ca.clone()));
         let services = bc_gateway::Services {
             join,
             session: Some((backend, session_config, registry.clone())),

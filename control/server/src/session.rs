@@ -2,6 +2,7 @@
 //! inventory sections, desired-state acknowledgements, signed command results, batched liveness and the pull of
 //! waiting messages.
 
+use crate::ca::{Ca, verify_csr};
 use bc_gateway::BoxFuture;
 use bc_gateway::session::{Seen, SessionBackend, SessionGrant, SessionRef};
 use bc_proto::spiffe::{Role, SpiffeId};
@@ -9,7 +10,7 @@ use bc_proto::v1;
 use bc_store::Store;
 use bc_store::sessions::{OpenRefusal, Outgoing};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tonic::Status;
 
 /// Inventory sections a node reports, in the order they are requested.
@@ -18,6 +19,7 @@ const MAX_SECTION_BYTES: usize = 1024 * 1024;
 
 pub struct ControlSessions {
     store: Store,
+    ca: Arc<Ca>,
     trust_domain: String,
     /// Desired-state generation already sent to each (node, epoch), so it is not resent every pull.
     delivered: Mutex<HashMap<String, (u64, i64)>>,
@@ -40,10 +42,11 @@ fn epoch(s: &SessionRef) -> i64 {
 }
 
 impl ControlSessions {
-    pub fn new(store: Store, trust_domain: &str) -> ControlSessions {
+    pub fn new(store: Store, ca: Arc<Ca>) -> ControlSessions {
         ControlSessions {
             store,
-            trust_domain: trust_domain.to_string(),
+            trust_domain: ca.trust_domain().to_string(),
+            ca,
             delivered: Mutex::new(HashMap::new()),
         }
     }
@@ -171,6 +174,53 @@ impl ControlSessions {
         verdict.map(|_| ()).map_err(Status::permission_denied)
     }
 
+    async fn renew_inner(
+        &self,
+        s: &SessionRef,
+        csr_der: &[u8],
+        session_key: &[u8],
+    ) -> Result<v1::RenewResponse, Status> {
+        let csr = verify_csr(csr_der).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if session_key.is_empty() || csr.public_point != session_key {
+            return Err(Status::permission_denied(
+                "renewal CSR is signed by another key than the one this session's certificate certifies",
+            ));
+        }
+        let node = self
+            .store
+            .node(&s.node_id)
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| Status::not_found("node not found"))?;
+        if node.state == "revoked" || node.session_epoch != epoch(s) {
+            return Err(stale(s));
+        }
+        let issued = self
+            .ca
+            .issue_workload(
+                &csr,
+                Role::Node,
+                &s.node_id,
+                time::OffsetDateTime::now_utc(),
+            )
+            .map_err(|e| Status::internal(e.to_string()))?;
+        self.store
+            .record_node_cert(&s.node_id, &issued.serial_hex, issued.not_after_ms)
+            .await
+            .map_err(unavailable)?;
+        tracing::info!(
+            node_id = s.node_id,
+            serial = issued.serial_hex,
+            "certificate renewed"
+        );
+        Ok(v1::RenewResponse {
+            cert_der: issued.cert_der,
+            chain_der: Vec::new(),
+            trust_bundle_der: vec![self.ca.cert_der().to_vec()],
+            not_after_unix_ms: issued.not_after_ms,
+        })
+    }
+
     async fn pending_inner(
         &self,
         sessions: &[SessionRef],
@@ -282,6 +332,16 @@ impl SessionBackend for ControlSessions {
     ) -> BoxFuture<'_, Result<(), Status>> {
         let s = s.clone();
         Box::pin(async move { self.result_inner(&s, result).await })
+    }
+
+    fn renew(
+        &self,
+        s: &SessionRef,
+        csr_der: Vec<u8>,
+        session_key: Vec<u8>,
+    ) -> BoxFuture<'_, Result<v1::RenewResponse, Status>> {
+        let s = s.clone();
+        Box::pin(async move { self.renew_inner(&s, &csr_der, &session_key).await })
     }
 
     fn closed(&self, s: &SessionRef) -> BoxFuture<'_, ()> {

@@ -45,6 +45,8 @@ async fn grants_are_scoped_to_pools_and_errors_have_stable_codes() {
         gateway_url: None,
         session_timing: None,
         lifecycle_timing: None,
+        leaf_lifetime: None,
+        leaf_lifetime: None,
     };
     let running = bc_control::start(&config, store.clone())
         .await
