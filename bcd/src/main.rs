@@ -80,17 +80,6 @@ fn load_config(
         .validate(&origin)?)
 }
 
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
 fn main() {
     bc_proto::install_crypto_provider();
     tracing_subscriber::fmt()
@@ -101,10 +90,8 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let result = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
+    // Two workers are plenty for one connection; they keep the idle daemon small.
+    let result = bc_proto::runtime::build(Some(2))
         .map_err(anyhow::Error::from)
         .and_then(|rt| rt.block_on(run(cli)));
     if let Err(e) = result {
@@ -192,7 +179,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                 };
             let mut daemon = bcd::session::Daemon::new(config, gpu);
-            daemon.run(shutdown_signal()).await?;
+            daemon.run(bc_proto::runtime::shutdown_signal()).await?;
         }
     }
     Ok(())

@@ -10,6 +10,7 @@
 
 pub mod channel;
 pub mod envelope;
+pub mod runtime;
 pub mod seal;
 pub mod spiffe;
 pub mod token;

@@ -207,31 +207,27 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
 
 /// Creates (or re-keys) the administrator principal of the root tenant with every permission; returns its API key.
 pub async fn bootstrap_admin(store: &Store) -> Result<String, bc_store::StoreError> {
-    store.ensure_root_tenant().await?;
     let key = Token::generate(TokenKind::ApiKey)
         .map_err(|e| bc_store::StoreError::Corrupt(format!("no randomness: {e}")))?;
-    store
-        .upsert_principal(
-            "admin",
-            bc_store::iam::ROOT_TENANT,
-            "administrator",
-            key.id(),
-            &key.secret().hash(),
-            &[Grant {
-                permission: "*".into(),
-                scope: "*".into(),
-            }],
-        )
-        .await?;
+    install_admin_key(store, &key).await?;
     Ok(key.reveal())
 }
 
-/// Re-installs a known admin key (dev mode keeps its key in its data directory).
+/// Re-installs a known admin key (dev mode keeps its key in its data directory); false when it is malformed.
 pub async fn restore_admin(store: &Store, key: &str) -> Result<bool, bc_store::StoreError> {
     let Ok(key) = Token::parse(TokenKind::ApiKey, key) else {
         return Ok(false);
     };
+    install_admin_key(store, &key).await?;
+    Ok(true)
+}
+
+async fn install_admin_key(store: &Store, key: &Token) -> Result<(), bc_store::StoreError> {
     store.ensure_root_tenant().await?;
+    let all = Grant {
+        permission: "*".into(),
+        scope: "*".into(),
+    };
     store
         .upsert_principal(
             "admin",
@@ -239,11 +235,7 @@ pub async fn restore_admin(store: &Store, key: &str) -> Result<bool, bc_store::S
             "administrator",
             key.id(),
             &key.secret().hash(),
-            &[Grant {
-                permission: "*".into(),
-                scope: "*".into(),
-            }],
+            &[all],
         )
-        .await?;
-    Ok(true)
+        .await
 }

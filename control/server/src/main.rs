@@ -159,21 +159,8 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = bc_proto::runtime::build(None)?;
     rt.block_on(run(cli))
-}
-
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }
 
 async fn connect(url: &str) -> anyhow::Result<Store> {
@@ -246,7 +233,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 running.join_public_key
             );
             tokio::select! {
-                _ = shutdown_signal() => {}
+                _ = bc_proto::runtime::shutdown_signal() => {}
                 _ = running.wait_any() => tracing::error!("a role stopped on its own"),
             }
             running.shutdown().await;
@@ -282,7 +269,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     );
                     println!("  environment:   {}/dev.env", data_dir.display());
                 },
-                shutdown_signal(),
+                bc_proto::runtime::shutdown_signal(),
             )
             .await?;
         }

@@ -46,7 +46,6 @@ async fn grants_are_scoped_to_pools_and_errors_have_stable_codes() {
         session_timing: None,
         lifecycle_timing: None,
         leaf_lifetime: None,
-        leaf_lifetime: None,
     };
     let running = bc_control::start(&config, store.clone())
         .await
