@@ -328,20 +328,29 @@ impl Daemon {
         c: &v1::Command,
         signer: &EnvelopeSigner,
     ) -> Result<v1::SignedEnvelope, String> {
-        let args: serde_json::Value =
-            serde_json::from_slice(&c.args).unwrap_or(serde_json::Value::Null);
         match c.kind.as_str() {
             crate::diag::KIND => {
-                let expected = args["expected_gpu_count"]
-                    .as_u64()
-                    .and_then(|n| u32::try_from(n).ok());
+                // The control plane's policy (expected GPU count and any thresholds it sets); a malformed policy
+                // is reported in a signed error rather than run with guessed thresholds.
+                let policy = match crate::diag::DiagPolicy::from_json(&c.args) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let payload =
+                            serde_json::json!({"error": format!("diag.nvml arguments: {e}")});
+                        return signer
+                            .sign(
+                                "application/vnd.bettercompute.error+json",
+                                payload.to_string().into_bytes(),
+                            )
+                            .map_err(|e| e.to_string());
+                    }
+                };
                 let gpu = self.gpu.clone();
                 let report = tokio::task::spawn_blocking(move || {
                     let backend: &dyn GpuBackend = match &gpu {
                         Some(b) => b.as_ref(),
                         None => &crate::gpu::NoGpus,
                     };
-                    let policy = crate::diag::DiagPolicy::new(expected.unwrap_or(0));
                     crate::diag::run(backend, &policy)
                 })
                 .await
