@@ -71,7 +71,7 @@ fn parse_pin(pin: &str) -> Result<[u8; 32], ChannelError> {
 }
 
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    Arc::new(crate::tls_provider())
 }
 
 /// How the client decides to trust the gateway.

@@ -21,7 +21,7 @@ pub fn server_config(
     key: PrivateKeyDer<'static>,
     client_cas: &[CertificateDer<'static>],
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(bc_proto::tls_provider());
     let mut roots = rustls::RootCertStore::empty();
     for ca in client_cas {
         roots.add(ca.clone())?;

@@ -224,6 +224,9 @@ impl EmbeddedPostgres {
             "shared_buffers=128MB",
             "-c",
             "logging_collector=off",
+            // Our statements are short; JIT compiling them costs more than it saves.
+            "-c",
+            "jit=off",
         ]);
         match durability {
             Durability::Durable => cmd.args(["-c", "fsync=on", "-c", "synchronous_commit=on"]),
