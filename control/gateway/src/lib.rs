@@ -156,6 +156,11 @@ pub async fn serve(
         shutdown.await;
         if let Some(r) = registry_for_shutdown {
             r.close_all("gateway shutting down");
+            // Let the sessions record that they went offline (bounded: the grace period below still applies).
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while !r.is_empty() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
         let _ = stopping_tx.send(true);
     };

@@ -88,6 +88,20 @@ struct Entry {
 pub struct Registry {
     inner: Arc<Mutex<HashMap<String, Entry>>>,
     opened: Arc<AtomicU64>,
+    /// Store calls made by housekeeping: each is one statement (liveness) or two (pending pull).
+    liveness_writes: Arc<AtomicU64>,
+    pending_pulls: Arc<AtomicU64>,
+}
+
+/// Counters an operator (or a benchmark) reads through the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionStats {
+    pub sessions: usize,
+    pub opened: u64,
+    /// Batched liveness writes (one statement each, whatever the number of sessions).
+    pub liveness_writes: u64,
+    /// Pulls of waiting commands and desired state (two statements each).
+    pub pending_pulls: u64,
 }
 
 impl Registry {
@@ -97,6 +111,15 @@ impl Registry {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    pub fn stats(&self) -> SessionStats {
+        SessionStats {
+            sessions: self.len(),
+            opened: self.opened(),
+            liveness_writes: self.liveness_writes.load(Ordering::Relaxed),
+            pending_pulls: self.pending_pulls.load(Ordering::Relaxed),
+        }
     }
 
     /// Total sessions opened since start.
@@ -408,8 +431,9 @@ async fn drive(
             );
         }
     };
-    registry.remove(&session);
+    // Record the close before leaving the registry: a shutdown waits for the registry to empty.
     backend.closed(&session).await;
+    registry.remove(&session);
     tracing::info!(
         node_id = session.node_id,
         epoch = session.epoch,
@@ -436,6 +460,7 @@ pub(crate) async fn housekeeping(
                 if seen.is_empty() {
                     continue;
                 }
+                registry.liveness_writes.fetch_add(1, Ordering::Relaxed);
                 match backend.liveness(&seen).await {
                     Ok(to_close) => {
                         for node in to_close {
@@ -450,6 +475,7 @@ pub(crate) async fn housekeeping(
                 if sessions.is_empty() {
                     continue;
                 }
+                registry.pending_pulls.fetch_add(1, Ordering::Relaxed);
                 match backend.pending(&sessions).await {
                     Ok(messages) => {
                         for (node, msg) in messages {

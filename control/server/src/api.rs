@@ -22,6 +22,8 @@ pub struct ApiState {
     pub ca: Arc<Ca>,
     pub join_public_key: String,
     pub gateway_url: String,
+    /// The sessions of this process's gateway role, when it runs one.
+    pub sessions: Option<bc_gateway::session::Registry>,
 }
 
 #[derive(Debug)]
@@ -142,6 +144,17 @@ async fn dispatch(
         ("nodes", "get") => get_node(&state, &principal, parse(body)?).await,
         ("nodes", "drain") => set_node_state(&state, &principal, parse(body)?, "draining").await,
         ("nodes", "revoke") => set_node_state(&state, &principal, parse(body)?, "revoked").await,
+        ("system", "stats") => {
+            let s = state.sessions.as_ref().map(|r| r.stats());
+            Ok(Json(json!({
+                "gateway": s.map(|s| json!({
+                    "sessions": s.sessions,
+                    "opened": s.opened,
+                    "liveness_writes": s.liveness_writes,
+                    "pending_pulls": s.pending_pulls,
+                })),
+            })))
+        }
         ("system", "info") => Ok(Json(json!({
             "trust_domain": state.ca.trust_domain(),
             "ca_pin": state.ca.pin(),

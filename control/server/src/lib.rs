@@ -163,6 +163,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             ca: ca.clone(),
             join_public_key: join_public_key.clone(),
             gateway_url: gateway_url.clone(),
+            sessions: gateway_registry.clone(),
         };
         let rx = stop_rx.clone();
         tasks.spawn(async move {
