@@ -400,7 +400,7 @@ async fn gateway_restart_daemons_reconnect_by_themselves() -> TestResult {
         gateway,
     );
     p.running = bc_control::start(&again, p.store.clone()).await?;
-    wait_for(&p, &node.id, 60, "reconnect", |n| {
+    wait_for(&p, &node.id, 90, "reconnect", |n| {
         n.online && n.session_epoch == 2
     })
     .await;
