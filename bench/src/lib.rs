@@ -1,1 +1,100 @@
-//! bc-bench: benchmark programs run by `scripts/bench <name>`; each prints figures beside a peer measured in the same run and ends with one summary line.
+//! bc-bench: benchmark programs run by `scripts/bench <name>`; each prints figures beside a peer measured in the same
+//! run and ends with one summary line. This library holds what the programs share: a `better-compute dev` child and
+//! PostgreSQL's client tools.
+
+use anyhow::{Context as _, bail};
+use std::collections::HashMap;
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `better-compute dev` and the environment it wrote (`dev.env`).
+pub struct Dev {
+    pub child: Child,
+    pub env: HashMap<String, String>,
+    /// From spawn to the ready block on stdout.
+    pub ready_wall: Duration,
+}
+
+impl Dev {
+    /// Starts `bin/better-compute dev` on `dir` with the gateway on `gateway` (`127.0.0.1:0` for any port) and waits
+    /// until it is ready.
+    pub fn start(bin: &Path, dir: &Path, gateway: &str) -> anyhow::Result<Dev> {
+        let t0 = Instant::now();
+        let mut child = Command::new(bin.join("better-compute"))
+            .args([
+                "dev",
+                "--api-listen",
+                "127.0.0.1:0",
+                "--gateway-listen",
+                gateway,
+                "--data-dir",
+            ])
+            .arg(dir)
+            .env("BC_LOG", "warn,sqlx=error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting better-compute dev")?;
+        let stdout = child.stdout.take().context("dev stdout")?;
+        let mut ready = false;
+        for line in BufReader::new(stdout).lines() {
+            if line?.contains("environment:") {
+                ready = true;
+                break;
+            }
+        }
+        if !ready {
+            bail!("dev exited before it was ready");
+        }
+        let ready_wall = t0.elapsed();
+        let env = std::fs::read_to_string(dir.join("dev.env"))?
+            .lines()
+            .filter_map(|l| {
+                l.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+            })
+            .collect();
+        Ok(Dev {
+            child,
+            env,
+            ready_wall,
+        })
+    }
+
+    /// SIGTERM and wait: dev stops its roles and PostgreSQL.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status()?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+/// A PostgreSQL client tool (psql, pgbench) from Debian's server packages.
+pub fn pg_tool(name: &str) -> anyhow::Result<PathBuf> {
+    std::fs::read_dir("/usr/lib/postgresql")?
+        .flatten()
+        .map(|e| e.path().join("bin").join(name))
+        .find(|p| p.exists())
+        .with_context(|| format!("{name} not found under /usr/lib/postgresql"))
+}
+
+/// One integer from a query, through psql.
+pub fn query_i64(url: &str, q: &str) -> anyhow::Result<i64> {
+    let out = Command::new(pg_tool("psql")?)
+        .args([url, "-At", "-c", q])
+        .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+}
+
+/// The `p` quantile of sorted durations, in milliseconds.
+pub fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx].as_secs_f64() * 1000.0
+}

@@ -8,11 +8,10 @@
 //! ready again from the existing data directory.
 
 use anyhow::{Context as _, bail};
+use bc_bench::{Dev, percentile_ms, pg_tool};
 use bc_proto::v1;
-use std::collections::HashMap;
-use std::io::{BufRead as _, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,65 +21,6 @@ const WARMUP: usize = 500;
 /// The paced phase: this many joins offered at PACED_RATE per second.
 const PACED: usize = 10_000;
 const PACED_RATE: f64 = 1_000.0;
-
-struct Dev {
-    child: Child,
-    env: HashMap<String, String>,
-    ready_wall: Duration,
-}
-
-fn start_dev(bin: &Path, dir: &Path) -> anyhow::Result<Dev> {
-    let t0 = Instant::now();
-    let mut child = Command::new(bin.join("better-compute"))
-        .args([
-            "dev",
-            "--api-listen",
-            "127.0.0.1:0",
-            "--gateway-listen",
-            "127.0.0.1:0",
-            "--data-dir",
-        ])
-        .arg(dir)
-        .env("BC_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting better-compute dev")?;
-    let stdout = child.stdout.take().context("dev stdout")?;
-    let mut ready = false;
-    for line in BufReader::new(stdout).lines() {
-        if line?.contains("environment:") {
-            ready = true;
-            break;
-        }
-    }
-    if !ready {
-        bail!("dev exited before it was ready");
-    }
-    let ready_wall = t0.elapsed();
-    let env = std::fs::read_to_string(dir.join("dev.env"))?
-        .lines()
-        .filter_map(|l| {
-            l.split_once('=')
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-        })
-        .collect();
-    Ok(Dev {
-        child,
-        env,
-        ready_wall,
-    })
-}
-
-impl Dev {
-    fn stop(mut self) -> anyhow::Result<()> {
-        Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status()?;
-        self.child.wait()?;
-        Ok(())
-    }
-}
 
 fn claims(i: usize) -> v1::HardwareClaims {
     v1::HardwareClaims {
@@ -116,21 +56,9 @@ fn claims(i: usize) -> v1::HardwareClaims {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx].as_secs_f64() * 1000.0
-}
-
 fn pgbench(url: &str, script: &str, setup: &str) -> anyhow::Result<f64> {
-    let bin = std::fs::read_dir("/usr/lib/postgresql")?
-        .flatten()
-        .map(|e| e.path().join("bin/pgbench"))
-        .find(|p| p.exists())
-        .context("pgbench not found")?;
-    let psql = bin.with_file_name("psql");
+    let bin = pg_tool("pgbench")?;
+    let psql = pg_tool("psql")?;
     let st = Command::new(&psql)
         .args([url, "-q", "-c", setup])
         .status()?;
@@ -165,7 +93,7 @@ async fn main() -> anyhow::Result<()> {
     let bin =
         PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
     let data = tempfile::tempdir()?;
-    let dev = start_dev(&bin, data.path())?;
+    let dev = Dev::start(&bin, data.path(), "127.0.0.1:0")?;
     let env = &dev.env;
     let api = reqwest::Client::new();
     let token: serde_json::Value = api
@@ -222,10 +150,10 @@ async fn main() -> anyhow::Result<()> {
     );
     println!(
         "latency ms: p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1}",
-        percentile(&sorted, 0.50),
-        percentile(&sorted, 0.90),
-        percentile(&sorted, 0.99),
-        percentile(&sorted, 1.0)
+        percentile_ms(&sorted, 0.50),
+        percentile_ms(&sorted, 0.90),
+        percentile_ms(&sorted, 0.99),
+        percentile_ms(&sorted, 1.0)
     );
     // Paced: the same 64 clients, joins offered at a fixed rate; each latency counts from when the join was due
     // (so a client that falls behind is charged for it: no coordinated omission).
@@ -239,10 +167,10 @@ async fn main() -> anyhow::Result<()> {
         paced_lat.len(),
         paced_wall.as_secs_f64(),
         paced_lat.len() as f64 / paced_wall.as_secs_f64(),
-        percentile(&paced_lat, 0.50),
-        percentile(&paced_lat, 0.90),
-        percentile(&paced_lat, 0.99),
-        percentile(&paced_lat, 1.0)
+        percentile_ms(&paced_lat, 0.50),
+        percentile_ms(&paced_lat, 0.90),
+        percentile_ms(&paced_lat, 0.99),
+        percentile_ms(&paced_lat, 1.0)
     );
     let url = env["BC_DATABASE_URL"].clone();
     let update = pgbench(
@@ -265,15 +193,18 @@ async fn main() -> anyhow::Result<()> {
     );
     let first_ready = dev.ready_wall;
     dev.stop()?;
-    let again = start_dev(&bin, data.path())?;
+    let again = Dev::start(&bin, data.path(), "127.0.0.1:0")?;
     println!(
         "dev ready: first start (initdb) {:.0} ms, again from the existing data directory {:.0} ms",
         first_ready.as_secs_f64() * 1000.0,
         again.ready_wall.as_secs_f64() * 1000.0
     );
     again.stop()?;
-    println!("join-p99-saturated: {:.1} ms", percentile(&sorted, 0.99));
-    println!("join-p99-at-1000/s: {:.1} ms", percentile(&paced_lat, 0.99));
+    println!("join-p99-saturated: {:.1} ms", percentile_ms(&sorted, 0.99));
+    println!(
+        "join-p99-at-1000/s: {:.1} ms",
+        percentile_ms(&paced_lat, 0.99)
+    );
     println!("join: {rate:.0} joins/s");
     Ok(())
 }

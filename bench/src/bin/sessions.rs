@@ -9,70 +9,18 @@
 //! writes/s at 5k nodes; Teleport's agent ≈ 176 MiB.
 
 use anyhow::{Context as _, bail};
+use bc_bench::{Dev, pg_tool, query_i64};
 use bc_proto::channel::{self, Backoff, ServerTrust};
 use bc_proto::v1;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::collections::HashMap;
-use std::io::{BufRead as _, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc, watch};
-
-struct Dev {
-    child: Child,
-    env: HashMap<String, String>,
-}
-
-fn start_dev(bin: &Path, dir: &Path, gateway: &str) -> anyhow::Result<Dev> {
-    let mut child = Command::new(bin.join("better-compute"))
-        .args([
-            "dev",
-            "--api-listen",
-            "127.0.0.1:0",
-            "--gateway-listen",
-            gateway,
-            "--data-dir",
-        ])
-        .arg(dir)
-        .env("BC_LOG", "warn,sqlx=error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting better-compute dev")?;
-    let stdout = child.stdout.take().context("stdout")?;
-    let mut ready = false;
-    for line in BufReader::new(stdout).lines() {
-        if line?.contains("environment:") {
-            ready = true;
-            break;
-        }
-    }
-    if !ready {
-        bail!("dev exited before it was ready");
-    }
-    let env = std::fs::read_to_string(dir.join("dev.env"))?
-        .lines()
-        .filter_map(|l| {
-            l.split_once('=')
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-        })
-        .collect();
-    Ok(Dev { child, env })
-}
-
-impl Dev {
-    fn stop(mut self) -> anyhow::Result<()> {
-        Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status()?;
-        self.child.wait()?;
-        Ok(())
-    }
-}
 
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -97,12 +45,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 }
 
 fn xact_commits(url: &str) -> anyhow::Result<u64> {
-    let psql = std::fs::read_dir("/usr/lib/postgresql")?
-        .flatten()
-        .map(|e| e.path().join("bin/psql"))
-        .find(|p| p.exists())
-        .context("psql")?;
-    let out = Command::new(psql)
+    let out = Command::new(pg_tool("psql")?)
         .args([
             url,
             "-At",
@@ -329,7 +272,7 @@ async fn main() -> anyhow::Result<()> {
         .local_addr()?
         .port();
     let gateway = format!("127.0.0.1:{port}");
-    let dev = start_dev(&bin, data.path(), &gateway)?;
+    let dev = Dev::start(&bin, data.path(), &gateway)?;
     let env = dev.env.clone();
     let url = env["BC_DATABASE_URL"].clone();
     let token: serde_json::Value = reqwest::Client::new()
@@ -436,7 +379,7 @@ async fn main() -> anyhow::Result<()> {
             _ => break,
         }
     }
-    let dev = start_dev(&bin, data.path(), &gateway)?;
+    let dev = Dev::start(&bin, data.path(), &gateway)?;
     let restart = t0.elapsed();
     let mut storm = Vec::new();
     wait_up(
@@ -549,14 +492,4 @@ async fn main() -> anyhow::Result<()> {
 
 fn url_of(dev: &Dev) -> String {
     dev.env["BC_DATABASE_URL"].clone()
-}
-
-fn query_i64(url: &str, q: &str) -> anyhow::Result<i64> {
-    let psql = std::fs::read_dir("/usr/lib/postgresql")?
-        .flatten()
-        .map(|e| e.path().join("bin/psql"))
-        .find(|p| p.exists())
-        .context("psql")?;
-    let out = Command::new(psql).args([url, "-At", "-c", q]).output()?;
-    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
 }
