@@ -51,11 +51,97 @@ enum Command {
     },
     /// Show this node's identity and certificate lifetime.
     Status,
+    /// Rack agent commands (`bcd site`).
+    #[cfg(feature = "site")]
+    Site {
+        #[command(subcommand)]
+        command: SiteCommand,
+    },
     /// Run the daemon: the session with the gateway (reconnects by itself).
     Run {
         #[command(flatten)]
         overrides: Overrides,
     },
+}
+
+#[cfg(feature = "site")]
+#[derive(Subcommand)]
+enum SiteCommand {
+    /// Drive one BMC by hand (debugging): inspect, power, boot-once. Every change is read back.
+    Redfish {
+        /// The BMC, e.g. https://10.0.0.10 (https needs --pin).
+        url: String,
+        #[arg(long, default_value = "root")]
+        user: String,
+        /// The environment variable that holds the password (never a command-line argument).
+        #[arg(long, default_value = "BMC_PASSWORD")]
+        password_env: String,
+        /// Pin the BMC's certificate: sha256:<hex SHA-256 of its DER certificate>.
+        #[arg(long)]
+        pin: Option<String>,
+        /// The system to act on (default: the only one).
+        #[arg(long)]
+        system: Option<String>,
+        #[command(subcommand)]
+        action: RedfishAction,
+    },
+}
+
+#[cfg(feature = "site")]
+#[derive(Subcommand)]
+enum RedfishAction {
+    /// Print the inventory: systems, processors and GPUs, memory, storage, NICs, PCIe devices.
+    Inspect,
+    /// on, off, graceful-off, reset, graceful-restart, cycle.
+    Power { action: String },
+    /// One-time boot override: pxe or http.
+    BootOnce { target: String },
+}
+
+#[cfg(feature = "site")]
+async fn redfish(
+    url: &str,
+    user: String,
+    password_env: &str,
+    pin: Option<String>,
+    system: Option<String>,
+    action: RedfishAction,
+) -> anyhow::Result<()> {
+    use bcd_site::redfish;
+    let password = std::env::var(password_env).unwrap_or_default();
+    let creds = redfish::Credentials {
+        username: user,
+        password,
+    };
+    let mut opts = redfish::BmcOptions::default();
+    if let Some(pin) = pin {
+        let hex_part = pin
+            .strip_prefix("sha256:")
+            .context("--pin must be sha256:<64 hex>")?;
+        let bytes: [u8; 32] = hex::decode(hex_part)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .context("--pin must be sha256:<64 hex>")?;
+        opts.trust = Some(redfish::TlsTrust::PinnedSha256(bytes));
+    }
+    match action {
+        RedfishAction::Inspect => print!("{}", redfish::inspect(url, creds, opts).await?),
+        RedfishAction::Power { action } => {
+            let a: redfish::PowerAction = action.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+            println!(
+                "{:?}",
+                redfish::power(url, creds, opts, system.as_deref(), a).await?
+            );
+        }
+        RedfishAction::BootOnce { target } => {
+            let t: redfish::BootTarget = target.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+            println!(
+                "{:?}",
+                redfish::boot_once(url, creds, opts, system.as_deref(), t).await?
+            );
+        }
+    }
+    Ok(())
 }
 
 fn load_config(
@@ -150,6 +236,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 config.state_dir.display()
             );
         }
+        #[cfg(feature = "site")]
+        Command::Site {
+            command:
+                SiteCommand::Redfish {
+                    url,
+                    user,
+                    password_env,
+                    pin,
+                    system,
+                    action,
+                },
+        } => redfish(&url, user, &password_env, pin, system, action).await?,
         Command::Status => {
             let dir = cli
                 .state_dir
