@@ -347,6 +347,7 @@ async fn main() -> anyhow::Result<()> {
             &mut marks,
         )
         .await;
+        let up_after = t0.elapsed();
         let up = live.load(Ordering::Relaxed);
         tokio::time::sleep(Duration::from_secs(3)).await;
         let rss = rss_kib(pid);
@@ -356,7 +357,7 @@ async fn main() -> anyhow::Result<()> {
         println!(
             "{up} sessions up in {:.1} s: gateway RSS {:.1} MiB, {per:.1} KiB per session; gateway statements/s {rate:.2} \
              (liveness {live_s:.2} + outbox pull {pull_s:.2}); database commits/s, all roles and autovacuum: {all:.1}",
-            t0.elapsed().as_secs_f64(),
+            up_after.as_secs_f64(),
             rss as f64 / 1024.0
         );
         figures.push((up, per, rate));
