@@ -55,8 +55,6 @@ pub struct Daemon {
     /// Hashes of inventory sections sent in this process's earlier sessions.
     known: HashMap<String, [u8; 32]>,
     boot_id: String,
-    /// Sessions opened so far (for status and tests).
-    pub sessions_opened: u64,
 }
 
 fn now_ms() -> i64 {
@@ -77,7 +75,6 @@ impl Daemon {
             gpu,
             known: HashMap::new(),
             boot_id,
-            sessions_opened: 0,
         }
     }
 
@@ -190,7 +187,6 @@ impl Daemon {
             Ok(r) => r.into_inner(),
             Err(s) => return end_of(s),
         };
-        self.sessions_opened += 1;
         let mut heartbeat = tokio::time::interval(Duration::from_secs(15));
         heartbeat.reset();
         let mut seq = 0u64;

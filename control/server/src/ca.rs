@@ -96,7 +96,8 @@ pub struct Issued {
     pub not_after_ms: i64,
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CaError> {
+/// Writes `bytes` to `path` with mode 0600, atomically (temporary file, fsync, rename).
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CaError> {
     let io = |source| CaError::Io {
         what: "writing",
         path: path.to_path_buf(),

@@ -8,10 +8,8 @@ use bc_proto::token::{Token, TokenKind};
 use bc_store::Store;
 use bc_store::embedded::{Durability, EmbeddedPostgres};
 use bc_store::join_tokens::NewJoinToken;
-use std::io::Write as _;
 use std::net::SocketAddr;
-use std::os::unix::fs::OpenOptionsExt as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 pub const DATABASE: &str = "bettercompute";
@@ -34,17 +32,6 @@ pub struct DevReady {
     pub join_token: String,
     pub database_url: String,
     pub ready_ms: u128,
-}
-
-fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(text.as_bytes())?;
-    Ok(())
 }
 
 /// Runs dev mode until `shutdown` resolves; `on_ready` is called once everything listens.
@@ -94,7 +81,7 @@ pub async fn run(
         Ok(k) if crate::restore_admin(&store, k.trim()).await? => k.trim().to_string(),
         _ => {
             let k = crate::bootstrap_admin(&store).await?;
-            write_private(&key_path, &k)?;
+            crate::ca::write_private(&key_path, k.as_bytes())?;
             k
         }
     };
@@ -142,9 +129,9 @@ pub async fn run(
         database_url: pg.url(DATABASE),
         ready_ms: t0.elapsed().as_millis(),
     };
-    write_private(
+    crate::ca::write_private(
         &data_dir.join("dev.env"),
-        &format!(
+        format!(
             "BC_API_URL={}\nBC_API_KEY={}\nBC_GATEWAY_URL={}\nBC_CA_PIN={}\nBC_JOIN_KEY={}\nBC_JOIN_TOKEN={}\nBC_DATABASE_URL={}\n",
             ready.api_url,
             ready.admin_key,
@@ -153,7 +140,8 @@ pub async fn run(
             ready.join_public_key,
             ready.join_token,
             ready.database_url
-        ),
+        )
+        .as_bytes(),
     )?;
     on_ready(&ready);
     shutdown.await;

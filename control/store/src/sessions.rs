@@ -292,22 +292,6 @@ impl Store {
         .rows_affected();
         Ok(n == 1)
     }
-
-    /// Sets a node's desired state; the gateway holding its session delivers it.
-    pub async fn set_desired(
-        &self,
-        node_id: &str,
-        generation: i64,
-        spec: &serde_json::Value,
-    ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE nodes SET desired_generation = $2, desired_spec = $3, updated_at = now() WHERE id = $1")
-            .bind(node_id)
-            .bind(generation)
-            .bind(spec)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
 }
 
 /// A finished acceptance-check command not yet acted on.

@@ -4,7 +4,6 @@
 use crate::embedded::{Durability, EmbeddedPostgres};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
-use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -13,7 +12,6 @@ const PREFIX: &str = "bc-test-pg-";
 
 struct Cluster {
     pg: EmbeddedPostgres,
-    dir: PathBuf,
 }
 
 static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
@@ -47,7 +45,7 @@ fn cluster() -> &'static Cluster {
         let _ = std::fs::remove_dir_all(&dir);
         // The postgres user must be able to reach the directory when we run as root.
         EmbeddedPostgres::start(&dir, Durability::Throwaway)
-            .map(|pg| Cluster { pg, dir })
+            .map(|pg| Cluster { pg })
             .map_err(|e| format!("{e}: {}", error_chain(&e)))
     });
     match result {
@@ -100,10 +98,6 @@ impl TestDb {
             ));
         }
         Ok(String::from_utf8_lossy(&out.stdout).to_string())
-    }
-
-    pub fn cluster_dir() -> PathBuf {
-        cluster().dir.clone()
     }
 }
 
