@@ -49,6 +49,7 @@ pub fn serve_config(dir: &Path, opts: &Options, gateway_listen: SocketAddr) -> S
             liveness_interval: Duration::from_millis(200),
             pending_interval: Duration::from_millis(100),
             idle_timeout: Duration::from_secs(10),
+            revocation_interval: Duration::from_millis(500),
         }),
         lifecycle_timing: opts.fast.then_some(LifecycleTiming {
             tick: Duration::from_millis(100),

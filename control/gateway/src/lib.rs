@@ -92,6 +92,11 @@ pub async fn serve(
     limits: Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), GatewayError> {
+    // Revoked identities are refused from the first handshake on (Hello refuses them too, should this read fail).
+    let mut revocation_watermark = None;
+    if let Some((backend, _, registry)) = &services.session {
+        revocation_watermark = session::refresh_revocations(backend.as_ref(), registry, None).await;
+    }
     let (tx, rx) = tokio::sync::mpsc::channel(limits.concurrent_handshakes);
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let handshakes = Arc::new(tokio::sync::Semaphore::new(limits.concurrent_handshakes));
@@ -138,6 +143,7 @@ pub async fn serve(
             backend.clone(),
             registry.clone(),
             config.clone(),
+            revocation_watermark,
         )));
         let svc = session::SessionSvc {
             backend,

@@ -7,6 +7,7 @@
 //! interval, whatever the number of sessions.
 
 use crate::BoxFuture;
+use crate::tls::Revocations;
 use bc_proto::spiffe::{Role, SpiffeId};
 use bc_proto::v1;
 use std::collections::HashMap;
@@ -74,13 +75,20 @@ pub trait SessionBackend: Send + Sync + 'static {
         &self,
         sessions: &[SessionRef],
     ) -> BoxFuture<'_, Result<Vec<(String, v1::GatewayMessage)>, Status>>;
+    /// Identities revoked since the watermark `since` (all of them when None), and the watermark for the next call.
+    /// One statement.
+    fn revoked_since(
+        &self,
+        since: Option<i64>,
+    ) -> BoxFuture<'_, Result<(Vec<SpiffeId>, i64), Status>>;
 }
 
 struct Entry {
     epoch: u64,
     last_seen_ms: Arc<AtomicI64>,
     tx: mpsc::Sender<Result<v1::GatewayMessage, Status>>,
-    close: watch::Sender<Option<String>>,
+    /// The status the session ends with, when something other than the node ends it.
+    close: watch::Sender<Option<Status>>,
 }
 
 /// The sessions this gateway holds.
@@ -91,6 +99,10 @@ pub struct Registry {
     /// Store calls made by housekeeping: each is one statement (liveness) or two (pending pull).
     liveness_writes: Arc<AtomicU64>,
     pending_pulls: Arc<AtomicU64>,
+    /// Identities refused at the handshake (shared with the TLS verifier).
+    revocations: Revocations,
+    /// Reads of revocations made elsewhere (one statement each).
+    revocation_reads: Arc<AtomicU64>,
 }
 
 /// Counters an operator (or a benchmark) reads through the API.
@@ -102,6 +114,10 @@ pub struct SessionStats {
     pub liveness_writes: u64,
     /// Pulls of waiting commands and desired state (two statements each).
     pub pending_pulls: u64,
+    /// Reads of revocations made elsewhere (one statement each).
+    pub revocation_reads: u64,
+    /// Identities in the handshake's revocation set.
+    pub revoked: usize,
 }
 
 impl Registry {
@@ -119,6 +135,8 @@ impl Registry {
             opened: self.opened(),
             liveness_writes: self.liveness_writes.load(Ordering::Relaxed),
             pending_pulls: self.pending_pulls.load(Ordering::Relaxed),
+            revocation_reads: self.revocation_reads.load(Ordering::Relaxed),
+            revoked: self.revocations.len(),
         }
     }
 
@@ -131,9 +149,9 @@ impl Registry {
         if let Ok(mut m) = self.inner.lock()
             && let Some(old) = m.insert(node_id.to_string(), entry)
         {
-            let _ = old.close.send(Some(
-                "superseded by a newer session of the same node".into(),
-            ));
+            let _ = old.close.send(Some(Status::aborted(
+                "superseded by a newer session of the same node",
+            )));
         }
         self.opened.fetch_add(1, Ordering::Relaxed);
     }
@@ -146,12 +164,16 @@ impl Registry {
         }
     }
 
-    /// Closes a node's session with a reason.
+    /// Closes a node's session with a reason (the node reconnects).
     pub fn close(&self, node_id: &str, reason: &str) {
+        self.close_with(node_id, Status::aborted(reason));
+    }
+
+    fn close_with(&self, node_id: &str, status: Status) {
         if let Ok(m) = self.inner.lock()
             && let Some(e) = m.get(node_id)
         {
-            let _ = e.close.send(Some(reason.to_string()));
+            let _ = e.close.send(Some(status));
         }
     }
 
@@ -159,9 +181,36 @@ impl Registry {
     pub fn close_all(&self, reason: &str) {
         if let Ok(m) = self.inner.lock() {
             for e in m.values() {
-                let _ = e.close.send(Some(reason.to_string()));
+                let _ = e.close.send(Some(Status::aborted(reason)));
             }
         }
+    }
+
+    /// The revocation set this gateway's TLS verifier consults.
+    pub fn revocations(&self) -> Revocations {
+        self.revocations.clone()
+    }
+
+    /// Refuses `ids` from the next handshake on and closes their live sessions with PERMISSION_DENIED (the node
+    /// stops instead of reconnecting). Returns the identities that were not revoked before.
+    pub fn revoke(&self, ids: impl IntoIterator<Item = SpiffeId>) -> Vec<SpiffeId> {
+        let new = self.revocations.extend(ids);
+        for id in &new {
+            if id.role() == Role::Node {
+                self.close_with(
+                    id.id(),
+                    Status::permission_denied(format!("{id} is revoked")),
+                );
+            }
+        }
+        if !new.is_empty() {
+            tracing::info!(
+                count = new.len(),
+                total = self.revocations.len(),
+                "identities revoked at the gateway"
+            );
+        }
+        new
     }
 
     fn snapshot(&self) -> Vec<Seen> {
@@ -200,6 +249,9 @@ pub struct SessionConfig {
     pub pending_interval: Duration,
     /// A session silent for this long is closed.
     pub idle_timeout: Duration,
+    /// How often revocations made elsewhere (another control-plane process) are read into the handshake's set.
+    /// Revocations through this process's API apply at once.
+    pub revocation_interval: Duration,
 }
 
 impl SessionConfig {
@@ -210,6 +262,7 @@ impl SessionConfig {
             liveness_interval: Duration::from_secs(5),
             pending_interval: Duration::from_millis(500),
             idle_timeout: Duration::from_secs(60),
+            revocation_interval: Duration::from_secs(10),
         }
     }
 }
@@ -268,6 +321,10 @@ impl v1::session_service_server::SessionService for SessionSvc {
         .inspect_err(|s| {
             tracing::warn!(?peer, reason = s.message(), "session refused");
         })?;
+        if self.registry.revocations.is_revoked(&id) {
+            tracing::warn!(?peer, %id, "session refused: identity revoked");
+            return Err(Status::permission_denied(format!("{id} is revoked")));
+        }
         let session_key = certs
             .as_deref()
             .and_then(|c| c.first())
@@ -367,7 +424,7 @@ async fn drive(
     session_key: Vec<u8>,
     mut inbound: Streaming<v1::NodeMessage>,
     tx: mpsc::Sender<Result<v1::GatewayMessage, Status>>,
-    mut close: watch::Receiver<Option<String>>,
+    mut close: watch::Receiver<Option<Status>>,
     last_seen: Arc<AtomicI64>,
     idle: Duration,
 ) {
@@ -376,8 +433,9 @@ async fn drive(
         let next = tokio::select! {
             m = tokio::time::timeout(idle, inbound.message()) => m,
             _ = close.changed() => {
-                let why = close.borrow().clone().unwrap_or_else(|| "closed".into());
-                let _ = tx.send(Err(Status::aborted(why.clone()))).await;
+                let status = close.borrow().clone().unwrap_or_else(|| Status::aborted("closed"));
+                let why = status.message().to_string();
+                let _ = tx.send(Err(status)).await;
                 break why;
             }
         };
@@ -448,13 +506,24 @@ pub(crate) async fn housekeeping(
     backend: Arc<dyn SessionBackend>,
     registry: Registry,
     config: SessionConfig,
+    revocation_watermark: Option<i64>,
 ) {
     let mut liveness = tokio::time::interval(config.liveness_interval);
     let mut pending = tokio::time::interval(config.pending_interval);
+    let mut revocations = tokio::time::interval(config.revocation_interval);
     liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     pending.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    revocations.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // serve() loaded the set before accepting; unless that failed, the first tick would repeat it.
+    if revocation_watermark.is_some() {
+        revocations.reset();
+    }
+    let mut watermark = revocation_watermark;
     loop {
         tokio::select! {
+            _ = revocations.tick() => {
+                watermark = refresh_revocations(backend.as_ref(), &registry, watermark).await.or(watermark);
+            }
             _ = liveness.tick() => {
                 let seen = registry.snapshot();
                 if seen.is_empty() {
@@ -487,6 +556,29 @@ pub(crate) async fn housekeeping(
                     Err(e) => tracing::warn!(error = e.message(), "pending pull failed"),
                 }
             }
+        }
+    }
+}
+
+/// Reads revocations since `since` into the registry's set (closing the sessions of newly revoked identities);
+/// returns the next watermark, or None when the store could not be read.
+pub(crate) async fn refresh_revocations(
+    backend: &dyn SessionBackend,
+    registry: &Registry,
+    since: Option<i64>,
+) -> Option<i64> {
+    registry.revocation_reads.fetch_add(1, Ordering::Relaxed);
+    match backend.revoked_since(since).await {
+        Ok((ids, next)) => {
+            registry.revoke(ids);
+            Some(next)
+        }
+        Err(e) => {
+            tracing::warn!(
+                error = e.message(),
+                "reading revocations failed; retrying next interval"
+            );
+            None
         }
     }
 }

@@ -1,10 +1,20 @@
 //! The gateway's TLS configuration: its own certificate chain, and client certificates verified against the
 //! control-plane CA when presented. Join needs no client certificate (the joining node has none yet), so client
 //! authentication is optional at the handshake and enforced per service.
+//!
+//! Revocation is checked in the handshake: after the chain verifies, the leaf's SPIFFE ID is looked up in
+//! [`Revocations`], a set the control plane fills at start and keeps current (on its own tick, and at once when a
+//! revoke happens in the same process). A revoked identity gets the `certificate_revoked` alert; the lookup is one
+//! hash probe whatever the number of revoked identities.
 
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use bc_proto::spiffe::SpiffeId;
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use rustls::server::WebPkiClientVerifier;
-use std::sync::Arc;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -14,26 +24,164 @@ pub enum TlsError {
     Verifier(String),
 }
 
+/// Revoked workload identities (SPIFFE IDs). Cloning shares the set; updates are seen by the next handshake.
+///
+/// Keyed by identity rather than by certificate serial: revoking a node must refuse every certificate it holds,
+/// including earlier ones superseded by renewal but not yet expired, and the store records only the latest serial.
+#[derive(Clone, Default)]
+pub struct Revocations {
+    inner: Arc<RwLock<HashSet<SpiffeId>>>,
+}
+
+impl std::fmt::Debug for Revocations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Revocations")
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl Revocations {
+    /// Adds revoked identities; returns those that were not known yet.
+    pub fn extend(&self, ids: impl IntoIterator<Item = SpiffeId>) -> Vec<SpiffeId> {
+        let Ok(mut set) = self.inner.write() else {
+            return Vec::new();
+        };
+        ids.into_iter()
+            .filter(|id| set.insert(id.clone()))
+            .collect()
+    }
+
+    pub fn is_revoked(&self, id: &SpiffeId) -> bool {
+        // A poisoned lock means a writer panicked mid-insert; refusing everyone would be worse than the set as it is.
+        match self.inner.read() {
+            Ok(set) => set.contains(id),
+            Err(poisoned) => poisoned.get_ref().contains(id),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.read().map(|s| s.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The identity of a client certificate when it is revoked. The certificate comes from the peer: anything that
+    /// does not parse is not revoked here (the chain was already verified; the services refuse what they cannot
+    /// read).
+    pub fn revoked_identity(&self, cert_der: &[u8]) -> Option<SpiffeId> {
+        let id = SpiffeId::from_cert_der(cert_der).ok()?;
+        self.is_revoked(&id).then_some(id)
+    }
+}
+
+/// WebPKI client verification against the CA, then the revocation set.
+#[derive(Debug)]
+struct RevocationChecking {
+    inner: Arc<dyn ClientCertVerifier>,
+    revoked: Revocations,
+}
+
+impl ClientCertVerifier for RevocationChecking {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        if let Some(id) = self.revoked.revoked_identity(end_entity) {
+            tracing::warn!(identity = %id, "client certificate refused at the TLS handshake: identity revoked");
+            return Err(rustls::Error::InvalidCertificate(CertificateError::Revoked));
+        }
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
 /// A server config with ALPN h2, presenting `chain` (leaf first, then the CA) and verifying optional client
-/// certificates against `client_cas`.
+/// certificates against `client_cas`, refusing identities in `revoked`.
 pub fn server_config(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
     client_cas: &[CertificateDer<'static>],
+    revoked: Revocations,
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let provider = Arc::new(bc_proto::tls_provider());
     let mut roots = rustls::RootCertStore::empty();
     for ca in client_cas {
         roots.add(ca.clone())?;
     }
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+    let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .allow_unauthenticated()
         .build()
         .map_err(|e| TlsError::Verifier(e.to_string()))?;
+    let verifier = Arc::new(RevocationChecking { inner, revoked });
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain, key)?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bc_proto::spiffe::Role;
+
+    #[test]
+    fn revoked_identities_are_found_and_others_are_not() -> Result<(), Box<dyn std::error::Error>> {
+        let r = Revocations::default();
+        let a = SpiffeId::new("test.bc", Role::Node, "a")?;
+        let b = SpiffeId::new("test.bc", Role::Node, "b")?;
+        assert!(!r.is_revoked(&a));
+        assert_eq!(r.extend([a.clone()]), vec![a.clone()]);
+        assert!(r.extend([a.clone()]).is_empty(), "already known");
+        let shared = r.clone();
+        assert!(shared.is_revoked(&a), "clones share the set");
+        assert!(!shared.is_revoked(&b));
+        assert_eq!(r.len(), 1);
+        // Garbage from a peer is not an identity, and never a panic.
+        assert_eq!(r.revoked_identity(b"\x30\x03\x02\x01\x01"), None);
+        assert_eq!(r.revoked_identity(&[]), None);
+        Ok(())
+    }
 }

@@ -152,6 +152,8 @@ async fn dispatch(
                     "opened": s.opened,
                     "liveness_writes": s.liveness_writes,
                     "pending_pulls": s.pending_pulls,
+                    "revocation_reads": s.revocation_reads,
+                    "revoked": s.revoked,
                 })),
             })))
         }
@@ -357,6 +359,18 @@ async fn set_node_state(
             "CONFLICT",
             format!("node {} is revoked; nothing to change", node.id),
         ));
+    }
+    // This process's gateway refuses the node from its next handshake and closes its session now; gateways in other
+    // processes read the revocation on their own interval.
+    if to == "revoked"
+        && let Some(sessions) = &state.sessions
+        && let Ok(id) = bc_proto::spiffe::SpiffeId::new(
+            state.ca.trust_domain(),
+            bc_proto::spiffe::Role::Node,
+            &node.id,
+        )
+    {
+        sessions.revoke([id]);
     }
     Ok(Json(json!({"id": node.id, "state": to})))
 }

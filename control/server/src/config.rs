@@ -95,6 +95,7 @@ pub struct SessionTiming {
     pub liveness_interval: std::time::Duration,
     pub pending_interval: std::time::Duration,
     pub idle_timeout: std::time::Duration,
+    pub revocation_interval: std::time::Duration,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -116,15 +116,21 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         }
         let gateway_id = format!("gw-{}", addr.port());
         let (chain, key) = ca.issue_gateway(&gateway_id, &config.gateway_hosts)?;
-        let tls = bc_gateway::tls::server_config(chain, key, std::slice::from_ref(ca.cert_der()))?;
-        let join = join::JoinService::start(store.clone(), ca.clone(), join_key);
         let registry = bc_gateway::session::Registry::default();
+        let tls = bc_gateway::tls::server_config(
+            chain,
+            key,
+            std::slice::from_ref(ca.cert_der()),
+            registry.revocations(),
+        )?;
+        let join = join::JoinService::start(store.clone(), ca.clone(), join_key);
         let mut session_config = bc_gateway::session::SessionConfig::new(&config.trust_domain);
         if let Some(t) = config.session_timing {
             session_config.heartbeat = t.heartbeat;
             session_config.liveness_interval = t.liveness_interval;
             session_config.pending_interval = t.pending_interval;
             session_config.idle_timeout = t.idle_timeout;
+            session_config.revocation_interval = t.revocation_interval;
         }
         let backend = Arc::new(session::ControlSessions::new(store.clone(), ca.clone()));
         let services = bc_gateway::Services {

@@ -2,7 +2,7 @@
 //! inventory sections, desired-state acknowledgements, signed command results, batched liveness and the pull of
 //! waiting messages.
 
-use crate::ca::{Ca, verify_csr};
+use crate::ca::{Ca, CsrError, VerifiedCsr, verify_csr};
 use bc_gateway::BoxFuture;
 use bc_gateway::session::{Seen, SessionBackend, SessionGrant, SessionRef};
 use bc_proto::spiffe::{Role, SpiffeId};
@@ -180,12 +180,7 @@ impl ControlSessions {
         csr_der: &[u8],
         session_key: &[u8],
     ) -> Result<v1::RenewResponse, Status> {
-        let csr = verify_csr(csr_der).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        if session_key.is_empty() || csr.public_point != session_key {
-            return Err(Status::permission_denied(
-                "renewal CSR is signed by another key than the one this session's certificate certifies",
-            ));
-        }
+        let csr = renewal_csr(csr_der, session_key)?;
         let node = self
             .store
             .node(&s.node_id)
@@ -283,6 +278,22 @@ impl ControlSessions {
     }
 }
 
+/// Proof of possession for a renewal: the CSR's signature verifies with the key it names, and that key is the one
+/// the session's certificate certifies (`session_key`, proven in the TLS handshake). A CSR naming the node's key but
+/// signed by another, or signed by another key altogether, is refused.
+pub fn renewal_csr(csr_der: &[u8], session_key: &[u8]) -> Result<VerifiedCsr, Status> {
+    let csr = verify_csr(csr_der).map_err(|e| match e {
+        CsrError::BadSignature => Status::permission_denied(format!("renewal refused: {e}")),
+        _ => Status::invalid_argument(format!("renewal refused: {e}")),
+    })?;
+    if session_key.is_empty() || csr.public_point != session_key {
+        return Err(Status::permission_denied(
+            "renewal CSR is signed by another key than the one this session's certificate certifies",
+        ));
+    }
+    Ok(csr)
+}
+
 impl SessionBackend for ControlSessions {
     fn open(
         &self,
@@ -372,5 +383,94 @@ impl SessionBackend for ControlSessions {
     ) -> BoxFuture<'_, Result<Vec<(String, v1::GatewayMessage)>, Status>> {
         let sessions = sessions.to_vec();
         Box::pin(async move { self.pending_inner(&sessions).await })
+    }
+
+    fn revoked_since(
+        &self,
+        since: Option<i64>,
+    ) -> BoxFuture<'_, Result<(Vec<SpiffeId>, i64), Status>> {
+        Box::pin(async move {
+            let (ids, next) = self
+                .store
+                .revoked_nodes_since(since)
+                .await
+                .map_err(unavailable)?;
+            let ids = ids
+                .iter()
+                .filter_map(|id| SpiffeId::new(&self.trust_domain, Role::Node, id).ok())
+                .collect();
+            Ok((ids, next))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, KeyPair, PKCS_ECDSA_P256_SHA256, PublicKeyData, SigningKey};
+
+    /// Names one key in the CSR and signs with another: what a thief of the certificate (not the key) could send.
+    struct Impostor<'a> {
+        named: &'a KeyPair,
+        signer: &'a KeyPair,
+    }
+
+    impl PublicKeyData for Impostor<'_> {
+        fn der_bytes(&self) -> &[u8] {
+            self.named.der_bytes()
+        }
+        fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+            self.named.algorithm()
+        }
+    }
+
+    impl SigningKey for Impostor<'_> {
+        fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
+            self.signer.sign(msg)
+        }
+    }
+
+    #[test]
+    fn renewal_needs_proof_of_possession_of_the_session_key()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let node = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
+        let stranger = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
+        let session_key = node.public_key_raw().to_vec();
+        let csr = |k: &dyn Fn(&CertificateParams) -> Result<Vec<u8>, rcgen::Error>| {
+            k(&CertificateParams::default())
+        };
+        let own = csr(&|p| Ok(p.serialize_request(&node)?.der().to_vec()))?;
+        let other = csr(&|p| Ok(p.serialize_request(&stranger)?.der().to_vec()))?;
+        let forged = csr(&|p| {
+            let k = Impostor {
+                named: &node,
+                signer: &stranger,
+            };
+            Ok(p.serialize_request(&k)?.der().to_vec())
+        })?;
+
+        assert!(
+            renewal_csr(&own, &session_key).is_ok(),
+            "the node's own key renews"
+        );
+        let e = renewal_csr(&other, &session_key)
+            .err()
+            .ok_or("another key renewed")?;
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("another key"), "{e:?}");
+        let e = renewal_csr(&forged, &session_key)
+            .err()
+            .ok_or("a forged CSR renewed")?;
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("signature"), "{e:?}");
+        let e = renewal_csr(&own, &[])
+            .err()
+            .ok_or("a session without a key renewed")?;
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        let e = renewal_csr(b"not a csr", &session_key)
+            .err()
+            .ok_or("garbage renewed")?;
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        Ok(())
     }
 }

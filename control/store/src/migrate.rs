@@ -27,6 +27,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "sessions",
         sql: include_str!("../migrations/0003_sessions.sql"),
     },
+    Migration {
+        version: 6,
+        name: "revocations",
+        sql: include_str!("../migrations/0006_revocations.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.

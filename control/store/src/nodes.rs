@@ -323,6 +323,23 @@ impl Store {
         Ok(())
     }
 
+    /// Nodes revoked since `since_ms` (all revoked nodes when None), and the watermark for the next call (the
+    /// database's clock now). Rows are matched with a minute of overlap, so a revocation whose transaction began
+    /// before the previous read but committed after it is still found. One statement.
+    pub async fn revoked_nodes_since(
+        &self,
+        since_ms: Option<i64>,
+    ) -> Result<(Vec<String>, i64), StoreError> {
+        let row = sqlx::query(
+            "SELECT (extract(epoch FROM now()) * 1000)::bigint, ARRAY(SELECT id FROM nodes WHERE state = 'revoked' \
+             AND ($1::bigint IS NULL OR updated_at > to_timestamp(($1 - 60000) / 1000.0)))",
+        )
+        .bind(since_ms)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((row.get(1), row.get(0)))
+    }
+
     pub async fn node(&self, id: &str) -> Result<Option<NodeRow>, StoreError> {
         let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {NODE_COLUMNS} FROM nodes WHERE id = $1"
