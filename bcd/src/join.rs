@@ -109,6 +109,13 @@ pub async fn send(
     client.join(request).await.map(tonic::Response::into_inner)
 }
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
@@ -124,7 +131,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 /// the pinned CA.
 fn check_response(
     config: &Config,
-    state: &StateDir,
+    key: &rcgen::KeyPair,
     r: &v1::JoinResponse,
 ) -> Result<(), JoinError> {
     let bad = |m: String| JoinError::BadResponse(m);
@@ -135,7 +142,6 @@ fn check_response(
             r.spiffe_id, r.node_id
         )));
     }
-    let key = state.load_or_create_key()?;
     let cert_key =
         bc_proto::envelope::cert_public_point(&r.cert_der).map_err(|e| bad(e.to_string()))?;
     if cert_key != key.public_key_raw() {
@@ -153,13 +159,27 @@ fn check_response(
 
 /// Joins with `token`, retrying while the gateway is unreachable. Safe to run again after a crash at any point:
 /// the key is reused, and the control plane answers a retry within 10 minutes with the same node.
+///
+/// A node whose certificate expired (it was offline past its renewal) rejoins: with a reclaim token it is
+/// re-adopted under the same node id. JoinService reclaims only for a key other than the one it holds for the node
+/// (a retry of a committed reclaim, same token and same key, is recognised as a retry), so a rejoin uses a fresh
+/// key, `node.key.next`, persisted before the first attempt and promoted to `node.key` with the new certificate.
 pub async fn join(
     config: &Config,
     token: &str,
     opts: JoinOptions,
 ) -> Result<JoinOutcome, JoinError> {
     let state = StateDir::open(&config.state_dir)?;
-    let request = build_request(config, &state, token, opts.claims)?;
+    state.finish_rejoin()?;
+    let rejoin = state
+        .identity()?
+        .is_some_and(|i| i.not_after_ms <= now_ms());
+    let key = if rejoin {
+        state.load_or_create_next_key()?
+    } else {
+        state.load_or_create_key()?
+    };
+    let request = request_for_key(config, &key, token, opts.claims)?;
     let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
     let mut attempt = 0;
     let response = loop {
@@ -190,19 +210,20 @@ pub async fn join(
     if std::env::var("BCD_FAULT").as_deref() == Ok("exit-after-join-reply") {
         std::process::exit(137);
     }
-    check_response(config, &state, &response)?;
+    check_response(config, &key, &response)?;
     let identity = NodeIdentity {
         node_id: response.node_id.clone(),
         spiffe_id: response.spiffe_id.clone(),
         pool: response.pool.clone(),
         gateway_url: config.gateway_url.clone(),
         not_after_ms: response.not_after_unix_ms,
-        issued_at_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(0),
+        issued_at_ms: now_ms(),
     };
-    state.store_join(&response.cert_der, &response.trust_bundle_der, &identity)?;
+    if rejoin {
+        state.store_rejoin(&response.cert_der, &response.trust_bundle_der, &identity)?;
+    } else {
+        state.store_join(&response.cert_der, &response.trust_bundle_der, &identity)?;
+    }
     Ok(JoinOutcome {
         identity,
         reclaimed: response.reclaimed,

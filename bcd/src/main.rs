@@ -58,7 +58,16 @@ enum Command {
         command: SiteCommand,
     },
     /// Run the daemon: the session with the gateway (reconnects by itself).
+    ///
+    /// Exits 3 when the node needs a join token (its certificate expired while it was offline and no token was
+    /// given), 4 when the control plane refuses it (revoked).
     Run {
+        /// A join token to rejoin with (by reclaim) should the certificate have expired while the node was offline.
+        #[arg(long = "join-token", env = "BCD_JOIN_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// A file holding that token.
+        #[arg(long, env = "BCD_JOIN_TOKEN_FILE")]
+        token_file: Option<PathBuf>,
         #[command(flatten)]
         overrides: Overrides,
     },
@@ -181,8 +190,11 @@ fn main() {
         .map_err(anyhow::Error::from)
         .and_then(|rt| rt.block_on(run(cli)));
     if let Err(e) = result {
-        eprintln!("bcd: error: {}", format!("{e:#}").replace(": ", ": "));
-        std::process::exit(1);
+        eprintln!("bcd: error: {e:#}");
+        let code = e
+            .downcast_ref::<bcd::session::RunError>()
+            .map_or(1, bcd::session::RunError::exit_code);
+        std::process::exit(code);
     }
 }
 
@@ -266,7 +278,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Run { overrides } => {
+        Command::Run {
+            token,
+            token_file,
+            overrides,
+        } => {
+            let rejoin_token = match (token, token_file) {
+                (Some(t), _) => Some(t.trim().to_string()),
+                (None, Some(f)) => Some(
+                    std::fs::read_to_string(&f)
+                        .with_context(|| format!("reading the join token file {}", f.display()))?
+                        .trim()
+                        .to_string(),
+                ),
+                (None, None) => None,
+            };
             let config = load_config(&cli.config, cli.state_dir, overrides)?;
             let gpu: Option<std::sync::Arc<dyn bcd::gpu::GpuBackend>> =
                 match bcd::gpu::open(&config.gpu_backend) {
@@ -277,6 +303,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                 };
             let mut daemon = bcd::session::Daemon::new(config, gpu);
+            daemon.rejoin_token = rejoin_token;
             daemon.run(bc_proto::runtime::shutdown_signal()).await?;
         }
     }

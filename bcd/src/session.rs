@@ -25,12 +25,39 @@ pub enum RunError {
     #[error("node state")]
     State(#[from] StateError),
     #[error(
-        "the node certificate expired while the node was offline: rejoin with `bcd join` (a reclaim token keeps the \
-         node id where the pool allows reclaim)"
+        "the node certificate expired {ago_min} min ago while the node was offline, and no join token was given: \
+         create one with `better-compute join-tokens create --pool {pool} --reclaim`, then run \
+         `bcd join --token-file <file>` (or start `bcd run` with BCD_JOIN_TOKEN or --token-file); where pool {pool} \
+         allows reclaim the node keeps its id {node_id}"
     )]
-    CertificateExpired,
+    NeedsToken {
+        node_id: String,
+        pool: String,
+        ago_min: i64,
+    },
+    #[error("the node certificate expired and rejoining with the given token failed")]
+    Rejoin(#[source] crate::join::JoinError),
     #[error("the control plane refused this node: {0}")]
     Refused(String),
+}
+
+/// Exit status of `bcd run` when the node needs a join token (certificate expired, or not joined): a service
+/// manager should not restart it until an operator acts.
+pub const EXIT_NEEDS_TOKEN: i32 = 3;
+/// Exit status of `bcd run` when the control plane refuses the node (revoked, unknown).
+pub const EXIT_REFUSED: i32 = 4;
+
+impl RunError {
+    /// The process exit status for this error (1 for errors a restart may cure).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RunError::NotJoined { .. } | RunError::NeedsToken { .. } | RunError::Rejoin(_) => {
+                EXIT_NEEDS_TOKEN
+            }
+            RunError::Refused(_) => EXIT_REFUSED,
+            RunError::State(_) => 1,
+        }
+    }
 }
 
 /// Why one session ended.
@@ -52,6 +79,8 @@ enum SessionEnd {
 pub struct Daemon {
     pub config: Config,
     pub gpu: Option<Arc<dyn GpuBackend>>,
+    /// A join token to rejoin with (by reclaim) if the certificate expired while the node was offline.
+    pub rejoin_token: Option<String>,
     /// Hashes of inventory sections sent in this process's earlier sessions.
     known: HashMap<String, [u8; 32]>,
     boot_id: String,
@@ -73,6 +102,7 @@ impl Daemon {
         Daemon {
             config,
             gpu,
+            rejoin_token: None,
             known: HashMap::new(),
             boot_id,
         }
@@ -98,9 +128,18 @@ impl Daemon {
                         dir: self.config.state_dir.display().to_string(),
                     });
                 }
-                SessionEnd::Local(m) if m == "certificate expired" => {
-                    return Err(RunError::CertificateExpired);
-                }
+                SessionEnd::Local(m) if m == "certificate expired" => match self.rejoin().await {
+                    Ok(()) => backoff.reset(),
+                    Err(RunError::Rejoin(crate::join::JoinError::Unreachable { last, .. })) => {
+                        let wait = backoff.next_delay(rand::random::<f64>());
+                        tracing::warn!(error = %last, ?wait, "rejoin: gateway unreachable; trying again");
+                        tokio::select! {
+                            _ = &mut shutdown => return Ok(()),
+                            _ = tokio::time::sleep(wait) => {}
+                        }
+                    }
+                    Err(e) => return Err(e),
+                },
                 other => {
                     // A session that lasted a while was healthy: start the backoff again.
                     if started.elapsed() > Duration::from_secs(60) {
@@ -117,6 +156,56 @@ impl Daemon {
         }
     }
 
+    /// The certificate expired while the node was offline: rejoin by reclaim with the configured token (same node
+    /// id where the token and pool allow reclaim), or stop saying a token is needed.
+    async fn rejoin(&mut self) -> Result<(), RunError> {
+        let state = StateDir::open(&self.config.state_dir)?;
+        let identity = state.identity()?.ok_or_else(|| RunError::NotJoined {
+            dir: self.config.state_dir.display().to_string(),
+        })?;
+        let Some(token) = self.rejoin_token.clone() else {
+            return Err(RunError::NeedsToken {
+                ago_min: (now_ms() - identity.not_after_ms) / 60_000,
+                node_id: identity.node_id,
+                pool: identity.pool,
+            });
+        };
+        tracing::warn!(
+            node_id = identity.node_id,
+            "the node certificate expired while offline; rejoining with the join token"
+        );
+        let gpu = self.gpu.clone();
+        let root = self.config.hardware_root.clone();
+        let claims = tokio::task::spawn_blocking(move || {
+            crate::hardware::collect(&root, gpu.as_deref(), None)
+        })
+        .await
+        .unwrap_or_default();
+        let opts = crate::join::JoinOptions {
+            attempts: 4,
+            claims,
+        };
+        let out = crate::join::join(&self.config, &token, opts)
+            .await
+            .map_err(RunError::Rejoin)?;
+        if out.identity.node_id == identity.node_id {
+            tracing::info!(
+                node_id = out.identity.node_id,
+                reclaimed = out.reclaimed,
+                "rejoined: same node, new key and certificate"
+            );
+        } else {
+            tracing::warn!(
+                old = identity.node_id,
+                new = out.identity.node_id,
+                "rejoined as a NEW node: the token or pool does not allow reclaim, or the hardware changed"
+            );
+        }
+        // Inventory hashes were for the old node's sessions; send everything again.
+        self.known.clear();
+        Ok(())
+    }
+
     fn tls(&self, state: &StateDir) -> Result<Arc<rustls::ClientConfig>, SessionEnd> {
         let local = |e: &dyn std::fmt::Display| SessionEnd::Local(e.to_string());
         let cert = state.certificate().map_err(|e| local(&e))?;
@@ -131,6 +220,9 @@ impl Daemon {
             Ok(s) => s,
             Err(e) => return SessionEnd::Local(e.to_string()),
         };
+        if let Err(e) = state.finish_rejoin() {
+            return SessionEnd::Local(e.to_string());
+        }
         let identity = match state.identity() {
             Ok(Some(i)) => i,
             Ok(None) => return SessionEnd::Local("not joined".into()),
@@ -153,8 +245,12 @@ impl Daemon {
             Ok(s) => s,
             Err(e) => return SessionEnd::Local(e),
         };
+        let tls_again = tls.clone();
         let ch = match channel::connect(&identity.gateway_url, tls).await {
             Ok(c) => c,
+            Err(e) if revoked_at_handshake(&e) => {
+                return SessionEnd::Refused(REVOKED_AT_HANDSHAKE.into());
+            }
             Err(e) => return SessionEnd::Connect(crate::join::error_chain(&e)),
         };
         let (tx, rx) = mpsc::channel::<v1::NodeMessage>(64);
@@ -185,6 +281,11 @@ impl Daemon {
             .await
         {
             Ok(r) => r.into_inner(),
+            // With TLS 1.3 a refused client certificate surfaces as a closed connection at the first call; one more
+            // handshake, read by hand, tells a revocation (stop) from a network failure (reconnect).
+            Err(s) if is_transport(&s) && revoked_probe(&identity.gateway_url, tls_again).await => {
+                return SessionEnd::Refused(REVOKED_AT_HANDSHAKE.into());
+            }
             Err(s) => return end_of(s),
         };
         let mut heartbeat = tokio::time::interval(Duration::from_secs(15));
@@ -195,7 +296,12 @@ impl Daemon {
             Duration::from_millis(u64::try_from(identity.not_after_ms - now_ms()).unwrap_or(0));
         let expires = tokio::time::sleep(expiry);
         tokio::pin!(expires);
-        let renew = tokio::time::sleep(renewal_delay(&state, &identity));
+        let renew = tokio::time::sleep(renewal_delay(
+            &state,
+            &identity,
+            now_ms(),
+            rand::random::<f64>(),
+        ));
         tokio::pin!(renew);
         loop {
             tokio::select! {
@@ -235,7 +341,7 @@ impl Daemon {
                             Ok(()) => {
                                 tracing::info!(not_after_ms = identity.not_after_ms, "certificate renewed; used from the next connection");
                                 expires.as_mut().reset(tokio::time::Instant::now() + Duration::from_millis(u64::try_from(identity.not_after_ms - now_ms()).unwrap_or(0)));
-                                renew.as_mut().reset(tokio::time::Instant::now() + renewal_delay(&state, &identity));
+                                renew.as_mut().reset(tokio::time::Instant::now() + renewal_delay(&state, &identity, now_ms(), rand::random::<f64>()));
                             }
                             Err(e) => tracing::warn!(error = %e, "renewal answer refused"),
                         }
@@ -371,9 +477,14 @@ impl Daemon {
     }
 }
 
-/// When to renew the stored certificate: 50% ±10% of its life, counted from when the node received it (the
-/// certificate's NotBefore is backdated), else from its NotBefore.
-fn renewal_delay(state: &StateDir, identity: &crate::state::NodeIdentity) -> Duration {
+/// When to renew the stored certificate: 50% ±10% of its life (`unit` in [0, 1) picks the point), counted from
+/// when the node received it (the certificate's NotBefore is backdated), else from its NotBefore.
+fn renewal_delay(
+    state: &StateDir,
+    identity: &crate::state::NodeIdentity,
+    now_ms: i64,
+    unit: f64,
+) -> Duration {
     let start = if identity.issued_at_ms > 0 {
         identity.issued_at_ms
     } else {
@@ -382,14 +493,9 @@ fn renewal_delay(state: &StateDir, identity: &crate::state::NodeIdentity) -> Dur
             .ok()
             .and_then(|c| channel::cert_validity_ms(&c))
             .map(|(nb, _)| nb)
-            .unwrap_or_else(now_ms)
+            .unwrap_or(now_ms)
     };
-    channel::renewal_delay(
-        start,
-        identity.not_after_ms,
-        now_ms(),
-        rand::random::<f64>(),
-    )
+    channel::renewal_delay(start, identity.not_after_ms, now_ms, unit)
 }
 
 /// A CSR from the node's own key: renewal proves possession of the key the current certificate certifies.
@@ -447,14 +553,81 @@ fn msg(m: v1::node_message::Msg) -> v1::NodeMessage {
     v1::NodeMessage { msg: Some(m) }
 }
 
-/// Permission errors mean an operator must act (revoked, unknown); the rest are worth a reconnect.
+/// Permission errors mean an operator must act (revoked, unknown); the rest are worth a reconnect. A certificate
+/// the gateway refused at the TLS handshake as revoked shows up (TLS 1.3) as a transport error of the first call.
 fn end_of(s: tonic::Status) -> SessionEnd {
     match s.code() {
         tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => {
             SessionEnd::Refused(s.message().to_string())
         }
-        _ => SessionEnd::Status(format!("{:?}: {}", s.code(), s.message())),
+        _ if revoked_at_handshake(&s) => SessionEnd::Refused(
+            "the gateway refused this node's certificate at the TLS handshake: the node is revoked"
+                .into(),
+        ),
+        _ => SessionEnd::Status(format!("{:?}: {}", s.code(), crate::join::error_chain(&s))),
     }
+}
+
+const REVOKED_AT_HANDSHAKE: &str =
+    "the gateway refused this node's certificate at the TLS handshake: the node is revoked";
+
+/// A failure of the transport rather than an answer of the gateway.
+fn is_transport(s: &tonic::Status) -> bool {
+    matches!(
+        s.code(),
+        tonic::Code::Cancelled | tonic::Code::Unavailable | tonic::Code::Unknown
+    )
+}
+
+/// Whether a fresh TLS connection to the gateway is answered with the `certificate_revoked` alert: the handshake,
+/// the HTTP/2 preface, then the first bytes the gateway sends (its SETTINGS, or the alert). Bounded by 10 s.
+async fn revoked_probe(url: &str, tls: Arc<rustls::ClientConfig>) -> bool {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let Ok((host, port)) = channel::parse_gateway_url(url) else {
+        return false;
+    };
+    let Ok(name) = rustls::pki_types::ServerName::try_from(host.clone()) else {
+        return false;
+    };
+    let probe = async move {
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+        let mut stream = tokio_rustls::TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await?;
+        stream
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await?;
+        let mut buf = [0u8; 16];
+        stream.read(&mut buf).await.map(|_| ())
+    };
+    match tokio::time::timeout(Duration::from_secs(10), probe).await {
+        Ok(Err(e)) => revoked_at_handshake(&e),
+        _ => false,
+    }
+}
+
+/// Whether an error's chain holds the TLS alert `certificate_revoked`.
+fn revoked_at_handshake(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if let Some(tls) = c.downcast_ref::<rustls::Error>() {
+            return matches!(
+                tls,
+                rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRevoked)
+            );
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>()
+            && let Some(inner) = io.get_ref()
+            && let Some(tls) = inner.downcast_ref::<rustls::Error>()
+        {
+            return matches!(
+                tls,
+                rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRevoked)
+            );
+        }
+        cur = c.source();
+    }
+    false
 }
 
 /// Records the desired state (the apply hooks — CDI specs for bookings — arrive with reservations).
@@ -465,4 +638,84 @@ fn apply_desired(state: &StateDir, d: &v1::DesiredState) -> Result<(), String> {
     state
         .write_file("desired.json", doc.to_string().as_bytes(), 0o600)
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::NodeIdentity;
+
+    const DAY_MS: i64 = 24 * 3600 * 1000;
+
+    fn identity(issued_at_ms: i64, life_ms: i64) -> NodeIdentity {
+        NodeIdentity {
+            node_id: "n".into(),
+            spiffe_id: "spiffe://test.bc/node/n".into(),
+            pool: "default".into(),
+            gateway_url: "https://127.0.0.1:1".into(),
+            not_after_ms: issued_at_ms + life_ms,
+            issued_at_ms,
+        }
+    }
+
+    /// Under paused time: the renewal timer the session arms fires at 50% ±10% of the certificate's life (the
+    /// spread covers the whole band), and what it sends is a CSR from the node's own key.
+    #[tokio::test(start_paused = true)]
+    async fn renewal_fires_at_half_life_give_or_take_a_tenth_with_a_csr_from_the_node_key()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let state = StateDir::open(dir.path())?;
+        let key = state.load_or_create_key()?;
+        let issued = 1_800_000_000_000;
+        let id = identity(issued, DAY_MS);
+        let (mut earliest, mut latest) = (f64::MAX, 0f64);
+        for i in 0..200 {
+            let unit = f64::from(i) / 200.0;
+            let start = tokio::time::Instant::now();
+            tokio::time::sleep(renewal_delay(&state, &id, issued, unit)).await;
+            let fraction = start.elapsed().as_millis() as f64 / DAY_MS as f64;
+            assert!(
+                (0.4..=0.6).contains(&fraction),
+                "renewal at {fraction} of the life"
+            );
+            earliest = earliest.min(fraction);
+            latest = latest.max(fraction);
+        }
+        assert!(
+            earliest < 0.41 && latest > 0.59,
+            "spread {earliest}..{latest}"
+        );
+        // Received 10 h ago with a 24 h life: due in 2–4.4 h, never in the past.
+        let late = renewal_delay(&state, &id, issued + 10 * 3600 * 1000, 0.5);
+        assert_eq!(late, Duration::from_secs(2 * 3600));
+        assert_eq!(
+            renewal_delay(&state, &id, issued + DAY_MS, 0.5),
+            Duration::ZERO,
+            "overdue renews at once"
+        );
+        let request = renewal_request(&state)?;
+        let csr = rcgen::CertificateSigningRequestParams::from_der(
+            &rustls::pki_types::CertificateSigningRequestDer::from(request.csr_der),
+        )?;
+        assert_eq!(
+            rcgen::PublicKeyData::der_bytes(&csr.public_key),
+            key.public_key_raw(),
+            "the renewal CSR must be signed by (and certify) the node key"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_revoked_alert_anywhere_in_the_chain_is_recognised() {
+        let alert = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRevoked);
+        let io = std::io::Error::other(alert);
+        assert!(revoked_at_handshake(&io));
+        let other = std::io::Error::other(rustls::Error::AlertReceived(
+            rustls::AlertDescription::HandshakeFailure,
+        ));
+        assert!(!revoked_at_handshake(&other));
+        assert!(!revoked_at_handshake(&std::io::Error::other(
+            "CertificateRevoked"
+        )));
+    }
 }

@@ -43,6 +43,9 @@ pub struct StateDir {
     dir: PathBuf,
 }
 
+/// The key of a rejoin in progress.
+const NEXT_KEY: &str = "node.key.next";
+
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StateError + 'a {
     move |source| StateError::Io {
         what,
@@ -120,6 +123,67 @@ impl StateDir {
             }
             Err(e) => Err(io("reading", &path)(e)),
         }
+    }
+
+    /// The key a rejoin uses (`node.key.next`, 0600): loaded if present, else generated and persisted before it is
+    /// used, so a retry after a crash sends the same key. It becomes `node.key` when the new certificate is stored.
+    pub fn load_or_create_next_key(&self) -> Result<KeyPair, StateError> {
+        let path = self.path(NEXT_KEY);
+        match std::fs::read_to_string(&path) {
+            Ok(pem) => KeyPair::from_pem(&pem).map_err(|_| StateError::Invalid {
+                what: "node key",
+                path,
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+                    .map_err(StateError::KeyGen)?;
+                self.write(NEXT_KEY, key.serialize_pem().as_bytes(), 0o600)?;
+                Ok(key)
+            }
+            Err(e) => Err(io("reading", &path)(e)),
+        }
+    }
+
+    /// Stores a rejoin's results (certificate, trust bundle, identity), then makes `node.key.next` the node key.
+    pub fn store_rejoin(
+        &self,
+        cert_der: &[u8],
+        bundle: &[Vec<u8>],
+        identity: &NodeIdentity,
+    ) -> Result<(), StateError> {
+        self.store_join(cert_der, bundle, identity)?;
+        self.promote_next_key()
+    }
+
+    /// Completes a rejoin interrupted between storing the certificate and promoting its key: when `node.key.next`
+    /// exists and `node.crt` certifies it, it becomes `node.key`. Returns whether it did.
+    pub fn finish_rejoin(&self) -> Result<bool, StateError> {
+        let path = self.path(NEXT_KEY);
+        let Ok(pem) = std::fs::read_to_string(&path) else {
+            return Ok(false);
+        };
+        let Ok(next) = KeyPair::from_pem(&pem) else {
+            return Ok(false);
+        };
+        let certified = self
+            .certificate()
+            .ok()
+            .and_then(|c| bc_proto::envelope::cert_public_point(&c).ok());
+        if certified.as_deref() != Some(next.public_key_raw()) {
+            return Ok(false);
+        }
+        self.promote_next_key()?;
+        Ok(true)
+    }
+
+    fn promote_next_key(&self) -> Result<(), StateError> {
+        let next = self.path(NEXT_KEY);
+        let key = self.path("node.key");
+        std::fs::rename(&next, &key).map_err(io("renaming into", &key))?;
+        if let Ok(d) = std::fs::File::open(&self.dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
     }
 
     /// Stores the results of a join: certificate, trust bundle, identity (identity last: its presence means joined).

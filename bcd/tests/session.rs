@@ -45,8 +45,16 @@ async fn joined_node(p: &Plane, name: &str, gpus: u32) -> Node {
 }
 
 fn spawn_run(p: &Plane, node: &mut Node, name: &str) {
-    let child = Command::new(env!("CARGO_BIN_EXE_bcd"))
-        .args(["--config", "/nonexistent", "--state-dir"])
+    let child = run_command(p, node, name)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn bcd run");
+    node.child = Some(child);
+}
+
+fn run_command(p: &Plane, node: &Node, name: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_bcd"));
+    cmd.args(["--config", "/nonexistent", "--state-dir"])
         .arg(&node.state)
         .args([
             "run",
@@ -64,10 +72,9 @@ fn spawn_run(p: &Plane, node: &mut Node, name: &str) {
         .arg("--hardware-root")
         .arg(p.dir.path().join(format!("{name}-hw")))
         .env("BCD_LOG", "info")
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn bcd run");
-    node.child = Some(child);
+        .env_remove("BCD_JOIN_TOKEN")
+        .env_remove("BCD_JOIN_TOKEN_FILE");
+    cmd
 }
 
 async fn node_row(p: &Plane, id: &str) -> bc_store::nodes::NodeRow {
@@ -311,14 +318,18 @@ async fn refusals_at_the_handshake_and_at_hello() -> TestResult {
         .await
         .expect_err("refused");
     assert!(e.message().contains("site identity"), "{e:?}");
-    // A revoked node.
+    // A revoked node: refused in the TLS handshake, so the call fails in the transport (TLS 1.3: the alert arrives
+    // after the client's side of the handshake; hyper reports a closed connection), not with Hello's refusal.
     p.admin
         .call("nodes", "revoke", json!({"id": node.id}))
         .await?;
-    let e = raw_session(&p, cert, &key, &node.id)
+    let e = raw_session(&p, cert.clone(), &key, &node.id)
         .await
         .expect_err("refused");
-    assert!(e.message().contains("revoked"), "{e:?}");
+    assert_ne!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(!e.message().contains("is revoked"), "{e:?}");
+    let e = tls_probe(&p, cert, &key).await.expect_err("refused");
+    assert!(e.contains("CertificateRevoked"), "{e}");
     Ok(())
 }
 
@@ -529,4 +540,218 @@ async fn next_renewal(
         }
     })
     .await
+}
+
+/// A bare TLS connection with `cert`/`key` to the gateway: Ok once the gateway has answered with HTTP/2 bytes (its
+/// SETTINGS), Err with the TLS error when it refused the handshake.
+async fn tls_probe(
+    p: &Plane,
+    cert: rustls::pki_types::CertificateDer<'static>,
+    key_pem: &str,
+) -> Result<(), String> {
+    use rustls::pki_types::pem::PemObject as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).expect("key");
+    let ca_pem = std::fs::read_to_string(p.dir.path().join("control/ca.crt")).expect("ca");
+    let ca = rustls::pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes()).expect("ca");
+    let tls = bc_proto::channel::client_config(
+        bc_proto::channel::ServerTrust::Bundle(vec![ca]),
+        Some((vec![cert], key)),
+    )
+    .expect("tls");
+    let addr = p.running.gateway_addr.expect("gateway addr");
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e:?}"))?;
+    // HTTP/2 preface and an empty SETTINGS frame; the server's first bytes (or its alert) follow.
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    stream
+        .write_all(&hello)
+        .await
+        .map_err(|e| format!("write: {e:?}"))?;
+    let mut buf = [0u8; 64];
+    match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
+        Ok(Ok(n)) if n > 0 => Ok(()),
+        Ok(Ok(_)) => Err("closed without a word".into()),
+        Ok(Err(e)) => Err(format!("read: {e:?}")),
+        Err(_) => Err("no answer within 5 s".into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_node_is_refused_in_the_tls_handshake_and_its_session_closed() -> TestResult {
+    let p = plane_with(Options {
+        controllers: false,
+        fast: true,
+        leaf_lifetime: None,
+    })
+    .await;
+    let mut node = joined_node(&p, "revokee", 1).await;
+    let elsewhere = joined_node(&p, "elsewhere", 1).await;
+    let bystander = joined_node(&p, "bystander", 1).await;
+    let (cert, key) = node_identity(&node);
+    // Positive control: the handshake completes and the gateway speaks HTTP/2.
+    tls_probe(&p, cert.clone(), &key).await?;
+    spawn_run(&p, &mut node, "revokee");
+    wait_for(&p, &node.id, 30, "session", |n| n.online).await;
+
+    // Revoked through the API of this process: the very next handshake is refused, and the live session is closed
+    // with PERMISSION_DENIED, so the daemon stops (exit 4) instead of reconnecting.
+    p.admin
+        .call("nodes", "revoke", json!({"id": node.id}))
+        .await?;
+    let e = tls_probe(&p, cert, &key)
+        .await
+        .expect_err("a revoked certificate completed the handshake");
+    assert!(e.contains("CertificateRevoked"), "{e}");
+    let mut child = node.child.take().expect("bcd run");
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await??;
+    assert_eq!(
+        status.code(),
+        Some(bcd::session::EXIT_REFUSED),
+        "bcd run: {status}"
+    );
+    // Started again (as a service manager would): refused in the handshake, it stops rather than retrying.
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        run_command(&p, &node, "revokee")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(bcd::session::EXIT_REFUSED),
+        "{stderr}"
+    );
+    assert!(stderr.contains("at the TLS handshake"), "{stderr}");
+
+    // Revoked by another control-plane process (here: straight in the store, which this process's API never saw):
+    // the gateway reads it on its interval, without a restart.
+    let (cert, key) = node_identity(&elsewhere);
+    tls_probe(&p, cert.clone(), &key).await?;
+    assert!(
+        p.store
+            .set_node_state(&elsewhere.id, "revoked", "test/other-process")
+            .await?
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let e = loop {
+        match tls_probe(&p, cert.clone(), &key).await {
+            Err(e) => break e,
+            Ok(()) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Ok(()) => panic!("a node revoked elsewhere still completes the handshake after 10 s"),
+        }
+    };
+    assert!(e.contains("CertificateRevoked"), "{e}");
+
+    // Everyone else is untouched.
+    let (cert, key) = node_identity(&bystander);
+    tls_probe(&p, cert, &key).await?;
+    let stats = p.admin.call("system", "stats", json!({})).await?;
+    assert_eq!(stats["gateway"]["revoked"], 2, "{stats}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_certificate_rejoins_by_reclaim_or_stops_asking_for_a_token() -> TestResult {
+    // 8 s certificates: the node is "offline" (not running) until its certificate has expired.
+    let p = plane_with(Options {
+        controllers: false,
+        fast: true,
+        leaf_lifetime: Some(Duration::from_secs(8)),
+    })
+    .await;
+    let name = "lapsed";
+    let fixture = p.dir.path().join(format!("{name}-gpus.json"));
+    std::fs::write(&fixture, bcd::gpu::fixture::synthetic(2, name))?;
+    let hw = p.dir.path().join(format!("{name}-hw"));
+    fake_hardware(&hw, name)?;
+    // Join with the claims `bcd run` will collect, so a reclaim matches the hardware key.
+    let gpus = bcd::gpu::fixture::FixtureBackend::load(&fixture)?;
+    let claims = bcd::hardware::collect(&hw, Some(&gpus), None);
+    let first = p.token(json!({"pool": "default", "uses": 1})).await;
+    let joined = join(&p, name, &first, claims).await?;
+    let mut node = Node {
+        id: joined.identity.node_id.clone(),
+        state: p.dir.path().join(name),
+        fixture,
+        child: None,
+    };
+    let state = bcd::state::StateDir::open(&node.state)?;
+    let first_point = bc_proto::envelope::cert_public_point(&state.certificate()?)?;
+    let wait = joined.identity.not_after_ms + 500
+        - time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+    tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0))).await;
+
+    // No token: `bcd run` stops before dialling, with exit 3 and the commands to run.
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        run_command(&p, &node, name).kill_on_drop(true).output(),
+    )
+    .await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(bcd::session::EXIT_NEEDS_TOKEN),
+        "{stderr}"
+    );
+    for needle in [
+        "expired",
+        "better-compute join-tokens create --pool default --reclaim",
+        "bcd join",
+        &node.id,
+    ] {
+        assert!(
+            stderr.contains(needle),
+            "message lacks {needle:?}: {stderr}"
+        );
+    }
+    assert_eq!(
+        node_row(&p, &node.id).await.session_epoch,
+        0,
+        "it dialled with an expired certificate"
+    );
+
+    // With a reclaim token in BCD_JOIN_TOKEN: it rejoins as the same node with a new key, and its session opens.
+    let reclaim = p
+        .token(json!({"pool": "default", "uses": 1, "reclaim": true}))
+        .await;
+    let child = run_command(&p, &node, name)
+        .env("BCD_JOIN_TOKEN", &reclaim)
+        .kill_on_drop(true)
+        .spawn()?;
+    node.child = Some(child);
+    wait_for(&p, &node.id, 30, "the reclaimed node's session", |n| {
+        n.online
+    })
+    .await;
+    let id = state.identity()?.ok_or("identity")?;
+    assert_eq!(id.node_id, node.id, "reclaim keeps the node id");
+    let point = bc_proto::envelope::cert_public_point(&state.certificate()?)?;
+    assert_ne!(point, first_point, "the rejoin uses a new key");
+    let key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(state.path("node.key"))?)?;
+    assert_eq!(
+        point,
+        key.public_key_raw(),
+        "node.key is the key the new certificate certifies"
+    );
+    assert!(!state.path("node.key.next").exists());
+    assert_eq!(p.store.node_public_key(&node.id).await?, Some(point));
+    assert_eq!(p.snapshot().await.0, 1, "no second node");
+    let uses: i32 = bc_store::sqlx::query_scalar("SELECT uses_left FROM join_tokens WHERE id = $1")
+        .bind(bc_proto::token::Token::parse(bc_proto::token::TokenKind::Join, &reclaim)?.id())
+        .fetch_one(p.store.pool())
+        .await?;
+    assert_eq!(uses, 0);
+    Ok(())
 }
