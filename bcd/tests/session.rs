@@ -755,3 +755,30 @@ async fn an_expired_certificate_rejoins_by_reclaim_or_stops_asking_for_a_token()
     assert_eq!(uses, 0);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acceptance_and_desired_state_travel_by_notification_not_by_polling() -> TestResult {
+    // The gateway's pull and the lifecycle controller tick once a minute here: within 30 s only notifications can
+    // carry a node to adopted (check queued, sent, result applied, generation 1 delivered and acknowledged).
+    let p = plane_with_config(fast(), |c| {
+        if let Some(t) = c.session_timing.as_mut() {
+            t.pending_interval = Duration::from_secs(60);
+        }
+        if let Some(t) = c.lifecycle_timing.as_mut() {
+            t.tick = Duration::from_secs(60);
+        }
+    })
+    .await;
+    let mut node = joined_node(&p, "poked", 2).await;
+    spawn_run(&p, &mut node, "poked");
+    wait_for(&p, &node.id, 30, "adoption without polling", |n| {
+        n.state == "adopted" && n.acked_generation == 1
+    })
+    .await;
+    let stats = p.admin.call("system", "stats", json!({})).await?;
+    assert!(
+        stats["gateway"]["pending_pulls"].as_u64().unwrap_or(0) >= 2,
+        "{stats}"
+    );
+    Ok(())
+}

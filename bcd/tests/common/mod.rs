@@ -61,6 +61,11 @@ pub fn serve_config(dir: &Path, opts: &Options, gateway_listen: SocketAddr) -> S
 }
 
 pub async fn plane_with(opts: Options) -> Plane {
+    plane_with_config(opts, |_| {}).await
+}
+
+/// A plane whose configuration `edit` adjusts after `opts` built it.
+pub async fn plane_with_config(opts: Options, edit: impl FnOnce(&mut ServeConfig)) -> Plane {
     bc_proto::install_crypto_provider();
     let db = test_db().await;
     let store = Store::new(db.pool.clone());
@@ -74,7 +79,8 @@ pub async fn plane_with(opts: Options) -> Plane {
         .await
         .expect("pool");
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = serve_config(dir.path(), &opts, "127.0.0.1:0".parse().expect("addr"));
+    let mut config = serve_config(dir.path(), &opts, "127.0.0.1:0".parse().expect("addr"));
+    edit(&mut config);
     let running = bc_control::start(&config, store.clone())
         .await
         .expect("start control plane");

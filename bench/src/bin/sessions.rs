@@ -85,12 +85,111 @@ async fn statement_rates(
     let b = xact_commits(url)?;
     let (l1, p1) = gateway_counters(env).await?;
     let s = secs as f64;
-    // psql's own query commits once per sample; a pull is two statements.
+    // psql's own query commits once per sample; a pull is one statement.
     Ok((
         (l1 - l0) as f64 / s,
-        2.0 * (p1 - p0) as f64 / s,
+        (p1 - p0) as f64 / s,
         b.saturating_sub(a + 1) as f64 / s,
     ))
+}
+
+/// Where a statement comes from, by its text (as pg_stat_statements normalises it: constants become `$n`).
+fn origin(query: &str) -> &'static str {
+    let has = |s: &str| query.contains(s);
+    if has("UPDATE nodes n SET last_seen_at") {
+        "gateway: batched liveness"
+    } else if has("sent_at = now()")
+        || has("desired_generation > n.acked_generation")
+        || has("desired_generation > acked_generation")
+    {
+        "gateway: outbox pull (commands, desired state)"
+    } else if has("ARRAY(SELECT id FROM nodes WHERE state") {
+        "gateway: revocation refresh"
+    } else if has("finished_at = now() WHERE state IN")
+        || has("jsonb_array_length(n.claims")
+        || has("c.consumed_at IS NULL AND c.state IN")
+    {
+        "controllers: lifecycle tick"
+    } else if has("principals") {
+        "api: authentication (this benchmark's stats calls)"
+    } else if has("pg_stat_") || has("pg_database") {
+        "this measurement"
+    } else if has("LISTEN") || has("pg_notify") {
+        "notifications"
+    } else {
+        "other"
+    }
+}
+
+/// (statements/s by origin, the most frequent statements of origin "other", database commits/s).
+type Breakdown = (Vec<(String, f64)>, Vec<(String, f64)>, f64);
+
+/// Over `secs`: statements per second by origin (pg_stat_statements; dev runs with BC_PG_STAT_STATEMENTS=1), the
+/// statements of origin "other" by text, and the database's commits per second.
+fn statement_breakdown(url: &str, secs: u64) -> anyhow::Result<Breakdown> {
+    let psql = |q: &str| -> anyhow::Result<String> {
+        let out = Command::new(pg_tool("psql")?)
+            .args([url, "-At", "-F", "\x1f", "-c", q])
+            .output()?;
+        if !out.status.success() {
+            bail!("psql: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")?;
+    psql("SELECT pg_stat_statements_reset()")?;
+    let maintenance = || -> anyhow::Result<u64> {
+        Ok(psql("SELECT COALESCE(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_user_tables")?
+            .trim()
+            .parse()?)
+    };
+    let m0 = maintenance()?;
+    let a = xact_commits(url)?;
+    std::thread::sleep(Duration::from_secs(secs));
+    let b = xact_commits(url)?;
+    let m1 = maintenance()?;
+    let rows = psql(
+        "SELECT calls, regexp_replace(query, '\\s+', ' ', 'g') FROM pg_stat_statements \
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )?;
+    let mut by_origin: HashMap<&'static str, u64> = HashMap::new();
+    let mut other: HashMap<String, u64> = HashMap::new();
+    for line in rows.lines() {
+        let Some((calls, query)) = line.split_once('\x1f') else {
+            continue;
+        };
+        let calls: u64 = calls.parse().unwrap_or(0);
+        let o = origin(query);
+        *by_origin.entry(o).or_default() += calls;
+        if o == "other" {
+            *other.entry(query.chars().take(120).collect()).or_default() += calls;
+        }
+    }
+    let s = secs as f64;
+    let mut origins: Vec<(String, f64)> = by_origin
+        .into_iter()
+        .map(|(o, c)| (o.to_string(), c as f64 / s))
+        .collect();
+    origins.sort_by(|x, y| y.1.total_cmp(&x.1));
+    let mut others: Vec<(String, f64)> =
+        other.into_iter().map(|(q, c)| (q, c as f64 / s)).collect();
+    others.sort_by(|x, y| y.1.total_cmp(&x.1));
+    others.truncate(8);
+    origins.push((
+        "autovacuum/autoanalyze runs in the window (not statements; their transactions count as commits)".into(),
+        m1.saturating_sub(m0) as f64,
+    ));
+    Ok((origins, others, b.saturating_sub(a + 1) as f64 / s))
+}
+
+fn print_breakdown(label: &str, (origins, others, commits): &Breakdown) {
+    println!("{label}: database commits/s {commits:.2}; statements/s by origin:");
+    for (o, r) in origins {
+        println!("  {r:8.2}  {o}");
+    }
+    for (q, r) in others {
+        println!("  {r:8.2}    other: {q}");
+    }
 }
 
 struct Cred {
@@ -312,6 +411,16 @@ async fn main() -> anyhow::Result<()> {
 
     let pid = dev.child.id();
     let base = rss_kib(pid);
+    if std::env::var("BC_PG_STAT_STATEMENTS").as_deref() != Ok("1") {
+        bail!(
+            "run through scripts/bench sessions (it sets BC_PG_STAT_STATEMENTS=1 for the breakdown by origin)"
+        );
+    }
+    let breakdown = {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || statement_breakdown(&url, 30)).await??
+    };
+    print_breakdown("0 sessions, 30 s", &breakdown);
     let (_, _, base_rate) = statement_rates(&env, 10).await?;
     println!(
         "gateway process (all roles) RSS with 0 sessions: {:.1} MiB; database commits/s (all roles): {base_rate:.1}",
@@ -352,6 +461,11 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let rss = rss_kib(pid);
         let per = (rss.saturating_sub(base)) as f64 / up.max(1) as f64;
+        let breakdown = {
+            let url = url.clone();
+            tokio::task::spawn_blocking(move || statement_breakdown(&url, 30)).await??
+        };
+        print_breakdown(&format!("{up} idle sessions, 30 s"), &breakdown);
         let (live_s, pull_s, all) = statement_rates(&env, 10).await?;
         let rate = live_s + pull_s;
         println!(
@@ -361,6 +475,12 @@ async fn main() -> anyhow::Result<()> {
             rss as f64 / 1024.0
         );
         figures.push((up, per, rate));
+    }
+
+    if std::env::var("BC_SESSIONS_IDLE_ONLY").as_deref() == Ok("1") {
+        let _ = stop_tx.send(true);
+        dev.stop()?;
+        return Ok(());
     }
 
     // Reconnect storm: restart the control plane on the same gateway address.

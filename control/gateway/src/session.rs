@@ -96,13 +96,15 @@ struct Entry {
 pub struct Registry {
     inner: Arc<Mutex<HashMap<String, Entry>>>,
     opened: Arc<AtomicU64>,
-    /// Store calls made by housekeeping: each is one statement (liveness) or two (pending pull).
+    /// Store calls made by housekeeping: one statement each.
     liveness_writes: Arc<AtomicU64>,
     pending_pulls: Arc<AtomicU64>,
     /// Identities refused at the handshake (shared with the TLS verifier).
     revocations: Revocations,
     /// Reads of revocations made elsewhere (one statement each).
     revocation_reads: Arc<AtomicU64>,
+    /// Wakes the pull of waiting messages before its tick (something was queued for a node).
+    pending_poke: Arc<tokio::sync::Notify>,
 }
 
 /// Counters an operator (or a benchmark) reads through the API.
@@ -112,7 +114,7 @@ pub struct SessionStats {
     pub opened: u64,
     /// Batched liveness writes (one statement each, whatever the number of sessions).
     pub liveness_writes: u64,
-    /// Pulls of waiting commands and desired state (two statements each).
+    /// Pulls of waiting commands and desired state (one statement each).
     pub pending_pulls: u64,
     /// Reads of revocations made elsewhere (one statement each).
     pub revocation_reads: u64,
@@ -186,6 +188,12 @@ impl Registry {
         }
     }
 
+    /// Something was queued for a node (a command, new desired state): pull now rather than on the next tick.
+    /// Pokes that arrive while a pull runs are merged into one more pull.
+    pub fn poke_pending(&self) {
+        self.pending_poke.notify_one();
+    }
+
     /// The revocation set this gateway's TLS verifier consults.
     pub fn revocations(&self) -> Revocations {
         self.revocations.clone()
@@ -245,7 +253,8 @@ pub struct SessionConfig {
     pub heartbeat: Duration,
     /// How often liveness is written (one statement per interval).
     pub liveness_interval: Duration,
-    /// How often waiting commands and desired state are pulled for live sessions.
+    /// How often waiting commands and desired state are pulled for live sessions when nothing pokes the gateway
+    /// ([`Registry::poke_pending`]): the fallback for a lost notification.
     pub pending_interval: Duration,
     /// A session silent for this long is closed.
     pub idle_timeout: Duration,
@@ -260,7 +269,7 @@ impl SessionConfig {
             trust_domain: trust_domain.to_string(),
             heartbeat: Duration::from_secs(15),
             liveness_interval: Duration::from_secs(5),
-            pending_interval: Duration::from_millis(500),
+            pending_interval: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(60),
             revocation_interval: Duration::from_secs(10),
         }
@@ -501,7 +510,7 @@ async fn drive(
 }
 
 /// Writes liveness in one statement per interval and closes sessions the store says must end; pulls waiting
-/// messages for live sessions.
+/// messages for live sessions when poked, else on the pending interval.
 pub(crate) async fn housekeeping(
     backend: Arc<dyn SessionBackend>,
     registry: Registry,
@@ -539,7 +548,12 @@ pub(crate) async fn housekeeping(
                     Err(e) => tracing::warn!(error = e.message(), "liveness write failed"),
                 }
             }
-            _ = pending.tick() => {
+            _ = async {
+                tokio::select! {
+                    _ = pending.tick() => {}
+                    _ = registry.pending_poke.notified() => pending.reset(),
+                }
+            } => {
                 let sessions: Vec<SessionRef> = registry.snapshot().into_iter().map(|s| s.session).collect();
                 if sessions.is_empty() {
                     continue;

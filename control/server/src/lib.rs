@@ -12,6 +12,7 @@ pub mod config;
 pub mod dev;
 pub mod join;
 pub mod lifecycle;
+pub mod pokes;
 pub mod session;
 
 use crate::ca::Ca;
@@ -182,11 +183,20 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         });
         tracing::info!(%addr, "api role listening");
     }
+    let mut lifecycle_poke = None;
     if config.roles.controllers {
         let timing = config.lifecycle_timing.unwrap_or_default();
-        tasks.spawn(lifecycle::run(store.clone(), timing, stop_rx.clone()));
+        let poke = Arc::new(tokio::sync::Notify::new());
+        lifecycle_poke = Some(poke.clone());
+        tasks.spawn(lifecycle::run(store.clone(), timing, poke, stop_rx.clone()));
         tracing::info!("controllers role: lifecycle controller running");
     }
+    tasks.spawn(pokes::run(
+        store.clone(),
+        gateway_registry.clone(),
+        lifecycle_poke,
+        stop_rx.clone(),
+    ));
     for (on, name) in [
         (config.roles.scheduler, "scheduler"),
         (config.roles.sinks, "sinks"),

@@ -6,13 +6,16 @@ use bc_core::lifecycle::{DiagOutcome, Transition, after_diag, timed_out};
 use bc_core::node::NodeState;
 use bc_store::Store;
 use bc_store::sessions::DiagResult;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 pub const DIAG_KIND: &str = "diag.nvml";
 
 #[derive(Debug, Clone, Copy)]
 pub struct LifecycleTiming {
+    /// How often the controller looks without being poked: the fallback for a lost notification, and the
+    /// granularity of command deadlines and re-checks.
     pub tick: Duration,
     /// How long after a failed check a failed node is checked again.
     pub recheck_after: Duration,
@@ -23,7 +26,7 @@ pub struct LifecycleTiming {
 impl Default for LifecycleTiming {
     fn default() -> LifecycleTiming {
         LifecycleTiming {
-            tick: Duration::from_secs(1),
+            tick: Duration::from_secs(5),
             recheck_after: Duration::from_secs(300),
             deadline: Duration::from_secs(120),
         }
@@ -123,12 +126,23 @@ async fn step(store: &Store, t: &LifecycleTiming) -> Result<(), bc_store::StoreE
     Ok(())
 }
 
-pub async fn run(store: Store, timing: LifecycleTiming, mut stop: watch::Receiver<bool>) {
+/// Runs a step when poked (GPU inventory arrived, a check finished: see [`crate::pokes`]) and on every tick.
+pub async fn run(
+    store: Store,
+    timing: LifecycleTiming,
+    poke: Arc<Notify>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut tick = tokio::time::interval(timing.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tick.tick() => {
+            _ = async {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = poke.notified() => tick.reset(),
+                }
+            } => {
                 if let Err(e) = step(&store, &timing).await {
                     tracing::warn!(error = %e, "lifecycle step failed; retrying next tick");
                 }

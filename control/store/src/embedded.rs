@@ -239,6 +239,16 @@ impl EmbeddedPostgres {
                 "full_page_writes=off",
             ]),
         };
+        // Per-statement counts (pg_stat_statements), to break the database's load down by origin
+        // (`scripts/bench sessions`); off unless asked for.
+        if std::env::var("BC_PG_STAT_STATEMENTS").as_deref() == Ok("1") {
+            cmd.args([
+                "-c",
+                "shared_preload_libraries=pg_stat_statements",
+                "-c",
+                "pg_stat_statements.track=all",
+            ]);
+        }
         cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
         // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent; it runs in the
         // forked child before exec.

@@ -11,6 +11,7 @@ pub mod iam;
 pub mod join_tokens;
 pub mod migrate;
 pub mod nodes;
+pub mod pokes;
 pub mod sessions;
 pub mod testing;
 

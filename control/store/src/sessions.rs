@@ -109,6 +109,9 @@ impl Store {
         .execute(&self.pool)
         .await?
         .rows_affected();
+        if n == 1 && name == "gpus" {
+            self.poke(crate::pokes::LIFECYCLE, node_id).await?;
+        }
         Ok(n == 1)
     }
 
@@ -199,45 +202,44 @@ impl Store {
     }
 
     /// Claims pending commands for the given live sessions (marking them sent) and lists desired state newer than
-    /// what the node acknowledged. One statement for commands, one for desired state.
+    /// what the node acknowledged, in one statement.
     pub async fn pending_for(&self, nodes: &[(String, i64)]) -> Result<Vec<Outgoing>, StoreError> {
         let ids: Vec<&str> = nodes.iter().map(|n| n.0.as_str()).collect();
         let epochs: Vec<i64> = nodes.iter().map(|n| n.1).collect();
-        let mut out = Vec::new();
         let rows = sqlx::query(
-            "UPDATE commands c SET state = 'sent', sent_at = now() FROM nodes n \
-             WHERE c.state = 'pending' AND c.node_id = n.id AND n.id = ANY($1) \
-             AND n.session_epoch = (SELECT e FROM unnest($1::text[], $2::bigint[]) AS x(i, e) WHERE x.i = n.id) \
-             RETURNING c.node_id, c.id, c.kind, c.args, (extract(epoch FROM c.deadline_at) * 1000)::bigint",
+            "WITH x AS (SELECT * FROM unnest($1::text[], $2::bigint[]) AS x(id, epoch)), \
+             c AS (UPDATE commands c SET state = 'sent', sent_at = now() FROM nodes n, x \
+                   WHERE c.state = 'pending' AND c.node_id = n.id AND n.id = x.id AND n.session_epoch = x.epoch \
+                   RETURNING c.node_id, c.id, c.kind, c.args, (extract(epoch FROM c.deadline_at) * 1000)::bigint AS ms) \
+             SELECT true, node_id, id, kind, args, ms, NULL::bigint, NULL::jsonb FROM c \
+             UNION ALL \
+             SELECT false, n.id, NULL, NULL, NULL, NULL, n.desired_generation, n.desired_spec FROM nodes n \
+             JOIN x ON x.id = n.id WHERE n.desired_generation > n.acked_generation",
         )
         .bind(&ids)
         .bind(&epochs)
         .fetch_all(&self.pool)
         .await?;
-        for r in &rows {
-            out.push(Outgoing::Command {
-                node_id: r.get(0),
-                id: r.get(1),
-                kind: r.get(2),
-                args: r.get(3),
-                deadline_ms: r.get(4),
-            });
-        }
-        let rows = sqlx::query(
-            "SELECT id, desired_generation, desired_spec FROM nodes WHERE id = ANY($1) \
-             AND desired_generation > acked_generation",
-        )
-        .bind(&ids)
-        .fetch_all(&self.pool)
-        .await?;
-        for r in &rows {
-            out.push(Outgoing::Desired {
-                node_id: r.get(0),
-                generation: r.get(1),
-                spec: r.get(2),
-            });
-        }
-        Ok(out)
+        Ok(rows
+            .iter()
+            .map(|r| {
+                if r.get::<bool, _>(0) {
+                    Outgoing::Command {
+                        node_id: r.get(1),
+                        id: r.get(2),
+                        kind: r.get(3),
+                        args: r.get(4),
+                        deadline_ms: r.get(5),
+                    }
+                } else {
+                    Outgoing::Desired {
+                        node_id: r.get(1),
+                        generation: r.get(6),
+                        spec: r.get(7),
+                    }
+                }
+            })
+            .collect())
     }
 
     /// Queues a command for a node.
@@ -250,13 +252,16 @@ impl Store {
         deadline_ms: i64,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO commands (id, node_id, kind, args, deadline_at) VALUES ($1, $2, $3, $4, to_timestamp($5 / 1000.0))",
+            "WITH i AS (INSERT INTO commands (id, node_id, kind, args, deadline_at) \
+             VALUES ($1, $2, $3, $4, to_timestamp($5 / 1000.0)) RETURNING node_id) \
+             SELECT pg_notify($6, node_id) FROM i",
         )
         .bind(id)
         .bind(node_id)
         .bind(kind)
         .bind(args)
         .bind(deadline_ms as f64)
+        .bind(crate::pokes::OUTBOX)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -290,6 +295,9 @@ impl Store {
         .execute(&self.pool)
         .await?
         .rows_affected();
+        if n == 1 {
+            self.poke(crate::pokes::LIFECYCLE, node_id).await?;
+        }
         Ok(n == 1)
     }
 }
@@ -398,6 +406,13 @@ impl Store {
             .bind(command_id)
             .execute(&mut *tx)
             .await?;
+        if n == 1 && desired.is_some() {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(crate::pokes::OUTBOX)
+                .bind(node_id)
+                .execute(&mut *tx)
+                .await?;
+        }
         if let Some(state) = new_state.filter(|s| *s != expected_state) {
             audit(
                 &mut tx,
