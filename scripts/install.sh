@@ -77,6 +77,8 @@ Wants=network-online.target
 ExecStart=/usr/local/bin/bcd --config /etc/bcd/bcd.toml run
 Restart=always
 RestartSec=5
+# 3: needs a join token (certificate expired while offline); 4: refused (revoked). An operator must act.
+RestartPreventExitStatus=3 4
 StateDirectory=bcd
 StateDirectoryMode=0700
 NoNewPrivileges=yes

@@ -247,6 +247,9 @@ impl EmbeddedPostgres {
                 "shared_preload_libraries=pg_stat_statements",
                 "-c",
                 "pg_stat_statements.track=all",
+                // Autovacuum's transactions count as commits but are no statements: log each run to count them.
+                "-c",
+                "log_autovacuum_min_duration=0",
             ]);
         }
         cmd.stdin(Stdio::null()).stdout(log).stderr(log2);

@@ -98,3 +98,80 @@ async fn migrations_are_idempotent() {
         0
     );
 }
+
+async fn xmin(store: &Store, id: &str) -> String {
+    bc_store::sqlx::query_scalar("SELECT xmin::text FROM nodes WHERE id = $1")
+        .bind(id)
+        .fetch_one(store.pool())
+        .await
+        .expect("xmin")
+}
+
+#[tokio::test]
+async fn liveness_rewrites_a_row_only_when_last_seen_moved_and_names_sessions_to_close() {
+    let store = seeded(3).await;
+    let batch = vec![candidate(1, "hk-1"), candidate(2, "hk-2")];
+    store
+        .commit_joins("0123456789abcdef", "p1", &batch)
+        .await
+        .expect("commit");
+    let t = 1_800_000_000_000i64;
+    let seen = |ms: i64| {
+        vec![
+            ("node-1".to_string(), 0i64, ms),
+            ("node-2".to_string(), 0, ms),
+        ]
+    };
+    assert!(
+        store
+            .record_liveness(&seen(t))
+            .await
+            .expect("liveness")
+            .is_empty()
+    );
+    let v1 = xmin(&store, "node-1").await;
+    // Nothing new from the node: the row is not rewritten.
+    assert!(
+        store
+            .record_liveness(&seen(t))
+            .await
+            .expect("liveness")
+            .is_empty()
+    );
+    assert_eq!(
+        xmin(&store, "node-1").await,
+        v1,
+        "an unchanged last-seen rewrote the row"
+    );
+    // A message arrived: last-seen moves.
+    assert!(
+        store
+            .record_liveness(&seen(t + 15_000))
+            .await
+            .expect("liveness")
+            .is_empty()
+    );
+    assert_ne!(xmin(&store, "node-1").await, v1);
+    let row = store.node("node-1").await.expect("read").expect("node");
+    assert_eq!(row.last_seen_ms, Some(t + 15_000));
+    assert!(row.online);
+    // A stale epoch and a revoked node must close, even when their last-seen did not move.
+    assert!(
+        store
+            .set_node_state("node-2", "revoked", "test")
+            .await
+            .expect("revoke")
+    );
+    let close = store
+        .record_liveness(&[
+            ("node-1".into(), 7, t + 15_000),
+            ("node-2".into(), 0, t + 15_000),
+        ])
+        .await
+        .expect("liveness");
+    assert_eq!(close.len(), 2, "{close:?}");
+    // The revocation reaches a reader once, by watermark.
+    let (all, mark) = store.revoked_nodes_since(None).await.expect("revoked");
+    assert_eq!(all, vec!["node-2".to_string()]);
+    assert!(mark > 0);
+}
