@@ -144,10 +144,19 @@ fn statement_breakdown(
     psql("SELECT pg_stat_statements_reset()")?;
     // Autovacuum runs, from the server log (dev's PostgreSQL logs each one under BC_PG_STAT_STATEMENTS=1).
     let log_len = || std::fs::metadata(pg_log).map(|m| m.len()).unwrap_or(0);
+    let node_updates = || -> anyhow::Result<u64> {
+        Ok(
+            psql("SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'nodes'")?
+                .trim()
+                .parse()?,
+        )
+    };
     let from = log_len();
+    let u0 = node_updates()?;
     let a = xact_commits(url)?;
     std::thread::sleep(Duration::from_secs(secs));
     let b = xact_commits(url)?;
+    let u1 = node_updates()?;
     let appended = std::fs::read(pg_log)
         .map(|all| {
             String::from_utf8_lossy(all.get(from as usize..).unwrap_or_default()).to_string()
@@ -182,6 +191,10 @@ fn statement_breakdown(
         other.into_iter().map(|(q, c)| (q, c as f64 / s)).collect();
     others.sort_by(|x, y| y.1.total_cmp(&x.1));
     others.truncate(8);
+    origins.push((
+        "row versions written to nodes (rows, not statements)".into(),
+        u1.saturating_sub(u0) as f64 / s,
+    ));
     origins.push((
         format!("PostgreSQL autovacuum: {vacuums} vacuum and {analyzes} analyze runs (no statements; commits)"),
         (vacuums + analyzes) as f64 / s,
@@ -453,6 +466,7 @@ async fn main() -> anyhow::Result<()> {
                 stop_rx.clone(),
             ));
         }
+        let spawned_now = step - spawned;
         spawned = step;
         wait_up(
             &mut ev_rx,
@@ -465,7 +479,9 @@ async fn main() -> anyhow::Result<()> {
         .await;
         let up_after = t0.elapsed();
         let up = live.load(Ordering::Relaxed);
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // PostgreSQL flushes a backend's counters (pg_stat_database) up to 60 s late when busy: let the connect
+        // burst's commits land before the idle windows.
+        tokio::time::sleep(Duration::from_secs(if spawned_now > 0 { 60 } else { 3 })).await;
         let rss = rss_kib(pid);
         let per = (rss.saturating_sub(base)) as f64 / up.max(1) as f64;
         let breakdown = {
