@@ -174,13 +174,10 @@ impl Daemon {
             node_id = identity.node_id,
             "the node certificate expired while offline; rejoining with the join token"
         );
-        let gpu = self.gpu.clone();
-        let root = self.config.hardware_root.clone();
-        let claims = tokio::task::spawn_blocking(move || {
-            crate::hardware::collect(&root, gpu.as_deref(), None)
-        })
-        .await
-        .unwrap_or_default();
+        // The same claims as at join, so the hardware key matches the node to reclaim (sysfs reads and a GPU query:
+        // brief, and this path is rare).
+        let claims =
+            crate::hardware::collect(&self.config.hardware_root, self.gpu.as_deref(), None);
         let opts = crate::join::JoinOptions {
             attempts: 4,
             claims,

@@ -25,6 +25,8 @@ pub async fn run(
         channels.push(LIFECYCLE);
     }
     if channels.is_empty() {
+        // Nothing in this process to wake; a role task must not end on its own (`Running::wait_any`).
+        let _ = stop.wait_for(|s| *s).await;
         return;
     }
     let wake = |channel: Option<&str>| {
