@@ -164,6 +164,11 @@ fn statement_breakdown(
         .unwrap_or_default();
     let vacuums = appended.matches("automatic vacuum of table").count();
     let analyzes = appended.matches("automatic analyze of table").count();
+    // Statements prepared in the window (sqlx prepares each statement once per connection, in its own round trip).
+    let parses = appended
+        .lines()
+        .filter(|l| l.contains(" ms  parse "))
+        .count();
     let rows = psql(
         "SELECT calls, regexp_replace(query, '\\s+', ' ', 'g') FROM pg_stat_statements \
          WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
@@ -191,6 +196,10 @@ fn statement_breakdown(
         other.into_iter().map(|(q, c)| (q, c as f64 / s)).collect();
     others.sort_by(|x, y| y.1.total_cmp(&x.1));
     others.truncate(8);
+    origins.push((
+        format!("prepares (parse round trips: {parses}; no statements, each commits)"),
+        parses as f64 / s,
+    ));
     origins.push((
         "row versions written to nodes (rows, not statements)".into(),
         u1.saturating_sub(u0) as f64 / s,

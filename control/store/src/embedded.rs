@@ -250,6 +250,9 @@ impl EmbeddedPostgres {
                 // Autovacuum's transactions count as commits but are no statements: log each run to count them.
                 "-c",
                 "log_autovacuum_min_duration=0",
+                // And each extended-protocol step (parse, bind, execute): a parse with its own Sync commits too.
+                "-c",
+                "log_min_duration_statement=0",
             ]);
         }
         cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
