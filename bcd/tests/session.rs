@@ -593,7 +593,7 @@ async fn a_revoked_node_is_refused_in_the_tls_handshake_and_its_session_closed()
     })
     .await;
     let mut node = joined_node(&p, "revokee", 1).await;
-    let elsewhere = joined_node(&p, "elsewhere", 1).await;
+    let mut elsewhere = joined_node(&p, "elsewhere", 1).await;
     let bystander = joined_node(&p, "bystander", 1).await;
     let (cert, key) = node_identity(&node);
     // Positive control: the handshake completes and the gateway speaks HTTP/2.
@@ -637,6 +637,8 @@ async fn a_revoked_node_is_refused_in_the_tls_handshake_and_its_session_closed()
     // the gateway reads it on its interval, without a restart.
     let (cert, key) = node_identity(&elsewhere);
     tls_probe(&p, cert.clone(), &key).await?;
+    spawn_run(&p, &mut elsewhere, "elsewhere");
+    wait_for(&p, &elsewhere.id, 30, "session", |n| n.online).await;
     assert!(
         p.store
             .set_node_state(&elsewhere.id, "revoked", "test/other-process")
@@ -653,6 +655,15 @@ async fn a_revoked_node_is_refused_in_the_tls_handshake_and_its_session_closed()
         }
     };
     assert!(e.contains("CertificateRevoked"), "{e}");
+    // Its live session was closed too, and its daemon stopped.
+    let mut child = elsewhere.child.take().expect("bcd run");
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await??;
+    assert_eq!(
+        status.code(),
+        Some(bcd::session::EXIT_REFUSED),
+        "bcd run: {status}"
+    );
+    assert!(!node_row(&p, &elsewhere.id).await.online);
 
     // Everyone else is untouched.
     let (cert, key) = node_identity(&bystander);
