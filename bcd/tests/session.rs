@@ -733,6 +733,29 @@ async fn an_expired_certificate_rejoins_by_reclaim_or_stops_asking_for_a_token()
         "it dialled with an expired certificate"
     );
 
+    // A token without reclaim: refused (the hardware belongs to the node), exit 3 with the control plane's reason,
+    // and no use spent.
+    let plain = p.token(json!({"pool": "default", "uses": 1})).await;
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        run_command(&p, &node, name)
+            .env("BCD_JOIN_TOKEN", &plain)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(bcd::session::EXIT_NEEDS_TOKEN),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("already belongs to node") && stderr.contains("reclaim"),
+        "{stderr}"
+    );
+    assert_eq!(p.snapshot().await.0, 1, "a plain token made a second node");
+
     // With a reclaim token in BCD_JOIN_TOKEN: it rejoins as the same node with a new key, and its session opens.
     let reclaim = p
         .token(json!({"pool": "default", "uses": 1, "reclaim": true}))
