@@ -27,6 +27,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "sessions",
         sql: include_str!("../migrations/0003_sessions.sql"),
     },
+    Migration {
+        version: 4,
+        name: "reservations",
+        sql: include_str!("../migrations/0004_reservations.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.
