@@ -162,6 +162,7 @@ fn load_config(
             state_dir,
             gpu_backend: o.gpu_backend,
             hardware_root: o.hardware_root,
+            cdi_dir: None,
         })
         .validate(&origin)?)
 }

@@ -56,6 +56,7 @@ pub fn serve_config(dir: &Path, opts: &Options, gateway_listen: SocketAddr) -> S
             deadline: Duration::from_secs(20),
         }),
         leaf_lifetime: opts.leaf_lifetime,
+        shard_lease: None,
     }
 }
 
@@ -107,6 +108,7 @@ impl Plane {
             state_dir: Some(self.dir.path().join(name)),
             gpu_backend: Some("none".into()),
             hardware_root: None,
+            cdi_dir: Some(self.dir.path().join(name).join("cdi")),
         }
         .validate("test")
         .expect("node config")

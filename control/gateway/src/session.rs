@@ -91,6 +91,8 @@ pub struct Registry {
     /// Store calls made by housekeeping: each is one statement (liveness) or two (pending pull).
     liveness_writes: Arc<AtomicU64>,
     pending_pulls: Arc<AtomicU64>,
+    /// Woken when the outbox says a node this gateway may hold has something waiting: pull now, not at the tick.
+    poked: Arc<tokio::sync::Notify>,
 }
 
 /// Counters an operator (or a benchmark) reads through the API.
@@ -120,6 +122,20 @@ impl Registry {
             liveness_writes: self.liveness_writes.load(Ordering::Relaxed),
             pending_pulls: self.pending_pulls.load(Ordering::Relaxed),
         }
+    }
+
+    /// Asks for a pull before the next tick when this gateway holds a session of any of `nodes` (the outbox
+    /// sink's notification). Returns whether it held one.
+    pub fn poke<'a>(&self, nodes: impl IntoIterator<Item = &'a str>) -> bool {
+        let held = self
+            .inner
+            .lock()
+            .map(|m| nodes.into_iter().any(|n| m.contains_key(n)))
+            .unwrap_or(false);
+        if held {
+            self.poked.notify_one();
+        }
+        held
     }
 
     /// Total sessions opened since start.
@@ -471,22 +487,30 @@ pub(crate) async fn housekeeping(
                 }
             }
             _ = pending.tick() => {
-                let sessions: Vec<SessionRef> = registry.snapshot().into_iter().map(|s| s.session).collect();
-                if sessions.is_empty() {
-                    continue;
-                }
-                registry.pending_pulls.fetch_add(1, Ordering::Relaxed);
-                match backend.pending(&sessions).await {
-                    Ok(messages) => {
-                        for (node, msg) in messages {
-                            if let Some(tx) = registry.sender(&node) {
-                                let _ = tx.try_send(Ok(msg));
-                            }
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = e.message(), "pending pull failed"),
+                pull(&*backend, &registry).await;
+            }
+            _ = registry.poked.notified() => {
+                pull(&*backend, &registry).await;
+            }
+        }
+    }
+}
+
+/// Pulls waiting commands and desired state for every live session (two statements) and hands them out.
+async fn pull(backend: &dyn SessionBackend, registry: &Registry) {
+    let sessions: Vec<SessionRef> = registry.snapshot().into_iter().map(|s| s.session).collect();
+    if sessions.is_empty() {
+        return;
+    }
+    registry.pending_pulls.fetch_add(1, Ordering::Relaxed);
+    match backend.pending(&sessions).await {
+        Ok(messages) => {
+            for (node, msg) in messages {
+                if let Some(tx) = registry.sender(&node) {
+                    let _ = tx.try_send(Ok(msg));
                 }
             }
         }
+        Err(e) => tracing::warn!(error = e.message(), "pending pull failed"),
     }
 }

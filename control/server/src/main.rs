@@ -209,6 +209,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     gateway_listen,
                     gateway_hosts: (!gateway_hosts.is_empty()).then_some(gateway_hosts),
                     gateway_url,
+                    shard_lease_ms: None,
                 })
                 .validate(&origin)?;
             let url = cfg.database_url.clone().context(

@@ -1,0 +1,347 @@
+//! `reservations.create|get|list|release` and the admission sequence: validation and the tenant check are pure and
+//! run before any database access (the caller's principal comes from the authentication cache); tx 1 records the
+//! request under its idempotency key; the scheduler's placer books it (tx 2) and notifies; the call waits for
+//! that decision, bounded, and answers with the reservation.
+
+use crate::api::{ApiError, ApiState, require};
+use bc_core::reservation::{ReservationRequest, tenant_allowed, valid_id};
+use bc_store::iam::Principal;
+use bc_store::reservations::{Admission, Reservation};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// How long `create` waits for the placer before answering with the still-pending reservation.
+const DECISION_WAIT: Duration = Duration::from_secs(5);
+
+/// API calls waiting for the placer's decision, woken by the `bc_reservation_decided` notification. One read of
+/// the store per notification serves every waiter it names.
+#[derive(Default)]
+pub struct Decisions {
+    waiting: Mutex<HashMap<String, Vec<oneshot::Sender<Reservation>>>>,
+}
+
+impl Decisions {
+    fn wait(&self, id: &str) -> oneshot::Receiver<Reservation> {
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut w) = self.waiting.lock() {
+            w.entry(id.to_string()).or_default().push(tx);
+        }
+        rx
+    }
+
+    fn forget(&self, id: &str) {
+        if let Ok(mut w) = self.waiting.lock() {
+            w.remove(id);
+        }
+    }
+
+    /// Handles one notification payload (comma-separated reservation ids).
+    pub async fn decided(&self, store: &bc_store::Store, payload: &str) {
+        let ids: Vec<String> = {
+            let Ok(w) = self.waiting.lock() else {
+                return;
+            };
+            payload
+                .split(',')
+                .filter(|id| w.contains_key(*id))
+                .map(str::to_string)
+                .collect()
+        };
+        if ids.is_empty() {
+            return;
+        }
+        match store.reservations(&ids).await {
+            Ok(rows) => {
+                let Ok(mut w) = self.waiting.lock() else {
+                    return;
+                };
+                for r in rows {
+                    for tx in w.remove(&r.id).unwrap_or_default() {
+                        let _ = tx.send(r.clone());
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reading decided reservations failed"),
+        }
+    }
+}
+
+fn body_tenant_check(p: &Principal, tenant: &str) -> Result<(), ApiError> {
+    if tenant_allowed(&p.tenant_id, p.tenant_is_root, tenant) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            "ACCESS_DENIED",
+            format!(
+                "principal {} belongs to tenant {} and cannot act in tenant {tenant}",
+                p.id, p.tenant_id
+            ),
+        ))
+    }
+}
+
+pub async fn create(state: &ApiState, p: &Principal, body: Value) -> Result<Value, ApiError> {
+    let mut body = match body {
+        Value::Object(m) => m,
+        _ => return Err(ApiError::new("INVALID_ARGUMENT", "body must be an object")),
+    };
+    let key = match body.remove("idempotency_key") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(k))
+            if !k.is_empty() && k.len() <= 128 && k.chars().all(|c| c.is_ascii_graphic()) =>
+        {
+            Some(k)
+        }
+        Some(_) => {
+            return Err(ApiError::new(
+                "INVALID_ARGUMENT",
+                "idempotency_key must be 1 to 128 printable ASCII characters",
+            ));
+        }
+    };
+    let req: ReservationRequest = serde_json::from_value(Value::Object(body))
+        .map_err(|e| ApiError::new("INVALID_ARGUMENT", format!("request body: {e}")))?;
+    req.validate()
+        .map_err(|e| ApiError::new("INVALID_ARGUMENT", e.to_string()))?;
+    // Before any database access: the tenant boundary, then the grant.
+    body_tenant_check(p, &req.tenant)?;
+    require(
+        p,
+        "compute:reservations:create",
+        &format!("tenant/{}", req.tenant),
+    )?;
+    let id = format!("rsv-{}", uuid::Uuid::now_v7().simple());
+    let key = key.unwrap_or_else(|| id.clone());
+    let decisions = state
+        .decisions
+        .clone()
+        .ok_or_else(|| ApiError::new("UNAVAILABLE", "this process does not admit reservations"))?;
+    let waiter = decisions.wait(&id);
+    let admitted = state
+        .store
+        .admit_reservation(
+            &id,
+            &p.id,
+            &key,
+            &req.body_hash(),
+            &req.tenant,
+            &serde_json::to_value(&req).unwrap_or_default(),
+            i64::from(req.duration_s),
+        )
+        .await;
+    let admitted = match admitted {
+        Ok(a) => a,
+        Err(e) => {
+            decisions.forget(&id);
+            return Err(e.into());
+        }
+    };
+    let reservation = match admitted {
+        Admission::Recorded => await_decision(state, &decisions, &id, waiter).await?,
+        Admission::Existing {
+            body_hash,
+            reservation,
+        } => {
+            decisions.forget(&id);
+            if body_hash != req.body_hash() {
+                return Err(ApiError::new(
+                    "CONFLICT",
+                    format!(
+                        "idempotency key {key:?} was used for a different request (reservation {}); use a new key",
+                        reservation.id
+                    ),
+                ));
+            }
+            if reservation.state == "pending" {
+                let waiter = decisions.wait(&reservation.id);
+                await_decision(state, &decisions, &reservation.id, waiter).await?
+            } else {
+                *reservation
+            }
+        }
+    };
+    answer(reservation)
+}
+
+async fn await_decision(
+    state: &ApiState,
+    decisions: &Decisions,
+    id: &str,
+    waiter: oneshot::Receiver<Reservation>,
+) -> Result<Reservation, ApiError> {
+    match tokio::time::timeout(DECISION_WAIT, waiter).await {
+        Ok(Ok(r)) if r.state != "pending" => Ok(r),
+        _ => {
+            decisions.forget(id);
+            // Missed or slow: read what is there (possibly still pending; `get` follows it).
+            state
+                .store
+                .reservation(id)
+                .await?
+                .ok_or_else(|| ApiError::new("NOT_FOUND", format!("reservation {id:?} not found")))
+        }
+    }
+}
+
+/// A failed placement is an error the caller can act on; anything else is the reservation.
+fn answer(r: Reservation) -> Result<Value, ApiError> {
+    if r.state == "failed" {
+        return Err(ApiError::new(
+            "UNAVAILABLE",
+            format!(
+                "reservation {} was not placed: {}; retry later, ask for fewer GPUs, or use a new idempotency key",
+                r.id,
+                r.error.as_deref().unwrap_or("no reason recorded")
+            ),
+        ));
+    }
+    Ok(json!({ "reservation": r }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ById {
+    id: String,
+}
+
+async fn visible(state: &ApiState, p: &Principal, id: &str, verb: &str) -> Result<Reservation, ApiError> {
+    let not_found = || ApiError::new("NOT_FOUND", format!("reservation {id:?} not found"));
+    let r = state.store.reservation(id).await?.ok_or_else(not_found)?;
+    // Another tenant's reservation does not exist as far as this caller can tell.
+    if !tenant_allowed(&p.tenant_id, p.tenant_is_root, &r.tenant) {
+        return Err(not_found());
+    }
+    require(
+        p,
+        &format!("compute:reservations:{verb}"),
+        &format!("tenant/{}", r.tenant),
+    )?;
+    Ok(r)
+}
+
+pub async fn get(state: &ApiState, p: &Principal, req: ById) -> Result<Value, ApiError> {
+    Ok(json!({ "reservation": visible(state, p, &req.id, "get").await? }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct List {
+    tenant: Option<String>,
+    limit: Option<i64>,
+}
+
+pub async fn list(state: &ApiState, p: &Principal, req: List) -> Result<Value, ApiError> {
+    let tenant = match req.tenant {
+        Some(t) => {
+            body_tenant_check(p, &t)?;
+            Some(t)
+        }
+        None if p.tenant_is_root => None,
+        None => Some(p.tenant_id.clone()),
+    };
+    let limit = req.limit.unwrap_or(100).clamp(1, 1000);
+    let rows: Vec<Reservation> = state
+        .store
+        .list_reservations(tenant.as_deref(), limit)
+        .await?
+        .into_iter()
+        .filter(|r| {
+            bc_core::iam::allows(
+                &p.grants,
+                "compute:reservations:list",
+                &format!("tenant/{}", r.tenant),
+            )
+        })
+        .collect();
+    Ok(json!({ "reservations": rows }))
+}
+
+pub async fn release(state: &ApiState, p: &Principal, req: ById) -> Result<Value, ApiError> {
+    let r = visible(state, p, &req.id, "release").await?;
+    match state
+        .store
+        .end_reservation(&r.id, "released", &format!("principal/{}", p.id))
+        .await?
+    {
+        Some(r) => Ok(json!({ "reservation": r })),
+        None => Err(ApiError::new(
+            "CONFLICT",
+            format!("reservation {} has already ended ({})", r.id, r.state),
+        )),
+    }
+}
+
+// === IAM: tenants and principals ===
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTenant {
+    id: String,
+    name: Option<String>,
+}
+
+pub async fn create_tenant(state: &ApiState, p: &Principal, req: CreateTenant) -> Result<Value, ApiError> {
+    if !p.tenant_is_root {
+        return Err(ApiError::new("ACCESS_DENIED", "only the root tenant creates tenants"));
+    }
+    require(p, "compute:tenants:create", &format!("tenant/{}", req.id))?;
+    if !valid_id(&req.id) {
+        return Err(ApiError::new(
+            "INVALID_ARGUMENT",
+            "id must be letters, digits, '-' or '_' (at most 64)",
+        ));
+    }
+    let name = req.name.unwrap_or_else(|| req.id.clone());
+    state.store.ensure_tenant(&req.id, &name).await?;
+    Ok(json!({"id": req.id, "name": name}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreatePrincipal {
+    id: String,
+    tenant: String,
+    name: Option<String>,
+    #[serde(default)]
+    grants: Vec<bc_core::iam::Grant>,
+}
+
+pub async fn create_principal(
+    state: &ApiState,
+    p: &Principal,
+    req: CreatePrincipal,
+) -> Result<Value, ApiError> {
+    body_tenant_check(p, &req.tenant)?;
+    require(p, "compute:principals:create", &format!("tenant/{}", req.tenant))?;
+    if !valid_id(&req.id) {
+        return Err(ApiError::new(
+            "INVALID_ARGUMENT",
+            "id must be letters, digits, '-' or '_' (at most 64)",
+        ));
+    }
+    // A non-root caller may hand out only grants scoped to its own tenant.
+    if !p.tenant_is_root {
+        let own = format!("tenant/{}", req.tenant);
+        if let Some(g) = req.grants.iter().find(|g| g.scope != own) {
+            return Err(ApiError::new(
+                "ACCESS_DENIED",
+                format!("grant scope {:?} is outside tenant {}", g.scope, req.tenant),
+            ));
+        }
+    }
+    let key = bc_proto::token::Token::generate(bc_proto::token::TokenKind::ApiKey)
+        .map_err(|_| ApiError::new("UNAVAILABLE", "no randomness"))?;
+    let name = req.name.unwrap_or_else(|| req.id.clone());
+    state
+        .store
+        .create_principal(&req.id, &req.tenant, &name, key.id(), &key.secret().hash(), &req.grants)
+        .await?;
+    Ok(json!({"id": req.id, "tenant": req.tenant, "api_key": key.reveal()}))
+}
+
+/// Shared handle type for ApiState.
+pub type SharedDecisions = Arc<Decisions>;
