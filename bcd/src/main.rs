@@ -32,6 +32,9 @@ struct Overrides {
     /// Read /sys and /proc under this root instead of / (tests, containers).
     #[arg(long)]
     hardware_root: Option<PathBuf>,
+    /// Where the CDI spec of this node's bookings goes (default /etc/cdi).
+    #[arg(long)]
+    cdi_dir: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -162,7 +165,7 @@ fn load_config(
             state_dir,
             gpu_backend: o.gpu_backend,
             hardware_root: o.hardware_root,
-            cdi_dir: None,
+            cdi_dir: o.cdi_dir,
         })
         .validate(&origin)?)
 }

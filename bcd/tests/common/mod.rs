@@ -38,6 +38,7 @@ pub fn serve_config(dir: &Path, opts: &Options, gateway_listen: SocketAddr) -> S
             api: true,
             gateway: true,
             controllers: opts.controllers,
+            scheduler: opts.controllers,
             ..Roles::default()
         },
         api_listen: "127.0.0.1:0".parse().expect("addr"),
