@@ -46,7 +46,9 @@ pub struct LocalGpu {
 pub fn bookings(spec: &Value) -> Result<Vec<Booking>, CdiError> {
     match spec.get("bookings") {
         None | Some(Value::Null) => Ok(Vec::new()),
-        Some(b) => serde_json::from_value(b.clone()).map_err(|e| CdiError::Malformed(e.to_string())),
+        Some(b) => {
+            serde_json::from_value(b.clone()).map_err(|e| CdiError::Malformed(e.to_string()))
+        }
     }
 }
 
@@ -186,7 +188,12 @@ mod tests {
         let cdi = render(&b, &local()).expect("render").expect("some");
         let golden = include_str!("cdi_golden.json");
         let want: Value = serde_json::from_str(golden).expect("golden parses");
-        assert_eq!(cdi, want, "got {}", serde_json::to_string_pretty(&cdi).unwrap_or_default());
+        assert_eq!(
+            cdi,
+            want,
+            "got {}",
+            serde_json::to_string_pretty(&cdi).unwrap_or_default()
+        );
     }
 
     #[test]
@@ -197,7 +204,10 @@ mod tests {
             reservation: "rsv-a".into(),
             gpus: vec!["GPU-9".into()],
         }];
-        assert!(matches!(render(&b, &local()), Err(CdiError::UnknownGpu { .. })));
+        assert!(matches!(
+            render(&b, &local()),
+            Err(CdiError::UnknownGpu { .. })
+        ));
         let b = vec![Booking {
             reservation: "../x".into(),
             gpus: vec!["GPU-0".into()],

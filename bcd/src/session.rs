@@ -478,7 +478,12 @@ impl Daemon {
         };
         let cdi = crate::cdi::render(&bookings, &local).map_err(|e| e.to_string())?;
         crate::cdi::apply(&self.config.cdi_dir, cdi.as_ref()).map_err(|e| {
-            format!("{e}: {}", std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default())
+            format!(
+                "{e}: {}",
+                std::error::Error::source(&e)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            )
         })?;
         let doc = serde_json::json!({"generation": d.generation, "spec": spec});
         state

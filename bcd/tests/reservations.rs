@@ -66,7 +66,8 @@ fn cdi_devices(path: &Path) -> Option<Value> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_booking_becomes_a_cdi_spec_of_exactly_the_booked_gpus_and_release_removes_it() -> TestResult {
+async fn a_booking_becomes_a_cdi_spec_of_exactly_the_booked_gpus_and_release_removes_it()
+-> TestResult {
     let p = plane_with(Options {
         controllers: true,
         fast: true,
@@ -75,20 +76,27 @@ async fn a_booking_becomes_a_cdi_spec_of_exactly_the_booked_gpus_and_release_rem
     .await;
     let name = "cdi8";
     let token = p.token(json!({"pool": "default", "uses": 1})).await;
-    let node_id = join(&p, name, &token, claims(name, 8)).await?.identity.node_id;
+    let node_id = join(&p, name, &token, claims(name, 8))
+        .await?
+        .identity
+        .node_id;
     let fixture: PathBuf = p.dir.path().join("cdi8-gpus.json");
     std::fs::write(&fixture, bcd::gpu::fixture::synthetic(8, name))?;
     fake_hardware(&p.dir.path().join(format!("{name}-hw")), name)?;
     let cdi = p.dir.path().join("cdi");
     let _daemon = run_bcd(&p, name, &fixture, &cdi);
-    wait_node(&p, &node_id, "adoption", |n| n.state == "adopted" && n.acked_generation == 1).await;
+    wait_node(&p, &node_id, "adoption", |n| {
+        n.state == "adopted" && n.acked_generation == 1
+    })
+    .await;
     assert!(cdi_devices(&cdi).is_none(), "nothing booked yet, no spec");
 
     // The GPU devices follow the node's inventory.
-    let devices: i64 = bc_store::sqlx::query_scalar("SELECT count(*) FROM devices WHERE node_id = $1")
-        .bind(&node_id)
-        .fetch_one(p.store.pool())
-        .await?;
+    let devices: i64 =
+        bc_store::sqlx::query_scalar("SELECT count(*) FROM devices WHERE node_id = $1")
+            .bind(&node_id)
+            .fetch_one(p.store.pool())
+            .await?;
     assert_eq!(devices, 8);
 
     let r = p
@@ -100,7 +108,10 @@ async fn a_booking_becomes_a_cdi_spec_of_exactly_the_booked_gpus_and_release_rem
         )
         .await?;
     assert_eq!(r["reservation"]["state"], "placed", "{r}");
-    let id = r["reservation"]["id"].as_str().unwrap_or_default().to_string();
+    let id = r["reservation"]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let mut booked: Vec<String> = r["reservation"]["gpus"]
         .as_array()
         .into_iter()
@@ -120,23 +131,37 @@ async fn a_booking_becomes_a_cdi_spec_of_exactly_the_booked_gpus_and_release_rem
         .flatten()
         .map(|d| d["name"].as_str().unwrap_or_default().to_string())
         .collect();
-    let mut gpu_names: Vec<String> = names.iter().filter(|n| n.starts_with("GPU-")).cloned().collect();
+    let mut gpu_names: Vec<String> = names
+        .iter()
+        .filter(|n| n.starts_with("GPU-"))
+        .cloned()
+        .collect();
     gpu_names.sort();
     assert_eq!(gpu_names, booked, "CDI devices {names:?}");
-    assert!(names.contains(&id), "the reservation device is missing: {names:?}");
+    assert!(
+        names.contains(&id),
+        "the reservation device is missing: {names:?}"
+    );
     let whole = spec["devices"]
         .as_array()
         .into_iter()
         .flatten()
         .find(|d| d["name"] == id.as_str())
-        .map(|d| d["containerEdits"]["env"][0].as_str().unwrap_or_default().to_string())
+        .map(|d| {
+            d["containerEdits"]["env"][0]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
         .unwrap_or_default();
     for g in &booked {
         assert!(whole.contains(g.as_str()), "{whole}");
     }
 
     // Release: the next generation removes them; with nothing booked the spec is gone.
-    p.admin.call("reservations", "release", json!({"id": id})).await?;
+    p.admin
+        .call("reservations", "release", json!({"id": id}))
+        .await?;
     wait_node(&p, &node_id, "release ack", |n| n.acked_generation >= 3).await;
     assert!(
         cdi_devices(&cdi).is_none(),

@@ -30,7 +30,13 @@ impl Drop for Serve {
     }
 }
 
-fn serve(bin: &PathBuf, dir: &std::path::Path, name: &str, url: &str, roles: &str) -> anyhow::Result<(Serve, Option<String>)> {
+fn serve(
+    bin: &PathBuf,
+    dir: &std::path::Path,
+    name: &str,
+    url: &str,
+    roles: &str,
+) -> anyhow::Result<(Serve, Option<String>)> {
     let cfg = dir.join(format!("{name}.toml"));
     std::fs::write(
         &cfg,
@@ -64,12 +70,7 @@ fn serve(bin: &PathBuf, dir: &std::path::Path, name: &str, url: &str, roles: &st
     Ok((Serve(child), api))
 }
 
-async fn admit(
-    http: &reqwest::Client,
-    url: &str,
-    key: &str,
-    i: usize,
-) -> anyhow::Result<Duration> {
+async fn admit(http: &reqwest::Client, url: &str, key: &str, i: usize) -> anyhow::Result<Duration> {
     let t = Instant::now();
     let r = http
         .post(url)
@@ -97,14 +98,16 @@ async fn statements(pool: &bc_store::sqlx::PgPool) -> anyhow::Result<i64> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     bc_proto::install_crypto_provider();
-    let bin = PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
+    let bin =
+        PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
     let dir = tempfile::tempdir()?;
     let pg = EmbeddedPostgres::start(&dir.path().join("pg"), Durability::Durable)?;
     let url = pg.url("postgres");
     let pool = pg.pool("postgres", 8).await?;
     bc_store::migrate::migrate(&pool).await?;
     let t = Instant::now();
-    bc_store::testing::seed_gpu_nodes(&pool, "gpu", "n", NODES, GPUS, "NVIDIA H100 80GB HBM3").await?;
+    bc_store::testing::seed_gpu_nodes(&pool, "gpu", "n", NODES, GPUS, "NVIDIA H100 80GB HBM3")
+        .await?;
     bc_store::sqlx::query("ANALYZE").execute(&pool).await?;
     println!(
         "store: {NODES} adopted nodes × {GPUS} GPUs seeded in {:.1} s (durable commits: fsync on)",
@@ -121,8 +124,12 @@ async fn main() -> anyhow::Result<()> {
     let (_a2, u2) = serve(&bin, dir.path(), "api2", &url, "api")?;
     let (_s, _) = serve(&bin, dir.path(), "sched", &url, "scheduler")?;
     let urls = Arc::new([u1.context("api1 address")?, u2.context("api2 address")?]);
-    println!("processes: 2 × `serve --roles api`, 1 × `serve --roles scheduler`, PostgreSQL 15; 2 cores shared by all");
-    let http = reqwest::Client::builder().pool_max_idle_per_host(CONCURRENCY).build()?;
+    println!(
+        "processes: 2 × `serve --roles api`, 1 × `serve --roles scheduler`, PostgreSQL 15; 2 cores shared by all"
+    );
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(CONCURRENCY)
+        .build()?;
     // Warm up: caches (principals, capacity), connections, plans.
     let next = Arc::new(AtomicUsize::new(0));
     for i in 0..200 {
@@ -131,7 +138,9 @@ async fn main() -> anyhow::Result<()> {
     next.store(200, Ordering::SeqCst);
 
     // Phase 1: saturated.
-    bc_store::sqlx::query("SELECT pg_stat_statements_reset()").execute(&pool).await?;
+    bc_store::sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(&pool)
+        .await?;
     let s0 = statements(&pool).await?;
     let t0 = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -165,7 +174,9 @@ async fn main() -> anyhow::Result<()> {
     );
 
     // Phase 2: paced, open loop.
-    bc_store::sqlx::query("SELECT pg_stat_statements_reset()").execute(&pool).await?;
+    bc_store::sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(&pool)
+        .await?;
     let s0 = statements(&pool).await?;
     let total = (PACED_RATE * PACED.as_secs_f64()) as usize;
     let t0 = tokio::time::Instant::now();
@@ -196,11 +207,16 @@ async fn main() -> anyhow::Result<()> {
         percentile_ms(&lat, 1.0),
         stmts as f64 / lat.len() as f64
     );
-    let booked: i64 = bc_store::sqlx::query_scalar("SELECT count(*) FROM devices WHERE reservation_id IS NOT NULL")
-        .fetch_one(&pool)
-        .await?;
+    let booked: i64 = bc_store::sqlx::query_scalar(
+        "SELECT count(*) FROM devices WHERE reservation_id IS NOT NULL",
+    )
+    .fetch_one(&pool)
+    .await?;
     let admitted = next.load(Ordering::SeqCst);
-    anyhow::ensure!(booked as usize == admitted, "{booked} devices booked for {admitted} admissions");
+    anyhow::ensure!(
+        booked as usize == admitted,
+        "{booked} devices booked for {admitted} admissions"
+    );
     println!("check: {booked} GPUs booked for {admitted} admissions, none twice");
     println!("admissions: {sat_rate:.0} admissions/s (paced 1000/s p99 {p99:.1} ms)");
     Ok(())

@@ -112,7 +112,12 @@ impl Capacity {
     pub fn place(&self, req: &ReservationRequest) -> Result<Placement, NoCapacity> {
         let need = req.gpus as usize;
         let models: Vec<&String> = match &req.model {
-            Some(m) => self.index.get_key_value(m).map(|(k, _)| k).into_iter().collect(),
+            Some(m) => self
+                .index
+                .get_key_value(m)
+                .map(|(k, _)| k)
+                .into_iter()
+                .collect(),
             None => self.index.keys().collect(),
         };
         let found = match req.topology {

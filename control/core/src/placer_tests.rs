@@ -86,7 +86,9 @@ fn nvlink_prefers_one_clique_and_can_span_nodes() {
     let mut c = Capacity::default();
     c.set_node("m1", H100, gpus("m1", 4, |_| Some("f".into())));
     c.set_node("m2", H100, gpus("m2", 4, |_| Some("f".into())));
-    let p = c.place(&req(6, Topology::Nvlink, None)).expect("fabric fits");
+    let p = c
+        .place(&req(6, Topology::Nvlink, None))
+        .expect("fabric fits");
     assert_eq!(p.gpu_count(), 6);
     assert_eq!(p.parts.len(), 2);
 }
@@ -97,7 +99,9 @@ fn any_packs_partial_nodes_first() {
     c.set_node("a", H100, gpus("a", 8, |_| None));
     c.set_node("b", H100, gpus("b", 3, |_| None));
     c.set_node("c", H100, gpus("c", 3, |_| None));
-    let p = c.place(&req(5, Topology::Any, None)).expect("fits on a alone");
+    let p = c
+        .place(&req(5, Topology::Any, None))
+        .expect("fits on a alone");
     assert_eq!(p.parts.len(), 1, "a single node that fits wins");
     let p = c.place(&req(10, Topology::Any, None)).expect("spans");
     assert_eq!(p.gpu_count(), 10);

@@ -137,10 +137,9 @@ mod tests {
     fn body_hash_ignores_key_order_and_spelled_out_defaults() {
         let a: ReservationRequest =
             serde_json::from_str(r#"{"tenant":"t","gpus":1,"duration_s":60}"#).expect("a");
-        let b: ReservationRequest = serde_json::from_str(
-            r#"{"duration_s":60,"topology":"node","gpus":1,"tenant":"t"}"#,
-        )
-        .expect("b");
+        let b: ReservationRequest =
+            serde_json::from_str(r#"{"duration_s":60,"topology":"node","gpus":1,"tenant":"t"}"#)
+                .expect("b");
         assert_eq!(a.body_hash(), b.body_hash());
         let mut c = a.clone();
         c.gpus = 2;

@@ -208,7 +208,12 @@ pub struct ById {
     id: String,
 }
 
-async fn visible(state: &ApiState, p: &Principal, id: &str, verb: &str) -> Result<Reservation, ApiError> {
+async fn visible(
+    state: &ApiState,
+    p: &Principal,
+    id: &str,
+    verb: &str,
+) -> Result<Reservation, ApiError> {
     let not_found = || ApiError::new("NOT_FOUND", format!("reservation {id:?} not found"));
     let r = state.store.reservation(id).await?.ok_or_else(not_found)?;
     // Another tenant's reservation does not exist as far as this caller can tell.
@@ -284,9 +289,16 @@ pub struct CreateTenant {
     name: Option<String>,
 }
 
-pub async fn create_tenant(state: &ApiState, p: &Principal, req: CreateTenant) -> Result<Value, ApiError> {
+pub async fn create_tenant(
+    state: &ApiState,
+    p: &Principal,
+    req: CreateTenant,
+) -> Result<Value, ApiError> {
     if !p.tenant_is_root {
-        return Err(ApiError::new("ACCESS_DENIED", "only the root tenant creates tenants"));
+        return Err(ApiError::new(
+            "ACCESS_DENIED",
+            "only the root tenant creates tenants",
+        ));
     }
     require(p, "compute:tenants:create", &format!("tenant/{}", req.id))?;
     if !valid_id(&req.id) {
@@ -316,7 +328,11 @@ pub async fn create_principal(
     req: CreatePrincipal,
 ) -> Result<Value, ApiError> {
     body_tenant_check(p, &req.tenant)?;
-    require(p, "compute:principals:create", &format!("tenant/{}", req.tenant))?;
+    require(
+        p,
+        "compute:principals:create",
+        &format!("tenant/{}", req.tenant),
+    )?;
     if !valid_id(&req.id) {
         return Err(ApiError::new(
             "INVALID_ARGUMENT",
@@ -338,7 +354,14 @@ pub async fn create_principal(
     let name = req.name.unwrap_or_else(|| req.id.clone());
     state
         .store
-        .create_principal(&req.id, &req.tenant, &name, key.id(), &key.secret().hash(), &req.grants)
+        .create_principal(
+            &req.id,
+            &req.tenant,
+            &name,
+            key.id(),
+            &key.secret().hash(),
+            &req.grants,
+        )
         .await?;
     Ok(json!({"id": req.id, "tenant": req.tenant, "api_key": key.reveal()}))
 }

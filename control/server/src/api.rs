@@ -189,11 +189,9 @@ async fn dispatch(
         ("reservations", "list") => crate::admission::list(&state, &principal, parse(body)?)
             .await
             .map(Json),
-        ("reservations", "release") => {
-            crate::admission::release(&state, &principal, parse(body)?)
-                .await
-                .map(Json)
-        }
+        ("reservations", "release") => crate::admission::release(&state, &principal, parse(body)?)
+            .await
+            .map(Json),
         ("tenants", "create") => crate::admission::create_tenant(&state, &principal, parse(body)?)
             .await
             .map(Json),

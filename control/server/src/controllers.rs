@@ -54,7 +54,11 @@ pub async fn run(
                 Ok(held) => {
                     let mine: Vec<i16> = held.iter().map(|l| l.shard).collect();
                     if mine.len() != leases.len() {
-                        tracing::info!(worker = worker_id, shards = mine.len(), "controller shards");
+                        tracing::info!(
+                            worker = worker_id,
+                            shards = mine.len(),
+                            "controller shards"
+                        );
                     }
                     leases = held;
                     shards_out.send_replace(mine);

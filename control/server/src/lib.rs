@@ -136,11 +136,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             session: Some((backend, session_config, registry.clone())),
         };
         // The outbox sink's notifications: pull at once for nodes this gateway holds.
-        let mut outbox = notify::listen(
-            &store,
-            &[bc_store::work::OUTBOX_CHANNEL],
-            stop_rx.clone(),
-        );
+        let mut outbox = notify::listen(&store, &[bc_store::work::OUTBOX_CHANNEL], stop_rx.clone());
         let poke = registry.clone();
         tasks.spawn(async move {
             while let Some(n) = outbox.recv().await {
@@ -228,7 +224,10 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             shards_rx,
             stop_rx.clone(),
         ));
-        tracing::info!(worker, "controllers role: lifecycle, expiry and outbox sink running");
+        tracing::info!(
+            worker,
+            "controllers role: lifecycle, expiry and outbox sink running"
+        );
     }
     if config.roles.scheduler {
         tasks.spawn(scheduler::run(
@@ -240,7 +239,9 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         tracing::info!(worker, "scheduler role: placer running");
     }
     if config.roles.sinks {
-        tracing::info!("sinks role: the outbox sink runs inside the controllers role in this version");
+        tracing::info!(
+            "sinks role: the outbox sink runs inside the controllers role in this version"
+        );
     }
     for (on, name) in [(config.roles.iam, "iam")] {
         if on {

@@ -9,7 +9,10 @@ use tokio::sync::{mpsc, watch};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
-    Message { channel: String, payload: String },
+    Message {
+        channel: String,
+        payload: String,
+    },
     /// The listening connection was lost (and is being re-established) or the queue overflowed.
     Resync,
 }

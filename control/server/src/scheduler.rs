@@ -20,7 +20,12 @@ const BATCH: i64 = 512;
 const FULL_RELOAD: Duration = Duration::from_secs(30);
 const TICK: Duration = Duration::from_millis(250);
 
-pub async fn run(store: Store, worker_id: String, lease: Duration, mut stop: watch::Receiver<bool>) {
+pub async fn run(
+    store: Store,
+    worker_id: String,
+    lease: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut notices = notify::listen(&store, &[PENDING_CHANNEL, CAPACITY_CHANNEL], stop.clone());
     let mut capacity = Capacity::default();
     let mut loaded_at: Option<Instant> = None;

@@ -173,7 +173,10 @@ async fn cross_tenant_create_is_denied_before_any_database_access() {
         .await;
     assert_eq!(code(&r), "ACCESS_DENIED");
     if let Err(ClientError::Api { message, .. }) = &r {
-        assert!(message.contains("team-a") && message.contains("team-b"), "{message}");
+        assert!(
+            message.contains("team-a") && message.contains("team-b"),
+            "{message}"
+        );
     }
     assert_eq!(
         f.acquires.load(Ordering::SeqCst),
@@ -239,7 +242,12 @@ async fn idempotency_replays_and_conflicts_also_concurrently() {
     while let Some(r) = set.join_next().await {
         let v = r.expect("join").expect("create");
         assert_eq!(v["reservation"]["state"], "placed", "{v}");
-        ids.insert(v["reservation"]["id"].as_str().unwrap_or_default().to_string());
+        ids.insert(
+            v["reservation"]["id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        );
     }
     assert_eq!(ids.len(), 1, "{ids:?}");
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM reservations")

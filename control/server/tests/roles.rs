@@ -66,7 +66,12 @@ async fn leases(store: &Store, role: &str) -> (usize, HashMap<String, usize>) {
     for (_, owner, _, ok) in rows {
         if ok {
             valid += 1;
-            let pid = owner.split('-').rev().nth(1).unwrap_or_default().to_string();
+            let pid = owner
+                .split('-')
+                .rev()
+                .nth(1)
+                .unwrap_or_default()
+                .to_string();
             *owners.entry(pid).or_default() += 1;
         }
     }
@@ -128,7 +133,11 @@ async fn api_scheduler_and_controllers_share_work_across_processes() {
     })
     .await;
     let (_, sched) = leases(&store, "scheduler").await;
-    assert_eq!(sched.values().sum::<usize>(), 256, "the scheduler owns every scheduler shard");
+    assert_eq!(
+        sched.values().sum::<usize>(),
+        256,
+        "the scheduler owns every scheduler shard"
+    );
 
     // Creates alternate between the API processes; a replay on the other process answers the same.
     let mut ids = Vec::new();
@@ -144,12 +153,18 @@ async fn api_scheduler_and_controllers_share_work_across_processes() {
             .await
             .expect("replay");
         assert_eq!(replay["reservation"]["id"], r["reservation"]["id"]);
-        ids.push(r["reservation"]["id"].as_str().unwrap_or_default().to_string());
+        ids.push(
+            r["reservation"]["id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        );
     }
-    let booked: i64 = sqlx::query_scalar("SELECT count(*) FROM devices WHERE reservation_id IS NOT NULL")
-        .fetch_one(store.pool())
-        .await
-        .expect("booked");
+    let booked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM devices WHERE reservation_id IS NOT NULL")
+            .fetch_one(store.pool())
+            .await
+            .expect("booked");
     assert_eq!(booked, 60);
 
     // Kill one controller without a goodbye: its shards move within the lease expiry.
@@ -173,11 +188,16 @@ async fn api_scheduler_and_controllers_share_work_across_processes() {
 
     // Every reservation expires exactly once, across the kill.
     until(20, "all reservations expire", || async {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM reservations WHERE state = 'expired'")
-            .fetch_one(store.pool())
-            .await
-            .map_err(|e| e.to_string())?;
-        if n == 30 { Ok(()) } else { Err(format!("{n} of 30 expired")) }
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM reservations WHERE state = 'expired'")
+                .fetch_one(store.pool())
+                .await
+                .map_err(|e| e.to_string())?;
+        if n == 30 {
+            Ok(())
+        } else {
+            Err(format!("{n} of 30 expired"))
+        }
     })
     .await;
     let per: Vec<(String, i64)> = sqlx::query_as(
@@ -191,10 +211,11 @@ async fn api_scheduler_and_controllers_share_work_across_processes() {
     for id in &ids {
         assert!(per.iter().any(|(s, _)| s == &format!("reservation/{id}")));
     }
-    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM devices WHERE reservation_id IS NOT NULL")
-        .fetch_one(store.pool())
-        .await
-        .expect("left");
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM devices WHERE reservation_id IS NOT NULL")
+            .fetch_one(store.pool())
+            .await
+            .expect("left");
     assert_eq!(left, 0);
     let queue: i64 = sqlx::query_scalar("SELECT count(*) FROM work_queue")
         .fetch_one(store.pool())

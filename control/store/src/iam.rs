@@ -78,7 +78,9 @@ impl Store {
         })?
         .rows_affected();
         if created == 0 {
-            return Err(StoreError::Conflict(format!("principal {id:?} already exists")));
+            return Err(StoreError::Conflict(format!(
+                "principal {id:?} already exists"
+            )));
         }
         for g in grants {
             sqlx::query("INSERT INTO grants (principal_id, permission, scope) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")

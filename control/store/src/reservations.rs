@@ -86,7 +86,9 @@ pub enum Decision {
         error: String,
     },
     /// Leave pending for the next round (a stale capacity view lost a race).
-    Retry { id: String },
+    Retry {
+        id: String,
+    },
 }
 
 impl Store {
@@ -147,10 +149,12 @@ impl Store {
     }
 
     pub async fn reservation(&self, id: &str) -> Result<Option<Reservation>, StoreError> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM reservations r WHERE r.id = $1")))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM reservations r WHERE r.id = $1"
+        )))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(row.map(|r| row_to_reservation(&r, 0)))
     }
 
@@ -318,10 +322,8 @@ impl Store {
                 .await?;
         }
         // text[][] must be rectangular; pass node lists as JSON instead.
-        let nodes_json: Vec<serde_json::Value> = placed_nodes
-            .iter()
-            .map(|n| serde_json::json!(n))
-            .collect();
+        let nodes_json: Vec<serde_json::Value> =
+            placed_nodes.iter().map(|n| serde_json::json!(n)).collect();
         if !placed_ids.is_empty() || !failed_ids.is_empty() {
             sqlx::query(
                 "WITH p AS (SELECT * FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::float8[]) AS p(id, nodes, gpus, secs)), \

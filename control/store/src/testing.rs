@@ -172,10 +172,12 @@ pub async fn seed_gpu_nodes(
     sqlx::query("INSERT INTO tenants (id, name, is_root) VALUES ('root', 'root', true) ON CONFLICT DO NOTHING")
         .execute(pool)
         .await?;
-    sqlx::query("INSERT INTO pools (id, tenant_id, name) VALUES ($1, 'root', $1) ON CONFLICT DO NOTHING")
-        .bind(pool_id)
-        .execute(pool)
-        .await?;
+    sqlx::query(
+        "INSERT INTO pools (id, tenant_id, name) VALUES ($1, 'root', $1) ON CONFLICT DO NOTHING",
+    )
+    .bind(pool_id)
+    .execute(pool)
+    .await?;
     sqlx::query(
         "INSERT INTO nodes (id, pool_id, state, claims, join_key_hash, joined_at, cert_serial, cert_not_after, \
            desired_generation, desired_spec) \
@@ -199,5 +201,7 @@ pub async fn seed_gpu_nodes(
     .bind(model)
     .execute(pool)
     .await?;
-    sqlx::query_scalar("SELECT count(*) FROM devices").fetch_one(pool).await
+    sqlx::query_scalar("SELECT count(*) FROM devices")
+        .fetch_one(pool)
+        .await
 }
