@@ -23,6 +23,73 @@ const PACED: Duration = Duration::from_secs(10);
 
 struct Serve(Child);
 
+/// CPU seconds (user + system) a process has used, from /proc/<pid>/stat.
+fn cpu_s(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    let Some(after) = stat.rsplit_once(')').map(|(_, a)| a) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    // SC_CLK_TCK is 100 on Linux/x86_64.
+    ticks / 100.0
+}
+
+/// PostgreSQL's processes: the postmaster (first line of postmaster.pid) and its children.
+fn pg_pids(data: &std::path::Path) -> Vec<u32> {
+    let Some(main) = std::fs::read_to_string(data.join("postmaster.pid"))
+        .ok()
+        .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
+    else {
+        return Vec::new();
+    };
+    let mut pids = vec![main];
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')').and_then(|(_, a)| {
+                        a.split_whitespace()
+                            .nth(1)
+                            .and_then(|p| p.parse::<u32>().ok())
+                    })
+                });
+            if ppid == Some(main) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// CPU seconds per part: (api1, api2, scheduler, postgres, this load generator).
+fn cpu_parts(pids: &[u32; 3], data: &std::path::Path) -> [f64; 5] {
+    [
+        cpu_s(pids[0]),
+        cpu_s(pids[1]),
+        cpu_s(pids[2]),
+        pg_pids(data).into_iter().map(cpu_s).sum(),
+        cpu_s(std::process::id()),
+    ]
+}
+
+fn print_cpu(label: &str, before: [f64; 5], after: [f64; 5], n: usize) {
+    let names = ["api1", "api2", "scheduler", "postgres", "load generator"];
+    let parts: Vec<String> = names
+        .iter()
+        .zip(before.iter().zip(after.iter()))
+        .map(|(name, (b, a))| format!("{name} {:.0} µs", (a - b) * 1e6 / n as f64))
+        .collect();
+    println!("  CPU per admission ({label}): {}", parts.join(", "));
+}
+
 impl Drop for Serve {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -31,7 +98,7 @@ impl Drop for Serve {
 }
 
 fn serve(
-    bin: &PathBuf,
+    bin: &std::path::Path,
     dir: &std::path::Path,
     name: &str,
     url: &str,
@@ -120,9 +187,11 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("pg_stat_statements (needs shared_preload_libraries)")?;
 
-    let (_a1, u1) = serve(&bin, dir.path(), "api1", &url, "api")?;
-    let (_a2, u2) = serve(&bin, dir.path(), "api2", &url, "api")?;
-    let (_s, _) = serve(&bin, dir.path(), "sched", &url, "scheduler")?;
+    let (a1, u1) = serve(&bin, dir.path(), "api1", &url, "api")?;
+    let (a2, u2) = serve(&bin, dir.path(), "api2", &url, "api")?;
+    let (sc, _) = serve(&bin, dir.path(), "sched", &url, "scheduler")?;
+    let pids = [a1.0.id(), a2.0.id(), sc.0.id()];
+    let pg_data = dir.path().join("pg").join("data");
     let urls = Arc::new([u1.context("api1 address")?, u2.context("api2 address")?]);
     println!(
         "processes: 2 × `serve --roles api`, 1 × `serve --roles scheduler`, PostgreSQL 15; 2 cores shared by all"
@@ -142,6 +211,7 @@ async fn main() -> anyhow::Result<()> {
         .execute(&pool)
         .await?;
     let s0 = statements(&pool).await?;
+    let c0 = cpu_parts(&pids, &pg_data);
     let t0 = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..CONCURRENCY {
@@ -172,12 +242,14 @@ async fn main() -> anyhow::Result<()> {
         percentile_ms(&lat, 0.99),
         stmts as f64 / lat.len() as f64
     );
+    print_cpu("saturated", c0, cpu_parts(&pids, &pg_data), lat.len());
 
     // Phase 2: paced, open loop.
     bc_store::sqlx::query("SELECT pg_stat_statements_reset()")
         .execute(&pool)
         .await?;
     let s0 = statements(&pool).await?;
+    let c0 = cpu_parts(&pids, &pg_data);
     let total = (PACED_RATE * PACED.as_secs_f64()) as usize;
     let t0 = tokio::time::Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -207,6 +279,7 @@ async fn main() -> anyhow::Result<()> {
         percentile_ms(&lat, 1.0),
         stmts as f64 / lat.len() as f64
     );
+    print_cpu("paced", c0, cpu_parts(&pids, &pg_data), lat.len());
     let booked: i64 = bc_store::sqlx::query_scalar(
         "SELECT count(*) FROM devices WHERE reservation_id IS NOT NULL",
     )

@@ -21,7 +21,7 @@ fn weight(worker: &str, shard: u16) -> u64 {
 
 /// The live worker that owns `shard` (None when there are none). Ties break by worker id so every process
 /// computes the same answer.
-pub fn owner<'a>(shard: u16, workers: &'a [String]) -> Option<&'a str> {
+pub fn owner(shard: u16, workers: &[String]) -> Option<&str> {
     workers
         .iter()
         .max_by(|a, b| (weight(a, shard), a.as_str()).cmp(&(weight(b, shard), b.as_str())))

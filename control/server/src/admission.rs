@@ -121,17 +121,18 @@ pub async fn create(state: &ApiState, p: &Principal, body: Value) -> Result<Valu
         .clone()
         .ok_or_else(|| ApiError::new("UNAVAILABLE", "this process does not admit reservations"))?;
     let waiter = decisions.wait(&id);
+    let request = serde_json::to_value(&req).unwrap_or_default();
     let admitted = state
         .store
-        .admit_reservation(
-            &id,
-            &p.id,
-            &key,
-            &req.body_hash(),
-            &req.tenant,
-            &serde_json::to_value(&req).unwrap_or_default(),
-            i64::from(req.duration_s),
-        )
+        .admit_reservation(bc_store::reservations::NewReservation {
+            id: &id,
+            principal_id: &p.id,
+            key: &key,
+            body_hash: &req.body_hash(),
+            tenant: &req.tenant,
+            request: &request,
+            duration_s: i64::from(req.duration_s),
+        })
         .await;
     let admitted = match admitted {
         Ok(a) => a,

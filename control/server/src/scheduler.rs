@@ -234,5 +234,9 @@ async fn place_all(
                 retry.len()
             )));
         }
+        // A short batch drained the queue; anything admitted since then has notified us already.
+        if (pending.len() as i64) < BATCH {
+            return Ok(());
+        }
     }
 }

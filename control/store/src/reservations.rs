@@ -65,6 +65,20 @@ pub enum Admission {
     },
 }
 
+/// Admission's tx 1 input.
+#[derive(Debug, Clone, Copy)]
+pub struct NewReservation<'a> {
+    pub id: &'a str,
+    pub principal_id: &'a str,
+    /// The caller's idempotency key (scoped to the principal).
+    pub key: &'a str,
+    /// SHA-256 of the canonical request.
+    pub body_hash: &'a str,
+    pub tenant: &'a str,
+    pub request: &'a serde_json::Value,
+    pub duration_s: i64,
+}
+
 /// A pending reservation claimed by the placer.
 #[derive(Debug, Clone)]
 pub struct Pending {
@@ -94,16 +108,16 @@ pub enum Decision {
 impl Store {
     /// Admission's tx 1, one statement: records the idempotency key and the pending reservation and wakes the
     /// schedulers — or, when the key was used before, returns what it recorded then.
-    pub async fn admit_reservation(
-        &self,
-        id: &str,
-        principal_id: &str,
-        key: &str,
-        body_hash: &str,
-        tenant: &str,
-        request: &serde_json::Value,
-        duration_s: i64,
-    ) -> Result<Admission, StoreError> {
+    pub async fn admit_reservation(&self, r: NewReservation<'_>) -> Result<Admission, StoreError> {
+        let NewReservation {
+            id,
+            principal_id,
+            key,
+            body_hash,
+            tenant,
+            request,
+            duration_s,
+        } = r;
         let inserted: Result<i64, sqlx::Error> = sqlx::query_scalar(
             "WITH ins AS (INSERT INTO idempotency (principal_id, key, body_hash, reservation_id) \
                VALUES ($1, $2, $3, $4) ON CONFLICT (principal_id, key) DO NOTHING RETURNING reservation_id), \
