@@ -243,6 +243,20 @@ async fn main() -> anyhow::Result<()> {
         stmts as f64 / lat.len() as f64
     );
     print_cpu("saturated", c0, cpu_parts(&pids, &pg_data), lat.len());
+    let top: Vec<(String, i64, f64)> = bc_store::sqlx::query_as(
+        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 70), calls, total_exec_time FROM pg_stat_statements s \
+         JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = current_database() \
+         AND s.query NOT ILIKE '%pg_stat_statements%' ORDER BY total_exec_time DESC LIMIT 6",
+    )
+    .fetch_all(&pool)
+    .await?;
+    for (q, calls, ms) in top {
+        println!(
+            "  {:>7.0} µs/admission {:>6} calls  {q}",
+            ms * 1000.0 / lat.len() as f64,
+            calls
+        );
+    }
 
     // Phase 2: paced, open loop.
     bc_store::sqlx::query("SELECT pg_stat_statements_reset()")

@@ -222,4 +222,17 @@ async fn api_scheduler_and_controllers_share_work_across_processes() {
         .await
         .expect("queue");
     assert_eq!(queue, 0);
+    // The outbox sink delivered every booking and release (rows are deleted once the gateways are poked).
+    until(10, "the outbox drains", || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+            .fetch_one(store.pool())
+            .await
+            .map_err(|e| e.to_string())?;
+        if n == 0 {
+            Ok(())
+        } else {
+            Err(format!("{n} outbox rows left"))
+        }
+    })
+    .await;
 }
