@@ -70,6 +70,100 @@ impl Decisions {
     }
 }
 
+/// The API process's group commit for tx 1: admissions that arrive while a batch is being written go into the
+/// next one, so under load one statement (one WAL flush, one notification) records many. Alone, a request is
+/// written at once.
+#[derive(Clone)]
+pub struct Admitter {
+    tx: tokio::sync::mpsc::Sender<Ask>,
+}
+
+struct Ask {
+    id: String,
+    principal_id: String,
+    key: String,
+    body_hash: String,
+    tenant: String,
+    request: Value,
+    duration_s: i64,
+    reply: oneshot::Sender<Result<Admission, bc_store::StoreError>>,
+}
+
+impl Ask {
+    fn as_new(&self) -> bc_store::reservations::NewReservation<'_> {
+        bc_store::reservations::NewReservation {
+            id: &self.id,
+            principal_id: &self.principal_id,
+            key: &self.key,
+            body_hash: &self.body_hash,
+            tenant: &self.tenant,
+            request: &self.request,
+            duration_s: self.duration_s,
+        }
+    }
+}
+
+const ADMIT_BATCH: usize = 256;
+
+impl Admitter {
+    pub fn start(store: bc_store::Store) -> Admitter {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Ask>(4096);
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < ADMIT_BATCH {
+                    match rx.try_recv() {
+                        Ok(a) => batch.push(a),
+                        Err(_) => break,
+                    }
+                }
+                let news: Vec<_> = batch.iter().map(Ask::as_new).collect();
+                let recorded = store.admit_reservations(&news).await;
+                drop(news);
+                let recorded = match recorded {
+                    Ok(flags) => flags,
+                    Err(e) => {
+                        tracing::debug!(error = %e, n = batch.len(), "batched admission failed; admitting one by one");
+                        vec![false; batch.len()]
+                    }
+                };
+                for (ask, done) in batch.into_iter().zip(recorded) {
+                    if done {
+                        let _ = ask.reply.send(Ok(Admission::Recorded));
+                    } else {
+                        // A reused key (or a failed batch): the single path answers with what the key recorded,
+                        // or with this request's own error.
+                        let store = store.clone();
+                        tokio::spawn(async move {
+                            let r = store.admit_reservation(ask.as_new()).await;
+                            let _ = ask.reply.send(r);
+                        });
+                    }
+                }
+            }
+        });
+        Admitter { tx }
+    }
+
+    async fn admit(
+        &self,
+        ask: Ask,
+        rx: oneshot::Receiver<Result<Admission, bc_store::StoreError>>,
+    ) -> Result<Admission, ApiError> {
+        self.tx
+            .send(ask)
+            .await
+            .map_err(|_| ApiError::new("UNAVAILABLE", "admission is shutting down; retry"))?;
+        match rx.await {
+            Ok(r) => r.map_err(ApiError::from),
+            Err(_) => Err(ApiError::new(
+                "UNAVAILABLE",
+                "admission was interrupted; retry with the same idempotency key",
+            )),
+        }
+    }
+}
+
 fn body_tenant_check(p: &Principal, tenant: &str) -> Result<(), ApiError> {
     if tenant_allowed(&p.tenant_id, p.tenant_is_root, tenant) {
         Ok(())
@@ -121,24 +215,27 @@ pub async fn create(state: &ApiState, p: &Principal, body: Value) -> Result<Valu
         .clone()
         .ok_or_else(|| ApiError::new("UNAVAILABLE", "this process does not admit reservations"))?;
     let waiter = decisions.wait(&id);
-    let request = serde_json::to_value(&req).unwrap_or_default();
-    let admitted = state
-        .store
-        .admit_reservation(bc_store::reservations::NewReservation {
-            id: &id,
-            principal_id: &p.id,
-            key: &key,
-            body_hash: &req.body_hash(),
-            tenant: &req.tenant,
-            request: &request,
-            duration_s: i64::from(req.duration_s),
-        })
-        .await;
+    let admitter = state
+        .admitter
+        .clone()
+        .ok_or_else(|| ApiError::new("UNAVAILABLE", "this process does not admit reservations"))?;
+    let (reply, rx) = oneshot::channel();
+    let ask = Ask {
+        id: id.clone(),
+        principal_id: p.id.clone(),
+        key: key.clone(),
+        body_hash: req.body_hash(),
+        tenant: req.tenant.clone(),
+        request: serde_json::to_value(&req).unwrap_or_default(),
+        duration_s: i64::from(req.duration_s),
+        reply,
+    };
+    let admitted = admitter.admit(ask, rx).await;
     let admitted = match admitted {
         Ok(a) => a,
         Err(e) => {
             decisions.forget(&id);
-            return Err(e.into());
+            return Err(e);
         }
     };
     let reservation = match admitted {

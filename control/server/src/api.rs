@@ -26,6 +26,8 @@ pub struct ApiState {
     pub sessions: Option<bc_gateway::session::Registry>,
     /// API calls waiting for the placer (None: this process does not admit reservations).
     pub decisions: Option<Arc<crate::admission::Decisions>>,
+    /// Admission's tx 1, group-committed.
+    pub admitter: Option<crate::admission::Admitter>,
     pub principals: Arc<PrincipalCache>,
 }
 

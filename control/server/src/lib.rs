@@ -193,6 +193,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             gateway_url: gateway_url.clone(),
             sessions: gateway_registry.clone(),
             decisions: Some(decisions),
+            admitter: Some(admission::Admitter::start(store.clone())),
             principals: Arc::new(api::PrincipalCache::default()),
         };
         let rx = stop_rx.clone();

@@ -230,6 +230,21 @@ async fn idempotency_replays_and_conflicts_also_concurrently() {
         )
         .await;
     assert_eq!(code(&other), "CONFLICT");
+    // A tenant that does not exist: a clear NOT_FOUND, even when batched with good requests.
+    let (ghost, good) = tokio::join!(
+        f.admin.call(
+            "reservations",
+            "create",
+            json!({"tenant": "ghost", "gpus": 1, "duration_s": 60}),
+        ),
+        a.call(
+            "reservations",
+            "create",
+            json!({"tenant": "team-a", "gpus": 1, "duration_s": 60, "idempotency_key": "k-good"}),
+        )
+    );
+    assert_eq!(code(&ghost), "NOT_FOUND");
+    assert!(code(&good).starts_with("OK"), "{}", code(&good));
 
     // Concurrent: 8 identical creates with a fresh key give one reservation.
     let body = json!({"tenant": "team-a", "gpus": 1, "duration_s": 600, "idempotency_key": "k2"});
@@ -254,7 +269,7 @@ async fn idempotency_replays_and_conflicts_also_concurrently() {
         .fetch_one(f.store.pool())
         .await
         .expect("count");
-    assert_eq!(n, 2);
+    assert_eq!(n, 3);
     f.stop().await;
 }
 

@@ -162,6 +162,48 @@ impl Store {
         })
     }
 
+    /// Admission's tx 1 for a batch (the API's group commit): one statement records every new key and pending
+    /// reservation and wakes the schedulers once. Returns, per input, whether it was recorded; one that was not
+    /// reuses a key and is answered by [`Store::admit_reservation`] (which reads what the key recorded). An error
+    /// (a missing tenant, say) fails the batch: the caller retries each on its own to get its own answer.
+    pub async fn admit_reservations(
+        &self,
+        batch: &[NewReservation<'_>],
+    ) -> Result<Vec<bool>, StoreError> {
+        let ids: Vec<&str> = batch.iter().map(|r| r.id).collect();
+        let principals: Vec<&str> = batch.iter().map(|r| r.principal_id).collect();
+        let keys: Vec<&str> = batch.iter().map(|r| r.key).collect();
+        let hashes: Vec<&str> = batch.iter().map(|r| r.body_hash).collect();
+        let tenants: Vec<&str> = batch.iter().map(|r| r.tenant).collect();
+        let requests: Vec<&serde_json::Value> = batch.iter().map(|r| r.request).collect();
+        let durations: Vec<i32> = batch.iter().map(|r| r.duration_s as i32).collect();
+        let recorded: Vec<String> = sqlx::query_scalar(
+            "WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+                 $6::jsonb[], $7::int[]) AS t(id, principal_id, key, body_hash, tenant_id, request, duration_s)), \
+             ins AS (INSERT INTO idempotency (principal_id, key, body_hash, reservation_id) \
+                 SELECT principal_id, key, body_hash, id FROM input \
+                 ON CONFLICT (principal_id, key) DO NOTHING RETURNING reservation_id), \
+             r AS (INSERT INTO reservations (id, tenant_id, principal_id, request, state, duration_s) \
+                 SELECT i.id, i.tenant_id, i.principal_id, i.request, 'pending', i.duration_s \
+                 FROM input i JOIN ins ON ins.reservation_id = i.id RETURNING id), \
+             n AS (SELECT pg_notify($8, '') WHERE EXISTS (SELECT 1 FROM r)) \
+             SELECT r.id FROM r, (SELECT count(*) FROM n) AS x",
+        )
+        .bind(&ids)
+        .bind(&principals)
+        .bind(&keys)
+        .bind(&hashes)
+        .bind(&tenants)
+        .bind(&requests)
+        .bind(&durations)
+        .bind(PENDING_CHANNEL)
+        .fetch_all(&self.pool)
+        .await?;
+        let recorded: std::collections::HashSet<&str> =
+            recorded.iter().map(String::as_str).collect();
+        Ok(batch.iter().map(|r| recorded.contains(r.id)).collect())
+    }
+
     pub async fn reservation(&self, id: &str) -> Result<Option<Reservation>, StoreError> {
         let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {COLUMNS} FROM reservations r WHERE r.id = $1"
