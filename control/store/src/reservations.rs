@@ -509,6 +509,9 @@ pub(crate) async fn end_reservation_in(
 
 /// Sets each node's desired `bookings` from its booked devices, bumps its desired generation and writes an outbox
 /// row for it — inside the caller's transaction, so the change and its delivery record commit together.
+/// The per-node subquery filters bookings in the aggregate, not in WHERE: with `reservation_id IS NOT NULL` in WHERE
+/// the planner, misled by statistics from an unbooked fleet, walked the partial `devices_reservation` index for
+/// every node (276 ms instead of 7 ms for 30 nodes, measured with EXPLAIN ANALYZE at 24k bookings).
 async fn publish_bookings(tx: &mut PgConnection, nodes: &[String]) -> Result<(), StoreError> {
     if nodes.is_empty() {
         return Ok(());
@@ -517,8 +520,9 @@ async fn publish_bookings(tx: &mut PgConnection, nodes: &[String]) -> Result<(),
         "WITH n AS (UPDATE nodes n SET desired_generation = n.desired_generation + 1, updated_at = now(), \
            desired_spec = jsonb_set(n.desired_spec, '{bookings}', COALESCE(( \
              SELECT jsonb_agg(jsonb_build_object('reservation', b.rid, 'gpus', b.uuids) ORDER BY b.rid) \
+               FILTER (WHERE b.rid IS NOT NULL) \
              FROM (SELECT reservation_id AS rid, jsonb_agg(uuid ORDER BY idx) AS uuids FROM devices \
-                   WHERE node_id = n.id AND reservation_id IS NOT NULL GROUP BY reservation_id) b), '[]'::jsonb)) \
+                   WHERE node_id = n.id GROUP BY reservation_id) b), '[]'::jsonb)) \
            WHERE n.id = ANY($1) RETURNING n.id, n.desired_generation) \
          , o AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM n \
            RETURNING shard) \
