@@ -54,6 +54,11 @@ impl Netboot {
         self.machines.is_empty()
     }
 
+    /// The MACs in the table, in order.
+    pub fn dhcp_table_macs(&self) -> impl Iterator<Item = MacAddr> + '_ {
+        self.machines.keys().copied()
+    }
+
     /// The proxy DHCP's view: every MAC with a desired boot is answered.
     pub fn dhcp_table(&self) -> NetbootTable {
         self.machines.keys().map(|m| NetbootRule::Mac(*m)).collect()
