@@ -29,6 +29,7 @@ const BIOS_MAC: &str = "52:54:00:77:00:01";
 const UEFI_MAC: &str = "52:54:00:77:00:02";
 const UNMARKED_MAC: &str = "52:54:00:77:00:99";
 const SITE_IP: &str = "10.77.0.2";
+const ROGUE_IP: &str = "10.77.0.3";
 const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
 const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
 const LOADERS: [&str; 3] = [
@@ -166,6 +167,7 @@ fn bcd_binary() -> Result<PathBuf> {
     if profile_dir.file_name().is_some_and(|n| n == "release") {
         cmd.arg("--release");
     }
+    cmd.arg("--locked");
     run(&mut cmd).context("building bcd (or set BCD_BIN)")?;
     Ok(profile_dir.join("bcd"))
 }
@@ -576,7 +578,59 @@ fn pxe_boots_bios_and_uefi_and_ignores_unmarked_macs() -> Result<()> {
     // (b) UEFI: OVMF's own PXE, 4011, snponly.efi over TFTP, then iPXE over HTTP.
     boot(&lab, "uefi", UEFI_MAC, true, Duration::from_secs(120)).map_err(show_logs)?;
 
-    // (c) An unmarked MAC: bcd site sees it, logs it once and never answers it.
+    // (c) An unmarked MAC: bcd site sees it, logs it once and never answers it. Meanwhile a second PXE server
+    // (dnsmasq in proxy mode, netns `bcdlab<pid>r` on the bridge) does answer it: bcd site must report that one as
+    // a rogue, and only that one.
+    let rogue_ns = Netns::create(format!("bcdlab{pid}r"))?;
+    let r = rogue_ns.0.as_str();
+    ip(&[
+        "-n", s, "link", "add", "vrseg", "type", "veth", "peer", "name", "vrogue", "netns", r,
+    ])?;
+    ip(&["-n", s, "link", "set", "vrseg", "master", "br0", "up"])?;
+    ip(&[
+        "-n",
+        r,
+        "addr",
+        "add",
+        &format!("{ROGUE_IP}/24"),
+        "dev",
+        "vrogue",
+    ])?;
+    ip(&["-n", r, "link", "set", "vrogue", "up"])?;
+    let _rogue = Proc::spawn(
+        "dnsmasq (rogue PXE proxy)",
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                r,
+                "dnsmasq",
+                "--keep-in-foreground",
+                "--conf-file=/dev/null",
+            ])
+            .args([
+                "--port=0",
+                "--interface=vrogue",
+                "--bind-interfaces",
+                "--dhcp-range=10.77.0.0,proxy",
+            ])
+            .args([
+                "--pxe-service=x86PC,Rogue,undionly.kpxe",
+                "--pxe-service=X86-64_EFI,Rogue,ipxe.efi",
+            ])
+            .args(["--dhcp-leasefile=/dev/null"])
+            .arg(format!(
+                "--pid-file={}",
+                lab.dir.path().join("rogue.pid").display()
+            ))
+            .arg(format!(
+                "--log-facility={}",
+                lab.dir.path().join("rogue.log").display()
+            ))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
     let t0 = Instant::now();
     let serial = lab.dir.path().join("unmarked.serial");
     let mut qemu = Proc::spawn(
@@ -664,9 +718,27 @@ fn pxe_boots_bios_and_uefi_and_ignores_unmarked_macs() -> Result<()> {
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0);
     assert!(ignored >= 1, "the unmarked MAC was not counted: {counters}");
+    let rogue_lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("another server is answering PXE clients"))
+        .collect();
     assert!(
-        counters.contains("rogue_seen=0"),
-        "dnsmasq (addresses only) was reported as a rogue PXE server: {counters}"
+        !rogue_lines.is_empty() && !counters.contains("rogue_seen=0"),
+        "the rogue PXE proxy at {ROGUE_IP} was not reported: {counters}"
+    );
+    let rogue_server = format!("server={ROGUE_IP}");
+    assert!(
+        rogue_lines.iter().all(|l| l.contains(&rogue_server)),
+        "something other than {ROGUE_IP} (dnsmasq handing out addresses only?) was reported: {rogue_lines:?}"
+    );
+    assert!(
+        text.contains("other PXE servers answer on the boot segment"),
+        "the final report does not name the rogue server"
+    );
+    println!(
+        "pxe_lab: rogue reported {} time(s): {}",
+        rogue_lines.len(),
+        rogue_lines[0].trim()
     );
     assert!(text.contains("stopped"), "no clean stop in the log");
     println!("pxe_lab: total {:.1} s", started.elapsed().as_secs_f64());
