@@ -8,7 +8,7 @@ use std::io::{self, Read as _};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
@@ -56,6 +56,7 @@ pub async fn run(
         limits.cache_max_file,
         limits.cache_max_total,
     ));
+    let active = Arc::new(AtomicUsize::new(0));
     let limits = Arc::new(limits);
     let mut transfers = JoinSet::new();
     let mut buf = vec![0u8; 2048];
@@ -88,11 +89,12 @@ pub async fn run(
                 Ok(permit) => {
                     counters.started.fetch_add(1, Ordering::Relaxed);
                     let (root, limits, counters) = (root.clone(), limits.clone(), counters.clone());
-                    let cache = cache.clone();
+                    let (cache, active) = (cache.clone(), active.clone());
                     transfers.spawn(async move {
                         let _permit = permit;
                         let file = req.filename.clone();
-                        match transfer(local_ip, peer, req, &root, &cache, &limits).await {
+                        let _running = Running::start(&active);
+                        match transfer(local_ip, peer, req, &root, &cache, &limits, &active).await {
                             Ok(Outcome::Sent { bytes }) => {
                                 counters.completed.fetch_add(1, Ordering::Relaxed);
                                 debug!(%peer, %file, bytes, "TFTP transfer complete");
@@ -139,6 +141,22 @@ pub async fn run(
     Ok(())
 }
 
+/// Counts a transfer as running until dropped (also when its task is cancelled).
+struct Running(Arc<AtomicUsize>);
+
+impl Running {
+    fn start(active: &Arc<AtomicUsize>) -> Self {
+        active.fetch_add(1, Ordering::Relaxed);
+        Running(active.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 enum Outcome {
     Sent {
         bytes: u64,
@@ -171,6 +189,7 @@ async fn transfer(
     root: &ServeRoot,
     cache: &Arc<FileCache>,
     limits: &Limits,
+    active: &Arc<AtomicUsize>,
 ) -> Result<Outcome, TransferError> {
     let socket = UdpSocket::bind((local_ip, 0)).await?;
     socket.connect(peer).await?;
@@ -198,6 +217,8 @@ async fn transfer(
         buf: vec![0u8; MAX_CLIENT_PACKET],
         timer,
         spin: limits.ack_spin,
+        spin_missed: 0,
+        active: active.clone(),
     };
     if !link.n.oack.is_empty() {
         Packet::Oack(link.n.oack.clone()).encode(&mut out);
@@ -309,6 +330,10 @@ struct Link {
     timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// How long to wait for an ACK awake before sleeping on the reactor.
     spin: Duration,
+    /// Consecutive spins that ended without an ACK.
+    spin_missed: u32,
+    /// Transfers running now (this one included).
+    active: Arc<AtomicUsize>,
 }
 
 impl Link {
@@ -377,13 +402,14 @@ impl Link {
             // The timer is not re-armed per block (that costs a timer-wheel insert and removal for every ACK):
             // it fires at its old deadline, and only then is the real one (last send + timeout) checked.
             let deadline = Instant::now() + self.n.timeout;
-            let mut spin = self.spin;
+            let mut spin = self.spin_budget();
             loop {
                 // Lockstep clients answer within microseconds on a LAN: wait for the ACK awake for a moment rather
                 // than sleep and pay a wake-up (on a VM, an idle vCPU's wake-up) for every block.
                 if !spin.is_zero() {
                     let r = spin_recv(&self.socket, &mut self.buf, spin);
                     spin = Duration::ZERO;
+                    self.spin_missed = if r.is_some() { 0 } else { self.spin_missed + 1 };
                     if let Some(r) = r {
                         let len = r?;
                         match self.on_packet(len, first, last, packets.len()) {
@@ -429,7 +455,22 @@ impl Link {
     }
 }
 
+/// Consecutive ACKs that missed the spin window after which a transfer stops spinning (a slow client or link).
+const SPIN_GIVE_UP: u32 = 4;
+/// Transfers running at once above which none spins (spinning tasks would delay each other's packets).
+const SPIN_MAX_ACTIVE: usize = 2;
+
 impl Link {
+    /// How long to wait awake for the next ACK: nothing once this client proved slower than the budget, or while
+    /// several transfers share the workers.
+    fn spin_budget(&self) -> Duration {
+        if self.spin_missed >= SPIN_GIVE_UP || self.active.load(Ordering::Relaxed) > SPIN_MAX_ACTIVE
+        {
+            return Duration::ZERO;
+        }
+        self.spin
+    }
+
     /// What a packet from the client means for the window `first..=last` (absolute block numbers).
     fn on_packet(&self, len: usize, first: u64, last: u64, window: usize) -> Verdict {
         match Packet::decode(&self.buf[..len]) {
