@@ -164,6 +164,7 @@ async fn site_serve(path: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("starting the services of {}", path.display()))?;
     let (table_tx, table_rx) = tokio::sync::watch::channel(config.netboot.clone());
     let reload_path = path.to_owned();
+    let running = config.clone();
     let reload = tokio::spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let Ok(mut hup) = signal(SignalKind::hangup()) else {
@@ -172,7 +173,17 @@ async fn site_serve(path: &Path) -> anyhow::Result<()> {
         while hup.recv().await.is_some() {
             match serve::SiteConfig::from_file(&reload_path) {
                 Ok(c) => {
-                    tracing::info!(path = %reload_path.display(), "reloaded the netboot table");
+                    let settings_changed = serve::SiteConfig {
+                        netboot: running.netboot.clone(),
+                        ..c.clone()
+                    } != running;
+                    if settings_changed {
+                        tracing::warn!(
+                            path = %reload_path.display(),
+                            "settings other than [[machine]] changed: they apply at the next start"
+                        );
+                    }
+                    tracing::info!(path = %reload_path.display(), machines = c.netboot.len(), "reloaded the netboot table");
                     let _ = table_tx.send(c.netboot);
                 }
                 Err(e) => tracing::error!(

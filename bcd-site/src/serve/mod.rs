@@ -82,6 +82,13 @@ pub enum ServeError {
         #[source]
         source: io::Error,
     },
+    #[error("{field} {path}: not a usable directory")]
+    Dir {
+        field: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("boot HTTP")]
     Http(#[from] http::DirError),
     #[error("TFTP")]
@@ -156,9 +163,18 @@ pub async fn run(
     dhcp_replies: Option<ServerConfig>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    // Fail before serving anything when a directory is unusable, naming the config field.
+    for (field, dir) in [
+        ("boot.tftp_root", &config.tftp_root),
+        ("boot.artifacts", &config.artifacts),
+    ] {
+        crate::tftp::root::ServeRoot::new(dir).map_err(|e| ServeError::Dir {
+            field,
+            path: e.path,
+            source: e.source,
+        })?;
+    }
     let http = BootHttp::new(HttpConfig::new(&config.artifacts, &config.tftp_root))?;
-    // Fail before serving anything when the TFTP root is unusable.
-    crate::tftp::root::ServeRoot::new(&config.tftp_root)?;
     for file in [&config.loaders.bios, &config.loaders.x64_uefi] {
         if !config.tftp_root.join(file).is_file() {
             warn!(root = %config.tftp_root.display(), file, "loader missing from the TFTP root: clients asking for it will fail");
@@ -221,7 +237,7 @@ pub async fn run(
 
     let report = || report(&counters, &http);
     let mut ticker = config.report_interval.map(|every| {
-        let mut t = tokio::time::interval(every);
+        let mut t = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         t
     });
