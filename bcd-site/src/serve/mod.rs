@@ -103,15 +103,18 @@ pub struct Bound {
     pub http: TcpListener,
 }
 
-/// Binds DHCP (port 67 and 4011 on `interface`, plus 68 to watch for rogue servers when asked), TFTP and HTTP
-/// (on `server_ip`). A rogue watch that cannot bind (a DHCP client holds 68) is reported and left out.
+/// Binds DHCP (port 67 and 4011 on `interface`, plus 255.255.255.255:68 to watch for rogue servers when asked),
+/// TFTP and HTTP (on `server_ip`). A rogue watch that cannot bind (a DHCP client holds 68 exclusively) is reported
+/// and left out.
 pub async fn bind(config: &SiteConfig) -> Result<Bound, ServeError> {
     let any = Ipv4Addr::UNSPECIFIED;
     let dev = Some(config.interface.as_str());
     let dhcp = bind_udp(SocketAddrV4::new(any, config.dhcp_port), dev)?;
     let pxe = bind_udp(SocketAddrV4::new(any, config.pxe_port), dev)?;
+    // The watch binds the broadcast address, not the wildcard: it sees the broadcast offers PXE servers send to
+    // clients without an address, and never takes a unicast reply meant for a DHCP client running on this host.
     let watch = if config.watch_rogues {
-        match bind_udp(SocketAddrV4::new(any, 68), dev) {
+        match bind_udp(SocketAddrV4::new(Ipv4Addr::BROADCAST, 68), dev) {
             Ok(s) => Some(s),
             Err(e) => {
                 warn!(error = %e, "not watching for other PXE servers");
