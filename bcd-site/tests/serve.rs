@@ -44,6 +44,25 @@ fn pxe_request(mac: MacAddr, msg_type: MessageType, xid: u32) -> Result<Vec<u8>>
     Ok(buf)
 }
 
+fn ack_bytes(m: &Message) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    m.encode(&mut Encoder::new(&mut buf))?;
+    Ok(buf)
+}
+
+/// A PXE OFFER as another proxy would broadcast it.
+fn offer_from(server: Ipv4Addr) -> Result<Vec<u8>> {
+    let mut m = Message::default();
+    m.set_opcode(Opcode::BootReply)
+        .set_xid(77)
+        .set_chaddr(&UNMARKED.0);
+    let o = m.opts_mut();
+    o.insert(DhcpOption::MessageType(MessageType::Offer));
+    o.insert(DhcpOption::ServerIdentifier(server));
+    o.insert(DhcpOption::ClassIdentifier(b"PXEClient".to_vec()));
+    ack_bytes(&m)
+}
+
 async fn ask(client: &UdpSocket, to: SocketAddr, packet: &[u8]) -> Result<Option<Message>> {
     client.send_to(packet, to).await?;
     let mut buf = [0u8; 1500];
@@ -122,12 +141,13 @@ async fn one_table_drives_dhcp_tftp_and_http() -> Result<()> {
         dhcp: DhcpSockets {
             dhcp: bind_udp(any, None)?,
             pxe: bind_udp(any, None)?,
-            watch: None,
+            watch: Some(bind_udp(any, None)?),
         },
         tftp: UdpSocket::bind(any).await?,
         http: TcpListener::bind(any).await?,
     };
     let (dhcp, pxe) = (bound.dhcp.dhcp.local_addr()?, bound.dhcp.pxe.local_addr()?);
+    let watch_addr = bound.dhcp.watch.as_ref().context("watch")?.local_addr()?;
     let (tftp, http) = (bound.tftp.local_addr()?, bound.http.local_addr()?);
     let (table_tx, table_rx) = watch::channel(config.netboot.clone());
     let counters = SiteCounters::default();
@@ -215,6 +235,26 @@ async fn one_table_drives_dhcp_tftp_and_http() -> Result<()> {
     assert!(answered.is_some(), "the added MAC is never answered");
     let later = http_get(http, &format!("/boot/{LATER}.ipxe"), "").await?;
     assert!(later.contains("kernel http://m/k x=1"), "{later}");
+
+    // Another server's PXE offer seen on the client port is reported as a rogue; our own answers are not.
+    client.send_to(&ack_bytes(&ack)?, watch_addr).await?;
+    let rogue = offer_from(Ipv4Addr::new(10, 9, 9, 9))?;
+    client.send_to(&rogue, watch_addr).await?;
+    let mut seen = counters.dhcp.snapshot();
+    for _ in 0..100 {
+        if seen.rogue_seen > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        seen = counters.dhcp.snapshot();
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let seen = counters.dhcp.snapshot();
+    assert_eq!(seen.rogue_seen, 1, "{seen:?}");
+    assert_eq!(
+        seen.last_rogue.map(|r| r.server_id),
+        Some(Ipv4Addr::new(10, 9, 9, 9))
+    );
 
     let d = counters.dhcp.snapshot();
     assert_eq!(d.ignored.get("not_marked_for_netboot"), Some(&2), "{d:?}");

@@ -68,6 +68,8 @@ pub struct TftpWire {
     pub max_windowsize: Option<u16>,
     pub timeout_s: Option<u64>,
     pub max_retries: Option<u32>,
+    /// Microseconds each ACK is awaited awake before sleeping (default 100; 0 never spins).
+    pub ack_spin_us: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -248,6 +250,15 @@ impl SiteConfigWire {
         if let Some(r) = t.max_retries {
             tftp.max_retries = r;
         }
+        if let Some(us) = t.ack_spin_us {
+            if us > 1000 {
+                return Err(field(
+                    "tftp.ack_spin_us",
+                    "must be at most 1000 (a longer spin only burns CPU)",
+                ));
+            }
+            tftp.ack_spin = Duration::from_micros(us);
+        }
 
         let mut machines = BTreeMap::new();
         for (i, m) in self.machine.into_iter().enumerate() {
@@ -378,6 +389,11 @@ artifacts = "/srv/artifacts"
         assert_eq!(
             err(&machine("mac = \"52:54:00:00:00:01\"\nkernel = \"k\"")),
             "site.toml: machine[1].mac: 52:54:00:00:00:01 is listed twice"
+        );
+        let spin = format!("{MINIMAL}\n[tftp]\nack_spin_us = 5000\n");
+        assert_eq!(
+            err(&spin),
+            "site.toml: tftp.ack_spin_us: must be at most 1000 (a longer spin only burns CPU)"
         );
         let t = format!("{MINIMAL}\n[tftp]\ntimeout_s = 0\n");
         assert_eq!(
