@@ -20,10 +20,13 @@ use std::fs;
 use std::io::{BufRead as _, BufReader};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+
+mod common;
+use common::{Proc, bcd_binary, run, workspace};
 
 const BIOS_MAC: &str = "52:54:00:77:00:01";
 const UEFI_MAC: &str = "52:54:00:77:00:02";
@@ -46,27 +49,12 @@ fn skip(reason: impl std::fmt::Display) -> Result<()> {
     Ok(())
 }
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn have(cmd: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {cmd}")])
         .stdout(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-fn run(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn ip(args: &[&str]) -> Result<()> {
@@ -94,82 +82,8 @@ impl Drop for Netns {
     }
 }
 
-/// A child process killed (by its PID) and reaped when dropped.
-struct Proc {
-    name: &'static str,
-    child: Child,
-}
-
-impl Proc {
-    fn spawn(name: &'static str, cmd: &mut Command) -> Result<Proc> {
-        let child = cmd
-            .stdin(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {name}"))?;
-        Ok(Proc { name, child })
-    }
-
-    /// SIGTERM, then SIGKILL after `grace`; returns whether it exited by itself within the grace.
-    fn terminate(&mut self, grace: Duration) -> bool {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let end = Instant::now() + grace;
-        while Instant::now() < end {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        false
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            eprintln!("pxe_lab: killed {} (pid {})", self.name, self.child.id());
-        }
-    }
-}
-
 fn accel() -> String {
     std::env::var("BC_LAB_ACCEL").unwrap_or_else(|_| "tcg".into())
-}
-
-/// `BCD_BIN`, else `cargo build -p bcd` (a no-op when up to date) next to this test's own profile directory.
-fn bcd_binary() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("BCD_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe()?;
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("test binary path")?
-        .to_path_buf();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(workspace()).args([
-        "build",
-        "-q",
-        "-p",
-        "bcd",
-        "--bin",
-        "bcd",
-        "--features",
-        "site",
-    ]);
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    cmd.arg("--locked");
-    run(&mut cmd).context("building bcd (or set BCD_BIN)")?;
-    Ok(profile_dir.join("bcd"))
 }
 
 /// The first time each pattern appeared in a growing file (after its length at creation), measured from `t0`.
