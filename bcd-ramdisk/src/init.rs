@@ -1,0 +1,419 @@
+//! PID 1: bring the machine up from the initramfs, run what the kernel command line asks, and never exit.
+//!
+//! Mounts `/proc`, `/sys`, `/dev` (devtmpfs), `/run` and `/tmp`; makes `/dev/console` stdio; reaps children on a
+//! thread; loads the modules listed in `/lib/modules/load-order` (written at image build time, dependencies first)
+//! with `finit_module`; reads `/proc/cmdline` ([`crate::cmdline`]); runs the `bc.action` list; then powers off.
+//! Any fatal error is printed (`bc-fatal: …`) and the machine powers off: PID 1 returning would panic the kernel.
+//!
+//! Results go to the console as single lines `bc-report <kind> <json>`, phase timings as
+//! `bc-phase <name> <ms since PID 1 started> <kernel uptime s>`, so a serial log is the record.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tracing::{error, info, warn};
+
+use crate::actions;
+use crate::cmdline::{self, Action, DiskSelection, Mode, RamdiskParams};
+use crate::os::sys;
+
+/// Where the image build puts the module list (one path per line, relative to `/`).
+pub const LOAD_ORDER: &str = "/lib/modules/load-order";
+
+/// A clock for phase lines.
+pub struct Phases {
+    start: Instant,
+}
+
+impl Phases {
+    pub fn new() -> Self {
+        Self {
+            start: Instant::now(),
+        }
+    }
+
+    pub fn mark(&self, name: &str) {
+        let uptime = std::fs::read_to_string("/proc/uptime")
+            .ok()
+            .and_then(|u| u.split_whitespace().next().map(str::to_string))
+            .unwrap_or_else(|| "?".into());
+        say(&format!(
+            "bc-phase {name} {} {uptime}",
+            self.start.elapsed().as_millis()
+        ));
+    }
+}
+
+impl Default for Phases {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One line on the console (stdout), flushed.
+pub fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// `bc-report <kind> <json>`.
+pub fn report<T: Serialize>(kind: &str, value: &T) {
+    match serde_json::to_string(value) {
+        Ok(json) => say(&format!("bc-report {kind} {json}")),
+        Err(e) => say(&format!(
+            "bc-report {kind} {{\"error\":\"serializing: {e}\"}}"
+        )),
+    }
+}
+
+/// Power off, and if even that fails, idle forever (PID 1 must not exit).
+pub fn halt() -> ! {
+    let e = sys::power_off();
+    say(&format!("bc-fatal: power off failed: {e}; idling"));
+    idle()
+}
+
+fn idle() -> ! {
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn fatal(what: &str) -> ! {
+    error!("{what}");
+    say(&format!("bc-fatal: {what}"));
+    halt()
+}
+
+/// The early mounts. Already-mounted targets (`EBUSY`) are fine.
+pub fn mount_early() -> Vec<String> {
+    let mut problems = Vec::new();
+    let mounts: [(&str, &str, &str, libc::c_ulong); 5] = [
+        (
+            "proc",
+            "/proc",
+            "proc",
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        ),
+        (
+            "sysfs",
+            "/sys",
+            "sysfs",
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        ),
+        ("devtmpfs", "/dev", "devtmpfs", libc::MS_NOSUID),
+        ("tmpfs", "/run", "tmpfs", libc::MS_NOSUID | libc::MS_NODEV),
+        ("tmpfs", "/tmp", "tmpfs", libc::MS_NOSUID | libc::MS_NODEV),
+    ];
+    for (source, target, fstype, flags) in mounts {
+        let _ = std::fs::create_dir_all(target);
+        if let Err(e) = sys::mount(source, Path::new(target), fstype, flags, None)
+            && e.raw_os_error() != Some(libc::EBUSY)
+        {
+            problems.push(format!("mount {fstype} on {target}: {e}"));
+        }
+    }
+    problems
+}
+
+/// Load every module of `list` (paths, one per line, in order). Failures are logged and returned, not fatal: a
+/// driver for absent hardware may refuse to load and that machine still boots.
+pub fn load_modules(list: &str) -> (usize, Vec<String>) {
+    use std::os::fd::AsFd;
+    let mut loaded = 0;
+    let mut failures = Vec::new();
+    for line in list
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let result = std::fs::File::open(line).and_then(|f| sys::finit_module(f.as_fd()));
+        match result {
+            Ok(()) => loaded += 1,
+            Err(e) => {
+                warn!(module = line, error = %e, "module not loaded");
+                failures.push(format!("{line}: {e}"));
+            }
+        }
+    }
+    (loaded, failures)
+}
+
+fn start_reaper() {
+    let _ = std::thread::Builder::new().name("reaper".into()).spawn(|| {
+        loop {
+            if sys::wait_any_child().is_err() {
+                // ECHILD: nothing to wait for yet.
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    });
+}
+
+fn init_logging(debug: bool) {
+    let level = if debug { "debug" } else { "info" };
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .with_env_filter(tracing_subscriber::EnvFilter::new(level))
+        .try_init();
+}
+
+#[derive(Serialize)]
+struct ModulesReport {
+    loaded: usize,
+    failures: Vec<String>,
+}
+
+/// PID 1 entry point. Never returns.
+pub fn run() -> ! {
+    let phases = Phases::new();
+    let mount_problems = mount_early();
+    if std::fs::metadata("/dev/console").is_ok() {
+        let _ = sys::redirect_stdio(Path::new("/dev/console"));
+    }
+    start_reaper();
+    let cmdline_text = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    let parsed = cmdline::parse(&cmdline_text);
+    init_logging(parsed.as_ref().is_ok_and(|p| p.debug));
+    for p in &mount_problems {
+        warn!("{p}");
+    }
+    say(&format!(
+        "bc-ramdisk {} starting as PID 1",
+        env!("CARGO_PKG_VERSION")
+    ));
+    phases.mark("mounted");
+    let params = match parsed {
+        Ok(p) => p,
+        Err(e) => fatal(&format!("kernel command line: {e}")),
+    };
+    let list = std::fs::read_to_string(LOAD_ORDER).unwrap_or_default();
+    let (loaded, failures) = load_modules(&list);
+    report("modules", &ModulesReport { loaded, failures });
+    phases.mark("modules");
+    match run_params(&params, &phases) {
+        Ok(()) => {
+            say("bc-done");
+            phases.mark("done");
+            halt()
+        }
+        Err(e) => fatal(&e),
+    }
+}
+
+/// Run what the parameters ask for. Returns only when the machine should power off (or on an error).
+pub fn run_params(params: &RamdiskParams, phases: &Phases) -> Result<(), String> {
+    match params.mode {
+        Mode::Agent => {
+            return Err(
+                "agent mode (join the control plane and keep a session) is not built into this ramdisk yet; \
+                 use bc.action=… (or bc.mode=diagnose)"
+                    .into(),
+            );
+        }
+        Mode::Rescue => {
+            say("bc-rescue: bring-up done; idling (no shell in this initramfs)");
+            idle()
+        }
+        Mode::Diagnose | Mode::Run => {}
+    }
+    let mut networked = false;
+    for action in &params.actions {
+        match action {
+            Action::Diagnose => {
+                let r = actions::diagnose();
+                report("diagnose", &r);
+                phases.mark("diagnose");
+            }
+            Action::Wipe => {
+                let names = match &params.disks {
+                    DiskSelection::All => actions::all_disks(),
+                    DiskSelection::Named(n) => n.clone(),
+                };
+                if names.is_empty() {
+                    return Err("wipe: no disks found".into());
+                }
+                let views = actions::wipe_disks(&names);
+                report("wipe", &views);
+                phases.mark("wipe");
+                let failed: Vec<&str> = views
+                    .iter()
+                    .filter(|v| !v.wiped)
+                    .map(|v| v.device.as_str())
+                    .collect();
+                if !failed.is_empty() {
+                    return Err(format!("wipe failed on {}", failed.join(", ")));
+                }
+            }
+            Action::Stream => {
+                if !networked {
+                    bring_up_network(params)?;
+                    networked = true;
+                    phases.mark("dhcp");
+                }
+                let (Some(url), Some(digest), Some(target)) =
+                    (&params.image, &params.image_digest, &params.target)
+                else {
+                    return Err(
+                        "stream: bc.image, bc.image_sha256 and bc.target are required".into(),
+                    );
+                };
+                let device = Path::new("/dev").join(target);
+                let view = actions::stream(url, digest.sha512, &digest.hex, &device)
+                    .map_err(|e| format!("stream to {}: {e}", device.display()))?;
+                report("stream", &view);
+                phases.mark("stream");
+            }
+            Action::Kexec => {
+                let Some(target) = &params.target else {
+                    return Err("kexec: bc.target is required".into());
+                };
+                deploy(params, target, phases)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn bring_up_network(params: &RamdiskParams) -> Result<(), String> {
+    let nic = crate::dhcp::net::choose_nic(
+        params.nic.as_deref(),
+        params.boot_mac,
+        Duration::from_secs(10),
+    )
+    .map_err(|e| actions::chain(&e))?;
+    let lease = crate::dhcp::net::acquire(&nic, rand::random(), Duration::from_secs(60))
+        .map_err(|e| actions::chain(&e))?;
+    #[derive(Serialize)]
+    struct Dhcp {
+        nic: String,
+        address: String,
+        prefix_len: u8,
+        router: Option<String>,
+        server: String,
+    }
+    report(
+        "dhcp",
+        &Dhcp {
+            nic: nic.name,
+            address: lease.address.to_string(),
+            prefix_len: lease.prefix_len,
+            router: lease.router.map(|r| r.to_string()),
+            server: lease.server.to_string(),
+        },
+    );
+    Ok(())
+}
+
+/// Mount the installed root on `target`, write the NoCloud seed (with the single-use boot token) and kexec into
+/// the installed kernel; reboot if kexec fails. Returns only on an error before the hand-over.
+fn deploy(params: &RamdiskParams, target: &str, phases: &Phases) -> Result<(), String> {
+    let mnt = actions::root_mountpoint();
+    let part = actions::mount_root_with(target, &mnt, &["boot/vmlinuz", "vmlinuz"])?;
+    info!(partition = %part, "installed root mounted");
+    let mac = crate::dhcp::net::interfaces(Path::new("/sys/class/net"))
+        .first()
+        .map(|i| hex::encode(i.mac))
+        .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
+    let seed_written = match &params.boot_token {
+        Some(token) => {
+            let seed = crate::seed::render(&crate::seed::SeedInput {
+                instance_id: format!("bc-{mac}-{:08x}", rand::random::<u32>()),
+                hostname: format!("bc-{mac}"),
+                join_token: token.0.clone(),
+            })
+            .map_err(|e| actions::chain(&e))?;
+            let dir = crate::seed::write(&mnt, &seed).map_err(|e| actions::chain(&e))?;
+            Some(dir.display().to_string())
+        }
+        None => {
+            warn!(
+                "no bc.boot_token: no NoCloud seed written; the installed system will not join by itself"
+            );
+            None
+        }
+    };
+    let boot = crate::kexec::installed_boot(&mnt, params.kexec_cmdline.as_deref())?;
+    // Stage while the root is mounted (the kernel reads the files during the call), then unmount.
+    let staged = crate::kexec::load(&boot.kernel, boot.initrd.as_deref(), &boot.cmdline);
+    sys::sync();
+    if let Err(e) = sys::umount(&mnt) {
+        warn!(error = %e, "unmounting the installed root");
+    }
+    #[derive(Serialize)]
+    struct Deploy {
+        partition: String,
+        seed: Option<String>,
+        kernel: String,
+        cmdline: String,
+        kexec_staged: bool,
+        error: Option<String>,
+    }
+    report(
+        "deploy",
+        &Deploy {
+            partition: part,
+            seed: seed_written,
+            kernel: boot.kernel.display().to_string(),
+            cmdline: boot.cmdline.clone(),
+            kexec_staged: staged.is_ok(),
+            error: staged.as_ref().err().map(|e| actions::chain(e)),
+        },
+    );
+    phases.mark("kexec-staged");
+    if staged.is_ok() {
+        say("bc-kexec: jumping into the installed kernel");
+        let e = crate::kexec::exec();
+        say(&format!(
+            "bc-kexec failed: {}; rebooting instead",
+            actions::chain(&e)
+        ));
+    } else {
+        say("bc-kexec: staging failed; rebooting into the installed system instead");
+    }
+    let e = sys::restart();
+    Err(format!("reboot after kexec failure also failed: {e}"))
+}
+
+/// PID 1 of the lab OS's initramfs (`rdinit=/sbin/bc-lab-os`): mount, load modules, find the root with the
+/// NoCloud seed, print a marker and the seed, power off. It stands in for a real distribution in the QEMU tests.
+pub fn run_lab_os() -> ! {
+    let _ = mount_early();
+    if std::fs::metadata("/dev/console").is_ok() {
+        let _ = sys::redirect_stdio(Path::new("/dev/console"));
+    }
+    init_logging(false);
+    let list = std::fs::read_to_string(LOAD_ORDER).unwrap_or_default();
+    let _ = load_modules(&list);
+    say("BC-LAB-OS booted");
+    let mnt = Path::new("/mnt/root");
+    let disks = crate::diagnose::collect_disk_names(Path::new("/"));
+    let mut found = false;
+    for disk in disks {
+        if actions::mount_root_with(&disk, mnt, &[crate::seed::SEED_DIR]).is_ok() {
+            for name in ["meta-data", "user-data"] {
+                let path = mnt.join(crate::seed::SEED_DIR).join(name);
+                match std::fs::read_to_string(&path) {
+                    Ok(text) => {
+                        for line in text.lines() {
+                            say(&format!("BC-LAB-OS-SEED {name}: {line}"));
+                        }
+                    }
+                    Err(e) => say(&format!("BC-LAB-OS-SEED {name} unreadable: {e}")),
+                }
+            }
+            found = true;
+            let _ = sys::umount(mnt);
+            break;
+        }
+    }
+    if !found {
+        say("BC-LAB-OS-SEED none");
+    }
+    halt()
+}
