@@ -57,14 +57,75 @@ pub fn is_root() -> bool {
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
-/// `-accel kvm` only when asked (BC_QEMU_ACCEL=kvm): on the project's machines /dev/kvm exists but a stock kernel
-/// does not boot under it (LAB-NOTES), and probing costs a boot. Default TCG.
-pub fn accel() -> &'static str {
+/// The accelerator: BC_QEMU_ACCEL=kvm|tcg when set; else KVM only if /dev/kvm opens and a probe boot of the
+/// ramdisk reaches PID 1 within 8 s (on the project's machines /dev/kvm exists but a stock kernel hangs under it,
+/// LAB-NOTES), else TCG. Probed once per test process.
+pub fn accel(images: &Images) -> &'static str {
     static ACCEL: OnceLock<&'static str> = OnceLock::new();
     ACCEL.get_or_init(|| match std::env::var("BC_QEMU_ACCEL").as_deref() {
         Ok("kvm") => "kvm",
-        _ => "tcg",
+        Ok("tcg") => "tcg",
+        _ => {
+            let usable = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/kvm")
+                .is_ok();
+            let accel = if usable && probe_kvm(images) {
+                "kvm"
+            } else {
+                "tcg"
+            };
+            println!("qemu accelerator: {accel} (/dev/kvm usable: {usable})");
+            accel
+        }
     })
+}
+
+fn probe_kvm(images: &Images) -> bool {
+    let Ok(dir) = tempfile::tempdir() else {
+        return false;
+    };
+    let serial = dir.path().join("probe.log");
+    let child = Command::new("qemu-system-x86_64")
+        .args([
+            "-accel",
+            "kvm",
+            "-m",
+            "512",
+            "-nodefaults",
+            "-display",
+            "none",
+        ])
+        .args(["-no-reboot", "-monitor", "none", "-serial"])
+        .arg(format!("file:{}", serial.display()))
+        .arg("-kernel")
+        .arg(&images.kernel)
+        .arg("-initrd")
+        .arg(&images.initrd)
+        .args(["-append", "console=ttyS0 quiet panic=-1 bc.mode=rescue"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else {
+        return false;
+    };
+    let start = Instant::now();
+    let mut ok = false;
+    while start.elapsed() < Duration::from_secs(8) {
+        if std::fs::read_to_string(&serial).is_ok_and(|l| l.contains("starting as PID 1")) {
+            ok = true;
+            break;
+        }
+        if child.try_wait().ok().flatten().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    ok
 }
 
 /// A raw disk image of `size` bytes whose every 4 KiB block starts with a recognisable non-zero pattern.
@@ -169,16 +230,24 @@ pub fn boot(
         }
         None => Command::new("qemu-system-x86_64"),
     };
-    cmd.args(["-accel", accel(), "-m", "1024", "-smp", "2", "-nodefaults"])
-        .args(["-display", "none", "-no-reboot", "-monitor", "none"])
-        .arg("-serial")
-        .arg(format!("file:{}", serial.display()))
-        .arg("-kernel")
-        .arg(&images.kernel)
-        .arg("-initrd")
-        .arg(&images.initrd)
-        .arg("-append")
-        .arg(format!("console=ttyS0 quiet panic=-1 {cmdline}"));
+    cmd.args([
+        "-accel",
+        accel(images),
+        "-m",
+        "1024",
+        "-smp",
+        "2",
+        "-nodefaults",
+    ])
+    .args(["-display", "none", "-no-reboot", "-monitor", "none"])
+    .arg("-serial")
+    .arg(format!("file:{}", serial.display()))
+    .arg("-kernel")
+    .arg(&images.kernel)
+    .arg("-initrd")
+    .arg(&images.initrd)
+    .arg("-append")
+    .arg(format!("console=ttyS0 quiet panic=-1 {cmdline}"));
     for (i, d) in disks.iter().enumerate() {
         cmd.arg("-drive").arg(format!(
             "if=none,id=d{i},file={},format=raw,cache=unsafe,discard=unmap",
