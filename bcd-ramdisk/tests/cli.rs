@@ -145,8 +145,9 @@ fn modules_order_of_the_debian_kernel_puts_dependencies_first() {
         d.flatten()
             .map(|e| e.path())
             .find(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("kernel-"))
+                p.is_dir()
+                    && p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("kernel-"))
             })
             .and_then(|k| {
                 std::fs::read_dir(k.join("lib/modules"))
