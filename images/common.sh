@@ -32,17 +32,18 @@ build_binary() {
 }
 
 # stage_modules ROOT WANTED: copy the wanted modules and their dependencies from the kernel package into ROOT and
-# write ROOT/lib/modules/load-order (absolute paths, dependencies first), resolved by `bcd-ramdisk modules-order`.
+# write ROOT/lib/modules/load-order (absolute path, dependencies, device aliases; dependencies first), resolved by
+# `bcd-ramdisk modules-order`. At boot only the drivers of present devices (and what they need) are loaded.
 stage_modules() {
   local root=$1 wanted=$2 moddir=$KDIR/lib/modules/$KVER rel
   mkdir -p "$root/lib/modules/$KVER"
   cp "$moddir/modules.builtin" "$root/lib/modules/$KVER/"
-  : > "$root/lib/modules/load-order"
   "$BIN" modules-order --dir "$moddir" --want "$wanted" > "$root/lib/modules/order.txt"
+  "$BIN" modules-order --dir "$moddir" --want "$wanted" --load-list "/lib/modules/$KVER" 2>/dev/null \
+    > "$root/lib/modules/load-order"
   while read -r rel; do
     mkdir -p "$root/lib/modules/$KVER/$(dirname "$rel")"
     cp "$moddir/$rel" "$root/lib/modules/$KVER/$rel"
-    echo "/lib/modules/$KVER/$rel" >> "$root/lib/modules/load-order"
   done < "$root/lib/modules/order.txt"
   rm "$root/lib/modules/order.txt"
 }

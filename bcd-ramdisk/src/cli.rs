@@ -68,6 +68,10 @@ enum Command {
         /// Modules wanted, comma-separated; absent ones are reported on stderr and skipped.
         #[arg(long, value_delimiter = ',')]
         want: Vec<String>,
+        /// Print the initramfs load list instead (`PREFIX/<path>\t<deps>\t<device aliases>`), PREFIX being where
+        /// the directory lands in the initramfs (`/lib/modules/<version>`).
+        #[arg(long, value_name = "PREFIX")]
+        load_list: Option<String>,
     },
 }
 
@@ -156,7 +160,11 @@ fn run(command: Command) -> Result<(), String> {
             eprintln!("bcd-ramdisk: {}; rebooting instead", actions::chain(&e));
             Err(crate::os::sys::restart().to_string())
         }
-        Command::ModulesOrder { dir, want } => {
+        Command::ModulesOrder {
+            dir,
+            want,
+            load_list,
+        } => {
             let wanted: Vec<&str> = want.iter().map(String::as_str).collect();
             let order =
                 crate::modules::order_tree(&dir, &wanted).map_err(|e| actions::chain(&e))?;
@@ -166,9 +174,15 @@ fn run(command: Command) -> Result<(), String> {
                     dir.display()
                 );
             }
-            for file in &order.files {
+            for (file, info) in order.files.iter().zip(&order.infos) {
                 let rel = file.strip_prefix(&dir).unwrap_or(file);
-                println!("{}", rel.display());
+                match &load_list {
+                    Some(prefix) => {
+                        let path = format!("{}/{}", prefix.trim_end_matches('/'), rel.display());
+                        println!("{}", crate::modules::load::render_line(&path, info));
+                    }
+                    None => println!("{}", rel.display()),
+                }
             }
             Ok(())
         }

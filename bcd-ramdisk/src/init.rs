@@ -1,8 +1,8 @@
 //! PID 1: bring the machine up from the initramfs, run what the kernel command line asks, and never exit.
 //!
 //! Mounts `/proc`, `/sys`, `/dev` (devtmpfs), `/run` and `/tmp`; makes `/dev/console` stdio; reaps children on a
-//! thread; loads the modules listed in `/lib/modules/load-order` (written at image build time, dependencies first)
-//! with `finit_module`; reads `/proc/cmdline` ([`crate::cmdline`]); runs the `bc.action` list; then powers off.
+//! thread; loads the modules of `/lib/modules/load-order` (written at image build time, dependencies first) that
+//! the present devices need, with `finit_module`; reads `/proc/cmdline` ([`crate::cmdline`]); runs the `bc.action` list; then powers off.
 //! Any fatal error is printed (`bc-fatal: …`) and the machine powers off: PID 1 returning would panic the kernel.
 //!
 //! Results go to the console as single lines `bc-report <kind> <json>`, phase timings as
@@ -19,7 +19,7 @@ use crate::actions;
 use crate::cmdline::{self, Action, DiskSelection, Mode, RamdiskParams};
 use crate::os::sys;
 
-/// Where the image build puts the module list (one path per line, relative to `/`).
+/// Where the image build puts the module load list ([`crate::modules::load`]).
 pub const LOAD_ORDER: &str = "/lib/modules/load-order";
 
 /// A clock for phase lines.
@@ -119,27 +119,93 @@ pub fn mount_early() -> Vec<String> {
     problems
 }
 
-/// Load every module of `list` (paths, one per line, in order). Failures are logged and returned, not fatal: a
-/// driver for absent hardware may refuse to load and that machine still boots.
-pub fn load_modules(list: &str) -> (usize, Vec<String>) {
-    use std::os::fd::AsFd;
-    let mut loaded = 0;
-    let mut failures = Vec::new();
-    for line in list
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-    {
-        let result = std::fs::File::open(line).and_then(|f| sys::finit_module(f.as_fd()));
-        match result {
-            Ok(()) => loaded += 1,
-            Err(e) => {
-                warn!(module = line, error = %e, "module not loaded");
-                failures.push(format!("{line}: {e}"));
+/// Every device `modalias` under `sys_bus` (`/sys/bus/*/devices/*/modalias`).
+pub fn present_modaliases(sys_bus: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(buses) = std::fs::read_dir(sys_bus) else {
+        return out;
+    };
+    for bus in buses.flatten() {
+        let Ok(devices) = std::fs::read_dir(bus.path().join("devices")) else {
+            continue;
+        };
+        for dev in devices.flatten() {
+            if let Ok(alias) = std::fs::read_to_string(dev.path().join("modalias")) {
+                out.push(alias.trim().to_string());
             }
         }
     }
-    (loaded, failures)
+    out
+}
+
+/// What module loading did.
+#[derive(Debug, Default, Serialize)]
+pub struct ModulesReport {
+    pub loaded: Vec<String>,
+    /// Drivers for devices this machine does not have (and their dependencies).
+    pub not_needed: Vec<String>,
+    pub failures: Vec<String>,
+}
+
+/// Load the modules of the load list (see [`crate::modules::load`]) that this machine needs, in passes until no
+/// new device asks for a driver. A module that fails is recorded, not fatal: a driver may refuse hardware it
+/// cannot run (crc32c-intel without SSE4.2 answers ENODEV) and the machine still boots.
+pub fn load_modules(list: &str, sys_bus: &Path) -> ModulesReport {
+    use std::os::fd::AsFd;
+    let entries = crate::modules::load::parse(list);
+    let mut attempted = std::collections::BTreeSet::new();
+    let mut report = ModulesReport::default();
+    for _pass in 0..8 {
+        let present = present_modaliases(sys_bus);
+        let pick = crate::modules::load::select(&entries, &attempted, &present);
+        if pick.is_empty() {
+            break;
+        }
+        for i in pick {
+            let e = &entries[i];
+            attempted.insert(e.name.clone());
+            match std::fs::File::open(&e.path).and_then(|f| sys::finit_module(f.as_fd())) {
+                Ok(()) => report.loaded.push(e.name.clone()),
+                Err(err) => {
+                    warn!(module = %e.path, error = %err, "module not loaded");
+                    report.failures.push(format!("{}: {err}", e.path));
+                }
+            }
+        }
+    }
+    report.not_needed = entries
+        .iter()
+        .filter(|e| !attempted.contains(&e.name))
+        .map(|e| e.name.clone())
+        .collect();
+    report
+}
+
+/// Wait (up to `max`) until disks stop appearing: every NVMe controller `live` and the list of block devices
+/// unchanged for 500 ms (NVMe namespaces and SCSI disks are found asynchronously after their driver loads).
+pub fn settle_devices(max: Duration) -> Vec<String> {
+    let start = Instant::now();
+    let block = || crate::diagnose::collect_disk_names(Path::new("/"));
+    let nvme_live = || {
+        std::fs::read_dir("/sys/class/nvme").map_or(true, |d| {
+            d.flatten().all(|c| {
+                std::fs::read_to_string(c.path().join("state")).is_ok_and(|s| s.trim() == "live")
+            })
+        })
+    };
+    let mut last = block();
+    let mut stable_since = Instant::now();
+    while start.elapsed() < max {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = block();
+        if now != last {
+            last = now;
+            stable_since = Instant::now();
+        } else if nvme_live() && stable_since.elapsed() >= Duration::from_millis(500) {
+            break;
+        }
+    }
+    last
 }
 
 fn start_reaper() {
@@ -161,12 +227,6 @@ fn init_logging(debug: bool) {
         .with_target(false)
         .with_env_filter(tracing_subscriber::EnvFilter::new(level))
         .try_init();
-}
-
-#[derive(Serialize)]
-struct ModulesReport {
-    loaded: usize,
-    failures: Vec<String>,
 }
 
 /// PID 1 entry point. Never returns.
@@ -193,9 +253,11 @@ pub fn run() -> ! {
         Err(e) => fatal(&format!("kernel command line: {e}")),
     };
     let list = std::fs::read_to_string(LOAD_ORDER).unwrap_or_default();
-    let (loaded, failures) = load_modules(&list);
-    report("modules", &ModulesReport { loaded, failures });
+    report("modules", &load_modules(&list, Path::new("/sys/bus")));
     phases.mark("modules");
+    let disks = settle_devices(Duration::from_secs(10));
+    info!(?disks, "devices settled");
+    phases.mark("devices");
     match run_params(&params, &phases) {
         Ok(()) => {
             say("bc-done");
@@ -389,7 +451,8 @@ pub fn run_lab_os() -> ! {
     }
     init_logging(false);
     let list = std::fs::read_to_string(LOAD_ORDER).unwrap_or_default();
-    let _ = load_modules(&list);
+    let _ = load_modules(&list, Path::new("/sys/bus"));
+    let _ = settle_devices(Duration::from_secs(10));
     say("BC-LAB-OS booted");
     let mnt = Path::new("/mnt/root");
     let disks = crate::diagnose::collect_disk_names(Path::new("/"));

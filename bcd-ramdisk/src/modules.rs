@@ -40,6 +40,8 @@ pub struct ModInfo {
     pub depends: Vec<String>,
     /// `softdep=pre:` modules, loaded first when available.
     pub soft_pre: Vec<String>,
+    /// `alias=` patterns (device modaliases such as `pci:v00008086d*…`, and others such as `fs-ext4`).
+    pub aliases: Vec<String>,
 }
 
 /// Module names compare with `-` and `_` equal, as the kernel does.
@@ -89,6 +91,7 @@ impl ModInfo {
             match key {
                 "name" if !value.trim().is_empty() => info.name = normalize(value),
                 "depends" => info.depends.extend(list(value, ',')),
+                "alias" if !value.trim().is_empty() => info.aliases.push(value.trim().to_string()),
                 "softdep" => {
                     // "pre: a b post: c"
                     let mut pre = false;
@@ -253,7 +256,7 @@ pub fn from_depends_map<'a>(
             let info = ModInfo {
                 name: name.clone(),
                 depends: depends.iter().map(|d| normalize(d)).collect(),
-                soft_pre: vec![],
+                ..Default::default()
             };
             (name, info)
         })
@@ -299,6 +302,8 @@ pub fn parse_builtin(text: &str) -> BTreeSet<String> {
 pub struct TreeOrder {
     /// Module files to load, dependencies first.
     pub files: Vec<PathBuf>,
+    /// Their `.modinfo`, in the same order.
+    pub infos: Vec<ModInfo>,
     /// Wanted names that are neither in the tree nor built in (not an error: an initramfs lists drivers for
     /// hardware a kernel build may leave out).
     pub absent: Vec<String>,
@@ -366,9 +371,23 @@ pub fn order_tree(dir: &Path, wanted: &[&str]) -> Result<TreeOrder, TreeError> {
     }
     let wanted_refs: Vec<&str> = present_wanted.iter().map(String::as_str).collect();
     let order = load_order(&wanted_refs, &available, &builtin).map_err(TreeError::Order)?;
-    let files = order.iter().filter_map(|n| index.get(n).cloned()).collect();
-    Ok(TreeOrder { files, absent })
+    let mut files = Vec::new();
+    let mut infos = Vec::new();
+    for n in &order {
+        if let (Some(path), Some(info)) = (index.get(n), available.get(n)) {
+            files.push(path.clone());
+            infos.push(info.clone());
+        }
+    }
+    Ok(TreeOrder {
+        files,
+        infos,
+        absent,
+    })
 }
+
+#[path = "modules_load.rs"]
+pub mod load;
 
 #[cfg(test)]
 #[path = "modules_tests.rs"]

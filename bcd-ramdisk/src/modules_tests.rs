@@ -39,7 +39,7 @@ fn elf_with_modinfo(modinfo: &[u8]) -> Vec<u8> {
 }
 
 const VIRTIO_BLK: &[u8] =
-    b"license=GPL\0description=Virtio block driver\0depends=virtio,virtio_ring\0softdep=pre: crc32c post: foo\0name=virtio_blk\0vermagic=6.1.0\0";
+    b"license=GPL\0description=Virtio block driver\0alias=virtio:d00000002v*\0depends=virtio,virtio_ring\0softdep=pre: crc32c post: foo\0name=virtio_blk\0vermagic=6.1.0\0";
 
 #[test]
 fn reads_modinfo_from_elf_and_compressed_elf() {
@@ -48,6 +48,7 @@ fn reads_modinfo_from_elf_and_compressed_elf() {
         name: "virtio_blk".into(),
         depends: vec!["virtio".into(), "virtio_ring".into()],
         soft_pre: vec!["crc32c".into()],
+        aliases: vec!["virtio:d00000002v*".into()],
     };
     assert_eq!(ModInfo::from_ko(&elf, "x"), Ok(want.clone()));
     for c in [Compression::Xz, Compression::Zstd, Compression::Gzip] {
@@ -208,7 +209,7 @@ proptest! {
         }
         let available: BTreeMap<String, ModInfo> = deps
             .iter()
-            .map(|(n, d)| (n.clone(), ModInfo { name: n.clone(), depends: d.clone(), soft_pre: vec![] }))
+            .map(|(n, d)| (n.clone(), ModInfo { name: n.clone(), depends: d.clone(), ..Default::default() }))
             .collect();
         let order = load_order(&["m29", "m15", "m3"], &available, &BTreeSet::new()).expect("a DAG resolves");
         let unique: BTreeSet<&String> = order.iter().collect();

@@ -67,6 +67,20 @@ fn diagnose_and_wipe_nvme_and_virtio() {
         run.dump()
     );
 
+    // Only the drivers of present devices are loaded: virtio and NVMe here, never the Mellanox or Intel NIC drivers.
+    let modules = run.report("modules").expect("modules report");
+    let has = |list: &str, m: &str| {
+        modules[list]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == m))
+    };
+    for m in ["virtio_pci", "virtio_blk", "nvme", "ext4"] {
+        assert!(has("loaded", m), "{m} not loaded: {modules}");
+    }
+    for m in ["mlx5_core", "ice", "e1000e", "bnxt_en"] {
+        assert!(has("not_needed", m), "{m} should not be loaded: {modules}");
+    }
+
     let diag = run.report("diagnose").expect("diagnose report");
     let disks = diag["disks"].as_array().expect("disks");
     let by_name = |n: &str| {
