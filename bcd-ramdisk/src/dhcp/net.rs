@@ -101,7 +101,12 @@ pub fn choose_nic(
     let mut nl = RouteSocket::open().map_err(io_err("opening a netlink socket"))?;
     let candidates: Vec<Interface> = all
         .into_iter()
-        .filter(|i| name.is_none_or(|n| i.name == n) && mac.is_none_or(|m| i.mac == m))
+        // An explicit name wins over the PXE MAC.
+        .filter(|i| match (name, mac) {
+            (Some(n), _) => i.name == n,
+            (None, Some(m)) => i.mac == m,
+            (None, None) => true,
+        })
         .collect();
     if candidates.is_empty() {
         return Err(NetError::NoNic { wanted });
@@ -196,4 +201,45 @@ pub fn acquire(nic: &Interface, xid: u32, timeout: Duration) -> Result<Lease, Ne
     info!(nic = %nic.name, address = %lease.address, prefix = lease.prefix_len, router = ?lease.router,
         server = %lease.server, "DHCP lease configured");
     Ok(lease)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_ethernet_interfaces_from_sysfs() {
+        let t = tempfile::tempdir().expect("tempdir");
+        for (name, ty, index, mac) in [
+            ("lo", "772", "1", "00:00:00:00:00:00"),
+            ("eth1", "1", "3", "52:54:00:00:00:02"),
+            ("eth0", "1", "2", "52:54:00:12:34:56"),
+            ("ib0", "32", "4", "80:00:00:00"),
+            ("bad0", "1", "x", "52:54:00:00:00:03"),
+        ] {
+            let d = t.path().join(name);
+            std::fs::create_dir_all(&d).expect("mkdir");
+            std::fs::write(d.join("type"), format!("{ty}\n")).expect("write");
+            std::fs::write(d.join("ifindex"), format!("{index}\n")).expect("write");
+            std::fs::write(d.join("address"), format!("{mac}\n")).expect("write");
+        }
+        let all = interfaces(t.path());
+        assert_eq!(
+            all,
+            [
+                Interface {
+                    name: "eth0".into(),
+                    index: 2,
+                    mac: [0x52, 0x54, 0, 0x12, 0x34, 0x56]
+                },
+                Interface {
+                    name: "eth1".into(),
+                    index: 3,
+                    mac: [0x52, 0x54, 0, 0, 0, 2]
+                },
+            ]
+        );
+        assert_eq!(parse_mac("52:54:00:12:34"), None);
+        assert_eq!(parse_mac("zz:54:00:12:34:56"), None);
+    }
 }
