@@ -74,10 +74,27 @@ impl From<&WipeEvidence> for WipeView {
     }
 }
 
-/// Whole disks of this machine (what `bc.disks=all` means): block devices with a `device` link that are not
-/// partitions, loop, ram or device-mapper devices.
-pub fn all_disks() -> Vec<String> {
-    diagnose::collect_disk_names(Path::new("/"))
+/// What `bc.disks=all` means under `root` (`/`): every whole physical disk except read-only and removable media
+/// (CD-ROMs, BMC virtual media, USB sticks), which are returned apart with the reason.
+pub fn all_disks(root: &Path) -> (Vec<String>, Vec<String>) {
+    let mut wipe = Vec::new();
+    let mut skipped = Vec::new();
+    for name in diagnose::collect_disk_names(root) {
+        let flag = |f: &str| {
+            std::fs::read_to_string(root.join("sys/class/block").join(&name).join(f))
+                .is_ok_and(|v| v.trim() == "1")
+        };
+        if flag("ro") {
+            skipped.push(format!("{name}: read-only"));
+        } else if flag("removable") {
+            skipped.push(format!(
+                "{name}: removable media (name it in bc.disks to wipe it)"
+            ));
+        } else {
+            wipe.push(name);
+        }
+    }
+    (wipe, skipped)
 }
 
 /// Wipe each named disk (`vda`, `nvme0n1`); a disk that cannot even be probed or opened is a failed entry.
@@ -260,4 +277,30 @@ pub fn mount_root_with(disk: &str, mountpoint: &Path, marker: &[&str]) -> Result
 /// Where the installed root is mounted during deploy.
 pub fn root_mountpoint() -> PathBuf {
     PathBuf::from("/mnt/root")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_disks_leaves_out_read_only_and_removable_media() {
+        let t = tempfile::tempdir().expect("tempdir");
+        for (name, ro, removable) in [
+            ("nvme0n1", "0", "0"),
+            ("sda", "0", "1"),
+            ("sr0", "1", "1"),
+            ("vda", "0", "0"),
+        ] {
+            let d = t.path().join("sys/class/block").join(name);
+            std::fs::create_dir_all(d.join("device")).expect("mkdir");
+            std::fs::write(d.join("ro"), ro).expect("write");
+            std::fs::write(d.join("removable"), removable).expect("write");
+        }
+        let (wipe, skipped) = all_disks(t.path());
+        assert_eq!(wipe, ["nvme0n1", "vda"]);
+        assert_eq!(skipped.len(), 2);
+        assert!(skipped[0].starts_with("sda: removable"), "{skipped:?}");
+        assert!(skipped[1].starts_with("sr0: read-only"), "{skipped:?}");
+    }
 }

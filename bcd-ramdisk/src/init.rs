@@ -294,7 +294,13 @@ pub fn run_params(params: &RamdiskParams, phases: &Phases) -> Result<(), String>
             }
             Action::Wipe => {
                 let names = match &params.disks {
-                    DiskSelection::All => actions::all_disks(),
+                    DiskSelection::All => {
+                        let (wipe, skipped) = actions::all_disks(Path::new("/"));
+                        if !skipped.is_empty() {
+                            report("wipe-skipped", &skipped);
+                        }
+                        wipe
+                    }
                     DiskSelection::Named(n) => n.clone(),
                 };
                 if names.is_empty() {
