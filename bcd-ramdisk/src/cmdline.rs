@@ -8,7 +8,7 @@
 //! | `bc.mode=` | `agent` (default: join and run commands), `diagnose` (report and power off), `rescue` (stop after bring-up), `run` (the `bc.action` list, then power off; implied by `bc.action`) |
 //! | `bc.debug` | verbose logs (`bc.debug`, `bc.debug=1|0|true|false`) |
 //! | `bc.action=` | comma-separated, run in order: `diagnose`, `wipe`, `stream`, `kexec` (write the NoCloud seed onto the installed root, then kexec into its kernel) |
-//! | `bc.disks=` | what `wipe` erases: `all` (default: every whole disk) or a comma-separated list of names (`vda,nvme0n1`) |
+//! | `bc.disks=` | what `wipe` erases: `all` (default: every whole disk but read-only and removable media) or a comma-separated list of names (`vda,nvme0n1`) |
 //! | `bc.image=` | image URL for `stream` (`http://` or `https://`) |
 //! | `bc.image_sha256=`, `bc.image_sha512=` | digest of the image bytes as served (exactly one, required with `stream`) |
 //! | `bc.target=` | disk `stream` writes and `kexec` boots from (`vda`, `nvme0n1`) |
