@@ -486,3 +486,52 @@ pub fn run_lab_os() -> ! {
     }
     halt()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modaliases_are_read_from_every_bus() {
+        let t = tempfile::tempdir().expect("tempdir");
+        for (bus, dev, alias) in [
+            (
+                "pci",
+                "0000:00:03.0",
+                "pci:v00001AF4d00001001sv00001AF4sd00000002bc01sc00i00",
+            ),
+            ("virtio", "virtio0", "virtio:d00000002v00001AF4"),
+        ] {
+            let d = t.path().join(bus).join("devices").join(dev);
+            std::fs::create_dir_all(&d).expect("mkdir");
+            std::fs::write(d.join("modalias"), format!("{alias}\n")).expect("write");
+        }
+        std::fs::create_dir_all(t.path().join("cpu/devices/cpu0")).expect("mkdir");
+        let mut got = present_modaliases(t.path());
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                "pci:v00001AF4d00001001sv00001AF4sd00000002bc01sc00i00",
+                "virtio:d00000002v00001AF4"
+            ]
+        );
+        assert!(present_modaliases(&t.path().join("absent")).is_empty());
+    }
+
+    #[test]
+    fn unloadable_modules_are_reported_not_fatal() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let bogus = t.path().join("bogus.ko");
+        std::fs::write(&bogus, b"not an ELF").expect("write");
+        let list = format!(
+            "{}\t\t\n/nonexistent/missing.ko\t\t\n/nonexistent/nic.ko\t\tpci:v000015B3d*\n",
+            bogus.display()
+        );
+        let r = load_modules(&list, t.path());
+        assert!(r.loaded.is_empty());
+        assert_eq!(r.failures.len(), 2, "{:?}", r.failures);
+        assert!(r.failures[1].contains("missing.ko"), "{:?}", r.failures);
+        assert_eq!(r.not_needed, ["nic"], "no Mellanox device is present");
+    }
+}
