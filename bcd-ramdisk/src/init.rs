@@ -252,19 +252,31 @@ pub fn run() -> ! {
         Ok(p) => p,
         Err(e) => fatal(&format!("kernel command line: {e}")),
     };
-    let list = std::fs::read_to_string(LOAD_ORDER).unwrap_or_default();
-    report("modules", &load_modules(&list, Path::new("/sys/bus")));
-    phases.mark("modules");
-    let disks = settle_devices(Duration::from_secs(10));
-    info!(?disks, "devices settled");
-    phases.mark("devices");
-    match run_params(&params, &phases) {
-        Ok(()) => {
+    // A panic must not end PID 1 (the kernel would panic): catch it, say what it was, and power off.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let list = std::fs::read_to_string(LOAD_ORDER).unwrap_or_default();
+        report("modules", &load_modules(&list, Path::new("/sys/bus")));
+        phases.mark("modules");
+        let disks = settle_devices(Duration::from_secs(10));
+        info!(?disks, "devices settled");
+        phases.mark("devices");
+        run_params(&params, &phases)
+    }));
+    match outcome {
+        Ok(Ok(())) => {
             say("bc-done");
             phases.mark("done");
             halt()
         }
-        Err(e) => fatal(&e),
+        Ok(Err(e)) => fatal(&e),
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown payload".into());
+            fatal(&format!("internal error (panic): {what}"))
+        }
     }
 }
 
