@@ -125,14 +125,16 @@ fn modinfo_section(elf: &[u8]) -> Result<&[u8], ModuleError> {
     if elf[5] != 1 {
         return Err(ModuleError::NotElf("not little-endian"));
     }
-    let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    // Offsets come from the file: every addition is checked (a wrapped offset must not read elsewhere).
+    let bytes_at = |o: usize, n: usize| elf.get(o..o.checked_add(n)?);
+    let u16_at = |o: usize| bytes_at(o, 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
     let u32_at = |o: usize| {
-        elf.get(o..o + 4)
+        bytes_at(o, 4)
             .and_then(|b| b.try_into().ok())
             .map(u32::from_le_bytes)
     };
     let u64_at = |o: usize| {
-        elf.get(o..o + 8)
+        bytes_at(o, 8)
             .and_then(|b| b.try_into().ok())
             .map(u64::from_le_bytes)
     };
@@ -149,8 +151,9 @@ fn modinfo_section(elf: &[u8]) -> Result<&[u8], ModuleError> {
             .and_then(|o| o.checked_add(i.checked_mul(shentsize)?))
             .ok_or(ModuleError::BadSections)?;
         let name = u32_at(base).ok_or(ModuleError::BadSections)?;
-        let offset = u64_at(base + 0x18).ok_or(ModuleError::BadSections)?;
-        let size = u64_at(base + 0x20).ok_or(ModuleError::BadSections)?;
+        let field = |off: usize| base.checked_add(off).and_then(u64_at);
+        let offset = field(0x18).ok_or(ModuleError::BadSections)?;
+        let size = field(0x20).ok_or(ModuleError::BadSections)?;
         let start = usize::try_from(offset).map_err(|_| ModuleError::BadSections)?;
         let end = usize::try_from(size)
             .ok()

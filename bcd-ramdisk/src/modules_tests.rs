@@ -228,3 +228,25 @@ proptest! {
         let _ = ModInfo::from_ko(&elf, "x");
     }
 }
+
+/// Found by fuzz/fuzz_targets/ramdisk_modinfo.rs: a section header offset near usize::MAX overflowed `base + 0x18`.
+#[test]
+fn section_offsets_near_the_top_of_the_address_space_are_errors() {
+    let mut elf = vec![0u8; 0x70];
+    elf[..8].copy_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 0, 0]);
+    elf[0x28..0x30].copy_from_slice(&(u64::MAX - 0x10).to_le_bytes()); // e_shoff
+    elf[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes()); // e_shentsize
+    elf[0x3c..0x3e].copy_from_slice(&2u16.to_le_bytes()); // e_shnum
+    elf[0x3e..0x40].copy_from_slice(&1u16.to_le_bytes()); // e_shstrndx
+    assert_eq!(ModInfo::from_elf(&elf, "x"), Err(ModuleError::BadSections));
+    let crash = [
+        0x7f, 0x45, 0x4c, 0x46, 0x02, 0x01, 0x00, 0x00, 0x23, 0x00, 0x00, 0x00, 0x5d, 0x00, 0x00,
+        0xf6, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0xff, 0xff,
+    ];
+    let mut crash = crash.to_vec();
+    crash.extend([0xffu8; 29]);
+    crash.extend([0u8; 7]);
+    crash.extend([0xffu8; 28]);
+    crash.extend_from_slice(b"#]#\n/\n\0\0\n#\n]\n#\n\n");
+    assert!(ModInfo::from_ko(&crash, "x").is_err());
+}
