@@ -4,7 +4,7 @@
 //! [`Lease`] or a failure; it never touches a socket or reads the clock. [`net::acquire`] runs it over a UDP socket
 //! bound to the NIC and then configures the address and default route over rtnetlink ([`crate::os::netlink`]).
 //! DISCOVER → OFFER → REQUEST → ACK with the broadcast flag set (we have no address to receive unicast on);
-//! retransmissions back off 1, 2, 4, 8 s with a cap, a NAK restarts discovery, and the whole exchange gives up
+//! retransmissions back off 1, 2, 4, 8 s (± 0.5 s) with a cap, a NAK restarts discovery, and the whole exchange gives up
 //! after a deadline the caller sets.
 
 pub mod net;
@@ -97,10 +97,19 @@ impl DhcpClient {
         self.send(now)
     }
 
+    /// 1, 2, 4, 8, 8, … s, each randomised by ±0.5 s as RFC 2131 §4.1 asks, so a rack of machines booting
+    /// together does not retransmit in lockstep. The jitter is drawn from the transaction id (random per exchange),
+    /// keeping the state machine free of clock and RNG reads.
     fn backoff(&self) -> Duration {
-        RETRY_BASE
+        let base = RETRY_BASE
             .saturating_mul(1u32 << self.retries.min(4))
-            .min(RETRY_CAP)
+            .min(RETRY_CAP);
+        let mix = self
+            .xid
+            .rotate_left(self.retries.wrapping_mul(7))
+            .wrapping_mul(0x9E37_79B9);
+        let jitter_ms = u64::from(mix >> 22) % 1001; // 0..=1000
+        (base + Duration::from_millis(jitter_ms)).saturating_sub(Duration::from_millis(500))
     }
 
     fn send(&mut self, now: Instant) -> Step {

@@ -82,8 +82,8 @@ fn nak_restarts_and_timeouts_retransmit_then_give_up() {
     let t0 = Instant::now();
     let mut c = DhcpClient::new(MAC, XID, Duration::from_secs(10));
     let _ = c.start(t0);
-    assert_eq!(c.on_timer(t0 + Duration::from_millis(500)), Step::Wait);
-    let again = sent(c.on_timer(t0 + Duration::from_secs(1)));
+    assert_eq!(c.on_timer(t0 + Duration::from_millis(499)), Step::Wait);
+    let again = sent(c.on_timer(t0 + Duration::from_millis(1500)));
     assert_eq!(again.opts().msg_type(), Some(MessageType::Discover));
     let addr = Ipv4Addr::new(10, 9, 0, 50);
     let _ = c.on_packet(
@@ -98,6 +98,28 @@ fn nak_restarts_and_timeouts_retransmit_then_give_up() {
     match c.on_timer(t0 + Duration::from_secs(11)) {
         Step::Failed(why) => assert!(why.contains("no OFFER"), "{why}"),
         other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn retransmissions_back_off_with_bounded_jitter() {
+    let t0 = Instant::now();
+    for xid in [0u32, 1, 0xdead_beef, u32::MAX, 12345] {
+        let mut c = DhcpClient::new(MAC, xid, Duration::from_secs(600));
+        let _ = c.start(t0);
+        let mut now = t0;
+        for n in 0..8u32 {
+            let due = c.deadline().expect("a retransmission is due");
+            let gap = due - now;
+            let base = Duration::from_secs(1 << n.min(3));
+            assert!(
+                gap + Duration::from_millis(500) >= base
+                    && gap <= base + Duration::from_millis(500),
+                "retry {n} of xid {xid:#x} after {gap:?}"
+            );
+            now = due;
+            assert!(matches!(c.on_timer(now), Step::Send(_)));
+        }
     }
 }
 
