@@ -369,6 +369,13 @@ fn bring_up_network(params: &RamdiskParams) -> Result<(), String> {
     .map_err(|e| actions::chain(&e))?;
     let lease = crate::dhcp::net::acquire(&nic, rand::random(), Duration::from_secs(60))
         .map_err(|e| actions::chain(&e))?;
+    // Host names in bc.image resolve through musl's resolver, which reads /etc/resolv.conf.
+    if !lease.dns.is_empty() {
+        let _ = std::fs::create_dir_all("/etc");
+        if let Err(e) = std::fs::write("/etc/resolv.conf", crate::dhcp::resolv_conf(&lease)) {
+            warn!(error = %e, "writing /etc/resolv.conf");
+        }
+    }
     #[derive(Serialize)]
     struct Dhcp {
         nic: String,

@@ -236,6 +236,16 @@ impl DhcpClient {
     }
 }
 
+/// `/etc/resolv.conf` for the lease's DNS servers (at most 3, the resolver's limit).
+pub fn resolv_conf(lease: &Lease) -> String {
+    lease
+        .dns
+        .iter()
+        .take(3)
+        .map(|ip| format!("nameserver {ip}\n"))
+        .collect()
+}
+
 /// The lease an OFFER or ACK describes; `None` without a usable address or server identifier.
 fn lease_of(msg: &Message) -> Option<Lease> {
     let address = msg.yiaddr();

@@ -102,6 +102,22 @@ fn nak_restarts_and_timeouts_retransmit_then_give_up() {
 }
 
 #[test]
+fn resolv_conf_lists_at_most_three_servers() {
+    let lease = Lease {
+        address: Ipv4Addr::new(10, 0, 0, 5),
+        prefix_len: 24,
+        router: None,
+        dns: (1..=4).map(|i| Ipv4Addr::new(10, 0, 0, i)).collect(),
+        server: Ipv4Addr::new(10, 0, 0, 1),
+        lease_secs: None,
+    };
+    assert_eq!(
+        resolv_conf(&lease),
+        "nameserver 10.0.0.1\nnameserver 10.0.0.2\nnameserver 10.0.0.3\n"
+    );
+}
+
+#[test]
 fn retransmissions_back_off_with_bounded_jitter() {
     let t0 = Instant::now();
     for xid in [0u32, 1, 0xdead_beef, u32::MAX, 12345] {
