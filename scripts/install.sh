@@ -13,7 +13,7 @@ set -eu
 usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 die() { echo "install.sh: $*" >&2; exit 1; }
 
-gateway_url= ca_pin= join_key= binary= binary_url= binary_sha256= token_file= gpu_backend= hardware_root=
+gateway_url= ca_pin= join_key= binary= binary_url= binary_sha256= token_file= gpu_backend= hardware_root= cdi_dir=
 join=yes start=yes
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -26,6 +26,7 @@ while [ $# -gt 0 ]; do
     --token-file) token_file=$2; shift 2 ;;
     --gpu-backend) gpu_backend=$2; shift 2 ;;
     --hardware-root) hardware_root=$2; shift 2 ;;
+    --cdi-dir) cdi_dir=$2; shift 2 ;;
     --no-join) join=no; shift ;;
     --no-start) start=no; shift ;;
     -h|--help) usage ;;
@@ -63,6 +64,7 @@ install -m 0755 "$stage/bcd" "$DESTDIR/usr/local/bin/bcd"
   echo "state_dir = \"/var/lib/bcd\""
   [ -z "$gpu_backend" ] || echo "gpu_backend = \"$gpu_backend\""
   [ -z "$hardware_root" ] || echo "hardware_root = \"$hardware_root\""
+  [ -z "$cdi_dir" ] || echo "cdi_dir = \"$cdi_dir\""
 } > "$stage/bcd.toml"
 install -m 0644 "$stage/bcd.toml" "$DESTDIR/etc/bcd/bcd.toml"
 

@@ -1,7 +1,9 @@
 //! TFTP benchmark: time for `curl --tftp-blksize 1468` to fetch a loader from our server and from dnsmasq's TFTP
 //! (the peer), alternating fetches in the same invocation, inside a network namespace of its own (dnsmasq needs
 //! port 69; the namespace's private loopback keeps it off the host's). Prints median and p90 per server and the
-//! ratio (dnsmasq time / our time: above 1 means we are faster), ending with `tftp: <ms> ms` (our median).
+//! ratio (dnsmasq time / our time: above 1 means we are faster), ending with `tftp: <ms> ms` (our median). Because
+//! the medians swing with load from elsewhere on a shared 2-vCPU machine, it also prints the p10 (the
+//! undisturbed path) and each server's CPU time per transfer (utime + stime from /proc, which noise barely moves).
 //!
 //! Needs root, iproute2, curl and dnsmasq. The namespace is created and deleted here under a name carrying this
 //! process's PID, on every exit path.
@@ -110,10 +112,25 @@ async fn fetch(ns: &str, url: &str, blksize: &str, out: &Path) -> Result<f64> {
     Ok(secs * 1000.0)
 }
 
-fn summary(mut ms: Vec<f64>) -> (f64, f64) {
+/// (p10, median, p90).
+fn summary(mut ms: Vec<f64>) -> (f64, f64, f64) {
     ms.sort_by(f64::total_cmp);
     let at = |q: f64| ms[((ms.len() as f64 * q) as usize).min(ms.len() - 1)];
-    (at(0.5), at(0.9))
+    (at(0.1), at(0.5), at(0.9))
+}
+
+/// CPU time a process has used, in clock ticks (utime + stime, fields 14 and 15 of /proc/PID/stat).
+fn cpu_ticks(pid: Option<u32>) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count fields after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Microseconds per transfer from a tick difference (USER_HZ is 100 on Linux).
+fn cpu_us(before: Option<u64>, after: Option<u64>, transfers: usize) -> Option<f64> {
+    Some((after? - before?) as f64 * 10_000.0 / transfers.max(1) as f64)
 }
 
 async fn bench(args: &[String]) -> Result<()> {
@@ -228,18 +245,36 @@ async fn measure(
     // Alternate fetches so that load from elsewhere on the machine hits both servers alike.
     let mut theirs = Vec::new();
     let mut ours = Vec::new();
+    let (their_pid, our_pid) = (dnsmasq.id(), ours_child.id());
+    let (their_cpu0, our_cpu0) = (cpu_ticks(their_pid), cpu_ticks(our_pid));
     for _ in 0..fetches {
         theirs.push(fetch(ns, &their_url, blksize, Path::new("/dev/null")).await?);
         ours.push(fetch(ns, &our_url, blksize, Path::new("/dev/null")).await?);
     }
+    let their_cpu = cpu_us(their_cpu0, cpu_ticks(their_pid), fetches);
+    let our_cpu = cpu_us(our_cpu0, cpu_ticks(our_pid), fetches);
     let _ = dnsmasq.kill().await;
     drop(ours_child.stdin.take());
     let _ = tokio::time::timeout(Duration::from_secs(5), ours_child.wait()).await;
 
-    let (d50, d90) = summary(theirs);
-    let (o50, o90) = summary(ours);
-    println!("dnsmasq:  median {d50:.1} ms, p90 {d90:.1} ms");
-    println!("bcd-site: median {o50:.1} ms, p90 {o90:.1} ms");
+    let (d10, d50, d90) = summary(theirs);
+    let (o10, o50, o90) = summary(ours);
+    let cpu = |c: Option<f64>| c.map_or("cpu n/a".to_owned(), |c| format!("cpu {c:.0} µs"));
+    println!(
+        "dnsmasq:  median {d50:.2} ms, p10 {d10:.2} ms, p90 {d90:.1} ms, {} per transfer",
+        cpu(their_cpu)
+    );
+    println!(
+        "bcd-site: median {o50:.2} ms, p10 {o10:.2} ms, p90 {o90:.1} ms, {} per transfer",
+        cpu(our_cpu)
+    );
+    if let (Some(t), Some(o)) = (their_cpu, our_cpu) {
+        println!(
+            "cpu ratio {:.2} (their CPU per transfer / ours)",
+            t / o.max(1.0)
+        );
+    }
+    println!("p10 ratio {:.2} (their p10 / ours)", d10 / o10.max(0.001));
     println!(
         "ratio {:.2} vs dnsmasq (their median time / ours)",
         d50 / o50.max(0.001)

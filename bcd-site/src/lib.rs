@@ -1,6 +1,7 @@
 //! bcd-site owns the boot services a rack management host runs for `bcd site`: proxy DHCP ([`dhcp`]), a
 //! read-only TFTP server ([`tftp`]), boot HTTP (iPXE scripts and artifacts with Range, [`http`]) and the Redfish
-//! client ([`redfish`]); the boot lease joins them with the site's session.
+//! client ([`redfish`]); [`serve`] runs the three boot services as one process from a netboot table (what
+//! `bcd site serve` calls); the boot lease will join them with the site's session.
 //!
 //! It knows nothing of the session or the control plane and must not import `bcd`, `bc-proto` or any control
 //! crate: `bcd site` wires its session to these services, handing them a [`dhcp::NetbootTable`] through a
@@ -13,4 +14,5 @@
 pub mod dhcp;
 pub mod http;
 pub mod redfish;
+pub mod serve;
 pub mod tftp;

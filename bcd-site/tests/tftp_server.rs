@@ -362,7 +362,36 @@ fn opts(blksize: Option<u64>, windowsize: Option<u64>, timeout: Option<u64>) -> 
 
 #[tokio::test]
 async fn windowsize_and_block_number_rollover() -> Result<()> {
+    rollover_with(Limits::default()).await
+}
+
+/// The same transfers with the loader cache off: the chunked read-ahead path (files above the cache limit).
+#[tokio::test]
+async fn windowsize_and_rollover_without_the_cache() -> Result<()> {
+    rollover_with(Limits {
+        cache_max_file: 0,
+        ..Limits::default()
+    })
+    .await
+}
+
+/// A loader replaced between two fetches is served fresh, not from the cache.
+#[tokio::test]
+async fn a_replaced_loader_is_not_served_from_the_cache() -> Result<()> {
     let f = start(Limits::default()).await?;
+    let first = fetch(f.addr, "small.bin", opts(Some(1468), None, None), 0).await?;
+    assert_eq!(first.data, fs::read(f.root.join("small.bin"))?);
+    let fresh = content(3000, 9);
+    let tmp = f.root.join("small.bin.new");
+    write_public(&tmp, &fresh)?;
+    fs::rename(&tmp, f.root.join("small.bin"))?;
+    let second = fetch(f.addr, "small.bin", opts(Some(1468), None, None), 0).await?;
+    assert_eq!(second.data, fresh);
+    f.stop().await
+}
+
+async fn rollover_with(limits: Limits) -> Result<()> {
+    let f = start(limits).await?;
     let want = fs::read(f.root.join("efi/snponly.efi"))?;
     let got = fetch(
         f.addr,

@@ -17,6 +17,8 @@ pub struct ConfigWire {
     pub gpu_backend: Option<String>,
     /// Root under which `/sys` and `/proc` are read (tests and containers); default `/`.
     pub hardware_root: Option<PathBuf>,
+    /// Where the Container Device Interface spec of this node's bookings is written; default `/etc/cdi`.
+    pub cdi_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -27,6 +29,7 @@ pub struct Config {
     pub state_dir: PathBuf,
     pub gpu_backend: GpuBackendChoice,
     pub hardware_root: PathBuf,
+    pub cdi_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +77,7 @@ impl ConfigWire {
             state_dir: over.state_dir.or(self.state_dir),
             gpu_backend: over.gpu_backend.or(self.gpu_backend),
             hardware_root: over.hardware_root.or(self.hardware_root),
+            cdi_dir: over.cdi_dir.or(self.cdi_dir),
         }
     }
 
@@ -129,6 +133,7 @@ impl ConfigWire {
                 .unwrap_or_else(|| PathBuf::from("/var/lib/bcd")),
             gpu_backend,
             hardware_root: self.hardware_root.unwrap_or_else(|| PathBuf::from("/")),
+            cdi_dir: self.cdi_dir.unwrap_or_else(|| PathBuf::from("/etc/cdi")),
         })
     }
 }

@@ -6,6 +6,7 @@
 //! fixture. With default features off (as the ramdisk builds it) it has no NVML and no site code.
 //! Start with [`join::join`].
 
+pub mod cdi;
 pub mod config;
 pub mod diag;
 pub mod gpu;

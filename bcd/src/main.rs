@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 #[derive(Parser)]
 #[command(name = "bcd", version, about = "Better Compute node daemon")]
 struct Cli {
-    /// Configuration file (written by the install script).
-    #[arg(long, global = true, default_value = "/etc/bcd/bcd.toml")]
-    config: PathBuf,
+    /// Configuration file: /etc/bcd/bcd.toml (written by the install script) for join and run,
+    /// /etc/bcd/site.toml for `site serve`.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
     /// State directory (node key, certificate, identity).
     #[arg(long, global = true, env = "BCD_STATE_DIR")]
     state_dir: Option<PathBuf>,
@@ -32,6 +33,9 @@ struct Overrides {
     /// Read /sys and /proc under this root instead of / (tests, containers).
     #[arg(long)]
     hardware_root: Option<PathBuf>,
+    /// Where the CDI spec of this node's bookings goes (default /etc/cdi).
+    #[arg(long)]
+    cdi_dir: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -76,6 +80,9 @@ enum Command {
 #[cfg(feature = "site")]
 #[derive(Subcommand)]
 enum SiteCommand {
+    /// Serve proxy DHCP, TFTP and boot HTTP from the site config (--config, default /etc/bcd/site.toml) and its
+    /// [[machine]] netboot table; SIGHUP reloads the table, SIGTERM stops.
+    Serve,
     /// Drive one BMC by hand (debugging): inspect, power, boot-once. Every change is read back.
     Redfish {
         /// The BMC, e.g. https://10.0.0.10 (https needs --pin).
@@ -153,6 +160,64 @@ async fn redfish(
     Ok(())
 }
 
+fn bcd_config(path: Option<PathBuf>) -> PathBuf {
+    path.unwrap_or_else(|| PathBuf::from("/etc/bcd/bcd.toml"))
+}
+
+/// `bcd site serve`: the config file's [[machine]] list is the netboot table's source; SIGHUP re-reads it (an
+/// invalid file is reported and the running table kept). The control-plane session will be another source
+/// feeding the same channel.
+#[cfg(feature = "site")]
+async fn site_serve(path: &Path) -> anyhow::Result<()> {
+    use bcd_site::serve;
+    let config = serve::SiteConfig::from_file(path)?;
+    let bound = serve::bind(&config)
+        .await
+        .with_context(|| format!("starting the services of {}", path.display()))?;
+    let (table_tx, table_rx) = tokio::sync::watch::channel(config.netboot.clone());
+    let reload_path = path.to_owned();
+    let running = config.clone();
+    let reload = tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hup.recv().await.is_some() {
+            match serve::SiteConfig::from_file(&reload_path) {
+                Ok(c) => {
+                    let settings_changed = serve::SiteConfig {
+                        netboot: running.netboot.clone(),
+                        ..c.clone()
+                    } != running;
+                    if settings_changed {
+                        tracing::warn!(
+                            path = %reload_path.display(),
+                            "settings other than [[machine]] changed: they apply at the next start"
+                        );
+                    }
+                    tracing::info!(path = %reload_path.display(), machines = c.netboot.len(), "reloaded the netboot table");
+                    let _ = table_tx.send(c.netboot);
+                }
+                Err(e) => tracing::error!(
+                    error = %format!("{:#}", anyhow::Error::from(e)),
+                    "reload refused; keeping the running table"
+                ),
+            }
+        }
+    });
+    let result = serve::run(
+        &config,
+        bound,
+        table_rx,
+        serve::SiteCounters::default(),
+        None,
+        bc_proto::runtime::shutdown_signal(),
+    )
+    .await;
+    reload.abort();
+    result.with_context(|| format!("serving {}", path.display()))
+}
+
 fn load_config(
     path: &Path,
     state_dir: Option<PathBuf>,
@@ -171,6 +236,7 @@ fn load_config(
             state_dir,
             gpu_backend: o.gpu_backend,
             hardware_root: o.hardware_root,
+            cdi_dir: o.cdi_dir,
         })
         .validate(&origin)?)
 }
@@ -183,6 +249,8 @@ fn main() {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: logs written to files and journals stay greppable.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     // Two workers are plenty for one connection; they keep the idle daemon small.
@@ -214,7 +282,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     "give the join token as an argument, in BCD_JOIN_TOKEN or with --token-file"
                 ),
             };
-            let config = load_config(&cli.config, cli.state_dir, overrides)?;
+            let config = load_config(&bcd_config(cli.config), cli.state_dir, overrides)?;
             let (backend, gpu_error) = match bcd::gpu::open(&config.gpu_backend) {
                 Ok(b) => (Some(b), None),
                 Err(e) if config.gpu_backend == GpuBackendChoice::Nvml => {
@@ -247,6 +315,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 outcome.identity.spiffe_id,
                 config.state_dir.display()
             );
+        }
+        #[cfg(feature = "site")]
+        Command::Site {
+            command: SiteCommand::Serve,
+        } => {
+            let path = cli
+                .config
+                .unwrap_or_else(|| PathBuf::from("/etc/bcd/site.toml"));
+            site_serve(&path).await?
         }
         #[cfg(feature = "site")]
         Command::Site {
@@ -293,7 +370,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 ),
                 (None, None) => None,
             };
-            let config = load_config(&cli.config, cli.state_dir, overrides)?;
+            let config = load_config(&bcd_config(cli.config), cli.state_dir, overrides)?;
             let gpu: Option<std::sync::Arc<dyn bcd::gpu::GpuBackend>> =
                 match bcd::gpu::open(&config.gpu_backend) {
                     Ok(b) => Some(std::sync::Arc::from(b)),

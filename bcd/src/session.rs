@@ -386,7 +386,7 @@ impl Daemon {
                 }
             }
             Msg::DesiredState(d) => {
-                let (outcome, message) = match apply_desired(state, &d) {
+                let (outcome, message) = match self.apply_desired(state, &d) {
                     Ok(()) => ("applied", String::new()),
                     Err(e) => ("failed", e),
                 };
@@ -627,14 +627,39 @@ fn revoked_at_handshake(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Records the desired state (the apply hooks — CDI specs for bookings — arrive with reservations).
-fn apply_desired(state: &StateDir, d: &v1::DesiredState) -> Result<(), String> {
-    let spec: serde_json::Value =
-        serde_json::from_slice(&d.spec).map_err(|e| format!("spec is not JSON: {e}"))?;
-    let doc = serde_json::json!({"generation": d.generation, "spec": spec});
-    state
-        .write_file("desired.json", doc.to_string().as_bytes(), 0o600)
-        .map_err(|e| e.to_string())
+impl Daemon {
+    /// Applies desired state: the bookings become the node's CDI spec (exactly the booked GPUs), then the document
+    /// is recorded. A booking naming a GPU this node does not have fails the generation with that reason.
+    fn apply_desired(&self, state: &StateDir, d: &v1::DesiredState) -> Result<(), String> {
+        let spec: serde_json::Value =
+            serde_json::from_slice(&d.spec).map_err(|e| format!("spec is not JSON: {e}"))?;
+        let bookings = crate::cdi::bookings(&spec).map_err(|e| e.to_string())?;
+        let local: Vec<crate::cdi::LocalGpu> = match &self.gpu {
+            Some(g) => g
+                .gpus()
+                .map_err(|e| format!("listing GPUs for the bookings: {e}"))?
+                .into_iter()
+                .map(|g| crate::cdi::LocalGpu {
+                    minor: crate::cdi::minor_from_procfs(&self.config.hardware_root, &g.pci_bus_id),
+                    uuid: g.uuid,
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let cdi = crate::cdi::render(&bookings, &local).map_err(|e| e.to_string())?;
+        crate::cdi::apply(&self.config.cdi_dir, cdi.as_ref()).map_err(|e| {
+            format!(
+                "{e}: {}",
+                std::error::Error::source(&e)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            )
+        })?;
+        let doc = serde_json::json!({"generation": d.generation, "spec": spec});
+        state
+            .write_file("desired.json", doc.to_string().as_bytes(), 0o600)
+            .map_err(|e| e.to_string())
+    }
 }
 
 #[cfg(test)]

@@ -139,6 +139,7 @@ impl GpuBackend for ListOnly {
             model: "m".into(),
             pci_bus_id: String::new(),
             memory_mib: 0,
+            clique: None,
         }])
     }
 }

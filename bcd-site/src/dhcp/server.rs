@@ -3,7 +3,7 @@
 //! The caller binds the sockets ([`bind_udp`] sets SO_BROADCAST and SO_BINDTODEVICE) and owns the netboot table
 //! through a `watch` channel, so table updates take effect on the next packet.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -16,15 +16,17 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
-use super::decide::{Decision, Destination, ListenPort, ServerInfo, decide};
+use super::decide::{Decision, Destination, IgnoreReason, ListenPort, ServerInfo, decide};
 use super::rogue::{RogueServer, observe};
-use super::table::NetbootTable;
+use super::table::{MacAddr, NetbootTable};
 use super::wire::{decode, encode};
 
 /// Largest datagram we read; DHCP messages fit in 1500 bytes, anything longer is truncated and rejected.
 const MAX_PACKET: usize = 2048;
+/// Distinct unmarked MACs remembered for the once-per-MAC info log before the memory is cleared.
+const UNMARKED_LOGGED: usize = 4096;
 
 /// The already-bound sockets the server reads.
 #[derive(Debug)]
@@ -179,6 +181,8 @@ async fn serve_port(
 ) {
     let mut buf = vec![0u8; MAX_PACKET];
     let mut out = Vec::with_capacity(600);
+    // PXE clients refused for not being marked are logged at info once per MAC (bounded), the rest at debug.
+    let mut unmarked_seen: HashSet<MacAddr> = HashSet::new();
     loop {
         let (len, src) = match socket.recv_from(&mut buf).await {
             Ok(r) => r,
@@ -205,6 +209,14 @@ async fn serve_port(
             Decision::Reply(reply) => reply,
             Decision::Ignore { reason } => {
                 counters.ignore(reason.kind());
+                if let IgnoreReason::NotMarkedForNetboot { mac } = &reason {
+                    if unmarked_seen.len() >= UNMARKED_LOGGED {
+                        unmarked_seen.clear();
+                    }
+                    if unmarked_seen.insert(*mac) {
+                        info!(?port, %mac, "PXE client not marked for netboot: not answered");
+                    }
+                }
                 debug!(?port, %src, xid = request.xid(), %reason, "ignored");
                 continue;
             }

@@ -1,6 +1,8 @@
 //! Read-only TFTP for the iPXE loaders: [`codec`] (sans-I/O packets), [`negotiate`] (options against
-//! [`Limits`]), [`root`] (what a request may open) and [`server`] (one task per transfer).
+//! [`Limits`]), [`root`] (what a request may open), [`cache`] (loader contents kept between transfers) and
+//! [`server`] (one task per transfer).
 
+pub mod cache;
 pub mod codec;
 pub mod root;
 pub mod server;
@@ -24,6 +26,13 @@ pub struct Limits {
     pub timeout: Duration,
     /// Retransmissions of one window before the transfer is abandoned.
     pub max_retries: u32,
+    /// Files up to this size are kept in memory between transfers (0: no cache).
+    pub cache_max_file: u64,
+    /// Memory all cached files may take together.
+    pub cache_max_total: u64,
+    /// How long a transfer waits for each ACK awake (yielding the CPU) before sleeping until it arrives: saves a
+    /// wake-up per block in lockstep transfers, at the cost of at most this much CPU per block. Zero: never.
+    pub ack_spin: Duration,
 }
 
 impl Default for Limits {
@@ -35,6 +44,9 @@ impl Default for Limits {
             max_window_bytes: 1 << 20,
             timeout: Duration::from_secs(1),
             max_retries: 5,
+            cache_max_file: 8 << 20,
+            cache_max_total: 64 << 20,
+            ack_spin: Duration::from_micros(100),
         }
     }
 }

@@ -4,7 +4,7 @@
 //! symlink leads outside the root, regular files only, and — like tftpd-hpa — only files readable by everyone
 //! (mode `o+r`), so a file's permissions decide what is public even when the server runs as root.
 
-use std::fs::File;
+use std::fs::{File, Metadata};
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -67,6 +67,15 @@ impl ServeRoot {
 
     /// Checks the name, resolves it inside the root and opens it. Returns the file and its length. Blocking.
     pub fn open(&self, requested: &str) -> Result<(File, u64), Refusal> {
+        let (path, meta) = self.resolve(requested)?;
+        let file = File::open(&path).map_err(|e| not_found(requested, e))?;
+        Ok((file, meta.len()))
+    }
+
+    /// Checks the name and resolves it inside the root to a public regular file, without opening it: the
+    /// canonical path and its metadata (which a cache compares to decide whether its copy is current). Blocking,
+    /// metadata only.
+    pub fn resolve(&self, requested: &str) -> Result<(PathBuf, Metadata), Refusal> {
         if requested.starts_with(['/', '\\']) {
             return Err(refuse(
                 ErrorCode::AccessViolation,
@@ -81,22 +90,11 @@ impl ServeRoot {
                 requested,
             ));
         }
-        let not_found = |e: io::Error| match e.kind() {
-            io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => {
-                refuse(ErrorCode::FileNotFound, "file not found", requested)
-            }
-            io::ErrorKind::PermissionDenied => refuse(
-                ErrorCode::AccessViolation,
-                "access denied",
-                format!("{requested}: {e}"),
-            ),
-            _ => refuse(
-                ErrorCode::NotDefined,
-                "cannot open file",
-                format!("{requested}: {e}"),
-            ),
-        };
-        let path = self.dir.join(requested).canonicalize().map_err(not_found)?;
+        let path = self
+            .dir
+            .join(requested)
+            .canonicalize()
+            .map_err(|e| not_found(requested, e))?;
         if !path.starts_with(&self.dir) {
             return Err(refuse(
                 ErrorCode::AccessViolation,
@@ -104,7 +102,7 @@ impl ServeRoot {
                 format!("{requested} resolves to {}", path.display()),
             ));
         }
-        let meta = path.metadata().map_err(not_found)?;
+        let meta = path.metadata().map_err(|e| not_found(requested, e))?;
         if !meta.is_file() {
             return Err(refuse(
                 ErrorCode::AccessViolation,
@@ -119,8 +117,26 @@ impl ServeRoot {
                 format!("{requested} lacks o+r"),
             ));
         }
-        let file = File::open(&path).map_err(not_found)?;
-        Ok((file, meta.len()))
+        Ok((path, meta))
+    }
+}
+
+/// The refusal for an I/O error while resolving or opening `requested`.
+pub(crate) fn not_found(requested: &str, e: io::Error) -> Refusal {
+    match e.kind() {
+        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => {
+            refuse(ErrorCode::FileNotFound, "file not found", requested)
+        }
+        io::ErrorKind::PermissionDenied => refuse(
+            ErrorCode::AccessViolation,
+            "access denied",
+            format!("{requested}: {e}"),
+        ),
+        _ => refuse(
+            ErrorCode::NotDefined,
+            "cannot open file",
+            format!("{requested}: {e}"),
+        ),
     }
 }
 

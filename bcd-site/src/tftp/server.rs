@@ -8,16 +8,18 @@ use std::io::{self, Read as _};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::net::UdpSocket;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-use tokio::time::{Instant, timeout_at};
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::cache::FileCache;
 use super::codec::{ErrorCode, Mode, Packet, Request, encode_data, encode_error};
-use super::root::{RootError, ServeRoot};
+use super::root::{Refusal, RootError, ServeRoot, not_found};
 use super::{Limits, Negotiated, negotiate};
 
 /// Bytes read from the file at a time.
@@ -50,6 +52,11 @@ pub async fn run(
             source,
         })?;
     let slots = Arc::new(Semaphore::new(limits.max_transfers.max(1)));
+    let cache = Arc::new(FileCache::new(
+        limits.cache_max_file,
+        limits.cache_max_total,
+    ));
+    let active = Arc::new(AtomicUsize::new(0));
     let limits = Arc::new(limits);
     let mut transfers = JoinSet::new();
     let mut buf = vec![0u8; 2048];
@@ -82,10 +89,12 @@ pub async fn run(
                 Ok(permit) => {
                     counters.started.fetch_add(1, Ordering::Relaxed);
                     let (root, limits, counters) = (root.clone(), limits.clone(), counters.clone());
+                    let (cache, active) = (cache.clone(), active.clone());
                     transfers.spawn(async move {
                         let _permit = permit;
                         let file = req.filename.clone();
-                        match transfer(local_ip, peer, req, &root, &limits).await {
+                        let _running = Running::start(&active);
+                        match transfer(local_ip, peer, req, &root, &cache, &limits, &active).await {
                             Ok(Outcome::Sent { bytes }) => {
                                 counters.completed.fetch_add(1, Ordering::Relaxed);
                                 debug!(%peer, %file, bytes, "TFTP transfer complete");
@@ -132,6 +141,22 @@ pub async fn run(
     Ok(())
 }
 
+/// Counts a transfer as running until dropped (also when its task is cancelled).
+struct Running(Arc<AtomicUsize>);
+
+impl Running {
+    fn start(active: &Arc<AtomicUsize>) -> Self {
+        active.fetch_add(1, Ordering::Relaxed);
+        Running(active.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 enum Outcome {
     Sent {
         bytes: u64,
@@ -162,22 +187,15 @@ async fn transfer(
     peer: SocketAddr,
     req: Request,
     root: &ServeRoot,
+    cache: &Arc<FileCache>,
     limits: &Limits,
+    active: &Arc<AtomicUsize>,
 ) -> Result<Outcome, TransferError> {
     let socket = UdpSocket::bind((local_ip, 0)).await?;
     socket.connect(peer).await?;
     let mut out = Vec::new();
-    // Opening and the first read-ahead share one trip to the blocking pool: most loaders fit in it.
-    let opened = {
-        let (root, name) = (root.clone(), req.filename.clone());
-        tokio::task::spawn_blocking(move || {
-            let (file, size) = root.open(&name)?;
-            Ok::<_, super::root::Refusal>(ChunkReader::start(file, size))
-        })
-        .await
-        .map_err(io::Error::other)?
-    };
-    let (reader, size) = match opened {
+    let opened = open(root, cache, &req.filename).await;
+    let (source, size) = match opened {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
             encode_error(ErrorCode::NotDefined, "server read error", &mut out);
@@ -191,16 +209,22 @@ async fn transfer(
         }
     };
     let n = negotiate(&req.options, size, limits);
+    let timer = Box::pin(tokio::time::sleep(n.timeout));
     let mut link = Link {
         socket,
         n,
         max_retries: limits.max_retries,
-        buf: vec![0u8; 65536 + 4],
+        buf: vec![0u8; MAX_CLIENT_PACKET],
+        timer,
+        spin: limits.ack_spin,
+        spin_missed: 0,
+        active: active.clone(),
     };
     if !link.n.oack.is_empty() {
         Packet::Oack(link.n.oack.clone()).encode(&mut out);
         // Block 0 acknowledges the OACK. A client that only wanted `tsize` answers with error 8 instead.
-        match link.send_until_acked(&[out.as_slice()], 0).await {
+        let oack = VecDeque::from([(0, std::mem::take(&mut out))]);
+        match link.send_until_acked(&oack).await {
             Ok(_) => {}
             Err(TransferError::ClientError { code, message }) => {
                 return Ok(Outcome::Declined { code, message });
@@ -208,7 +232,7 @@ async fn transfer(
             Err(e) => return Err(e),
         }
     }
-    match link.send_file(reader, size).await {
+    match link.send_file(source, size).await {
         Ok(bytes) => Ok(Outcome::Sent { bytes }),
         Err(e) => {
             // Our side failed (read error, file changed): tell the client rather than leave it waiting.
@@ -221,46 +245,133 @@ async fn transfer(
     }
 }
 
+/// Largest packet read from a client (ACKs and ERRORs; a longer error message is cut and the packet dropped).
+const MAX_CLIENT_PACKET: usize = 2048;
+
+/// Resolves the request and finds its contents: a cached loader is served from memory with no read at all (the
+/// name is resolved inline: metadata only). Otherwise one trip to the blocking pool opens the file and reads it
+/// whole when the cache admits it, else its first chunk.
+async fn open(
+    root: &ServeRoot,
+    cache: &Arc<FileCache>,
+    name: &str,
+) -> Result<io::Result<(Source, u64)>, Refusal> {
+    let (path, meta) = root.resolve(name)?;
+    if let Some(data) = cache.get(&path, &meta) {
+        let size = data.len() as u64;
+        return Ok(Ok((Source::Memory { data, pos: 0 }, size)));
+    }
+    let (cache, name) = (cache.clone(), name.to_owned());
+    let read = tokio::task::spawn_blocking(move || {
+        let mut file = File::open(&path).map_err(|e| not_found(&name, e))?;
+        // Metadata of the open file: the version the cache entry will claim.
+        let meta = file.metadata().map_err(|e| not_found(&name, e))?;
+        if cache.admits(&meta) {
+            let mut data = Vec::with_capacity(meta.len() as usize);
+            if let Err(e) = file.read_to_end(&mut data) {
+                return Ok(Err(e));
+            }
+            let data: Arc<[u8]> = Arc::from(data);
+            cache.put(path, &meta, data.clone());
+            let size = data.len() as u64;
+            Ok(Ok((Source::Memory { data, pos: 0 }, size)))
+        } else {
+            Ok(ChunkReader::start(file, meta.len()).map(|(r, size)| (Source::Chunked(r), size)))
+        }
+    })
+    .await;
+    match read {
+        Ok(r) => r,
+        Err(e) => Ok(Err(io::Error::other(e))),
+    }
+}
+
+/// Where a transfer's bytes come from.
+enum Source {
+    /// The whole file, shared with the cache.
+    Memory { data: Arc<[u8]>, pos: usize },
+    /// Read ahead in chunks (files the cache does not take).
+    Chunked(ChunkReader),
+}
+
+impl Source {
+    /// Encodes the next DATA packet (at most `blksize` bytes of payload) into `pkt`; returns the payload length.
+    async fn next_packet(
+        &mut self,
+        block: u16,
+        blksize: usize,
+        pkt: &mut Vec<u8>,
+    ) -> io::Result<usize> {
+        match self {
+            Source::Memory { data, pos } => {
+                let n = (data.len() - *pos).min(blksize);
+                encode_data(block, &data[*pos..*pos + n], pkt);
+                *pos += n;
+                Ok(n)
+            }
+            Source::Chunked(reader) => {
+                encode_data(block, &[], pkt);
+                pkt.resize(4 + blksize, 0);
+                let n = reader.read_block(&mut pkt[4..]).await?;
+                pkt.truncate(4 + n);
+                Ok(n)
+            }
+        }
+    }
+}
+
 /// One transfer's socket and negotiated parameters.
 struct Link {
     socket: UdpSocket,
     n: Negotiated,
     max_retries: u32,
     buf: Vec<u8>,
+    /// Retransmission timer; its deadline trails the real one (see [`Link::send_until_acked`]).
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// How long to wait for an ACK awake before sleeping on the reactor.
+    spin: Duration,
+    /// Consecutive spins that ended without an ACK.
+    spin_missed: u32,
+    /// Transfers running now (this one included).
+    active: Arc<AtomicUsize>,
 }
 
 impl Link {
     /// Sends the file in windows of `windowsize` blocks; an ACK for block k starts the next window at k+1
-    /// (RFC 7440). Block numbers wrap after 65535 to 0, as tftp-hpa and curl expect.
-    async fn send_file(&mut self, mut file: ChunkReader, size: u64) -> Result<u64, TransferError> {
+    /// (RFC 7440). Block numbers wrap after 65535 to 0, as tftp-hpa and curl expect. Packet buffers are reused.
+    async fn send_file(&mut self, mut source: Source, size: u64) -> Result<u64, TransferError> {
         let blksize = self.n.blksize;
         let window = usize::from(self.n.windowsize);
         // Unacknowledged blocks: (absolute block number, encoded DATA packet).
         let mut pending: VecDeque<(u64, Vec<u8>)> = VecDeque::with_capacity(window);
+        let mut spare: Vec<Vec<u8>> = Vec::with_capacity(window);
         let mut next_block: u64 = 1;
         let mut read_done = false;
         let mut sent_bytes: u64 = 0;
-        let mut chunk = vec![0u8; blksize];
         loop {
             while pending.len() < window && !read_done {
-                let n = file.read_block(&mut chunk).await?;
+                let mut pkt = spare
+                    .pop()
+                    .unwrap_or_else(|| Vec::with_capacity(blksize + 4));
+                let n = source
+                    .next_packet(next_block as u16, blksize, &mut pkt)
+                    .await?;
                 if n < blksize {
                     read_done = true;
                 }
                 sent_bytes += n as u64;
-                let mut pkt = Vec::with_capacity(n + 4);
-                encode_data(next_block as u16, &chunk[..n], &mut pkt);
                 pending.push_back((next_block, pkt));
                 next_block += 1;
             }
-            let Some(&(first, _)) = pending.front() else {
+            if pending.is_empty() {
                 break;
-            };
-            let packets: Vec<&[u8]> = pending.iter().map(|(_, p)| p.as_slice()).collect();
-            let acked = self.send_until_acked(&packets, first).await?;
+            }
+            let acked = self.send_until_acked(&pending).await?;
             // Drop everything up to and including the acknowledged block.
             while pending.front().is_some_and(|(b, _)| *b <= acked) {
-                pending.pop_front();
+                if let Some((_, pkt)) = pending.pop_front() {
+                    spare.push(pkt);
+                }
             }
             if read_done && pending.is_empty() {
                 break;
@@ -273,43 +384,65 @@ impl Link {
         Ok(sent_bytes)
     }
 
-    /// Sends `packets` (blocks `first`, `first+1`, ... by absolute number) and waits for an ACK of any of them,
-    /// retransmitting on timeout up to the retry cap. Stale and foreign packets are ignored without resending
-    /// (no Sorcerer's Apprentice). Returns the absolute number of the highest block acknowledged.
+    /// Sends `packets` (by absolute block number, consecutive) and waits for an ACK of any of them, retransmitting
+    /// on timeout up to the retry cap. Stale and foreign packets are ignored without resending (no Sorcerer's
+    /// Apprentice). Returns the absolute number of the highest block acknowledged.
     async fn send_until_acked(
         &mut self,
-        packets: &[&[u8]],
-        first: u64,
+        packets: &VecDeque<(u64, Vec<u8>)>,
     ) -> Result<u64, TransferError> {
-        let last = first + packets.len() as u64 - 1;
+        let (Some(&(first, _)), Some(&(last, _))) = (packets.front(), packets.back()) else {
+            return Ok(0);
+        };
         let mut retries = 0;
         loop {
-            for p in packets {
+            for (_, p) in packets {
                 self.socket.send(p).await?;
             }
+            // The timer is not re-armed per block (that costs a timer-wheel insert and removal for every ACK):
+            // it fires at its old deadline, and only then is the real one (last send + timeout) checked.
             let deadline = Instant::now() + self.n.timeout;
+            let mut spin = self.spin_budget();
             loop {
-                let len = match timeout_at(deadline, self.socket.recv(&mut self.buf)).await {
-                    Err(_) => break,
-                    // ICMP port unreachable surfaces as ECONNREFUSED on a connected socket: the client left.
-                    Ok(r) => r?,
+                // Lockstep clients answer within microseconds on a LAN: wait for the ACK awake for a moment rather
+                // than sleep and pay a wake-up (on a VM, an idle vCPU's wake-up) for every block.
+                if !spin.is_zero() {
+                    let r = spin_recv(&self.socket, &mut self.buf, spin);
+                    spin = Duration::ZERO;
+                    self.spin_missed = if r.is_some() { 0 } else { self.spin_missed + 1 };
+                    if let Some(r) = r {
+                        let len = r?;
+                        match self.on_packet(len, first, last, packets.len()) {
+                            Verdict::Acked(abs) => return Ok(abs),
+                            Verdict::Resend => break,
+                            Verdict::Failed(e) => return Err(e),
+                            Verdict::Ignore => continue,
+                        }
+                    }
+                }
+                let received = tokio::select! {
+                    biased;
+                    r = self.socket.recv(&mut self.buf) => Some(r),
+                    () = &mut self.timer => None,
                 };
-                match Packet::decode(&self.buf[..len]) {
-                    Ok(Packet::Ack { block }) => {
-                        // Map the 16-bit block number onto the window being sent.
-                        if let Some(abs) = (first..=last).rev().find(|b| *b as u16 == block) {
-                            return Ok(abs);
-                        }
-                        // With a window, an ACK of the block before it says the client saw a gap (RFC 7440):
-                        // resend now. In lockstep such an ACK is a stale duplicate and is ignored.
-                        if packets.len() > 1 && first > 0 && block == (first - 1) as u16 {
-                            break;
-                        }
+                let len = match received {
+                    // ICMP port unreachable surfaces as ECONNREFUSED on a connected socket: the client left.
+                    Some(r) => r?,
+                    None if Instant::now() < deadline => {
+                        self.timer.as_mut().reset(deadline);
+                        continue;
                     }
-                    Ok(Packet::Error { code, message }) => {
-                        return Err(TransferError::ClientError { code, message });
+                    None => {
+                        // Expired: the next wait gets a fresh timeout from the retransmission.
+                        self.timer.as_mut().reset(Instant::now() + self.n.timeout);
+                        break;
                     }
-                    _ => {}
+                };
+                match self.on_packet(len, first, last, packets.len()) {
+                    Verdict::Acked(abs) => return Ok(abs),
+                    Verdict::Resend => break,
+                    Verdict::Failed(e) => return Err(e),
+                    Verdict::Ignore => {}
                 }
             }
             retries += 1;
@@ -319,6 +452,73 @@ impl Link {
                 });
             }
         }
+    }
+}
+
+/// Consecutive ACKs that missed the spin window after which a transfer stops spinning (a slow client or link).
+const SPIN_GIVE_UP: u32 = 4;
+/// Transfers running at once above which none spins (spinning tasks would delay each other's packets).
+const SPIN_MAX_ACTIVE: usize = 2;
+
+impl Link {
+    /// How long to wait awake for the next ACK: nothing once this client proved slower than the budget, or while
+    /// several transfers share the workers.
+    fn spin_budget(&self) -> Duration {
+        if self.spin_missed >= SPIN_GIVE_UP || self.active.load(Ordering::Relaxed) > SPIN_MAX_ACTIVE
+        {
+            return Duration::ZERO;
+        }
+        self.spin
+    }
+
+    /// What a packet from the client means for the window `first..=last` (absolute block numbers).
+    fn on_packet(&self, len: usize, first: u64, last: u64, window: usize) -> Verdict {
+        match Packet::decode(&self.buf[..len]) {
+            Ok(Packet::Ack { block }) => {
+                // Map the 16-bit block number onto the window being sent.
+                if let Some(abs) = (first..=last).rev().find(|b| *b as u16 == block) {
+                    return Verdict::Acked(abs);
+                }
+                // With a window, an ACK of the block before it says the client saw a gap (RFC 7440): resend now.
+                // In lockstep such an ACK is a stale duplicate and is ignored.
+                if window > 1 && first > 0 && block == (first - 1) as u16 {
+                    return Verdict::Resend;
+                }
+                Verdict::Ignore
+            }
+            Ok(Packet::Error { code, message }) => {
+                Verdict::Failed(TransferError::ClientError { code, message })
+            }
+            _ => Verdict::Ignore,
+        }
+    }
+}
+
+enum Verdict {
+    Acked(u64),
+    Resend,
+    Failed(TransferError),
+    Ignore,
+}
+
+/// Tries to receive for up to `budget`, yielding the CPU between tries (a client on the same CPU gets to run).
+/// `None`: nothing arrived. Reads the socket directly: tokio's `try_recv` trusts readiness cached from the last
+/// poll of the reactor and would not see a datagram that arrived since.
+fn spin_recv(socket: &UdpSocket, buf: &mut [u8], budget: Duration) -> Option<io::Result<usize>> {
+    use std::io::Read as _;
+    let sock = socket2::SockRef::from(socket);
+    let until = std::time::Instant::now() + budget;
+    loop {
+        match (&*sock).read(buf) {
+            Ok(n) => return Some(Ok(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Some(Err(e)),
+        }
+        if std::time::Instant::now() >= until {
+            return None;
+        }
+        std::thread::yield_now();
     }
 }
 

@@ -33,6 +33,9 @@ pub struct FixtureGpu {
     pub pci_bus_id: String,
     #[serde(default)]
     pub memory_mib: u64,
+    /// NVLink fabric clique, as NVML's GPU fabric info would report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clique: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<Fault>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -91,6 +94,7 @@ impl FixtureGpu {
             model: self.model.clone(),
             pci_bus_id: self.pci_bus_id.clone(),
             memory_mib: self.memory_mib,
+            clique: self.clique.clone(),
         }
     }
 

@@ -25,6 +25,10 @@ pub struct GpuInfo {
     pub pci_bus_id: String,
     #[serde(default)]
     pub memory_mib: u64,
+    /// NVLink clique (fabric cluster UUID + clique id) where the GPU reports one; GPUs that share it are NVLink
+    /// peers, possibly across nodes. The placer honours it for `topology: nvlink` requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clique: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

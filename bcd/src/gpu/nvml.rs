@@ -92,6 +92,9 @@ impl GpuBackend for NvmlBackend {
                     .memory_info()
                     .map(|m| m.total / (1024 * 1024))
                     .unwrap_or_default(),
+                // nvml-wrapper 0.13 does not expose nvmlDeviceGetGpuFabricInfo; without it no clique is claimed
+                // (a node's GPUs are then bookable as `node` or `any`, not `nvlink`).
+                clique: None,
             });
         }
         Ok(out)

@@ -38,6 +38,7 @@ pub fn serve_config(dir: &Path, opts: &Options, gateway_listen: SocketAddr) -> S
             api: true,
             gateway: true,
             controllers: opts.controllers,
+            scheduler: opts.controllers,
             ..Roles::default()
         },
         api_listen: "127.0.0.1:0".parse().expect("addr"),
@@ -57,6 +58,7 @@ pub fn serve_config(dir: &Path, opts: &Options, gateway_listen: SocketAddr) -> S
             deadline: Duration::from_secs(20),
         }),
         leaf_lifetime: opts.leaf_lifetime,
+        shard_lease: None,
     }
 }
 
@@ -114,6 +116,7 @@ impl Plane {
             state_dir: Some(self.dir.path().join(name)),
             gpu_backend: Some("none".into()),
             hardware_root: None,
+            cdi_dir: Some(self.dir.path().join(name).join("cdi")),
         }
         .validate("test")
         .expect("node config")

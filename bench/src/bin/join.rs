@@ -113,6 +113,7 @@ async fn main() -> anyhow::Result<()> {
             state_dir: None,
             gpu_backend: Some("none".into()),
             hardware_root: None,
+            cdi_dir: None,
         }
         .validate("bench")?,
     );

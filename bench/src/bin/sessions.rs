@@ -422,6 +422,7 @@ async fn main() -> anyhow::Result<()> {
         state_dir: Some(data.path().join("bcd")),
         gpu_backend: Some("none".into()),
         hardware_root: None,
+        cdi_dir: None,
     }
     .validate("bench")?;
     let t = Instant::now();

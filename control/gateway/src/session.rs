@@ -142,6 +142,20 @@ impl Registry {
         }
     }
 
+    /// Asks for a pull before the next tick when this gateway holds a session of any of `nodes` (the outbox
+    /// sink's notification). Returns whether it held one.
+    pub fn poke<'a>(&self, nodes: impl IntoIterator<Item = &'a str>) -> bool {
+        let held = self
+            .inner
+            .lock()
+            .map(|m| nodes.into_iter().any(|n| m.contains_key(n)))
+            .unwrap_or(false);
+        if held {
+            self.pending_poke.notify_one();
+        }
+        held
+    }
+
     /// Total sessions opened since start.
     pub fn opened(&self) -> u64 {
         self.opened.load(Ordering::Relaxed)

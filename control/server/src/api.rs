@@ -24,6 +24,37 @@ pub struct ApiState {
     pub gateway_url: String,
     /// The sessions of this process's gateway role, when it runs one.
     pub sessions: Option<bc_gateway::session::Registry>,
+    /// API calls waiting for the placer (None: this process does not admit reservations).
+    pub decisions: Option<Arc<crate::admission::Decisions>>,
+    /// Admission's tx 1, group-committed.
+    pub admitter: Option<crate::admission::Admitter>,
+    pub principals: Arc<PrincipalCache>,
+}
+
+/// Authenticated principals by API key id, kept [`PRINCIPAL_TTL`]: the hot path (and admission's pure checks)
+/// need no database read. A disabled key or changed grant takes effect within the TTL.
+#[derive(Default)]
+pub struct PrincipalCache {
+    entries: std::sync::Mutex<std::collections::HashMap<String, (Principal, std::time::Instant)>>,
+}
+
+pub const PRINCIPAL_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl PrincipalCache {
+    fn get(&self, key_id: &str) -> Option<Principal> {
+        let m = self.entries.lock().ok()?;
+        let (p, at) = m.get(key_id)?;
+        (at.elapsed() < PRINCIPAL_TTL).then(|| p.clone())
+    }
+
+    fn put(&self, key_id: &str, p: &Principal) {
+        if let Ok(mut m) = self.entries.lock() {
+            if m.len() > 100_000 {
+                m.retain(|_, (_, at)| at.elapsed() < PRINCIPAL_TTL);
+            }
+            m.insert(key_id.to_string(), (p.clone(), std::time::Instant::now()));
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -44,7 +75,7 @@ impl ApiError {
         ApiError::new("INVALID_ARGUMENT", message)
     }
 
-    fn denied(message: impl Into<String>) -> ApiError {
+    pub(crate) fn denied(message: impl Into<String>) -> ApiError {
         ApiError::new("ACCESS_DENIED", message)
     }
 }
@@ -92,7 +123,11 @@ pub fn router(state: ApiState) -> axum::Router {
         .with_state(state)
 }
 
-async fn authenticate(store: &Store, headers: &HeaderMap) -> Result<Principal, ApiError> {
+async fn authenticate(
+    store: &Store,
+    cache: &PrincipalCache,
+    headers: &HeaderMap,
+) -> Result<Principal, ApiError> {
     let unauth = |m: &str| ApiError::new("UNAUTHENTICATED", m.to_string());
     let header = headers
         .get(axum::http::header::AUTHORIZATION)
@@ -103,17 +138,24 @@ async fn authenticate(store: &Store, headers: &HeaderMap) -> Result<Principal, A
         .ok_or_else(|| unauth("Authorization must be Bearer <api key>"))?;
     let key = Token::parse(TokenKind::ApiKey, key)
         .map_err(|e| unauth(&format!("malformed API key: {e}")))?;
-    let principal = store
-        .principal_by_api_key(key.id())
-        .await?
-        .ok_or_else(|| unauth("unknown API key"))?;
+    let principal = match cache.get(key.id()) {
+        Some(p) => p,
+        None => {
+            let p = store
+                .principal_by_api_key(key.id())
+                .await?
+                .ok_or_else(|| unauth("unknown API key"))?;
+            cache.put(key.id(), &p);
+            p
+        }
+    };
     if !key.secret().matches_hash(&principal.api_key_hash) {
         return Err(unauth("API key secret does not match"));
     }
     Ok(principal)
 }
 
-fn require(p: &Principal, permission: &str, scope: &str) -> Result<(), ApiError> {
+pub(crate) fn require(p: &Principal, permission: &str, scope: &str) -> Result<(), ApiError> {
     if allows(&p.grants, permission, scope) {
         Ok(())
     } else {
@@ -134,12 +176,32 @@ async fn dispatch(
     headers: HeaderMap,
     body: Option<Json<Value>>,
 ) -> Result<Json<Value>, ApiError> {
-    let principal = authenticate(&state.store, &headers).await?;
+    let principal = authenticate(&state.store, &state.principals, &headers).await?;
     let body = body.map(|Json(v)| v).unwrap_or(json!({}));
     match (group.as_str(), method.as_str()) {
         ("join-tokens", "create") => create_join_token(&state, &principal, parse(body)?).await,
         ("join-tokens", "list") => list_join_tokens(&state, &principal, parse(body)?).await,
         ("join-tokens", "revoke") => revoke_join_token(&state, &principal, parse(body)?).await,
+        ("reservations", "create") => crate::admission::create(&state, &principal, body)
+            .await
+            .map(Json),
+        ("reservations", "get") => crate::admission::get(&state, &principal, parse(body)?)
+            .await
+            .map(Json),
+        ("reservations", "list") => crate::admission::list(&state, &principal, parse(body)?)
+            .await
+            .map(Json),
+        ("reservations", "release") => crate::admission::release(&state, &principal, parse(body)?)
+            .await
+            .map(Json),
+        ("tenants", "create") => crate::admission::create_tenant(&state, &principal, parse(body)?)
+            .await
+            .map(Json),
+        ("principals", "create") => {
+            crate::admission::create_principal(&state, &principal, parse(body)?)
+                .await
+                .map(Json)
+        }
         ("nodes", "list") => list_nodes(&state, &principal).await,
         ("nodes", "get") => get_node(&state, &principal, parse(body)?).await,
         ("nodes", "drain") => set_node_state(&state, &principal, parse(body)?, "draining").await,

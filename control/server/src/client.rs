@@ -14,6 +14,7 @@ pub enum ClientError {
     Api { code: String, message: String },
 }
 
+#[derive(Clone)]
 pub struct ApiClient {
     base: String,
     key: String,

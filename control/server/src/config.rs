@@ -69,6 +69,9 @@ pub struct ServeConfigWire {
     pub gateway_hosts: Option<Vec<String>>,
     /// The gateway URL nodes are told to use (defaults to https://<first host>:<gateway port>).
     pub gateway_url: Option<String>,
+    /// How long a process's role membership and shard leases last without renewal (milliseconds; default
+    /// 10000). A dead process's shards move to the others within this.
+    pub shard_lease_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -87,7 +90,11 @@ pub struct ServeConfig {
     pub lifecycle_timing: Option<crate::lifecycle::LifecycleTiming>,
     /// Workload certificate lifetime override (tests of renewal); default 24 h.
     pub leaf_lifetime: Option<std::time::Duration>,
+    /// Role membership and shard lease lifetime; None means [`DEFAULT_SHARD_LEASE`].
+    pub shard_lease: Option<std::time::Duration>,
 }
+
+pub const DEFAULT_SHARD_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy)]
 pub struct SessionTiming {
@@ -139,6 +146,7 @@ impl ServeConfigWire {
             gateway_listen: over.gateway_listen.or(self.gateway_listen),
             gateway_hosts: over.gateway_hosts.or(self.gateway_hosts),
             gateway_url: over.gateway_url.or(self.gateway_url),
+            shard_lease_ms: over.shard_lease_ms.or(self.shard_lease_ms),
         }
     }
 
@@ -191,6 +199,18 @@ impl ServeConfigWire {
             session_timing: None,
             lifecycle_timing: None,
             leaf_lifetime: None,
+            shard_lease: match self.shard_lease_ms {
+                None => None,
+                Some(ms) if (500..=600_000).contains(&ms) => {
+                    Some(std::time::Duration::from_millis(ms))
+                }
+                Some(_) => {
+                    return Err(field(
+                        "shard_lease_ms",
+                        "must be between 500 and 600000".into(),
+                    ));
+                }
+            },
         })
     }
 }

@@ -98,6 +98,7 @@ pub async fn run(
         session_timing: None,
         lifecycle_timing: None,
         leaf_lifetime: None,
+        shard_lease: None,
     };
     let running = crate::start(&config, store.clone()).await?;
 

@@ -5,14 +5,18 @@
 //! ([`client`]). Decisions live in bc-core, state in bc-store, the daemon-facing server in bc-gateway; this crate
 //! wires them. Start with [`start`].
 
+pub mod admission;
 pub mod api;
 pub mod ca;
 pub mod client;
 pub mod config;
+pub mod controllers;
 pub mod dev;
 pub mod join;
 pub mod lifecycle;
+pub mod notify;
 pub mod pokes;
+pub mod scheduler;
 pub mod session;
 
 use crate::ca::Ca;
@@ -165,12 +169,29 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             source,
         })?;
         api_addr = Some(addr);
+        let decisions = Arc::new(admission::Decisions::default());
+        let mut decided = notify::listen(
+            &store,
+            &[bc_store::reservations::DECIDED_CHANNEL],
+            stop_rx.clone(),
+        );
+        let (d, st) = (decisions.clone(), store.clone());
+        tasks.spawn(async move {
+            while let Some(n) = decided.recv().await {
+                if let notify::Notice::Message { payload, .. } = n {
+                    d.decided(&st, &payload).await;
+                }
+            }
+        });
         let state = api::ApiState {
             store: store.clone(),
             ca: ca.clone(),
             join_public_key: join_public_key.clone(),
             gateway_url: gateway_url.clone(),
             sessions: gateway_registry.clone(),
+            decisions: Some(decisions),
+            admitter: Some(admission::Admitter::start(store.clone())),
+            principals: Arc::new(api::PrincipalCache::default()),
         };
         let rx = stop_rx.clone();
         tasks.spawn(async move {
@@ -183,13 +204,32 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         });
         tracing::info!(%addr, "api role listening");
     }
+    let lease = config.shard_lease.unwrap_or(config::DEFAULT_SHARD_LEASE);
+    let worker = controllers::worker_id();
     let mut lifecycle_poke = None;
     if config.roles.controllers {
         let timing = config.lifecycle_timing.unwrap_or_default();
+        let (shards_tx, shards_rx) = watch::channel(Vec::new());
+        tasks.spawn(controllers::run(
+            store.clone(),
+            worker.clone(),
+            lease,
+            shards_tx,
+            stop_rx.clone(),
+        ));
         let poke = Arc::new(tokio::sync::Notify::new());
         lifecycle_poke = Some(poke.clone());
-        tasks.spawn(lifecycle::run(store.clone(), timing, poke, stop_rx.clone()));
-        tracing::info!("controllers role: lifecycle controller running");
+        tasks.spawn(lifecycle::run(
+            store.clone(),
+            timing,
+            shards_rx,
+            poke,
+            stop_rx.clone(),
+        ));
+        tracing::info!(
+            worker,
+            "controllers role: lifecycle, expiry and outbox sink running"
+        );
     }
     tasks.spawn(pokes::run(
         store.clone(),
@@ -197,11 +237,21 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         lifecycle_poke,
         stop_rx.clone(),
     ));
-    for (on, name) in [
-        (config.roles.scheduler, "scheduler"),
-        (config.roles.sinks, "sinks"),
-        (config.roles.iam, "iam"),
-    ] {
+    if config.roles.scheduler {
+        tasks.spawn(scheduler::run(
+            store.clone(),
+            worker.clone(),
+            lease,
+            stop_rx.clone(),
+        ));
+        tracing::info!(worker, "scheduler role: placer running");
+    }
+    if config.roles.sinks {
+        tracing::info!(
+            "sinks role: the outbox sink runs inside the controllers role in this version"
+        );
+    }
+    for (on, name) in [(config.roles.iam, "iam")] {
         if on {
             tracing::info!(
                 role = name,

@@ -75,11 +75,18 @@ fn outcome(r: &DiagResult) -> DiagOutcome {
     }
 }
 
-async fn step(store: &Store, t: &LifecycleTiming) -> Result<(), bc_store::StoreError> {
+async fn step(
+    store: &Store,
+    t: &LifecycleTiming,
+    shards: &[i16],
+) -> Result<(), bc_store::StoreError> {
+    if shards.is_empty() {
+        return Ok(());
+    }
     store.expire_commands().await?;
     let now_ms = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
     for (node_id, gpus) in store
-        .nodes_needing_check(DIAG_KIND, t.recheck_after.as_millis() as i64)
+        .nodes_needing_check(DIAG_KIND, t.recheck_after.as_millis() as i64, shards)
         .await?
     {
         let id = uuid::Uuid::now_v7().to_string();
@@ -95,7 +102,7 @@ async fn step(store: &Store, t: &LifecycleTiming) -> Result<(), bc_store::StoreE
             .await?;
         tracing::info!(node_id, command = id, "acceptance check queued");
     }
-    for r in store.unconsumed_results(DIAG_KIND).await? {
+    for r in store.unconsumed_results(DIAG_KIND, shards).await? {
         let Ok(state) = r.node_state.parse::<NodeState>() else {
             continue;
         };
@@ -126,10 +133,13 @@ async fn step(store: &Store, t: &LifecycleTiming) -> Result<(), bc_store::StoreE
     Ok(())
 }
 
-/// Runs a step when poked (GPU inventory arrived, a check finished: see [`crate::pokes`]) and on every tick.
+/// Runs a step when poked (GPU inventory arrived, a check finished: see [`crate::pokes`]) and on every tick,
+/// acting only on nodes of the shards this process leases (`shards`, kept current by the controllers' membership
+/// loop).
 pub async fn run(
     store: Store,
     timing: LifecycleTiming,
+    shards: watch::Receiver<Vec<i16>>,
     poke: Arc<Notify>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -143,7 +153,8 @@ pub async fn run(
                     _ = poke.notified() => tick.reset(),
                 }
             } => {
-                if let Err(e) = step(&store, &timing).await {
+                let mine = shards.borrow().clone();
+                if let Err(e) = step(&store, &timing, &mine).await {
                     tracing::warn!(error = %e, "lifecycle step failed; retrying next tick");
                 }
             }

@@ -93,6 +93,46 @@ enum Command {
         #[command(subcommand)]
         command: NodeCommand,
     },
+    /// Reservations: create, list, show, release.
+    Reservations {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: ReservationCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReservationCommand {
+    /// Reserve GPUs; waits for the placer and prints the reservation (id, node, GPU UUIDs).
+    Create {
+        #[arg(long, default_value = "root")]
+        tenant: String,
+        #[arg(long)]
+        gpus: u32,
+        /// GPU model as nodes report it (any when absent).
+        #[arg(long)]
+        model: Option<String>,
+        /// node (all on one node), nvlink (one NVLink clique) or any.
+        #[arg(long, default_value = "node")]
+        topology: String,
+        /// How long: 90s, 30m, 24h, 7d.
+        #[arg(long, default_value = "1h")]
+        duration: String,
+        /// Retrying with the same key and request returns the same reservation.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    Show {
+        id: String,
+    },
+    Release {
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -209,6 +249,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     gateway_listen,
                     gateway_hosts: (!gateway_hosts.is_empty()).then_some(gateway_hosts),
                     gateway_url,
+                    shard_lease_ms: None,
                 })
                 .validate(&origin)?;
             let url = cfg.database_url.clone().context(
@@ -329,6 +370,73 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         .call("join-tokens", "revoke", json!({"id": id}))
                         .await?;
                     println!("revoked {id}");
+                }
+            }
+        }
+        Command::Reservations { api, command } => {
+            let client = ApiClient::new(&api.api_url, &api.api_key);
+            let print = |r: &serde_json::Value| {
+                let gpus: Vec<String> = r["gpus"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|g| {
+                        format!(
+                            "{}:{}",
+                            g["node"].as_str().unwrap_or_default(),
+                            g["uuid"].as_str().unwrap_or_default()
+                        )
+                    })
+                    .collect();
+                println!(
+                    "{:<40} {:<10} {:<9} {}",
+                    r["id"].as_str().unwrap_or_default(),
+                    r["tenant"].as_str().unwrap_or_default(),
+                    r["state"].as_str().unwrap_or_default(),
+                    gpus.join(" ")
+                );
+            };
+            match command {
+                ReservationCommand::Create {
+                    tenant,
+                    gpus,
+                    model,
+                    topology,
+                    duration,
+                    idempotency_key,
+                } => {
+                    let mut body = json!({
+                        "tenant": tenant, "gpus": gpus, "topology": topology,
+                        "duration_s": parse_ttl(&duration)?,
+                    });
+                    if let Some(m) = model {
+                        body["model"] = json!(m);
+                    }
+                    if let Some(k) = idempotency_key {
+                        body["idempotency_key"] = json!(k);
+                    }
+                    let v = client.call("reservations", "create", body).await?;
+                    print(&v["reservation"]);
+                }
+                ReservationCommand::List { tenant } => {
+                    let v = client
+                        .call("reservations", "list", json!({ "tenant": tenant }))
+                        .await?;
+                    for r in v["reservations"].as_array().into_iter().flatten() {
+                        print(r);
+                    }
+                }
+                ReservationCommand::Show { id } => {
+                    let v = client
+                        .call("reservations", "get", json!({ "id": id }))
+                        .await?;
+                    println!("{}", serde_json::to_string_pretty(&v["reservation"])?);
+                }
+                ReservationCommand::Release { id } => {
+                    let v = client
+                        .call("reservations", "release", json!({ "id": id }))
+                        .await?;
+                    print(&v["reservation"]);
                 }
             }
         }

@@ -133,7 +133,17 @@ impl ControlSessions {
             )
             .await
             .map_err(unavailable)?;
-        if ok { Ok(()) } else { Err(stale(s)) }
+        if !ok {
+            return Err(stale(s));
+        }
+        if section.name == "gpus" {
+            // The inventory controller's derivation: bookable devices follow the node's GPUs.
+            self.store
+                .sync_gpu_devices(&s.node_id, &payload)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
     }
 
     async fn result_inner(&self, s: &SessionRef, r: v1::CommandResult) -> Result<(), Status> {

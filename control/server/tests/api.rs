@@ -46,6 +46,7 @@ async fn grants_are_scoped_to_pools_and_errors_have_stable_codes() {
         session_timing: None,
         lifecycle_timing: None,
         leaf_lifetime: None,
+        shard_lease: None,
     };
     let running = bc_control::start(&config, store.clone())
         .await

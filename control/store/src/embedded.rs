@@ -228,6 +228,13 @@ impl EmbeddedPostgres {
             "-c",
             "jit=off",
         ]);
+        // Statement statistics for operators and benchmarks (statements per admission), where the server ships it.
+        if bin
+            .parent()
+            .is_some_and(|p| p.join("lib/pg_stat_statements.so").exists())
+        {
+            cmd.args(["-c", "shared_preload_libraries=pg_stat_statements"]);
+        }
         match durability {
             Durability::Durable => cmd.args(["-c", "fsync=on", "-c", "synchronous_commit=on"]),
             Durability::Throwaway => cmd.args([

@@ -36,6 +36,72 @@ impl Store {
         Ok(())
     }
 
+    /// Creates a (non-root) tenant if absent.
+    pub async fn ensure_tenant(&self, id: &str, name: &str) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING")
+            .bind(id)
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Creates a new principal with its grants; CONFLICT when the id is taken (an API caller must never replace
+    /// another principal's key).
+    pub async fn create_principal(
+        &self,
+        id: &str,
+        tenant_id: &str,
+        name: &str,
+        api_key_id: &str,
+        api_key_hash: &str,
+        grants: &[Grant],
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let created = sqlx::query(
+            "INSERT INTO principals (id, tenant_id, name, api_key_id, api_key_hash) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(id)
+        .bind(tenant_id)
+        .bind(name)
+        .bind(api_key_id)
+        .bind(api_key_hash)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| match &e {
+            sqlx::Error::Database(d) if d.code().as_deref() == Some("23503") => StoreError::NotFound {
+                what: "tenant",
+                id: tenant_id.to_string(),
+            },
+            _ => e.into(),
+        })?
+        .rows_affected();
+        if created == 0 {
+            return Err(StoreError::Conflict(format!(
+                "principal {id:?} already exists"
+            )));
+        }
+        for g in grants {
+            sqlx::query("INSERT INTO grants (principal_id, permission, scope) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+                .bind(id)
+                .bind(&g.permission)
+                .bind(&g.scope)
+                .execute(&mut *tx)
+                .await?;
+        }
+        audit(
+            &mut tx,
+            "api",
+            "principal.create",
+            &format!("principal/{id}"),
+            serde_json::json!({"tenant": tenant_id, "grants": grants.len()}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Creates (or replaces the key of) a principal, with its grants.
     pub async fn upsert_principal(
         &self,

@@ -1,7 +1,7 @@
 //! bc-store: Better Compute's PostgreSQL state.
 //!
 //! It owns the schema and its embedded migrations ([`migrate`]), every query the control plane runs ([`Store`]:
-//! IAM, pools, join tokens, nodes, audit), the embedded PostgreSQL used by `dev` mode ([`embedded`]) and the test
+//! IAM, pools, join tokens, nodes, sessions, reservations, shard leases and the work queue, audit), the embedded PostgreSQL used by `dev` mode ([`embedded`]) and the test
 //! harness ([`testing`]: one cluster per process, template migrated once, a fresh database per test). It must not
 //! import tonic, axum or any workspace crate but bc-core. Start with [`Store::commit_joins`], the hot path of `bcd
 //! join`.
@@ -12,8 +12,10 @@ pub mod join_tokens;
 pub mod migrate;
 pub mod nodes;
 pub mod pokes;
+pub mod reservations;
 pub mod sessions;
 pub mod testing;
+pub mod work;
 
 use sqlx::PgPool;
 

@@ -28,6 +28,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0003_sessions.sql"),
     },
     Migration {
+        version: 4,
+        name: "reservations",
+        sql: include_str!("../migrations/0004_reservations.sql"),
+    },
+    Migration {
         version: 6,
         name: "revocations",
         sql: include_str!("../migrations/0006_revocations.sql"),

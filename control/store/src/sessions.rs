@@ -336,14 +336,16 @@ impl Store {
     /// Online nodes that need an acceptance check of `kind`: adopting nodes whose GPU inventory has arrived, and
     /// failed nodes whose last check finished more than `recheck_ms` ago; never while one is open.
     /// Returns (node id, GPU count claimed at join).
+    /// Only nodes of `shards` (the caller's leased shards).
     pub async fn nodes_needing_check(
         &self,
         kind: &str,
         recheck_ms: i64,
+        shards: &[i16],
     ) -> Result<Vec<(String, i64)>, StoreError> {
         let rows = sqlx::query(
             "SELECT n.id, COALESCE(jsonb_array_length(n.claims -> 'gpus'), 0)::bigint FROM nodes n \
-             WHERE n.online AND ( \
+             WHERE n.online AND n.shard = ANY($3) AND ( \
                (n.state = 'adopting' AND EXISTS (SELECT 1 FROM inventory_sections s WHERE s.node_id = n.id AND s.name = 'gpus')) \
                OR (n.state = 'failed' AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.node_id = n.id AND c.kind = $1 \
                    AND c.finished_at > now() - make_interval(secs => $2 / 1000.0)))) \
@@ -353,19 +355,26 @@ impl Store {
         )
         .bind(kind)
         .bind(recheck_ms as f64)
+        .bind(shards)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
-    pub async fn unconsumed_results(&self, kind: &str) -> Result<Vec<DiagResult>, StoreError> {
+    /// Finished checks of nodes in `shards` not yet acted on.
+    pub async fn unconsumed_results(
+        &self,
+        kind: &str,
+        shards: &[i16],
+    ) -> Result<Vec<DiagResult>, StoreError> {
         let rows = sqlx::query(
             "SELECT c.id, c.node_id, n.state, n.desired_generation, c.state, c.result, c.error \
              FROM commands c JOIN nodes n ON n.id = c.node_id \
              WHERE c.kind = $1 AND c.consumed_at IS NULL AND c.state IN ('done', 'failed', 'expired') \
-             ORDER BY c.finished_at LIMIT 1000",
+             AND n.shard = ANY($2) ORDER BY c.finished_at LIMIT 1000",
         )
         .bind(kind)
+        .bind(shards)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows
@@ -420,6 +429,12 @@ impl Store {
                 .await?;
         }
         if let Some(state) = new_state.filter(|s| *s != expected_state) {
+            // Adoption or failure changes what is bookable on the node.
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(crate::reservations::CAPACITY_CHANNEL)
+                .bind(node_id)
+                .execute(&mut *tx)
+                .await?;
             audit(
                 &mut tx,
                 "controller/lifecycle",

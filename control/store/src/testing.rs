@@ -156,3 +156,52 @@ pub async fn test_db() -> TestDb {
             .expect("connect to test database");
     TestDb { pool, name }
 }
+
+/// Seeds `nodes` adopted nodes in pool `pool` (created if absent, in the root tenant) with `gpus` GPUs each of
+/// `model`, as if they had joined, passed acceptance and reported inventory: for tests and benchmarks of
+/// placement that need a fleet without running its daemons. Node ids are `<prefix>-<n>`; GPU UUIDs
+/// `GPU-<prefix>-<n>-<i>`. Returns how many devices exist afterwards.
+pub async fn seed_gpu_nodes(
+    pool: &PgPool,
+    pool_id: &str,
+    prefix: &str,
+    nodes: i32,
+    gpus: i32,
+    model: &str,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query("INSERT INTO tenants (id, name, is_root) VALUES ('root', 'root', true) ON CONFLICT DO NOTHING")
+        .execute(pool)
+        .await?;
+    sqlx::query(
+        "INSERT INTO pools (id, tenant_id, name) VALUES ($1, 'root', $1) ON CONFLICT DO NOTHING",
+    )
+    .bind(pool_id)
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "INSERT INTO nodes (id, pool_id, state, claims, join_key_hash, joined_at, cert_serial, cert_not_after, \
+           desired_generation, desired_spec) \
+         SELECT $2 || '-' || n, $1, 'adopted', '{}', md5($2 || n), now(), n::text, now() + interval '1 day', \
+           1, '{\"version\": 1, \"bookings\": []}' FROM generate_series(1, $3) AS n",
+    )
+    .bind(pool_id)
+    .bind(prefix)
+    .bind(nodes)
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "INSERT INTO devices (id, node_id, idx, uuid, model) \
+         SELECT $1 || '-' || n || '/gpu/GPU-' || $1 || '-' || n || '-' || i, $1 || '-' || n, i, \
+           'GPU-' || $1 || '-' || n || '-' || i, $4 \
+         FROM generate_series(1, $2) AS n, generate_series(0, $3 - 1) AS i",
+    )
+    .bind(prefix)
+    .bind(nodes)
+    .bind(gpus)
+    .bind(model)
+    .execute(pool)
+    .await?;
+    sqlx::query_scalar("SELECT count(*) FROM devices")
+        .fetch_one(pool)
+        .await
+}

@@ -1,0 +1,317 @@
+//! `scripts/bench admissions`: reservation admission throughput and latency with 10,000 nodes × 8 GPUs in the
+//! store, two API processes and one scheduler process (real `better-compute serve` processes) on one embedded
+//! PostgreSQL. Phase 1 saturates (64 concurrent clients); phase 2 offers 1,000 admissions/s open-loop and reports
+//! latency percentiles. Statements per admission come from pg_stat_statements (BEGIN/COMMIT included).
+//! There is no peer in the same run: the issue sets absolute targets (≥ 1,000/s, p99 < 25 ms).
+
+use anyhow::Context as _;
+use bc_bench::percentile_ms;
+use bc_store::embedded::{Durability, EmbeddedPostgres};
+use std::io::{BufRead as _, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const NODES: i32 = 10_000;
+const GPUS: i32 = 8;
+const CONCURRENCY: usize = 64;
+const SATURATED: Duration = Duration::from_secs(10);
+const PACED_RATE: f64 = 1000.0;
+const PACED: Duration = Duration::from_secs(10);
+
+struct Serve(Child);
+
+/// CPU seconds (user + system) a process has used, from /proc/<pid>/stat.
+fn cpu_s(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    let Some(after) = stat.rsplit_once(')').map(|(_, a)| a) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    // SC_CLK_TCK is 100 on Linux/x86_64.
+    ticks / 100.0
+}
+
+/// PostgreSQL's processes: the postmaster (first line of postmaster.pid) and its children.
+fn pg_pids(data: &std::path::Path) -> Vec<u32> {
+    let Some(main) = std::fs::read_to_string(data.join("postmaster.pid"))
+        .ok()
+        .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
+    else {
+        return Vec::new();
+    };
+    let mut pids = vec![main];
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')').and_then(|(_, a)| {
+                        a.split_whitespace()
+                            .nth(1)
+                            .and_then(|p| p.parse::<u32>().ok())
+                    })
+                });
+            if ppid == Some(main) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// CPU seconds per part: (api1, api2, scheduler, postgres, this load generator).
+fn cpu_parts(pids: &[u32; 3], data: &std::path::Path) -> [f64; 5] {
+    [
+        cpu_s(pids[0]),
+        cpu_s(pids[1]),
+        cpu_s(pids[2]),
+        pg_pids(data).into_iter().map(cpu_s).sum(),
+        cpu_s(std::process::id()),
+    ]
+}
+
+fn print_cpu(label: &str, before: [f64; 5], after: [f64; 5], n: usize) {
+    let names = ["api1", "api2", "scheduler", "postgres", "load generator"];
+    let parts: Vec<String> = names
+        .iter()
+        .zip(before.iter().zip(after.iter()))
+        .map(|(name, (b, a))| format!("{name} {:.0} µs", (a - b) * 1e6 / n as f64))
+        .collect();
+    println!("  CPU per admission ({label}): {}", parts.join(", "));
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    name: &str,
+    url: &str,
+    roles: &str,
+) -> anyhow::Result<(Serve, Option<String>)> {
+    let cfg = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &cfg,
+        format!(
+            "state_dir = {:?}\ndatabase_url = {url:?}\nroles = {roles:?}\napi_listen = \"127.0.0.1:0\"\n\
+             gateway_listen = \"127.0.0.1:0\"\n",
+            dir.join(name)
+        ),
+    )?;
+    let mut child = Command::new(bin.join("better-compute"))
+        .args(["serve", "--no-migrate", "--config"])
+        .arg(&cfg)
+        .env("BC_LOG", "warn,sqlx=error")
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("spawning better-compute serve")?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let mut api = None;
+    for line in lines.by_ref() {
+        let line = line?;
+        if let Some(rest) = line.strip_prefix("serving: api=") {
+            let a = rest.split_whitespace().next().unwrap_or("-");
+            if a != "-" {
+                api = Some(format!("http://{a}/api/compute/reservations/create"));
+            }
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    Ok((Serve(child), api))
+}
+
+async fn admit(http: &reqwest::Client, url: &str, key: &str, i: usize) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    let r = http
+        .post(url)
+        .bearer_auth(key)
+        .json(&serde_json::json!({"tenant": "root", "gpus": 1, "duration_s": 3600, "idempotency_key": format!("b{i}")}))
+        .send()
+        .await?;
+    let status = r.status();
+    let body: serde_json::Value = r.json().await?;
+    if !status.is_success() || body["reservation"]["state"] != "placed" {
+        anyhow::bail!("admission {i} failed: {status} {body}");
+    }
+    Ok(t.elapsed())
+}
+
+async fn statements(pool: &bc_store::sqlx::PgPool) -> anyhow::Result<i64> {
+    Ok(bc_store::sqlx::query_scalar(
+        "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
+         WHERE d.datname = current_database() AND s.query NOT ILIKE '%pg_stat_statements%'",
+    )
+    .fetch_one(pool)
+    .await?)
+}
+
+/// The statements that took the most execution time since the last reset, per admission.
+async fn top_statements(pool: &bc_store::sqlx::PgPool, admissions: usize) -> anyhow::Result<()> {
+    let top: Vec<(String, i64, f64)> = bc_store::sqlx::query_as(
+        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 70), calls, total_exec_time FROM pg_stat_statements s \
+         JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = current_database() \
+         AND s.query NOT ILIKE '%pg_stat_statements%' ORDER BY total_exec_time DESC LIMIT 5",
+    )
+    .fetch_all(pool)
+    .await?;
+    for (q, calls, ms) in top {
+        println!(
+            "  {:>7.0} µs/admission {:>6} calls  {q}",
+            ms * 1000.0 / admissions as f64,
+            calls
+        );
+    }
+    Ok(())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    bc_proto::install_crypto_provider();
+    let bin =
+        PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
+    let dir = tempfile::tempdir()?;
+    let pg = EmbeddedPostgres::start(&dir.path().join("pg"), Durability::Durable)?;
+    let url = pg.url("postgres");
+    let pool = pg.pool("postgres", 8).await?;
+    bc_store::migrate::migrate(&pool).await?;
+    let t = Instant::now();
+    bc_store::testing::seed_gpu_nodes(&pool, "gpu", "n", NODES, GPUS, "NVIDIA H100 80GB HBM3")
+        .await?;
+    bc_store::sqlx::query("ANALYZE").execute(&pool).await?;
+    println!(
+        "store: {NODES} adopted nodes × {GPUS} GPUs seeded in {:.1} s (durable commits: fsync on)",
+        t.elapsed().as_secs_f64()
+    );
+    let store = bc_store::Store::new(pool.clone());
+    let key = bc_control::bootstrap_admin(&store).await?;
+    bc_store::sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&pool)
+        .await
+        .context("pg_stat_statements (needs shared_preload_libraries)")?;
+
+    let (a1, u1) = serve(&bin, dir.path(), "api1", &url, "api")?;
+    let (a2, u2) = serve(&bin, dir.path(), "api2", &url, "api")?;
+    let (sc, _) = serve(&bin, dir.path(), "sched", &url, "scheduler")?;
+    let pids = [a1.0.id(), a2.0.id(), sc.0.id()];
+    let pg_data = dir.path().join("pg").join("data");
+    let urls = Arc::new([u1.context("api1 address")?, u2.context("api2 address")?]);
+    println!(
+        "processes: 2 × `serve --roles api`, 1 × `serve --roles scheduler`, PostgreSQL 15; 2 cores shared by all"
+    );
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(CONCURRENCY)
+        .build()?;
+    // Warm up: caches (principals, capacity), connections, plans.
+    let next = Arc::new(AtomicUsize::new(0));
+    for i in 0..200 {
+        admit(&http, &urls[i % 2], &key, i).await?;
+    }
+    next.store(200, Ordering::SeqCst);
+
+    // Phase 1: saturated.
+    bc_store::sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(&pool)
+        .await?;
+    let s0 = statements(&pool).await?;
+    let c0 = cpu_parts(&pids, &pg_data);
+    let t0 = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..CONCURRENCY {
+        let (http, urls, key, next) = (http.clone(), urls.clone(), key.clone(), next.clone());
+        tasks.spawn(async move {
+            let mut lat = Vec::new();
+            while t0.elapsed() < SATURATED {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                lat.push(admit(&http, &urls[i % 2], &key, i).await?);
+            }
+            anyhow::Ok(lat)
+        });
+    }
+    let mut lat = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        lat.extend(r??);
+    }
+    let wall = t0.elapsed();
+    let stmts = statements(&pool).await? - s0;
+    lat.sort();
+    let sat_rate = lat.len() as f64 / wall.as_secs_f64();
+    println!(
+        "saturated ({CONCURRENCY} clients, {:.0} s): {} admissions, {:.0}/s, p50 {:.1} ms, p99 {:.1} ms, {:.2} statements/admission",
+        wall.as_secs_f64(),
+        lat.len(),
+        sat_rate,
+        percentile_ms(&lat, 0.50),
+        percentile_ms(&lat, 0.99),
+        stmts as f64 / lat.len() as f64
+    );
+    print_cpu("saturated", c0, cpu_parts(&pids, &pg_data), lat.len());
+    top_statements(&pool, lat.len()).await?;
+
+    // Phase 2: paced, open loop.
+    bc_store::sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(&pool)
+        .await?;
+    let s0 = statements(&pool).await?;
+    let c0 = cpu_parts(&pids, &pg_data);
+    let total = (PACED_RATE * PACED.as_secs_f64()) as usize;
+    let t0 = tokio::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for k in 0..total {
+        let at = t0 + Duration::from_secs_f64(k as f64 / PACED_RATE);
+        tokio::time::sleep_until(at).await;
+        let (http, urls, key) = (http.clone(), urls.clone(), key.clone());
+        let i = next.fetch_add(1, Ordering::SeqCst);
+        tasks.spawn(async move { admit(&http, &urls[i % 2], &key, i).await });
+    }
+    let mut lat = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        lat.push(r??);
+    }
+    let wall = t0.elapsed();
+    let stmts = statements(&pool).await? - s0;
+    lat.sort();
+    let p99 = percentile_ms(&lat, 0.99);
+    println!(
+        "paced ({PACED_RATE:.0}/s offered, {} admissions): done in {:.1} s = {:.0}/s, p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {:.2} statements/admission",
+        lat.len(),
+        wall.as_secs_f64(),
+        lat.len() as f64 / wall.as_secs_f64(),
+        percentile_ms(&lat, 0.50),
+        percentile_ms(&lat, 0.90),
+        p99,
+        percentile_ms(&lat, 1.0),
+        stmts as f64 / lat.len() as f64
+    );
+    print_cpu("paced", c0, cpu_parts(&pids, &pg_data), lat.len());
+    top_statements(&pool, lat.len()).await?;
+    let booked: i64 = bc_store::sqlx::query_scalar(
+        "SELECT count(*) FROM devices WHERE reservation_id IS NOT NULL",
+    )
+    .fetch_one(&pool)
+    .await?;
+    let admitted = next.load(Ordering::SeqCst);
+    anyhow::ensure!(
+        booked as usize == admitted,
+        "{booked} devices booked for {admitted} admissions"
+    );
+    println!("check: {booked} GPUs booked for {admitted} admissions, none twice");
+    println!("admissions: {sat_rate:.0} admissions/s (paced 1000/s p99 {p99:.1} ms)");
+    Ok(())
+}

@@ -1,0 +1,155 @@
+//! Reservation requests: what a caller may ask for, the admission check that runs before any database access,
+//! and the body hash that tells an idempotent replay from a conflicting reuse of a key.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// How the GPUs of one reservation must sit relative to each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Topology {
+    /// All on one node (the default: what a single training or inference job needs).
+    #[default]
+    Node,
+    /// All in one NVLink clique (one node, or several nodes sharing an NVLink fabric clique).
+    Nvlink,
+    /// Anywhere; packed onto already-used nodes first to keep whole nodes free.
+    Any,
+}
+
+/// A validated reservation request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationRequest {
+    pub tenant: String,
+    pub gpus: u32,
+    /// GPU model as the node reports it (e.g. "NVIDIA H100 80GB HBM3"); any model when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub topology: Topology,
+    pub duration_s: u32,
+}
+
+pub const MAX_GPUS: u32 = 1024;
+pub const MAX_DURATION_S: u32 = 90 * 86_400;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("gpus must be between 1 and {MAX_GPUS}")]
+    Gpus,
+    #[error("duration_s must be between 1 and {MAX_DURATION_S}")]
+    Duration,
+    #[error("tenant must be a non-empty id of letters, digits, '-' or '_' (at most 64)")]
+    Tenant,
+    #[error("model must be non-empty and at most 128 characters when given")]
+    Model,
+}
+
+impl ReservationRequest {
+    pub fn validate(&self) -> Result<(), RequestError> {
+        if !(1..=MAX_GPUS).contains(&self.gpus) {
+            return Err(RequestError::Gpus);
+        }
+        if !(1..=MAX_DURATION_S).contains(&self.duration_s) {
+            return Err(RequestError::Duration);
+        }
+        if !valid_id(&self.tenant) {
+            return Err(RequestError::Tenant);
+        }
+        if let Some(m) = &self.model
+            && (m.is_empty() || m.len() > 128)
+        {
+            return Err(RequestError::Model);
+        }
+        Ok(())
+    }
+
+    /// SHA-256 (hex) of the canonical form: the same request hashes the same whatever the JSON key order or
+    /// defaults the caller wrote.
+    pub fn body_hash(&self) -> String {
+        let canonical = serde_json::to_vec(self).unwrap_or_default();
+        hex::encode(Sha256::digest(&canonical))
+    }
+}
+
+pub fn valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Admission's first step, before any database access: a caller may act only in its own tenant unless it belongs to
+/// the root tenant.
+pub fn tenant_allowed(caller_tenant: &str, caller_is_root: bool, target_tenant: &str) -> bool {
+    caller_is_root || caller_tenant == target_tenant
+}
+
+/// Reservation states as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReservationState {
+    /// Recorded (tx 1); the placer has not decided yet.
+    Pending,
+    /// GPUs booked; the booking is the nodes' next desired-state generation.
+    Placed,
+    /// Could not be placed (the error says why); nothing booked.
+    Failed,
+    /// Released by its owner; GPUs freed.
+    Released,
+    /// Ran past its duration; GPUs freed by the controllers.
+    Expired,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> ReservationRequest {
+        ReservationRequest {
+            tenant: "team-a".into(),
+            gpus: 2,
+            model: None,
+            topology: Topology::Node,
+            duration_s: 3600,
+        }
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        assert_eq!(req().validate(), Ok(()));
+        let mut r = req();
+        r.gpus = 0;
+        assert_eq!(r.validate(), Err(RequestError::Gpus));
+        let mut r = req();
+        r.duration_s = 0;
+        assert_eq!(r.validate(), Err(RequestError::Duration));
+        let mut r = req();
+        r.tenant = "a/b".into();
+        assert_eq!(r.validate(), Err(RequestError::Tenant));
+        let mut r = req();
+        r.model = Some(String::new());
+        assert_eq!(r.validate(), Err(RequestError::Model));
+    }
+
+    #[test]
+    fn body_hash_ignores_key_order_and_spelled_out_defaults() {
+        let a: ReservationRequest =
+            serde_json::from_str(r#"{"tenant":"t","gpus":1,"duration_s":60}"#).expect("a");
+        let b: ReservationRequest =
+            serde_json::from_str(r#"{"duration_s":60,"topology":"node","gpus":1,"tenant":"t"}"#)
+                .expect("b");
+        assert_eq!(a.body_hash(), b.body_hash());
+        let mut c = a.clone();
+        c.gpus = 2;
+        assert_ne!(a.body_hash(), c.body_hash());
+    }
+
+    #[test]
+    fn tenants() {
+        assert!(tenant_allowed("a", false, "a"));
+        assert!(!tenant_allowed("a", false, "b"));
+        assert!(tenant_allowed("root", true, "b"));
+    }
+}

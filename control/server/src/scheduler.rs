@@ -1,0 +1,242 @@
+//! The `scheduler` role: places pending reservations. It keeps the free GPUs in memory ([`Capacity`]), claims
+//! pending reservations of the shards it leases (its own membership, separate from the controllers'), decides
+//! with the pure placer and books in one transaction per batch ([`Store::commit_placements`]). Woken by the API's
+//! tx 1 notification; a tick converges without it. Capacity follows releases and inventory by notification, and
+//! is reloaded in full periodically and after any lost race.
+
+use crate::notify::{self, Notice};
+use bc_core::placer::{Capacity, FreeGpu};
+use bc_core::reservation::ReservationRequest;
+use bc_core::shards;
+use bc_store::Store;
+use bc_store::reservations::{CAPACITY_CHANNEL, Decision, PENDING_CHANNEL};
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+pub const ROLE: &str = "scheduler";
+const BATCH: i64 = 512;
+const FULL_RELOAD: Duration = Duration::from_secs(30);
+const TICK: Duration = Duration::from_millis(250);
+
+pub async fn run(
+    store: Store,
+    worker_id: String,
+    lease: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut notices = notify::listen(&store, &[PENDING_CHANNEL, CAPACITY_CHANNEL], stop.clone());
+    let mut capacity = Capacity::default();
+    let mut loaded_at: Option<Instant> = None;
+    let mut dirty: HashSet<String> = HashSet::new();
+    let mut my_shards: Vec<i16> = Vec::new();
+    let mut membership_due = Instant::now();
+    let lease_ms = lease.as_millis() as i64;
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            n = notices.recv() => match n {
+                Some(Notice::Message { channel, payload }) if channel == CAPACITY_CHANNEL => {
+                    dirty.extend(payload.split(',').filter(|s| !s.is_empty()).map(str::to_string));
+                }
+                Some(Notice::Message { .. }) => {}
+                Some(Notice::Resync) => loaded_at = None,
+                None => return,
+            },
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    let _ = store.leave_role(ROLE, &worker_id).await;
+                    return;
+                }
+            }
+        }
+        // Drain whatever else arrived, so one round serves a burst.
+        while let Ok(n) = notices.try_recv() {
+            match n {
+                Notice::Message { channel, payload } if channel == CAPACITY_CHANNEL => {
+                    dirty.extend(
+                        payload
+                            .split(',')
+                            .filter(|s| !s.is_empty())
+                            .map(str::to_string),
+                    );
+                }
+                Notice::Message { .. } => {}
+                Notice::Resync => loaded_at = None,
+            }
+        }
+        if Instant::now() >= membership_due {
+            match membership(&store, &worker_id, lease_ms).await {
+                Ok(s) => {
+                    if s.len() != my_shards.len() {
+                        tracing::info!(worker = worker_id, shards = s.len(), "scheduler shards");
+                    }
+                    my_shards = s;
+                    membership_due = Instant::now() + lease / 4;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "scheduler membership failed");
+                    membership_due = Instant::now() + Duration::from_millis(500);
+                }
+            }
+        }
+        if my_shards.is_empty() {
+            continue;
+        }
+        if loaded_at.is_none_or(|t| t.elapsed() > FULL_RELOAD) {
+            match load(&store, None).await {
+                Ok(devices) => {
+                    capacity.clear();
+                    fill(&mut capacity, devices);
+                    dirty.clear();
+                    loaded_at = Some(Instant::now());
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "capacity load failed");
+                    continue;
+                }
+            }
+        } else if !dirty.is_empty() {
+            let nodes: Vec<String> = dirty.drain().collect();
+            match load(&store, Some(&nodes)).await {
+                Ok(devices) => {
+                    for n in &nodes {
+                        capacity.remove_node(n);
+                    }
+                    fill(&mut capacity, devices);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "capacity reload failed");
+                    loaded_at = None;
+                    continue;
+                }
+            }
+        }
+        if let Err(e) = place_all(&store, &mut capacity, &my_shards).await {
+            tracing::warn!(error = %e, "placement round failed; reloading capacity");
+            loaded_at = None;
+        }
+    }
+}
+
+async fn membership(
+    store: &Store,
+    me: &str,
+    lease_ms: i64,
+) -> Result<Vec<i16>, bc_store::StoreError> {
+    let workers = store.heartbeat_worker(ROLE, me, lease_ms).await?;
+    let want: Vec<i16> = shards::owned_by(me, &workers)
+        .into_iter()
+        .map(|s| s as i16)
+        .collect();
+    let held = store.sync_leases(ROLE, me, &want, lease_ms).await?;
+    Ok(held.into_iter().map(|l| l.shard).collect())
+}
+
+async fn load(
+    store: &Store,
+    nodes: Option<&[String]>,
+) -> Result<Vec<bc_store::reservations::FreeDevice>, bc_store::StoreError> {
+    store.free_devices(nodes).await
+}
+
+fn fill(capacity: &mut Capacity, devices: Vec<bc_store::reservations::FreeDevice>) {
+    let mut by_slot: BTreeMap<(String, String), Vec<FreeGpu>> = BTreeMap::new();
+    for d in devices {
+        by_slot
+            .entry((d.node_id, d.model))
+            .or_default()
+            .push(FreeGpu {
+                device_id: d.device_id,
+                uuid: d.uuid,
+                idx: d.idx,
+                clique: d.clique,
+            });
+    }
+    for ((node, model), gpus) in by_slot {
+        capacity.set_node(&node, &model, gpus);
+    }
+}
+
+/// Places pending reservations batch by batch until none are left. A lost race (a device booked meanwhile)
+/// leaves the reservation pending and returns an error so the caller reloads capacity before the next round.
+async fn place_all(
+    store: &Store,
+    capacity: &mut Capacity,
+    my_shards: &[i16],
+) -> Result<(), bc_store::StoreError> {
+    loop {
+        let (tx, pending) = store.claim_pending(my_shards, BATCH).await?;
+        if pending.is_empty() {
+            tx.rollback().await?;
+            return Ok(());
+        }
+        let mut decisions = Vec::with_capacity(pending.len());
+        for p in &pending {
+            let req: ReservationRequest = match serde_json::from_value(p.request.clone()) {
+                Ok(r) => r,
+                Err(e) => {
+                    decisions.push(Decision::Fail {
+                        id: p.id.clone(),
+                        error: format!("stored request is unreadable: {e}"),
+                    });
+                    continue;
+                }
+            };
+            match capacity.place(&req) {
+                Ok(placement) => {
+                    capacity.take(&placement);
+                    let model = &placement.model;
+                    let devices = placement
+                        .parts
+                        .iter()
+                        .flat_map(|(node, gpus)| {
+                            gpus.iter().map(move |g| {
+                                (
+                                    g.device_id.clone(),
+                                    node.clone(),
+                                    serde_json::json!({
+                                        "node": node, "uuid": g.uuid, "index": g.idx, "model": model,
+                                    }),
+                                )
+                            })
+                        })
+                        .collect();
+                    decisions.push(Decision::Place {
+                        id: p.id.clone(),
+                        devices,
+                        duration_s: i64::from(req.duration_s),
+                    });
+                }
+                Err(e) => decisions.push(Decision::Fail {
+                    id: p.id.clone(),
+                    error: e.0,
+                }),
+            }
+        }
+        let retry = store.commit_placements(tx, &decisions).await?;
+        let placed = decisions
+            .iter()
+            .filter(|d| matches!(d, Decision::Place { .. }))
+            .count();
+        tracing::debug!(
+            claimed = pending.len(),
+            placed,
+            retry = retry.len(),
+            "placement batch"
+        );
+        if !retry.is_empty() {
+            return Err(bc_store::StoreError::Conflict(format!(
+                "{} reservations lost a race for devices; retrying with fresh capacity",
+                retry.len()
+            )));
+        }
+        // A short batch drained the queue; anything admitted since then has notified us already.
+        if (pending.len() as i64) < BATCH {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,591 @@
+//! Reservations in the store: admission's tx 1 (the request under its idempotency key), the placer's batch
+//! transaction (claim pending, book devices with SKIP LOCKED, desired state + outbox in the same transaction),
+//! release and expiry, and the devices derived from each node's `gpus` inventory section.
+
+use crate::iam::audit;
+use crate::{Store, StoreError, to_ms};
+use sqlx::{PgConnection, Postgres, Row, Transaction};
+
+/// Channel the API's tx 1 notifies (payload: the shard) so a scheduler wakes at once.
+pub const PENDING_CHANNEL: &str = "bc_reservation_pending";
+/// Channel the placer notifies with decided reservation ids (comma-separated) so waiting API calls answer.
+pub const DECIDED_CHANNEL: &str = "bc_reservation_decided";
+/// Channel notified with node ids whose free devices changed (release, expiry, inventory, adoption).
+pub const CAPACITY_CHANNEL: &str = "bc_capacity";
+/// Channel notified when outbox rows were written, so the sink drains them before its tick.
+pub const OUTBOX_WRITTEN_CHANNEL: &str = "bc_outbox_written";
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Reservation {
+    pub id: String,
+    pub tenant: String,
+    pub principal: String,
+    pub state: String,
+    pub request: serde_json::Value,
+    pub nodes: Vec<String>,
+    /// [{node, uuid, index, model}]
+    pub gpus: serde_json::Value,
+    pub error: Option<String>,
+    pub created_at_ms: i64,
+    pub placed_at_ms: Option<i64>,
+    pub expires_at_ms: Option<i64>,
+    pub ended_at_ms: Option<i64>,
+}
+
+const COLUMNS: &str = "r.id, r.tenant_id, r.principal_id, r.state, r.request, r.node_ids, r.gpus, r.error, \
+                       r.created_at, r.placed_at, r.expires_at, r.ended_at";
+
+fn row_to_reservation(r: &sqlx::postgres::PgRow, at: usize) -> Reservation {
+    let ts = |i: usize| r.get::<Option<time::OffsetDateTime>, _>(at + i).map(to_ms);
+    Reservation {
+        id: r.get(at),
+        tenant: r.get(at + 1),
+        principal: r.get(at + 2),
+        state: r.get(at + 3),
+        request: r.get(at + 4),
+        nodes: r.get(at + 5),
+        gpus: r.get(at + 6),
+        error: r.get(at + 7),
+        created_at_ms: ts(8).unwrap_or(0),
+        placed_at_ms: ts(9),
+        expires_at_ms: ts(10),
+        ended_at_ms: ts(11),
+    }
+}
+
+/// What tx 1 found.
+#[derive(Debug)]
+pub enum Admission {
+    /// Recorded as pending; the placer takes it from here.
+    Recorded,
+    /// The key was used before: the stored body hash and the reservation it created.
+    Existing {
+        body_hash: String,
+        reservation: Box<Reservation>,
+    },
+}
+
+/// Admission's tx 1 input.
+#[derive(Debug, Clone, Copy)]
+pub struct NewReservation<'a> {
+    pub id: &'a str,
+    pub principal_id: &'a str,
+    /// The caller's idempotency key (scoped to the principal).
+    pub key: &'a str,
+    /// SHA-256 of the canonical request.
+    pub body_hash: &'a str,
+    pub tenant: &'a str,
+    pub request: &'a serde_json::Value,
+    pub duration_s: i64,
+}
+
+/// A pending reservation claimed by the placer.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    pub id: String,
+    pub request: serde_json::Value,
+}
+
+/// The placer's decision for one claimed reservation.
+#[derive(Debug, Clone)]
+pub enum Decision {
+    /// Book these devices: (device id, node id, gpu json).
+    Place {
+        id: String,
+        devices: Vec<(String, String, serde_json::Value)>,
+        duration_s: i64,
+    },
+    Fail {
+        id: String,
+        error: String,
+    },
+    /// Leave pending for the next round (a stale capacity view lost a race).
+    Retry {
+        id: String,
+    },
+}
+
+impl Store {
+    /// Admission's tx 1, one statement: records the idempotency key and the pending reservation and wakes the
+    /// schedulers — or, when the key was used before, returns what it recorded then.
+    pub async fn admit_reservation(&self, r: NewReservation<'_>) -> Result<Admission, StoreError> {
+        let NewReservation {
+            id,
+            principal_id,
+            key,
+            body_hash,
+            tenant,
+            request,
+            duration_s,
+        } = r;
+        let inserted: Result<i64, sqlx::Error> = sqlx::query_scalar(
+            "WITH ins AS (INSERT INTO idempotency (principal_id, key, body_hash, reservation_id) \
+               VALUES ($1, $2, $3, $4) ON CONFLICT (principal_id, key) DO NOTHING RETURNING reservation_id), \
+             r AS (INSERT INTO reservations (id, tenant_id, principal_id, request, state, duration_s) \
+               SELECT $4, $5, $1, $6, 'pending', $7 FROM ins RETURNING shard), \
+             n AS (SELECT pg_notify($8, r.shard::text) FROM r) \
+             SELECT count(*) FROM n",
+        )
+        .bind(principal_id)
+        .bind(key)
+        .bind(body_hash)
+        .bind(id)
+        .bind(tenant)
+        .bind(request)
+        .bind(duration_s as i32)
+        .bind(PENDING_CHANNEL)
+        .fetch_one(&self.pool)
+        .await;
+        match inserted {
+            Ok(1) => return Ok(Admission::Recorded),
+            Ok(_) => {}
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23503") => {
+                return Err(StoreError::NotFound {
+                    what: "tenant",
+                    id: tenant.to_string(),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT i.body_hash, {COLUMNS} FROM idempotency i JOIN reservations r ON r.id = i.reservation_id \
+             WHERE i.principal_id = $1 AND i.key = $2"
+        )))
+        .bind(principal_id)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("idempotency key {key:?} has no reservation")))?;
+        Ok(Admission::Existing {
+            body_hash: row.get(0),
+            reservation: Box::new(row_to_reservation(&row, 1)),
+        })
+    }
+
+    /// Admission's tx 1 for a batch (the API's group commit): one statement records every new key and pending
+    /// reservation and wakes the schedulers once. Returns, per input, whether it was recorded; one that was not
+    /// reuses a key and is answered by [`Store::admit_reservation`] (which reads what the key recorded). An error
+    /// (a missing tenant, say) fails the batch: the caller retries each on its own to get its own answer.
+    pub async fn admit_reservations(
+        &self,
+        batch: &[NewReservation<'_>],
+    ) -> Result<Vec<bool>, StoreError> {
+        let ids: Vec<&str> = batch.iter().map(|r| r.id).collect();
+        let principals: Vec<&str> = batch.iter().map(|r| r.principal_id).collect();
+        let keys: Vec<&str> = batch.iter().map(|r| r.key).collect();
+        let hashes: Vec<&str> = batch.iter().map(|r| r.body_hash).collect();
+        let tenants: Vec<&str> = batch.iter().map(|r| r.tenant).collect();
+        let requests: Vec<&serde_json::Value> = batch.iter().map(|r| r.request).collect();
+        let durations: Vec<i32> = batch.iter().map(|r| r.duration_s as i32).collect();
+        let recorded: Vec<String> = sqlx::query_scalar(
+            "WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+                 $6::jsonb[], $7::int[]) AS t(id, principal_id, key, body_hash, tenant_id, request, duration_s)), \
+             ins AS (INSERT INTO idempotency (principal_id, key, body_hash, reservation_id) \
+                 SELECT principal_id, key, body_hash, id FROM input \
+                 ON CONFLICT (principal_id, key) DO NOTHING RETURNING reservation_id), \
+             r AS (INSERT INTO reservations (id, tenant_id, principal_id, request, state, duration_s) \
+                 SELECT i.id, i.tenant_id, i.principal_id, i.request, 'pending', i.duration_s \
+                 FROM input i JOIN ins ON ins.reservation_id = i.id RETURNING id), \
+             n AS (SELECT pg_notify($8, '') WHERE EXISTS (SELECT 1 FROM r)) \
+             SELECT r.id FROM r, (SELECT count(*) FROM n) AS x",
+        )
+        .bind(&ids)
+        .bind(&principals)
+        .bind(&keys)
+        .bind(&hashes)
+        .bind(&tenants)
+        .bind(&requests)
+        .bind(&durations)
+        .bind(PENDING_CHANNEL)
+        .fetch_all(&self.pool)
+        .await?;
+        let recorded: std::collections::HashSet<&str> =
+            recorded.iter().map(String::as_str).collect();
+        Ok(batch.iter().map(|r| recorded.contains(r.id)).collect())
+    }
+
+    pub async fn reservation(&self, id: &str) -> Result<Option<Reservation>, StoreError> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM reservations r WHERE r.id = $1"
+        )))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| row_to_reservation(&r, 0)))
+    }
+
+    /// Several reservations by id (one statement), in no particular order.
+    pub async fn reservations(&self, ids: &[String]) -> Result<Vec<Reservation>, StoreError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM reservations r WHERE r.id = ANY($1)"
+        )))
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| row_to_reservation(r, 0)).collect())
+    }
+
+    /// A tenant's reservations (every tenant's when None), newest first.
+    pub async fn list_reservations(
+        &self,
+        tenant: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<Reservation>, StoreError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM reservations r WHERE ($1::text IS NULL OR r.tenant_id = $1) \
+             ORDER BY r.created_at DESC LIMIT $2"
+        )))
+        .bind(tenant)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| row_to_reservation(r, 0)).collect())
+    }
+
+    /// Free devices of adopted nodes (all, or only on `nodes`): (node, model, device id, uuid, index, clique).
+    pub async fn free_devices(
+        &self,
+        nodes: Option<&[String]>,
+    ) -> Result<Vec<FreeDevice>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT d.node_id, d.model, d.id, d.uuid, d.idx, d.clique FROM devices d JOIN nodes n ON n.id = d.node_id \
+             WHERE n.state = 'adopted' AND d.present AND d.reservation_id IS NULL \
+             AND ($1::text[] IS NULL OR d.node_id = ANY($1))",
+        )
+        .bind(nodes)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| FreeDevice {
+                node_id: r.get(0),
+                model: r.get(1),
+                device_id: r.get(2),
+                uuid: r.get(3),
+                idx: r.get(4),
+                clique: r.get(5),
+            })
+            .collect())
+    }
+
+    /// The placer's transaction, part 1: claims up to `limit` pending reservations of `shards` (SKIP LOCKED, so
+    /// several schedulers never take the same one).
+    pub async fn claim_pending(
+        &self,
+        shards: &[i16],
+        limit: i64,
+    ) -> Result<(Transaction<'static, Postgres>, Vec<Pending>), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query(
+            "SELECT id, request FROM reservations WHERE state = 'pending' AND shard = ANY($1) \
+             ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(shards)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        let pending = rows
+            .iter()
+            .map(|r| Pending {
+                id: r.get(0),
+                request: r.get(1),
+            })
+            .collect();
+        Ok((tx, pending))
+    }
+
+    /// The placer's transaction, part 2: books what was decided (`FOR UPDATE SKIP LOCKED` on the devices, booking
+    /// only those still free), undoes any reservation that did not get all its devices (returned for a retry),
+    /// records placements and failures, bumps each touched node's desired state with an outbox row, queues expiry,
+    /// notifies the waiting API calls, and commits. Returns the ids that must be retried.
+    pub async fn commit_placements(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        decisions: &[Decision],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut dev_ids = Vec::new();
+        let mut dev_res = Vec::new();
+        let mut wanted: std::collections::HashMap<&str, usize> = Default::default();
+        for d in decisions {
+            if let Decision::Place { id, devices, .. } = d {
+                wanted.insert(id, devices.len());
+                for (dev, _, _) in devices {
+                    dev_ids.push(dev.clone());
+                    dev_res.push(id.clone());
+                }
+            }
+        }
+        let booked: Vec<(String, String)> = if dev_ids.is_empty() {
+            Vec::new()
+        } else {
+            sqlx::query_as(
+                "WITH want AS (SELECT * FROM unnest($1::text[], $2::text[]) AS w(dev, res)), \
+                 free AS (SELECT d.id FROM devices d JOIN want ON d.id = want.dev \
+                          WHERE d.reservation_id IS NULL AND d.present FOR UPDATE OF d SKIP LOCKED) \
+                 UPDATE devices d SET reservation_id = want.res FROM want, free \
+                 WHERE d.id = want.dev AND d.id = free.id RETURNING d.id, want.res",
+            )
+            .bind(&dev_ids)
+            .bind(&dev_res)
+            .fetch_all(&mut *tx)
+            .await?
+        };
+        let mut got: std::collections::HashMap<&str, usize> = Default::default();
+        for (_, res) in &booked {
+            if let Some((k, _)) = wanted.get_key_value(res.as_str()) {
+                *got.entry(k).or_default() += 1;
+            }
+        }
+        let mut retry: Vec<String> = Vec::new();
+        let mut placed_ids = Vec::new();
+        let mut placed_nodes: Vec<Vec<String>> = Vec::new();
+        let mut placed_gpus = Vec::new();
+        let mut placed_secs = Vec::new();
+        let mut failed_ids = Vec::new();
+        let mut failed_errors = Vec::new();
+        for d in decisions {
+            match d {
+                Decision::Place {
+                    id,
+                    devices,
+                    duration_s,
+                } => {
+                    if got.get(id.as_str()).copied().unwrap_or(0) == devices.len() {
+                        let mut nodes: Vec<String> =
+                            devices.iter().map(|(_, n, _)| n.clone()).collect();
+                        nodes.dedup();
+                        placed_ids.push(id.clone());
+                        placed_nodes.push(nodes);
+                        placed_gpus.push(serde_json::Value::Array(
+                            devices.iter().map(|(_, _, g)| g.clone()).collect(),
+                        ));
+                        placed_secs.push(*duration_s as f64);
+                    } else {
+                        retry.push(id.clone());
+                    }
+                }
+                Decision::Fail { id, error } => {
+                    failed_ids.push(id.clone());
+                    failed_errors.push(error.clone());
+                }
+                Decision::Retry { id } => retry.push(id.clone()),
+            }
+        }
+        if !retry.is_empty() {
+            sqlx::query("UPDATE devices SET reservation_id = NULL WHERE reservation_id = ANY($1)")
+                .bind(&retry)
+                .execute(&mut *tx)
+                .await?;
+        }
+        // text[][] must be rectangular; pass node lists as JSON instead.
+        let nodes_json: Vec<serde_json::Value> =
+            placed_nodes.iter().map(|n| serde_json::json!(n)).collect();
+        let touched: Vec<String> = {
+            let mut t: Vec<String> = placed_nodes.iter().flatten().cloned().collect();
+            t.sort();
+            t.dedup();
+            t
+        };
+        let decided: Vec<String> = placed_ids.iter().chain(&failed_ids).cloned().collect();
+        // One statement: placements and failures, expiry work, the nodes' desired state with outbox rows, and the
+        // notifications (outbox written, decisions for the waiting API calls).
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "WITH p AS (SELECT * FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::float8[]) AS p(id, nodes, gpus, secs)), \
+             placed AS (UPDATE reservations r SET state = 'placed', \
+                  node_ids = ARRAY(SELECT jsonb_array_elements_text(p.nodes)), gpus = p.gpus, placed_at = now(), \
+                  expires_at = now() + make_interval(secs => p.secs) \
+                FROM p WHERE r.id = p.id RETURNING r.id, r.expires_at), \
+             q AS (INSERT INTO work_queue (kind, subject, run_at) SELECT 'reservation.expire', id, expires_at FROM placed \
+                ON CONFLICT (kind, subject) DO UPDATE SET run_at = EXCLUDED.run_at), \
+             f AS (UPDATE reservations r SET state = 'failed', error = f.error, ended_at = now() \
+                FROM unnest($5::text[], $6::text[]) AS f(id, error) WHERE r.id = f.id RETURNING r.id), \
+             {publish}, \
+             d AS (SELECT pg_notify($9, c) FROM unnest($10::text[]) AS c) \
+             SELECT (SELECT count(*) FROM placed), (SELECT count(*) FROM f), (SELECT count(*) FROM w), \
+                    (SELECT count(*) FROM d)",
+            publish = publish_ctes(7, 8)
+        )))
+        .bind(&placed_ids)
+        .bind(&nodes_json)
+        .bind(&placed_gpus)
+        .bind(&placed_secs)
+        .bind(&failed_ids)
+        .bind(&failed_errors)
+        .bind(&touched)
+        .bind(OUTBOX_WRITTEN_CHANNEL)
+        .bind(DECIDED_CHANNEL)
+        .bind(chunk_ids(&decided))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(retry)
+    }
+
+    /// Ends a reservation (`released` by its owner or `expired` by the controllers): frees its devices, publishes
+    /// the nodes' new desired state with outbox rows, drops its expiry work, audits — one transaction. Returns the
+    /// reservation after the change, or None when it was already ended (nothing changed).
+    pub async fn end_reservation(
+        &self,
+        id: &str,
+        to: &str,
+        actor: &str,
+    ) -> Result<Option<Reservation>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let r = end_reservation_in(&mut tx, id, to, actor).await?;
+        tx.commit().await?;
+        Ok(r)
+    }
+
+    /// Devices derived from a node's `gpus` inventory section: upserts those present, marks the others absent
+    /// (a booked GPU that vanished stays booked: its holder is told by the node's conditions, not silently moved).
+    pub async fn sync_gpu_devices(
+        &self,
+        node_id: &str,
+        gpus: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "WITH g AS (SELECT DISTINCT ON (e->>'uuid') (e->>'index')::int AS idx, e->>'uuid' AS uuid, \
+                    COALESCE(e->>'model', '') AS model, NULLIF(e->>'clique', '') AS clique \
+                  FROM jsonb_array_elements(COALESCE($2->'gpus', '[]')) e WHERE COALESCE(e->>'uuid', '') <> ''), \
+             up AS (INSERT INTO devices (id, node_id, idx, uuid, model, clique) \
+                  SELECT $1 || '/gpu/' || uuid, $1, idx, uuid, model, clique FROM g \
+                  ON CONFLICT (id) DO UPDATE SET idx = EXCLUDED.idx, model = EXCLUDED.model, \
+                     clique = EXCLUDED.clique, present = true), \
+             gone AS (UPDATE devices SET present = false WHERE node_id = $1 AND present \
+                  AND uuid NOT IN (SELECT uuid FROM g)) \
+             SELECT pg_notify($3, $1)",
+        )
+        .bind(node_id)
+        .bind(gpus)
+        .bind(CAPACITY_CHANNEL)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct FreeDevice {
+    pub node_id: String,
+    pub model: String,
+    pub device_id: String,
+    pub uuid: String,
+    pub idx: i32,
+    pub clique: Option<String>,
+}
+
+pub(crate) async fn end_reservation_in(
+    tx: &mut PgConnection,
+    id: &str,
+    to: &str,
+    actor: &str,
+) -> Result<Option<Reservation>, StoreError> {
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE reservations r SET state = $2, ended_at = now() WHERE r.id = $1 AND r.state IN ('pending', 'placed') \
+         RETURNING {COLUMNS}"
+    )))
+    .bind(id)
+    .bind(to)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let r = row_to_reservation(&row, 0);
+    sqlx::query("UPDATE devices SET reservation_id = NULL WHERE reservation_id = $1")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("DELETE FROM work_queue WHERE kind = 'reservation.expire' AND subject = $1")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    publish_bookings(tx, &r.nodes).await?;
+    notify_ids(tx, CAPACITY_CHANNEL, &r.nodes).await?;
+    audit(
+        tx,
+        actor,
+        &format!("reservation.{to}"),
+        &format!("reservation/{id}"),
+        serde_json::json!({"nodes": r.nodes}),
+    )
+    .await?;
+    Ok(Some(r))
+}
+
+/// Sets each node's desired `bookings` from its booked devices, bumps its desired generation and writes an outbox
+/// row for it — inside the caller's transaction, so the change and its delivery record commit together.
+/// The per-node subquery filters bookings in the aggregate, not in WHERE: with `reservation_id IS NOT NULL` in WHERE
+/// the planner, misled by statistics from an unbooked fleet, walked the partial `devices_reservation` index for
+/// every node (276 ms instead of 7 ms for 30 nodes, measured with EXPLAIN ANALYZE at 24k bookings).
+async fn publish_bookings(tx: &mut PgConnection, nodes: &[String]) -> Result<(), StoreError> {
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "WITH {} SELECT count(*) FROM w",
+        publish_ctes(1, 2)
+    )))
+    .bind(nodes)
+    .bind(OUTBOX_WRITTEN_CHANNEL)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// The CTEs `n` (nodes' new bookings and generation, for the node ids in parameter `$nodes`), `o` (their outbox
+/// rows) and `w` (one notification on the channel in parameter `$channel` when rows were written). The per-node
+/// subquery filters bookings in the aggregate, not in WHERE: with `reservation_id IS NOT NULL` in WHERE the planner,
+/// misled by statistics from an unbooked fleet, walked the partial `devices_reservation` index for every node
+/// (276 ms instead of 7 ms for 30 nodes, measured with EXPLAIN ANALYZE at 24k bookings).
+fn publish_ctes(nodes: u8, channel: u8) -> String {
+    format!(
+        "n AS (UPDATE nodes n SET desired_generation = n.desired_generation + 1, updated_at = now(), \
+           desired_spec = jsonb_set(n.desired_spec, '{{bookings}}', COALESCE(( \
+             SELECT jsonb_agg(jsonb_build_object('reservation', b.rid, 'gpus', b.uuids) ORDER BY b.rid) \
+               FILTER (WHERE b.rid IS NOT NULL) \
+             FROM (SELECT reservation_id AS rid, jsonb_agg(uuid ORDER BY idx) AS uuids FROM devices \
+                   WHERE node_id = n.id GROUP BY reservation_id) b), '[]'::jsonb)) \
+           WHERE n.id = ANY(${nodes}::text[]) RETURNING n.id, n.desired_generation), \
+         o AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM n \
+           RETURNING shard), \
+         w AS (SELECT pg_notify(${channel}, '') FROM (SELECT 1 FROM o LIMIT 1) x)"
+    )
+}
+
+/// pg_notify with comma-separated ids, split so each payload stays under PostgreSQL's 8000-byte limit.
+pub(crate) async fn notify_ids(
+    tx: &mut PgConnection,
+    channel: &str,
+    ids: &[String],
+) -> Result<(), StoreError> {
+    let chunks = chunk_ids(ids);
+    if chunks.is_empty() {
+        return Ok(());
+    }
+    sqlx::query("SELECT pg_notify($1, c) FROM unnest($2::text[]) AS c")
+        .bind(channel)
+        .bind(&chunks)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Comma-separated ids in payloads under PostgreSQL's 8000-byte NOTIFY limit.
+fn chunk_ids(ids: &[String]) -> Vec<String> {
+    let mut chunks: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    for id in ids {
+        if !cur.is_empty() && cur.len() + id.len() + 1 > 7000 {
+            chunks.push(std::mem::take(&mut cur));
+        }
+        if !cur.is_empty() {
+            cur.push(',');
+        }
+        cur.push_str(id);
+    }
+    if !cur.is_empty() {
+        chunks.push(cur);
+    }
+    chunks
+}
