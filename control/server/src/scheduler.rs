@@ -18,7 +18,7 @@ use tokio::time::Instant;
 pub const ROLE: &str = "scheduler";
 const BATCH: i64 = 512;
 const FULL_RELOAD: Duration = Duration::from_secs(30);
-const TICK: Duration = Duration::from_millis(250);
+const TICK: Duration = Duration::from_secs(1);
 
 pub async fn run(
     store: Store,
@@ -35,15 +35,20 @@ pub async fn run(
     let lease_ms = lease.as_millis() as i64;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Reservations the admission notifications named (claimed by primary key), and whether the queue must be
+    // scanned (the tick, or notifications that may have been lost).
+    let mut named: Vec<String> = Vec::new();
+    let mut scan = true;
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
+            _ = tick.tick() => scan = true,
             n = notices.recv() => match n {
-                Some(Notice::Message { channel, payload }) if channel == CAPACITY_CHANNEL => {
-                    dirty.extend(payload.split(',').filter(|s| !s.is_empty()).map(str::to_string));
+                Some(n) => {
+                    if heard(n, &mut dirty, &mut named) {
+                        loaded_at = None;
+                        scan = true;
+                    }
                 }
-                Some(Notice::Message { .. }) => {}
-                Some(Notice::Resync) => loaded_at = None,
                 None => return,
             },
             changed = stop.changed() => {
@@ -55,17 +60,9 @@ pub async fn run(
         }
         // Drain whatever else arrived, so one round serves a burst.
         while let Ok(n) = notices.try_recv() {
-            match n {
-                Notice::Message { channel, payload } if channel == CAPACITY_CHANNEL => {
-                    dirty.extend(
-                        payload
-                            .split(',')
-                            .filter(|s| !s.is_empty())
-                            .map(str::to_string),
-                    );
-                }
-                Notice::Message { .. } => {}
-                Notice::Resync => loaded_at = None,
+            if heard(n, &mut dirty, &mut named) {
+                loaded_at = None;
+                scan = true;
             }
         }
         if Instant::now() >= membership_due {
@@ -84,6 +81,8 @@ pub async fn run(
             }
         }
         if my_shards.is_empty() {
+            // Another scheduler owns every shard; it claims what was named.
+            named.clear();
             continue;
         }
         if loaded_at.is_none_or(|t| t.elapsed() > FULL_RELOAD) {
@@ -115,10 +114,44 @@ pub async fn run(
                 }
             }
         }
-        if let Err(e) = place_all(&store, &mut capacity, &my_shards).await {
-            tracing::warn!(error = %e, "placement round failed; reloading capacity");
+        let round = async {
+            for ids in named.chunks(BATCH as usize) {
+                let (tx, pending) = store.claim_pending_ids(ids, &my_shards).await?;
+                place_batch(&store, &mut capacity, tx, pending).await?;
+            }
+            named.clear();
+            if scan {
+                place_all(&store, &mut capacity, &my_shards).await?;
+                scan = false;
+            }
+            Ok::<(), bc_store::StoreError>(())
+        };
+        if let Err(e) = round.await {
+            tracing::warn!(error = %e, "placement round failed; reloading capacity and scanning the queue");
             loaded_at = None;
+            named.clear();
+            scan = true;
         }
+    }
+}
+
+/// Files one notification: capacity changes mark nodes dirty, admissions name reservations to claim. True when
+/// notifications may have been lost (a reconnect): the caller reloads and scans.
+fn heard(n: Notice, dirty: &mut HashSet<String>, named: &mut Vec<String>) -> bool {
+    match n {
+        Notice::Message { channel, payload } => {
+            let ids = payload
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string);
+            if channel == CAPACITY_CHANNEL {
+                dirty.extend(ids);
+            } else {
+                named.extend(ids);
+            }
+            false
+        }
+        Notice::Resync => true,
     }
 }
 
@@ -161,8 +194,7 @@ fn fill(capacity: &mut Capacity, devices: Vec<bc_store::reservations::FreeDevice
     }
 }
 
-/// Places pending reservations batch by batch until none are left. A lost race (a device booked meanwhile)
-/// leaves the reservation pending and returns an error so the caller reloads capacity before the next round.
+/// Scans the queue and places pending reservations batch by batch until none are left.
 async fn place_all(
     store: &Store,
     capacity: &mut Capacity,
@@ -170,10 +202,28 @@ async fn place_all(
 ) -> Result<(), bc_store::StoreError> {
     loop {
         let (tx, pending) = store.claim_pending(my_shards, BATCH).await?;
-        if pending.is_empty() {
-            tx.rollback().await?;
+        let n = pending.len();
+        place_batch(store, capacity, tx, pending).await?;
+        // A short batch drained the queue; anything admitted since then has notified us already.
+        if (n as i64) < BATCH {
             return Ok(());
         }
+    }
+}
+
+/// Decides a claimed batch with the placer and commits it. A lost race (a device booked meanwhile) leaves the
+/// reservation pending and returns an error so the caller reloads capacity and scans again.
+async fn place_batch(
+    store: &Store,
+    capacity: &mut Capacity,
+    tx: bc_store::sqlx::Transaction<'static, bc_store::sqlx::Postgres>,
+    pending: Vec<bc_store::reservations::Pending>,
+) -> Result<(), bc_store::StoreError> {
+    if pending.is_empty() {
+        tx.rollback().await?;
+        return Ok(());
+    }
+    {
         let mut decisions = Vec::with_capacity(pending.len());
         for p in &pending {
             let req: ReservationRequest = match serde_json::from_value(p.request.clone()) {
@@ -234,9 +284,6 @@ async fn place_all(
                 retry.len()
             )));
         }
-        // A short batch drained the queue; anything admitted since then has notified us already.
-        if (pending.len() as i64) < BATCH {
-            return Ok(());
-        }
+        Ok(())
     }
 }

@@ -6,7 +6,8 @@ use crate::iam::audit;
 use crate::{Store, StoreError, to_ms};
 use sqlx::{PgConnection, Postgres, Row, Transaction};
 
-/// Channel the API's tx 1 notifies (payload: the shard) so a scheduler wakes at once.
+/// Channel the API's tx 1 notifies (payload: the new reservation ids, comma-separated) so a scheduler claims them at
+/// once by primary key instead of scanning the queue.
 pub const PENDING_CHANNEL: &str = "bc_reservation_pending";
 /// Channel the placer notifies with decided reservation ids (comma-separated) so waiting API calls answer.
 pub const DECIDED_CHANNEL: &str = "bc_reservation_decided";
@@ -122,8 +123,8 @@ impl Store {
             "WITH ins AS (INSERT INTO idempotency (principal_id, key, body_hash, reservation_id) \
                VALUES ($1, $2, $3, $4) ON CONFLICT (principal_id, key) DO NOTHING RETURNING reservation_id), \
              r AS (INSERT INTO reservations (id, tenant_id, principal_id, request, state, duration_s) \
-               SELECT $4, $5, $1, $6, 'pending', $7 FROM ins RETURNING shard), \
-             n AS (SELECT pg_notify($8, r.shard::text) FROM r) \
+               SELECT $4, $5, $1, $6, 'pending', $7 FROM ins RETURNING id), \
+             n AS (SELECT pg_notify($8, r.id) FROM r) \
              SELECT count(*) FROM n",
         )
         .bind(principal_id)
@@ -186,7 +187,8 @@ impl Store {
              r AS (INSERT INTO reservations (id, tenant_id, principal_id, request, state, duration_s) \
                  SELECT i.id, i.tenant_id, i.principal_id, i.request, 'pending', i.duration_s \
                  FROM input i JOIN ins ON ins.reservation_id = i.id RETURNING id), \
-             n AS (SELECT pg_notify($8, '') WHERE EXISTS (SELECT 1 FROM r)) \
+             n AS (SELECT pg_notify($8, string_agg(id, ',')) FROM \
+                 (SELECT id, (row_number() OVER ()) / 150 AS g FROM r) AS c GROUP BY g) \
              SELECT r.id FROM r, (SELECT count(*) FROM n) AS x",
         )
         .bind(&ids)
@@ -266,6 +268,32 @@ impl Store {
                 clique: r.get(5),
             })
             .collect())
+    }
+
+    /// Like [`Store::claim_pending`], for the reservations the admission notifications named (primary-key lookups,
+    /// no queue scan); the periodic scan catches any whose notification was lost.
+    pub async fn claim_pending_ids(
+        &self,
+        ids: &[String],
+        shards: &[i16],
+    ) -> Result<(Transaction<'static, Postgres>, Vec<Pending>), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query(
+            "SELECT id, request FROM reservations WHERE id = ANY($1) AND state = 'pending' AND shard = ANY($2) \
+             ORDER BY created_at FOR UPDATE SKIP LOCKED",
+        )
+        .bind(ids)
+        .bind(shards)
+        .fetch_all(&mut *tx)
+        .await?;
+        let pending = rows
+            .iter()
+            .map(|r| Pending {
+                id: r.get(0),
+                request: r.get(1),
+            })
+            .collect();
+        Ok((tx, pending))
     }
 
     /// The placer's transaction, part 1: claims up to `limit` pending reservations of `shards` (SKIP LOCKED, so
