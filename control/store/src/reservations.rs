@@ -278,8 +278,11 @@ impl Store {
         shards: &[i16],
     ) -> Result<(Transaction<'static, Postgres>, Vec<Pending>), StoreError> {
         let mut tx = self.pool.begin().await?;
+        // No `state = 'pending'` in WHERE: it would let the planner's generic plan walk the partial
+        // `reservations_pending` index, which carries every placed reservation's dead entry until vacuum (2.8 ms
+        // instead of 0.05 ms at 40k reservations, EXPLAIN ANALYZE). The state is checked on the locked rows.
         let rows = sqlx::query(
-            "SELECT id, request FROM reservations WHERE id = ANY($1) AND state = 'pending' AND shard = ANY($2) \
+            "SELECT id, request, state FROM reservations WHERE id = ANY($1) AND shard = ANY($2) \
              ORDER BY created_at FOR UPDATE SKIP LOCKED",
         )
         .bind(ids)
@@ -288,6 +291,7 @@ impl Store {
         .await?;
         let pending = rows
             .iter()
+            .filter(|r| r.get::<&str, _>(2) == "pending")
             .map(|r| Pending {
                 id: r.get(0),
                 request: r.get(1),
