@@ -164,18 +164,23 @@ async fn statements(pool: &bc_store::sqlx::PgPool) -> anyhow::Result<i64> {
 
 /// The statements that took the most execution time since the last reset, per admission.
 async fn top_statements(pool: &bc_store::sqlx::PgPool, admissions: usize) -> anyhow::Result<()> {
-    let top: Vec<(String, i64, f64)> = bc_store::sqlx::query_as(
-        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 70), calls, total_exec_time FROM pg_stat_statements s \
+    let top: Vec<(String, i64, f64, i64, i64)> = bc_store::sqlx::query_as(
+        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 60), calls, total_exec_time, rows, shared_blks_hit \
+         FROM pg_stat_statements s \
          JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = current_database() \
          AND s.query NOT ILIKE '%pg_stat_statements%' ORDER BY total_exec_time DESC LIMIT 5",
     )
     .fetch_all(pool)
     .await?;
-    for (q, calls, ms) in top {
+    for (q, calls, ms, rows, blks) in top {
+        let per = calls.max(1) as f64;
         println!(
-            "  {:>7.0} µs/admission {:>6} calls  {q}",
+            "  {:>6.0} µs/admission {:>6} calls {:>6.2} ms/call {:>5.1} rows/call {:>6.0} buffers/call  {q}",
             ms * 1000.0 / admissions as f64,
-            calls
+            calls,
+            ms / per,
+            rows as f64 / per,
+            blks as f64 / per
         );
     }
     Ok(())
@@ -220,10 +225,13 @@ async fn main() -> anyhow::Result<()> {
         .build()?;
     // Warm up: caches (principals, capacity), connections, plans.
     let next = Arc::new(AtomicUsize::new(0));
-    for i in 0..200 {
+    for i in 0..2000 {
         admit(&http, &urls[i % 2], &key, i).await?;
     }
-    next.store(200, Ordering::SeqCst);
+    next.store(2000, Ordering::SeqCst);
+    // Steady state: statistics that know reservations exist, as autoanalyze (naptime 1 min) gives a running
+    // system. Without it the statements prepared against the empty table keep generic plans that scan it.
+    bc_store::sqlx::query("ANALYZE").execute(&pool).await?;
 
     // Phase 1: saturated.
     bc_store::sqlx::query("SELECT pg_stat_statements_reset()")
