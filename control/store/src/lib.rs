@@ -13,6 +13,7 @@ pub mod migrate;
 pub mod nodes;
 pub mod reservations;
 pub mod sessions;
+pub mod sites;
 pub mod testing;
 pub mod work;
 

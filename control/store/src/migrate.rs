@@ -32,6 +32,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "reservations",
         sql: include_str!("../migrations/0004_reservations.sql"),
     },
+    Migration {
+        version: 5,
+        name: "sites",
+        sql: include_str!("../migrations/0005_sites.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.
