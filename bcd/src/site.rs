@@ -293,3 +293,92 @@ impl SiteAgent {
         });
     }
 }
+
+// === impl secrets ===
+
+/// What a secret JWE carries (the control plane's `secrets::SecretClaims`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct SecretClaims {
+    pub name: String,
+    pub value: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretFetchError {
+    #[error("site state")]
+    Site(#[from] SiteError),
+    #[error("connecting to the gateway at {url}: {message}")]
+    Connect { url: String, message: String },
+    #[error("the control plane refused secret {name:?} ({code:?}): {message}")]
+    Refused {
+        name: String,
+        code: tonic::Code,
+        message: String,
+    },
+    #[error(
+        "the secret's JWE does not open with this request's key (tampered, or not meant for it): {0}"
+    )]
+    Jwe(String),
+    #[error("the JWE carries secret {got:?} for {subject:?}, not {want:?} for this site")]
+    Mismatch {
+        want: String,
+        got: String,
+        subject: String,
+    },
+}
+
+/// Opens a secret JWE with the request's ephemeral key and checks it is the secret asked for, for `site_id`.
+pub fn open_secret(
+    key: &jwt_simple::prelude::EcdhEsA256KWDecryptionKey,
+    jwe: &str,
+    name: &str,
+    site_id: &str,
+) -> Result<String, SecretFetchError> {
+    let claims = key
+        .decrypt_token::<SecretClaims>(jwe, None)
+        .map_err(|e| SecretFetchError::Jwe(e.to_string()))?;
+    let subject = claims.subject.clone().unwrap_or_default();
+    if claims.custom.name != name || subject != site_id {
+        return Err(SecretFetchError::Mismatch {
+            want: name.to_string(),
+            got: claims.custom.name,
+            subject,
+        });
+    }
+    Ok(claims.custom.value)
+}
+
+/// Asks the control plane for secret `name` of this agent's site, with a fresh P-256 key used for this request
+/// only; the answer is a JWE to that key, which the gateway relaying it cannot open.
+pub async fn fetch_secret(config: &Config, name: &str) -> Result<String, SecretFetchError> {
+    let agent = SiteAgent::new(config.clone(), SiteAgentOptions::default());
+    let state = StateDir::open(&config.state_dir).map_err(SiteError::from)?;
+    let identity =
+        state
+            .identity()
+            .map_err(SiteError::from)?
+            .ok_or_else(|| SiteError::NotEnrolled {
+                dir: config.state_dir.display().to_string(),
+            })?;
+    let tls = agent.tls(&state)?;
+    let ch = channel::connect(&identity.gateway_url, tls)
+        .await
+        .map_err(|e| SecretFetchError::Connect {
+            url: identity.gateway_url.clone(),
+            message: crate::join::error_chain(&e),
+        })?;
+    let key = jwt_simple::prelude::EcdhEsA256KWDecryptionKey::generate();
+    let response = v1::secret_service_client::SecretServiceClient::new(ch)
+        .secret_request(v1::SecretRequestMessage {
+            secret_ref: name.to_string(),
+            recipient_jwk: key.encryption_key().to_jwk(),
+        })
+        .await
+        .map_err(|s| SecretFetchError::Refused {
+            name: name.to_string(),
+            code: s.code(),
+            message: s.message().to_string(),
+        })?
+        .into_inner();
+    open_secret(&key, &response.jwe, name, &identity.node_id)
+}

@@ -384,3 +384,107 @@ async fn the_holder_stops_answering_when_its_lease_is_taken() -> TestResult {
     a.services.task.abort();
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_reach_only_their_site_as_jwe_and_rest_encrypted() -> TestResult {
+    let p = plane().await;
+    let t1 = site_token(&p, "rack-1", 1).await;
+    let t2 = site_token(&p, "rack-2", 1).await;
+    enroll(&p, "site-1", &t1).await?;
+    enroll(&p, "site-2", &t2).await?;
+    let value = r#"{"username":"root","password":"hunter2-very-secret"}"#;
+    p.admin
+        .call(
+            "secrets",
+            "put",
+            json!({"site": "rack-1", "name": "bmc/node-7", "value": value}),
+        )
+        .await?;
+
+    // At rest: neither the secrets table nor the audit log holds the plaintext.
+    let leaks: i64 = bc_store::sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM secrets WHERE position(convert_to('hunter2', 'UTF8') IN ciphertext) > 0 \
+                 OR position(convert_to('hunter2', 'UTF8') IN nonce) > 0) \
+              + (SELECT count(*) FROM audit_events WHERE detail::text LIKE '%hunter2%')",
+    )
+    .fetch_one(p.store.pool())
+    .await?;
+    assert_eq!(leaks, 0);
+    let rows: i64 = bc_store::sqlx::query_scalar("SELECT count(*) FROM secrets")
+        .fetch_one(p.store.pool())
+        .await?;
+    assert_eq!(rows, 1);
+    let key = p.dir.path().join("control/secrets.key");
+    assert_eq!(std::fs::metadata(&key)?.permissions().mode() & 0o777, 0o600);
+
+    // Round trip to the secret's own site.
+    let got = bcd::site::fetch_secret(&p.node_config("site-1"), "bmc/node-7").await?;
+    assert_eq!(got, value);
+
+    // Another site asking for the same name is refused.
+    match bcd::site::fetch_secret(&p.node_config("site-2"), "bmc/node-7").await {
+        Err(bcd::site::SecretFetchError::Refused { code, message, .. }) => {
+            assert_eq!(code, tonic::Code::NotFound, "{message}");
+            assert!(message.contains("rack-2"), "{message}");
+        }
+        other => panic!("expected refusal, got {other:?}"),
+    }
+
+    // The JWE as relayed: readable only with the request's key; tampering is detected.
+    let ch = bc_proto::channel::connect(&p.running.gateway_url, tls_of(&p, "site-1")).await?;
+    let req_key = jwt_simple::prelude::EcdhEsA256KWDecryptionKey::generate();
+    let jwe = v1::secret_service_client::SecretServiceClient::new(ch.clone())
+        .secret_request(v1::SecretRequestMessage {
+            secret_ref: "bmc/node-7".into(),
+            recipient_jwk: req_key.encryption_key().to_jwk(),
+        })
+        .await?
+        .into_inner()
+        .jwe;
+    assert!(!jwe.contains("hunter2"));
+    assert_eq!(jwe.split('.').count(), 5, "compact JWE");
+    assert_eq!(
+        bcd::site::open_secret(&req_key, &jwe, "bmc/node-7", "rack-1")?,
+        value
+    );
+    let other_key = jwt_simple::prelude::EcdhEsA256KWDecryptionKey::generate();
+    assert!(matches!(
+        bcd::site::open_secret(&other_key, &jwe, "bmc/node-7", "rack-1"),
+        Err(bcd::site::SecretFetchError::Jwe(_))
+    ));
+    let mut parts: Vec<String> = jwe.split('.').map(str::to_string).collect();
+    let ct = &mut parts[3];
+    let flipped = if ct.starts_with('A') { "B" } else { "A" };
+    ct.replace_range(0..1, flipped);
+    let tampered = parts.join(".");
+    assert!(matches!(
+        bcd::site::open_secret(&req_key, &tampered, "bmc/node-7", "rack-1"),
+        Err(bcd::site::SecretFetchError::Jwe(_))
+    ));
+    // A JWE for another site's agent does not pass as ours.
+    assert!(matches!(
+        bcd::site::open_secret(&req_key, &jwe, "bmc/node-7", "rack-2"),
+        Err(bcd::site::SecretFetchError::Mismatch { .. })
+    ));
+    // A malformed key or name is refused with what to send.
+    let e = v1::secret_service_client::SecretServiceClient::new(ch)
+        .secret_request(v1::SecretRequestMessage {
+            secret_ref: "bmc/node-7".into(),
+            recipient_jwk: "{}".into(),
+        })
+        .await
+        .expect_err("bad jwk");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("P-256"), "{e:?}");
+    let e = p
+        .admin
+        .call(
+            "secrets",
+            "put",
+            json!({"site": "rack-1", "name": "../x y", "value": "v"}),
+        )
+        .await
+        .expect_err("bad name");
+    assert!(e.to_string().contains("INVALID_ARGUMENT"), "{e}");
+    Ok(())
+}
