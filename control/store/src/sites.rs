@@ -172,8 +172,8 @@ impl Store {
     }
 
     /// Spends one use of site token `token_id` on the agent key `key_hash`, under the token's row lock. A retry
-    /// with a key already enrolled by this token is a replay (no use spent) whatever the token's state now, so a
-    /// crash between commit and the agent storing its certificate never strands it.
+    /// within 10 minutes with a key this token enrolled is a replay (no use spent) whatever the token's state now,
+    /// so a crash between commit and the agent storing its certificate never strands it (as for joins).
     pub async fn commit_enrollment(
         &self,
         token_id: &str,
@@ -196,7 +196,8 @@ impl Store {
             (row.get(0), row.get(1), row.get(2), row.get(3));
         let replay = sqlx::query(
             "UPDATE site_agents SET cert_serial = $3, cert_not_after = $4 \
-             WHERE site_id = $1 AND key_hash = $2 AND site_token_id = $5",
+             WHERE site_id = $1 AND key_hash = $2 AND site_token_id = $5 \
+               AND enrolled_at > now() - interval '10 minutes'",
         )
         .bind(&site_id)
         .bind(key_hash)
