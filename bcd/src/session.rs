@@ -373,7 +373,7 @@ impl Daemon {
 
 /// When to renew the stored certificate: 50% ±10% of its life, counted from when the node received it (the
 /// certificate's NotBefore is backdated), else from its NotBefore.
-fn renewal_delay(state: &StateDir, identity: &crate::state::NodeIdentity) -> Duration {
+pub(crate) fn renewal_delay(state: &StateDir, identity: &crate::state::NodeIdentity) -> Duration {
     let start = if identity.issued_at_ms > 0 {
         identity.issued_at_ms
     } else {
@@ -393,7 +393,7 @@ fn renewal_delay(state: &StateDir, identity: &crate::state::NodeIdentity) -> Dur
 }
 
 /// A CSR from the node's own key: renewal proves possession of the key the current certificate certifies.
-fn renewal_request(state: &StateDir) -> Result<v1::RenewRequest, String> {
+pub(crate) fn renewal_request(state: &StateDir) -> Result<v1::RenewRequest, String> {
     let key = state.load_or_create_key().map_err(|e| e.to_string())?;
     let mut params = rcgen::CertificateParams::default();
     let mut dn = rcgen::DistinguishedName::new();
@@ -406,7 +406,7 @@ fn renewal_request(state: &StateDir) -> Result<v1::RenewRequest, String> {
 }
 
 /// Checks a renewed certificate (same identity, our key, later expiry) and stores it.
-fn store_renewal(
+pub(crate) fn store_renewal(
     state: &StateDir,
     identity: &mut crate::state::NodeIdentity,
     r: &v1::RenewResponse,

@@ -133,13 +133,17 @@ impl SiteAgent {
                 spiffe_id: identity.spiffe_id,
             });
         }
-        let tls = self.tls(&state)?;
+        let mut identity = identity;
+        let mut tls = self.tls(&state)?;
+        let mut renew_at = Instant::now() + crate::session::renewal_delay(&state, &identity);
         let ttl = self.options.lease_ttl;
         let interval = ttl / 3;
         let rpc_timeout = interval.max(Duration::from_millis(200));
         let ttl_ms = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX);
         tokio::pin!(shutdown);
-        let mut client: Option<v1::site_service_client::SiteServiceClient<_>> = None;
+        let mut client: Option<
+            v1::site_service_client::SiteServiceClient<tonic::transport::Channel>,
+        > = None;
         let mut backoff = Backoff::new(Duration::from_millis(200), ttl);
         // While serving: when our lease ends on our own clock unless renewed first.
         let mut deadline: Option<Instant> = None;
@@ -186,6 +190,23 @@ impl SiteAgent {
                     }
                 }
             };
+            if Instant::now() >= renew_at {
+                renew_at = Instant::now() + interval;
+                match self.renew(c, &state, &mut identity, rpc_timeout).await {
+                    Ok(()) => {
+                        tls = self.tls(&state)?;
+                        renew_at =
+                            Instant::now() + crate::session::renewal_delay(&state, &identity);
+                        // Reconnect with the new certificate at once; the lease and table are unchanged.
+                        client = None;
+                        wait = Duration::ZERO;
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = e, "site certificate renewal failed; retrying")
+                    }
+                }
+            }
             let sent = Instant::now();
             let asked = tokio::time::timeout(
                 rpc_timeout,
@@ -274,6 +295,29 @@ impl SiteAgent {
         tracing::info!(
             site_id = identity.node_id,
             "site agent stopped; boot lease released"
+        );
+        Ok(())
+    }
+
+    /// Renews the site certificate by proof of possession and stores it (used from the next connection).
+    async fn renew(
+        &self,
+        c: &mut v1::site_service_client::SiteServiceClient<tonic::transport::Channel>,
+        state: &StateDir,
+        identity: &mut crate::state::NodeIdentity,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let req = crate::session::renewal_request(state)?;
+        let r = tokio::time::timeout(timeout, c.renew(req))
+            .await
+            .map_err(|_| "renewal timed out".to_string())?
+            .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
+            .into_inner();
+        crate::session::store_renewal(state, identity, &r)?;
+        tracing::info!(
+            site_id = identity.node_id,
+            not_after_ms = identity.not_after_ms,
+            "site certificate renewed; used from the next connection"
         );
         Ok(())
     }

@@ -488,3 +488,82 @@ async fn secrets_reach_only_their_site_as_jwe_and_rest_encrypted() -> TestResult
     assert!(e.to_string().contains("INVALID_ARGUMENT"), "{e}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_renews_its_site_certificate_and_keeps_serving() -> TestResult {
+    let p = common::plane_with(common::Options {
+        leaf_lifetime: Some(Duration::from_secs(8)),
+        ..Default::default()
+    })
+    .await;
+    let token = site_token(&p, "rack-5", 1).await;
+    enroll(&p, "agent", &token).await?;
+    p.admin
+        .call(
+            "machines",
+            "create",
+            json!({"mac": MAC, "site": "rack-5", "boot": {"kernel": "k"}}),
+        )
+        .await?;
+    let state = bcd::state::StateDir::open(&p.dir.path().join("agent"))?;
+    let first = state.certificate()?;
+    let first_expiry = state
+        .identity()?
+        .map(|i| i.not_after_ms)
+        .unwrap_or_default();
+
+    // Proof of possession: a CSR from another key is refused.
+    let other = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let csr = rcgen::CertificateParams::default().serialize_request(&other)?;
+    let ch = bc_proto::channel::connect(&p.running.gateway_url, tls_of(&p, "agent")).await?;
+    let e = v1::site_service_client::SiteServiceClient::new(ch)
+        .renew(v1::RenewRequest {
+            csr_der: csr.der().to_vec(),
+        })
+        .await
+        .expect_err("foreign key refused");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+
+    let ttl = Duration::from_millis(1500);
+    let a = start_agent(&p, "agent", ttl).await?;
+    assert!(wait_serving(&a, Duration::from_secs(10)).await);
+    // Renewal at 50% ±10% of the 8 s lifetime; then past the first certificate's expiry it still holds the lease.
+    let deadline = Instant::now() + Duration::from_secs(8);
+    // node.json is written last: its new expiry means the renewal is stored.
+    while state
+        .identity()?
+        .map(|i| i.not_after_ms)
+        .unwrap_or_default()
+        == first_expiry
+    {
+        assert!(Instant::now() < deadline, "no renewal within 8 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let renewed = state
+        .identity()?
+        .map(|i| i.not_after_ms)
+        .unwrap_or_default();
+    assert!(renewed > first_expiry);
+    assert_ne!(state.certificate()?, first);
+    let serial: String = bc_store::sqlx::query_scalar(
+        "SELECT cert_serial FROM site_agents WHERE site_id = 'rack-5'",
+    )
+    .fetch_one(p.store.pool())
+    .await?;
+    let new_cert = state.certificate()?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(&new_cert)?;
+    assert_eq!(serial, hex::encode(parsed.raw_serial()));
+    let now_ms = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(first_expiry - now_ms).unwrap_or(0) + 1500,
+    ))
+    .await;
+    assert!(a.view.borrow().serving, "lost the lease across renewal");
+    let (holder, _, valid) = lease_row(&p, "rack-5").await;
+    assert_eq!(holder, agent_id(&p, "agent"));
+    assert!(valid);
+    assert!(settles(a.services.pxe, true).await?);
+    a.task.abort();
+    a.services.task.abort();
+    Ok(())
+}

@@ -16,6 +16,8 @@ use tonic::{Request, Response, Status};
 pub struct SiteAgent {
     pub site_id: String,
     pub agent_id: String,
+    /// The public point (uncompressed P-256) the agent's certificate certifies and the handshake proved.
+    pub public_point: Vec<u8>,
 }
 
 /// What the control plane does for site agents.
@@ -26,6 +28,12 @@ pub trait SiteHandler: Send + Sync + 'static {
         request: v1::BootLeaseRequest,
     ) -> BoxFuture<'_, Result<v1::BootLeaseResponse, Status>>;
     fn netboot(&self, agent: &SiteAgent) -> BoxFuture<'_, Result<v1::NetbootResponse, Status>>;
+    /// Renewal by proof of possession: the CSR must be signed by `agent.public_point`'s key.
+    fn renew(
+        &self,
+        agent: &SiteAgent,
+        request: v1::RenewRequest,
+    ) -> BoxFuture<'_, Result<v1::RenewResponse, Status>>;
     fn secret(
         &self,
         agent: &SiteAgent,
@@ -61,6 +69,7 @@ pub fn site_identity(
     Ok(SiteAgent {
         site_id: id.id().to_string(),
         agent_id: agent_id_of(&point),
+        public_point: point,
     })
 }
 
@@ -105,6 +114,15 @@ impl v1::site_service_server::SiteService for SiteSvc {
     ) -> Result<Response<v1::NetbootResponse>, Status> {
         let agent = self.agent(&request)?;
         Ok(Response::new(self.handler.netboot(&agent).await?))
+    }
+
+    async fn renew(
+        &self,
+        request: Request<v1::RenewRequest>,
+    ) -> Result<Response<v1::RenewResponse>, Status> {
+        let agent = self.agent(&request)?;
+        let r = self.handler.renew(&agent, request.into_inner()).await?;
+        Ok(Response::new(r))
     }
 }
 

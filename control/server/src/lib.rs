@@ -140,7 +140,11 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             join,
             session: Some((backend, session_config, registry.clone())),
             site: Some((
-                Arc::new(site::SiteBackend::new(store.clone(), secrets.clone())),
+                Arc::new(site::SiteBackend::new(
+                    store.clone(),
+                    ca.clone(),
+                    secrets.clone(),
+                )),
                 config.trust_domain.clone(),
             )),
         };

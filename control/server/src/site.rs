@@ -2,7 +2,7 @@
 //! and hands site tokens here), and the site services the gateway forwards ([`SiteBackend`]: boot lease, netboot
 //! table, secret broker).
 
-use crate::ca::{Ca, VerifiedCsr};
+use crate::ca::{Ca, VerifiedCsr, verify_csr};
 use crate::secrets::SecretBox;
 use bc_gateway::BoxFuture;
 use bc_gateway::site::{SiteAgent, SiteHandler, agent_id_of};
@@ -110,12 +110,13 @@ pub(crate) async fn enroll(
 /// The control plane's side of the site services.
 pub struct SiteBackend {
     store: Store,
+    ca: Arc<Ca>,
     secrets: Arc<SecretBox>,
 }
 
 impl SiteBackend {
-    pub fn new(store: Store, secrets: Arc<SecretBox>) -> SiteBackend {
-        SiteBackend { store, secrets }
+    pub fn new(store: Store, ca: Arc<Ca>, secrets: Arc<SecretBox>) -> SiteBackend {
+        SiteBackend { store, ca, secrets }
     }
 
     async fn lease(
@@ -194,6 +195,64 @@ impl SiteBackend {
     }
 }
 
+impl SiteBackend {
+    async fn renew_cert(
+        &self,
+        agent: &SiteAgent,
+        req: v1::RenewRequest,
+    ) -> Result<v1::RenewResponse, Status> {
+        if req.csr_der.len() > 8 * 1024 {
+            return Err(Status::invalid_argument(
+                "csr_der is longer than 8192 bytes",
+            ));
+        }
+        let csr = verify_csr(&req.csr_der).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if agent.public_point.is_empty() || csr.public_point != agent.public_point {
+            return Err(Status::permission_denied(
+                "renewal CSR is signed by another key than the one the presented certificate certifies",
+            ));
+        }
+        let issued = self
+            .ca
+            .issue_workload(
+                &csr,
+                Role::Site,
+                &agent.site_id,
+                time::OffsetDateTime::now_utc(),
+            )
+            .map_err(|e| internal("signing the site certificate", &e))?;
+        let key_hash = hex::encode(bc_proto::sha256(&csr.public_point));
+        let known = self
+            .store
+            .record_site_agent_cert(
+                &agent.site_id,
+                &key_hash,
+                &issued.serial_hex,
+                issued.not_after_ms,
+            )
+            .await
+            .map_err(|e| internal("recording the certificate", &e))?;
+        if !known {
+            return Err(Status::permission_denied(format!(
+                "agent {} is not enrolled in site {}: enroll again with a site token",
+                agent.agent_id, agent.site_id
+            )));
+        }
+        tracing::info!(
+            site_id = agent.site_id,
+            agent = agent.agent_id,
+            serial = issued.serial_hex,
+            "site certificate renewed"
+        );
+        Ok(v1::RenewResponse {
+            cert_der: issued.cert_der,
+            chain_der: Vec::new(),
+            trust_bundle_der: vec![self.ca.cert_der().to_vec()],
+            not_after_unix_ms: issued.not_after_ms,
+        })
+    }
+}
+
 trait OrFree {
     fn unwrap_or_default_lease(self) -> bc_store::sites::BootLease;
 }
@@ -233,6 +292,15 @@ impl SiteHandler for SiteBackend {
     fn netboot(&self, agent: &SiteAgent) -> BoxFuture<'_, Result<v1::NetbootResponse, Status>> {
         let agent = agent.clone();
         Box::pin(async move { self.table(&agent).await })
+    }
+
+    fn renew(
+        &self,
+        agent: &SiteAgent,
+        request: v1::RenewRequest,
+    ) -> BoxFuture<'_, Result<v1::RenewResponse, Status>> {
+        let agent = agent.clone();
+        Box::pin(async move { self.renew_cert(&agent, request).await })
     }
 
     fn secret(

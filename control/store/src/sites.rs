@@ -249,6 +249,27 @@ impl Store {
         Ok(EnrollCommit::Enrolled { site_id })
     }
 
+    /// Records a renewed certificate of an enrolled agent; false when the agent is not (or no longer) enrolled.
+    pub async fn record_site_agent_cert(
+        &self,
+        site: &str,
+        key_hash: &str,
+        cert_serial: &str,
+        not_after_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let n = sqlx::query(
+            "UPDATE site_agents SET cert_serial = $3, cert_not_after = $4 WHERE site_id = $1 AND key_hash = $2",
+        )
+        .bind(site)
+        .bind(key_hash)
+        .bind(cert_serial)
+        .bind(from_ms(not_after_ms))
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n > 0)
+    }
+
     /// Number of agents enrolled for `site`.
     pub async fn site_agent_count(&self, site: &str) -> Result<i64, StoreError> {
         Ok(

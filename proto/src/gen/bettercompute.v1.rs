@@ -1985,6 +1985,29 @@ pub mod site_service_client {
                 .insert(GrpcMethod::new("bettercompute.v1.SiteService", "Netboot"));
             self.inner.unary(req, path, codec).await
         }
+        /// Renewal by proof of possession, as for nodes: the CSR must be signed by the key the presenting certificate
+        /// certifies.
+        pub async fn renew(
+            &mut self,
+            request: impl tonic::IntoRequest<super::RenewRequest>,
+        ) -> std::result::Result<tonic::Response<super::RenewResponse>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/bettercompute.v1.SiteService/Renew",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("bettercompute.v1.SiteService", "Renew"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -2019,6 +2042,14 @@ pub mod site_service_server {
             tonic::Response<super::NetbootResponse>,
             tonic::Status,
         > {
+            Err(tonic::Status::unimplemented("Not yet implemented"))
+        }
+        /// Renewal by proof of possession, as for nodes: the CSR must be signed by the key the presenting certificate
+        /// certifies.
+        async fn renew(
+            &self,
+            request: tonic::Request<super::RenewRequest>,
+        ) -> std::result::Result<tonic::Response<super::RenewResponse>, tonic::Status> {
             Err(tonic::Status::unimplemented("Not yet implemented"))
         }
     }
@@ -2177,6 +2208,49 @@ pub mod site_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NetbootSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/bettercompute.v1.SiteService/Renew" => {
+                    #[allow(non_camel_case_types)]
+                    struct RenewSvc<T: SiteService>(pub Arc<T>);
+                    impl<T: SiteService> tonic::server::UnaryService<super::RenewRequest>
+                    for RenewSvc<T> {
+                        type Response = super::RenewResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::RenewRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as SiteService>::renew(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = RenewSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
