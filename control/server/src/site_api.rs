@@ -214,8 +214,20 @@ async fn create_machine(
 ) -> Result<Json<Value>, ApiError> {
     check_site_id(&req.site)?;
     require(p, "compute:machines:create", &format!("site/{}", req.site))?;
+    let mac = canonical_mac(&req.mac)?;
+    if let Some(existing) = state.store.machine(&mac).await?
+        && existing.site_id != req.site
+    {
+        return Err(ApiError::new(
+            "CONFLICT",
+            format!(
+                "machine {mac} belongs to site {}; change its boot with machines.set-boot, or remove it there first",
+                existing.site_id
+            ),
+        ));
+    }
     let row = MachineRow {
-        mac: canonical_mac(&req.mac)?,
+        mac,
         site_id: req.site,
         boot: check_boot(&req.boot)?,
     };
@@ -256,10 +268,8 @@ async fn set_boot(state: &ApiState, p: &Principal, req: SetBoot) -> Result<Json<
     let mac = canonical_mac(&req.mac)?;
     let site = state
         .store
-        .list_machines(None)
+        .machine(&mac)
         .await?
-        .into_iter()
-        .find(|m| m.mac == mac)
         .map(|m| m.site_id)
         .ok_or_else(|| {
             ApiError::new(

@@ -424,6 +424,18 @@ impl Store {
         Ok(true)
     }
 
+    pub async fn machine(&self, mac: &str) -> Result<Option<MachineRow>, StoreError> {
+        let row = sqlx::query("SELECT mac, site_id, boot FROM machines WHERE mac = $1")
+            .bind(mac)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| MachineRow {
+            mac: r.get(0),
+            site_id: r.get(1),
+            boot: r.get(2),
+        }))
+    }
+
     /// Machines of `site` (all sites when `None`), by MAC.
     pub async fn list_machines(&self, site: Option<&str>) -> Result<Vec<MachineRow>, StoreError> {
         let rows = sqlx::query(
