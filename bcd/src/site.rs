@@ -35,7 +35,12 @@ pub enum SiteError {
         "{spiffe_id} is not a site identity: this state directory belongs to a node, not a site agent"
     )]
     NotASite { spiffe_id: String },
-    #[error("TLS configuration")]
+    #[error(
+        "the certificate of {spiffe_id} expired while the agent was not running: enroll again with a new site token \
+         (`better-compute site-tokens create`, then `bcd site enroll`)"
+    )]
+    Expired { spiffe_id: String },
+    #[error("TLS configuration: {0}")]
     Tls(String),
 }
 
@@ -130,6 +135,15 @@ impl SiteAgent {
             .is_ok_and(|id| id.role() == bc_proto::spiffe::Role::Site);
         if !is_site {
             return Err(SiteError::NotASite {
+                spiffe_id: identity.spiffe_id,
+            });
+        }
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        if identity.not_after_ms <= now_ms {
+            return Err(SiteError::Expired {
                 spiffe_id: identity.spiffe_id,
             });
         }
