@@ -420,6 +420,14 @@ async fn secrets_reach_only_their_site_as_jwe_and_rest_encrypted() -> TestResult
     // Round trip to the secret's own site.
     let got = bcd::site::fetch_secret(&p.node_config("site-1"), "bmc/node-7").await?;
     assert_eq!(got, value);
+    let delivered: i64 = bc_store::sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE action = 'secret.delivered' \
+         AND subject = 'site/rack-1/secret/bmc/node-7' AND actor = $1",
+    )
+    .bind(format!("site/rack-1/agent/{}", agent_id(&p, "site-1")))
+    .fetch_one(p.store.pool())
+    .await?;
+    assert_eq!(delivered, 1);
 
     // Another site asking for the same name is refused.
     match bcd::site::fetch_secret(&p.node_config("site-2"), "bmc/node-7").await {

@@ -185,6 +185,13 @@ impl SecretBox {
             tracing::error!(error = %e, "encrypting a secret");
             Status::internal("encrypting the secret failed")
         })?;
+        store
+            .audit_secret_delivery(&agent.site_id, &req.secret_ref, &agent.agent_id)
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "auditing a secret delivery");
+                Status::unavailable("recording the delivery failed; retry later")
+            })?;
         tracing::info!(
             site_id = agent.site_id,
             agent = agent.agent_id,

@@ -500,6 +500,26 @@ impl Store {
         Ok(())
     }
 
+    /// Records in the audit log that `agent` of `site` received secret `name` (never the value).
+    pub async fn audit_secret_delivery(
+        &self,
+        site: &str,
+        name: &str,
+        agent: &str,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        audit(
+            &mut tx,
+            &format!("site/{site}/agent/{agent}"),
+            "secret.delivered",
+            &format!("site/{site}/secret/{name}"),
+            serde_json::json!({}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     pub async fn secret(&self, site: &str, name: &str) -> Result<Option<SealedSecret>, StoreError> {
         let row =
             sqlx::query("SELECT nonce, ciphertext FROM secrets WHERE site_id = $1 AND name = $2")
