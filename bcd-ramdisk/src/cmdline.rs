@@ -5,8 +5,15 @@
 //! | `bc.url=` | control-plane URL (`https://…`, or `http://…` in a lab); required in `agent` mode |
 //! | `bc.ca_pin=` | SHA-256 of the control-plane CA certificate (DER), `sha256:<64 hex>` or bare hex; required for https |
 //! | `bc.boot_token=` | reference to a single-use boot token; never a join/site token (those are reusable secrets) |
-//! | `bc.mode=` | `agent` (default: join and run commands), `diagnose` (report and power off), `rescue` (stop after bring-up) |
+//! | `bc.mode=` | `agent` (default: join and run commands), `diagnose` (report and power off), `rescue` (stop after bring-up), `run` (the `bc.action` list, then power off; implied by `bc.action`) |
 //! | `bc.debug` | verbose logs (`bc.debug`, `bc.debug=1|0|true|false`) |
+//! | `bc.action=` | comma-separated, run in order: `diagnose`, `wipe`, `stream`, `kexec` (write the NoCloud seed onto the installed root, then kexec into its kernel) |
+//! | `bc.disks=` | what `wipe` erases: `all` (default: every whole disk but read-only and removable media) or a comma-separated list of names (`vda,nvme0n1`) |
+//! | `bc.image=` | image URL for `stream` (`http://` or `https://`) |
+//! | `bc.image_sha256=`, `bc.image_sha512=` | digest of the image bytes as served (exactly one, required with `stream`) |
+//! | `bc.target=` | disk `stream` writes and `kexec` boots from (`vda`, `nvme0n1`) |
+//! | `bc.kexec_cmdline=` | command line of the installed kernel (default: the installed root's `/etc/kernel/cmdline`) |
+//! | `bc.nic=` | the boot NIC by name; default: `BOOTIF=` (PXE) by MAC, else the first NIC with a carrier |
 //!
 //! Values may be quoted as the kernel allows (`bc.url="…"` or `"bc.url=…"`). Other parameters are ignored; an
 //! unknown or repeated `bc.*` parameter is an error, so a typo does not silently change behaviour.
@@ -19,6 +26,31 @@ pub enum Mode {
     Agent,
     Diagnose,
     Rescue,
+    Run,
+}
+
+/// One step of `bc.action`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Diagnose,
+    Wipe,
+    Stream,
+    Kexec,
+}
+
+/// Which disks `wipe` erases.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DiskSelection {
+    #[default]
+    All,
+    Named(Vec<String>),
+}
+
+/// Digest algorithm and hex value of `bc.image_sha256` / `bc.image_sha512`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageDigest {
+    pub sha512: bool,
+    pub hex: String,
 }
 
 /// SHA-256 of the control-plane CA certificate.
@@ -36,13 +68,24 @@ pub struct RamdiskParams {
     pub boot_token: Option<BootTokenRef>,
     pub mode: Mode,
     pub debug: bool,
+    pub actions: Vec<Action>,
+    pub disks: DiskSelection,
+    pub image: Option<Url>,
+    pub image_digest: Option<ImageDigest>,
+    pub target: Option<String>,
+    pub kexec_cmdline: Option<String>,
+    pub nic: Option<String>,
+    /// The PXE boot NIC's MAC from `BOOTIF=01-aa-bb-cc-dd-ee-ff` (pxelinux and iPXE convention).
+    pub boot_mac: Option<[u8; 6]>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CmdlineError {
     #[error("kernel command line has an unterminated quote")]
     UnterminatedQuote,
-    #[error("unknown parameter {key} (known: bc.url, bc.ca_pin, bc.boot_token, bc.mode, bc.debug)")]
+    #[error(
+        "unknown parameter {key} (known: bc.url, bc.ca_pin, bc.boot_token, bc.mode, bc.debug, bc.action, bc.disks, bc.image, bc.image_sha256, bc.image_sha512, bc.target, bc.kexec_cmdline, bc.nic)"
+    )]
     Unknown { key: String },
     #[error("{key} is given more than once")]
     Duplicate { key: String },
@@ -103,23 +146,48 @@ pub fn parse(cmdline: &str) -> Result<RamdiskParams, CmdlineError> {
         boot_token: None,
         mode: Mode::Agent,
         debug: false,
+        actions: Vec::new(),
+        disks: DiskSelection::All,
+        image: None,
+        image_digest: None,
+        target: None,
+        kexec_cmdline: None,
+        nic: None,
+        boot_mac: None,
     };
+    let mut mode_given = false;
     let mut seen: Vec<&'static str> = Vec::new();
     for token in split(cmdline)? {
         let (key, value) = match token.split_once('=') {
             Some((k, v)) => (k, Some(v)),
             None => (token.as_str(), None),
         };
+        if key == "BOOTIF" {
+            // Not ours to police: a malformed BOOTIF is ignored (the NIC is then chosen by carrier).
+            params.boot_mac = value.and_then(parse_bootif);
+            continue;
+        }
         if !key.starts_with("bc.") {
             continue;
         }
-        let key: &'static str = match key {
-            "bc.url" => "bc.url",
-            "bc.ca_pin" => "bc.ca_pin",
-            "bc.boot_token" => "bc.boot_token",
-            "bc.mode" => "bc.mode",
-            "bc.debug" => "bc.debug",
-            other => return Err(CmdlineError::Unknown { key: clip(other) }),
+        const KEYS: [&str; 13] = [
+            "bc.url",
+            "bc.ca_pin",
+            "bc.boot_token",
+            "bc.mode",
+            "bc.debug",
+            "bc.action",
+            "bc.disks",
+            "bc.image",
+            "bc.image_sha256",
+            "bc.image_sha512",
+            "bc.target",
+            "bc.kexec_cmdline",
+            "bc.nic",
+        ];
+        let key: &'static str = match KEYS.iter().find(|k| **k == key) {
+            Some(k) => k,
+            None => return Err(CmdlineError::Unknown { key: clip(key) }),
         };
         if seen.contains(&key) {
             return Err(CmdlineError::Duplicate {
@@ -144,15 +212,94 @@ pub fn parse(cmdline: &str) -> Result<RamdiskParams, CmdlineError> {
             "bc.url" => params.control_url = Some(parse_url(value)?),
             "bc.ca_pin" => params.ca_pin = Some(parse_pin(value)?),
             "bc.boot_token" => params.boot_token = Some(parse_token_ref(value)?),
+            "bc.action" => params.actions = parse_actions(value)?,
+            "bc.disks" => params.disks = parse_disks(value)?,
+            "bc.image" => params.image = Some(parse_url_for("bc.image", value)?),
+            "bc.image_sha256" | "bc.image_sha512" => {
+                if params.image_digest.is_some() {
+                    return Err(invalid(
+                        key,
+                        value,
+                        "give bc.image_sha256 or bc.image_sha512, not both",
+                    ));
+                }
+                let sha512 = key == "bc.image_sha512";
+                let want = if sha512 { 128 } else { 64 };
+                if value.len() != want || !value.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(invalid(
+                        key,
+                        value,
+                        &format!("expected {want} hex characters"),
+                    ));
+                }
+                params.image_digest = Some(ImageDigest {
+                    sha512,
+                    hex: value.to_ascii_lowercase(),
+                });
+            }
+            "bc.target" => params.target = Some(parse_disk_name(key, value)?),
+            "bc.nic" => params.nic = Some(parse_disk_name(key, value)?),
+            "bc.kexec_cmdline" => {
+                if value.len() > 2048 {
+                    return Err(invalid(key, value, "longer than 2048 bytes"));
+                }
+                params.kexec_cmdline = Some(value.to_string());
+            }
             _ => {
+                mode_given = true;
                 params.mode = match value {
                     "agent" => Mode::Agent,
                     "diagnose" => Mode::Diagnose,
                     "rescue" => Mode::Rescue,
-                    v => return Err(invalid(key, v, "expected agent, diagnose or rescue")),
+                    "run" => Mode::Run,
+                    v => return Err(invalid(key, v, "expected agent, diagnose, rescue or run")),
                 }
             }
         }
+    }
+    if !params.actions.is_empty() {
+        if !mode_given {
+            params.mode = Mode::Run;
+        } else if params.mode != Mode::Run {
+            return Err(CmdlineError::Required {
+                key: "bc.mode",
+                reason: "bc.action runs only with bc.mode=run (or no bc.mode)",
+            });
+        }
+    }
+    if params.mode == Mode::Diagnose && params.actions.is_empty() {
+        params.actions.push(Action::Diagnose);
+    }
+    if params.mode == Mode::Run && params.actions.is_empty() {
+        return Err(CmdlineError::Required {
+            key: "bc.action",
+            reason: "bc.mode=run needs the actions to run",
+        });
+    }
+    if params.actions.contains(&Action::Stream) {
+        if params.image.is_none() {
+            return Err(CmdlineError::Required {
+                key: "bc.image",
+                reason: "the stream action needs the image URL",
+            });
+        }
+        if params.image_digest.is_none() {
+            return Err(CmdlineError::Required {
+                key: "bc.image_sha256",
+                reason: "an image is written only when its digest is known (or bc.image_sha512)",
+            });
+        }
+    }
+    if params.target.is_none()
+        && params
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Stream | Action::Kexec))
+    {
+        return Err(CmdlineError::Required {
+            key: "bc.target",
+            reason: "stream and kexec need the disk that holds the installed system",
+        });
     }
     if params.mode == Mode::Agent && params.control_url.is_none() {
         return Err(CmdlineError::Required {
@@ -187,25 +334,121 @@ fn invalid(key: &'static str, value: &str, reason: &str) -> CmdlineError {
 }
 
 fn parse_url(value: &str) -> Result<Url, CmdlineError> {
-    let url = Url::parse(value).map_err(|e| invalid("bc.url", value, &e.to_string()))?;
+    parse_url_for("bc.url", value)
+}
+
+fn parse_url_for(key: &'static str, value: &str) -> Result<Url, CmdlineError> {
+    let url = Url::parse(value).map_err(|e| invalid(key, value, &e.to_string()))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(invalid(
-            "bc.url",
+            key,
             value,
             "scheme must be https (or http in a lab)",
         ));
     }
     if url.host_str().is_none_or(str::is_empty) {
-        return Err(invalid("bc.url", value, "no host"));
+        return Err(invalid(key, value, "no host"));
     }
     if !url.username().is_empty() || url.password().is_some() {
         return Err(invalid(
-            "bc.url",
+            key,
             value,
             "credentials do not belong on the kernel command line",
         ));
     }
     Ok(url)
+}
+
+fn parse_actions(value: &str) -> Result<Vec<Action>, CmdlineError> {
+    let mut out = Vec::new();
+    for word in value.split(',') {
+        let action = match word {
+            "diagnose" => Action::Diagnose,
+            "wipe" => Action::Wipe,
+            "stream" => Action::Stream,
+            "kexec" => Action::Kexec,
+            w => {
+                return Err(invalid(
+                    "bc.action",
+                    w,
+                    "expected a comma-separated list of diagnose, wipe, stream, kexec",
+                ));
+            }
+        };
+        if out.contains(&action) {
+            return Err(invalid("bc.action", value, "an action is listed twice"));
+        }
+        out.push(action);
+    }
+    if out
+        .iter()
+        .position(|a| *a == Action::Kexec)
+        .is_some_and(|k| k + 1 != out.len())
+    {
+        return Err(invalid(
+            "bc.action",
+            value,
+            "kexec leaves the ramdisk and must come last",
+        ));
+    }
+    let wipe = out.iter().position(|a| *a == Action::Wipe);
+    let stream = out.iter().position(|a| *a == Action::Stream);
+    if let (Some(w), Some(s)) = (wipe, stream)
+        && w > s
+    {
+        return Err(invalid(
+            "bc.action",
+            value,
+            "wipe after stream would erase the new image",
+        ));
+    }
+    Ok(out)
+}
+
+fn parse_disks(value: &str) -> Result<DiskSelection, CmdlineError> {
+    if value == "all" {
+        return Ok(DiskSelection::All);
+    }
+    value
+        .split(',')
+        .map(|d| parse_disk_name("bc.disks", d))
+        .collect::<Result<Vec<_>, _>>()
+        .map(DiskSelection::Named)
+}
+
+/// A kernel device or interface name: 1..=32 of `a-z A-Z 0-9 _ . -`, no slash (it is joined to `/dev/`).
+fn parse_disk_name(key: &'static str, value: &str) -> Result<String, CmdlineError> {
+    if value.is_empty()
+        || value.len() > 32
+        || value.starts_with('.')
+        || !value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+    {
+        return Err(invalid(
+            key,
+            value,
+            "expected a device name such as vda or nvme0n1",
+        ));
+    }
+    Ok(value.to_string())
+}
+
+/// `01-aa-bb-cc-dd-ee-ff` (ARP type 1, Ethernet) → the MAC.
+fn parse_bootif(value: &str) -> Option<[u8; 6]> {
+    let rest = value.strip_prefix("01-")?;
+    let parts: Vec<&str> = rest.split(['-', ':']).collect();
+    if parts.len() != 6 {
+        return None;
+    }
+    let mut mac = [0u8; 6];
+    for (m, p) in mac.iter_mut().zip(parts) {
+        if p.len() != 2 {
+            return None;
+        }
+        *m = u8::from_str_radix(p, 16).ok()?;
+    }
+    Some(mac)
 }
 
 fn parse_pin(value: &str) -> Result<CaPin, CmdlineError> {
@@ -298,7 +541,30 @@ mod tests {
             ("bc.url=http://u:p@a/", "credentials"),
             ("bc.url=https://a/", "bc.ca_pin is required"),
             ("bc.mode=diagnose bc.ca_pin=abc", "expected sha256:<64"),
-            ("bc.mode=party", "expected agent, diagnose or rescue"),
+            ("bc.mode=party", "expected agent, diagnose, rescue or run"),
+            (
+                "bc.action=diagnose,dance",
+                "expected a comma-separated list",
+            ),
+            ("bc.action=kexec,diagnose bc.target=vda", "must come last"),
+            ("bc.action=stream,wipe bc.target=vda", "wipe after stream"),
+            ("bc.action=diagnose,diagnose", "listed twice"),
+            ("bc.action=stream bc.target=vda", "bc.image is required"),
+            (
+                "bc.action=stream bc.target=vda bc.image=http://a/i",
+                "bc.image_sha256 is required",
+            ),
+            (
+                "bc.action=stream bc.image=http://a/i bc.image_sha256=00",
+                "expected 64 hex",
+            ),
+            ("bc.action=kexec", "bc.target is required"),
+            ("bc.action=wipe bc.disks=../sda", "expected a device name"),
+            (
+                "bc.action=wipe bc.mode=agent bc.url=http://a/",
+                "bc.action runs only with bc.mode=run",
+            ),
+            ("bc.mode=run", "bc.action is required"),
             ("quiet", "bc.url is required"),
             ("bc.mode=rescue bc.debug=maybe", "bc.debug=1"),
             ("bc.mode=rescue bc.boot_token=a/b", "expected up to 128"),
@@ -316,6 +582,47 @@ mod tests {
             .to_string();
         assert!(err.contains("reusable"), "{err}");
         assert!(!err.contains("supersecret"), "{err}");
+    }
+
+    #[test]
+    fn actions_and_their_parameters() {
+        let sha = "ab".repeat(32);
+        let p = parse(&format!(
+            "console=ttyS0 BOOTIF=01-52-54-00-12-34-56 bc.action=diagnose,wipe,stream,kexec bc.disks=vda,nvme0n1 \
+             bc.image=http://10.0.0.1:8080/os.img bc.image_sha256={sha} bc.target=vda \
+             \"bc.kexec_cmdline=console=ttyS0 quiet\" bc.boot_token=bt_1"
+        ))
+        .expect("valid");
+        assert_eq!(p.mode, Mode::Run);
+        assert_eq!(
+            p.actions,
+            [
+                Action::Diagnose,
+                Action::Wipe,
+                Action::Stream,
+                Action::Kexec
+            ]
+        );
+        assert_eq!(
+            p.disks,
+            DiskSelection::Named(vec!["vda".into(), "nvme0n1".into()])
+        );
+        assert_eq!(p.image_digest.as_ref().map(|d| d.sha512), Some(false));
+        assert_eq!(p.target.as_deref(), Some("vda"));
+        assert_eq!(p.kexec_cmdline.as_deref(), Some("console=ttyS0 quiet"));
+        assert_eq!(p.boot_mac, Some([0x52, 0x54, 0, 0x12, 0x34, 0x56]));
+        let p = parse("bc.mode=diagnose").expect("diagnose");
+        assert_eq!(p.actions, [Action::Diagnose]);
+        assert_eq!(
+            parse("bc.action=wipe").expect("wipe").disks,
+            DiskSelection::All
+        );
+        assert_eq!(
+            parse("BOOTIF=zz bc.mode=rescue")
+                .expect("bad BOOTIF ignored")
+                .boot_mac,
+            None
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
+use std::path::{Path, PathBuf};
 
 use crate::stream::{Decoder, detect};
 
@@ -39,6 +40,8 @@ pub struct ModInfo {
     pub depends: Vec<String>,
     /// `softdep=pre:` modules, loaded first when available.
     pub soft_pre: Vec<String>,
+    /// `alias=` patterns (device modaliases such as `pci:v00008086d*…`, and others such as `fs-ext4`).
+    pub aliases: Vec<String>,
 }
 
 /// Module names compare with `-` and `_` equal, as the kernel does.
@@ -88,6 +91,7 @@ impl ModInfo {
             match key {
                 "name" if !value.trim().is_empty() => info.name = normalize(value),
                 "depends" => info.depends.extend(list(value, ',')),
+                "alias" if !value.trim().is_empty() => info.aliases.push(value.trim().to_string()),
                 "softdep" => {
                     // "pre: a b post: c"
                     let mut pre = false;
@@ -121,14 +125,16 @@ fn modinfo_section(elf: &[u8]) -> Result<&[u8], ModuleError> {
     if elf[5] != 1 {
         return Err(ModuleError::NotElf("not little-endian"));
     }
-    let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    // Offsets come from the file: every addition is checked (a wrapped offset must not read elsewhere).
+    let bytes_at = |o: usize, n: usize| elf.get(o..o.checked_add(n)?);
+    let u16_at = |o: usize| bytes_at(o, 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
     let u32_at = |o: usize| {
-        elf.get(o..o + 4)
+        bytes_at(o, 4)
             .and_then(|b| b.try_into().ok())
             .map(u32::from_le_bytes)
     };
     let u64_at = |o: usize| {
-        elf.get(o..o + 8)
+        bytes_at(o, 8)
             .and_then(|b| b.try_into().ok())
             .map(u64::from_le_bytes)
     };
@@ -145,8 +151,9 @@ fn modinfo_section(elf: &[u8]) -> Result<&[u8], ModuleError> {
             .and_then(|o| o.checked_add(i.checked_mul(shentsize)?))
             .ok_or(ModuleError::BadSections)?;
         let name = u32_at(base).ok_or(ModuleError::BadSections)?;
-        let offset = u64_at(base + 0x18).ok_or(ModuleError::BadSections)?;
-        let size = u64_at(base + 0x20).ok_or(ModuleError::BadSections)?;
+        let field = |off: usize| base.checked_add(off).and_then(u64_at);
+        let offset = field(0x18).ok_or(ModuleError::BadSections)?;
+        let size = field(0x20).ok_or(ModuleError::BadSections)?;
         let start = usize::try_from(offset).map_err(|_| ModuleError::BadSections)?;
         let end = usize::try_from(size)
             .ok()
@@ -252,12 +259,138 @@ pub fn from_depends_map<'a>(
             let info = ModInfo {
                 name: name.clone(),
                 depends: depends.iter().map(|d| normalize(d)).collect(),
-                soft_pre: vec![],
+                ..Default::default()
             };
             (name, info)
         })
         .collect()
 }
+
+/// Module name of a file name (`virtio_net.ko.xz` → `virtio_net`), or `None` if it is not a module.
+pub fn module_name_of(file_name: &str) -> Option<String> {
+    let stem = [".ko", ".ko.xz", ".ko.zst", ".ko.gz"]
+        .iter()
+        .find_map(|ext| file_name.strip_suffix(ext))?;
+    Some(normalize(stem))
+}
+
+/// Every module file under `dir` (a `lib/modules/<version>` tree), by normalized name.
+pub fn index_tree(dir: &Path) -> std::io::Result<BTreeMap<String, PathBuf>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let entry = entry?;
+            let ty = entry.file_type()?;
+            if ty.is_dir() {
+                stack.push(entry.path());
+            } else if let Some(name) = module_name_of(&entry.file_name().to_string_lossy()) {
+                out.entry(name).or_insert_with(|| entry.path());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Names listed in a `modules.builtin` file (`kernel/drivers/x/y.ko` per line).
+pub fn parse_builtin(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.rsplit('/').next())
+        .filter_map(module_name_of)
+        .collect()
+}
+
+/// The resolved load order of a module tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeOrder {
+    /// Module files to load, dependencies first.
+    pub files: Vec<PathBuf>,
+    /// Their `.modinfo`, in the same order.
+    pub infos: Vec<ModInfo>,
+    /// Wanted names that are neither in the tree nor built in (not an error: an initramfs lists drivers for
+    /// hardware a kernel build may leave out).
+    pub absent: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TreeError {
+    #[error("reading the module tree {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("module {path}")]
+    Module {
+        path: PathBuf,
+        #[source]
+        source: ModuleError,
+    },
+    #[error(transparent)]
+    Order(ModuleError),
+}
+
+/// Resolve the load order of `wanted` in the module tree `dir`: reads `.modinfo` of the wanted modules and of
+/// their dependencies only (not the whole tree), treats `modules.builtin` entries as present.
+pub fn order_tree(dir: &Path, wanted: &[&str]) -> Result<TreeOrder, TreeError> {
+    let index = index_tree(dir).map_err(|source| TreeError::Read {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let builtin = std::fs::read_to_string(dir.join("modules.builtin"))
+        .map(|t| parse_builtin(&t))
+        .unwrap_or_default();
+    let mut available = BTreeMap::new();
+    let mut absent = Vec::new();
+    let mut present_wanted = Vec::new();
+    let mut queue: Vec<String> = Vec::new();
+    for w in wanted {
+        let n = normalize(w);
+        if index.contains_key(&n) {
+            present_wanted.push(n.clone());
+            queue.push(n);
+        } else if !builtin.contains(&n) {
+            absent.push(n);
+        }
+    }
+    while let Some(name) = queue.pop() {
+        if available.contains_key(&name) {
+            continue;
+        }
+        let Some(path) = index.get(&name) else {
+            continue; // missing dependency: load_order names it
+        };
+        let bytes = std::fs::read(path).map_err(|source| TreeError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let info = ModInfo::from_ko(&bytes, &name).map_err(|source| TreeError::Module {
+            path: path.clone(),
+            source,
+        })?;
+        queue.extend(info.depends.iter().cloned());
+        queue.extend(info.soft_pre.iter().cloned());
+        available.insert(name, info);
+    }
+    let wanted_refs: Vec<&str> = present_wanted.iter().map(String::as_str).collect();
+    let order = load_order(&wanted_refs, &available, &builtin).map_err(TreeError::Order)?;
+    let mut files = Vec::new();
+    let mut infos = Vec::new();
+    for n in &order {
+        if let (Some(path), Some(info)) = (index.get(n), available.get(n)) {
+            files.push(path.clone());
+            infos.push(info.clone());
+        }
+    }
+    Ok(TreeOrder {
+        files,
+        infos,
+        absent,
+    })
+}
+
+#[path = "modules_load.rs"]
+pub mod load;
 
 #[cfg(test)]
 #[path = "modules_tests.rs"]

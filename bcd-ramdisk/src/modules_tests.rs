@@ -39,7 +39,7 @@ fn elf_with_modinfo(modinfo: &[u8]) -> Vec<u8> {
 }
 
 const VIRTIO_BLK: &[u8] =
-    b"license=GPL\0description=Virtio block driver\0depends=virtio,virtio_ring\0softdep=pre: crc32c post: foo\0name=virtio_blk\0vermagic=6.1.0\0";
+    b"license=GPL\0description=Virtio block driver\0alias=virtio:d00000002v*\0depends=virtio,virtio_ring\0softdep=pre: crc32c post: foo\0name=virtio_blk\0vermagic=6.1.0\0";
 
 #[test]
 fn reads_modinfo_from_elf_and_compressed_elf() {
@@ -48,6 +48,7 @@ fn reads_modinfo_from_elf_and_compressed_elf() {
         name: "virtio_blk".into(),
         depends: vec!["virtio".into(), "virtio_ring".into()],
         soft_pre: vec!["crc32c".into()],
+        aliases: vec!["virtio:d00000002v*".into()],
     };
     assert_eq!(ModInfo::from_ko(&elf, "x"), Ok(want.clone()));
     for c in [Compression::Xz, Compression::Zstd, Compression::Gzip] {
@@ -208,7 +209,7 @@ proptest! {
         }
         let available: BTreeMap<String, ModInfo> = deps
             .iter()
-            .map(|(n, d)| (n.clone(), ModInfo { name: n.clone(), depends: d.clone(), soft_pre: vec![] }))
+            .map(|(n, d)| (n.clone(), ModInfo { name: n.clone(), depends: d.clone(), ..Default::default() }))
             .collect();
         let order = load_order(&["m29", "m15", "m3"], &available, &BTreeSet::new()).expect("a DAG resolves");
         let unique: BTreeSet<&String> = order.iter().collect();
@@ -226,4 +227,26 @@ proptest! {
         }
         let _ = ModInfo::from_ko(&elf, "x");
     }
+}
+
+/// Found by fuzz/fuzz_targets/ramdisk_modinfo.rs: a section header offset near usize::MAX overflowed `base + 0x18`.
+#[test]
+fn section_offsets_near_the_top_of_the_address_space_are_errors() {
+    let mut elf = vec![0u8; 0x70];
+    elf[..8].copy_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 0, 0]);
+    elf[0x28..0x30].copy_from_slice(&(u64::MAX - 0x10).to_le_bytes()); // e_shoff
+    elf[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes()); // e_shentsize
+    elf[0x3c..0x3e].copy_from_slice(&2u16.to_le_bytes()); // e_shnum
+    elf[0x3e..0x40].copy_from_slice(&1u16.to_le_bytes()); // e_shstrndx
+    assert_eq!(ModInfo::from_elf(&elf, "x"), Err(ModuleError::BadSections));
+    let crash = [
+        0x7f, 0x45, 0x4c, 0x46, 0x02, 0x01, 0x00, 0x00, 0x23, 0x00, 0x00, 0x00, 0x5d, 0x00, 0x00,
+        0xf6, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0xff, 0xff,
+    ];
+    let mut crash = crash.to_vec();
+    crash.extend([0xffu8; 29]);
+    crash.extend([0u8; 7]);
+    crash.extend([0xffu8; 28]);
+    crash.extend_from_slice(b"#]#\n/\n\0\0\n#\n]\n#\n\n");
+    assert!(ModInfo::from_ko(&crash, "x").is_err());
 }

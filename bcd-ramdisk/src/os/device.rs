@@ -6,6 +6,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use super::nvme;
 use super::{
     AlignedBuf, DIRECT_ALIGN, RangeOp, block_size_bytes, logical_sector_size, range_ioctl,
 };
@@ -121,6 +122,17 @@ impl DirectDevice {
         super::nvme::identify_controller(self.file.as_fd())
     }
 
+    fn require_block(&self, what: &str) -> io::Result<()> {
+        if self.is_block {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{what} on a regular file"),
+            ))
+        }
+    }
+
     fn range(&self, op: RangeOp, offset: u64, len: u64) -> io::Result<()> {
         if self.is_block {
             return range_ioctl(self.file.as_fd(), op, offset, len);
@@ -202,22 +214,92 @@ impl BlockDevice for DirectDevice {
     }
 
     fn nvme_sanitize(&mut self, action: SanitizeAction) -> io::Result<()> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            format!(
-                "NVMe sanitize ({action:?}) through the admin passthrough is not implemented yet"
-            ),
-        ))
+        self.require_block("NVMe sanitize")?;
+        let sanact = match action {
+            SanitizeAction::BlockErase => 2,
+            SanitizeAction::CryptoErase => 4,
+        };
+        let fd = self.file.as_fd();
+        nvme::sanitize_start(fd, sanact)?;
+        // The controller works in the background; poll the sanitize status log (SSTAT bits 2:0).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(4 * 3600);
+        loop {
+            let log = nvme::get_log_page(fd, nvme::LOG_SANITIZE_STATUS, 0, 512)?;
+            match sanitize_state(&log) {
+                SanitizeState::InProgress if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(500))
+                }
+                SanitizeState::InProgress => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "sanitize still running after 4 h",
+                    ));
+                }
+                SanitizeState::Done => return Ok(()),
+                SanitizeState::Failed(why) => return Err(io::Error::other(why)),
+            }
+        }
     }
 
     fn nvme_format(&mut self, ses: FormatSes) -> io::Result<()> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            format!("NVMe format ({ses:?}) through the admin passthrough is not implemented yet"),
-        ))
+        self.require_block("NVMe Format NVM")?;
+        let fd = self.file.as_fd();
+        let nsid = nvme::namespace_id(fd)?;
+        let ns = nvme::identify_namespace(fd, nsid)?;
+        // FLBAS: bits 3:0 the format index, bits 6:5 its upper bits; keep the current format.
+        let flbas = ns[26];
+        let lbaf = (flbas & 0x0f) | (((flbas >> 5) & 0x3) << 4);
+        let ses = match ses {
+            FormatSes::UserDataErase => 1,
+            FormatSes::CryptoErase => 2,
+        };
+        nvme::format_nvm(fd, nsid, lbaf, ses)
     }
 
     fn sync(&mut self) -> io::Result<()> {
         self.file.sync_all()
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum SanitizeState {
+    InProgress,
+    Done,
+    Failed(String),
+}
+
+/// Decode SSTAT (bytes 2..4) of the Sanitize Status log page.
+fn sanitize_state(log: &[u8]) -> SanitizeState {
+    let Some(sstat) = log.get(2..4).map(|b| u16::from_le_bytes([b[0], b[1]])) else {
+        return SanitizeState::Failed("sanitize status log too short".into());
+    };
+    match sstat & 0x7 {
+        1 | 4 => SanitizeState::Done,
+        2 => SanitizeState::InProgress,
+        3 => SanitizeState::Failed("the controller reports the sanitize operation failed".into()),
+        0 => SanitizeState::Failed("the controller reports no sanitize operation ran".into()),
+        other => SanitizeState::Failed(format!("unknown sanitize status {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sanitize_status_decoding() {
+        let log = |s: u16| {
+            let mut l = vec![0u8; 512];
+            l[2..4].copy_from_slice(&s.to_le_bytes());
+            l
+        };
+        assert_eq!(sanitize_state(&log(0x0101)), SanitizeState::Done);
+        assert_eq!(sanitize_state(&log(2)), SanitizeState::InProgress);
+        assert!(matches!(sanitize_state(&log(3)), SanitizeState::Failed(_)));
+        assert!(matches!(sanitize_state(&log(0)), SanitizeState::Failed(_)));
+        assert!(matches!(
+            sanitize_state(&[0u8; 2]),
+            SanitizeState::Failed(_)
+        ));
     }
 }

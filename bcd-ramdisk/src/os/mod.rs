@@ -1,10 +1,13 @@
-//! The OS layer: aligned buffers, block-device ioctls and the real implementations of
+//! The OS layer: aligned buffers, block-device and NVMe ioctls, the system calls PID 1 needs ([`sys`]: mount,
+//! finit_module, kexec_file_load, reboot), a minimal rtnetlink client ([`netlink`]) and the real implementations of
 //! [`crate::stream::BlockSink`] and [`crate::wipe::BlockDevice`]. This is the only module where `unsafe` is allowed,
-//! and only for `ioctl(2)` calls that have no safe wrapper; each block carries a `// SAFETY:` comment.
+//! and only for system calls that have no safe wrapper; each block carries a `// SAFETY:` comment.
 #![allow(unsafe_code)]
 
 mod device;
+pub mod netlink;
 pub mod nvme;
+pub mod sys;
 
 pub use device::{DirectDevice, OpenError};
 

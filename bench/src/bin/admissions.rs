@@ -162,6 +162,25 @@ async fn statements(pool: &bc_store::sqlx::PgPool) -> anyhow::Result<i64> {
     .await?)
 }
 
+/// The statements that took the most execution time since the last reset, per admission.
+async fn top_statements(pool: &bc_store::sqlx::PgPool, admissions: usize) -> anyhow::Result<()> {
+    let top: Vec<(String, i64, f64)> = bc_store::sqlx::query_as(
+        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 70), calls, total_exec_time FROM pg_stat_statements s \
+         JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = current_database() \
+         AND s.query NOT ILIKE '%pg_stat_statements%' ORDER BY total_exec_time DESC LIMIT 5",
+    )
+    .fetch_all(pool)
+    .await?;
+    for (q, calls, ms) in top {
+        println!(
+            "  {:>7.0} µs/admission {:>6} calls  {q}",
+            ms * 1000.0 / admissions as f64,
+            calls
+        );
+    }
+    Ok(())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     bc_proto::install_crypto_provider();
@@ -243,20 +262,7 @@ async fn main() -> anyhow::Result<()> {
         stmts as f64 / lat.len() as f64
     );
     print_cpu("saturated", c0, cpu_parts(&pids, &pg_data), lat.len());
-    let top: Vec<(String, i64, f64)> = bc_store::sqlx::query_as(
-        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 70), calls, total_exec_time FROM pg_stat_statements s \
-         JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = current_database() \
-         AND s.query NOT ILIKE '%pg_stat_statements%' ORDER BY total_exec_time DESC LIMIT 6",
-    )
-    .fetch_all(&pool)
-    .await?;
-    for (q, calls, ms) in top {
-        println!(
-            "  {:>7.0} µs/admission {:>6} calls  {q}",
-            ms * 1000.0 / lat.len() as f64,
-            calls
-        );
-    }
+    top_statements(&pool, lat.len()).await?;
 
     // Phase 2: paced, open loop.
     bc_store::sqlx::query("SELECT pg_stat_statements_reset()")
@@ -294,6 +300,7 @@ async fn main() -> anyhow::Result<()> {
         stmts as f64 / lat.len() as f64
     );
     print_cpu("paced", c0, cpu_parts(&pids, &pg_data), lat.len());
+    top_statements(&pool, lat.len()).await?;
     let booked: i64 = bc_store::sqlx::query_scalar(
         "SELECT count(*) FROM devices WHERE reservation_id IS NOT NULL",
     )

@@ -380,37 +380,43 @@ impl Store {
         // text[][] must be rectangular; pass node lists as JSON instead.
         let nodes_json: Vec<serde_json::Value> =
             placed_nodes.iter().map(|n| serde_json::json!(n)).collect();
-        if !placed_ids.is_empty() || !failed_ids.is_empty() {
-            sqlx::query(
-                "WITH p AS (SELECT * FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::float8[]) AS p(id, nodes, gpus, secs)), \
-                 placed AS (UPDATE reservations r SET state = 'placed', \
-                      node_ids = ARRAY(SELECT jsonb_array_elements_text(p.nodes)), gpus = p.gpus, placed_at = now(), \
-                      expires_at = now() + make_interval(secs => p.secs) \
-                    FROM p WHERE r.id = p.id RETURNING r.id, r.expires_at), \
-                 q AS (INSERT INTO work_queue (kind, subject, run_at) SELECT 'reservation.expire', id, expires_at FROM placed \
-                    ON CONFLICT (kind, subject) DO UPDATE SET run_at = EXCLUDED.run_at), \
-                 f AS (UPDATE reservations r SET state = 'failed', error = f.error, ended_at = now() \
-                    FROM unnest($5::text[], $6::text[]) AS f(id, error) WHERE r.id = f.id RETURNING r.id) \
-                 SELECT (SELECT count(*) FROM placed) + (SELECT count(*) FROM f)",
-            )
-            .bind(&placed_ids)
-            .bind(&nodes_json)
-            .bind(&placed_gpus)
-            .bind(&placed_secs)
-            .bind(&failed_ids)
-            .bind(&failed_errors)
-            .execute(&mut *tx)
-            .await?;
-        }
         let touched: Vec<String> = {
-            let mut t: Vec<String> = placed_nodes.into_iter().flatten().collect();
+            let mut t: Vec<String> = placed_nodes.iter().flatten().cloned().collect();
             t.sort();
             t.dedup();
             t
         };
-        publish_bookings(&mut tx, &touched).await?;
-        let decided: Vec<String> = placed_ids.into_iter().chain(failed_ids).collect();
-        notify_ids(&mut tx, DECIDED_CHANNEL, &decided).await?;
+        let decided: Vec<String> = placed_ids.iter().chain(&failed_ids).cloned().collect();
+        // One statement: placements and failures, expiry work, the nodes' desired state with outbox rows, and the
+        // notifications (outbox written, decisions for the waiting API calls).
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "WITH p AS (SELECT * FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::float8[]) AS p(id, nodes, gpus, secs)), \
+             placed AS (UPDATE reservations r SET state = 'placed', \
+                  node_ids = ARRAY(SELECT jsonb_array_elements_text(p.nodes)), gpus = p.gpus, placed_at = now(), \
+                  expires_at = now() + make_interval(secs => p.secs) \
+                FROM p WHERE r.id = p.id RETURNING r.id, r.expires_at), \
+             q AS (INSERT INTO work_queue (kind, subject, run_at) SELECT 'reservation.expire', id, expires_at FROM placed \
+                ON CONFLICT (kind, subject) DO UPDATE SET run_at = EXCLUDED.run_at), \
+             f AS (UPDATE reservations r SET state = 'failed', error = f.error, ended_at = now() \
+                FROM unnest($5::text[], $6::text[]) AS f(id, error) WHERE r.id = f.id RETURNING r.id), \
+             {publish}, \
+             d AS (SELECT pg_notify($9, c) FROM unnest($10::text[]) AS c) \
+             SELECT (SELECT count(*) FROM placed), (SELECT count(*) FROM f), (SELECT count(*) FROM w), \
+                    (SELECT count(*) FROM d)",
+            publish = publish_ctes(7, 8)
+        )))
+        .bind(&placed_ids)
+        .bind(&nodes_json)
+        .bind(&placed_gpus)
+        .bind(&placed_secs)
+        .bind(&failed_ids)
+        .bind(&failed_errors)
+        .bind(&touched)
+        .bind(OUTBOX_WRITTEN_CHANNEL)
+        .bind(DECIDED_CHANNEL)
+        .bind(chunk_ids(&decided))
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(retry)
     }
@@ -516,23 +522,35 @@ async fn publish_bookings(tx: &mut PgConnection, nodes: &[String]) -> Result<(),
     if nodes.is_empty() {
         return Ok(());
     }
-    sqlx::query(
-        "WITH n AS (UPDATE nodes n SET desired_generation = n.desired_generation + 1, updated_at = now(), \
-           desired_spec = jsonb_set(n.desired_spec, '{bookings}', COALESCE(( \
-             SELECT jsonb_agg(jsonb_build_object('reservation', b.rid, 'gpus', b.uuids) ORDER BY b.rid) \
-               FILTER (WHERE b.rid IS NOT NULL) \
-             FROM (SELECT reservation_id AS rid, jsonb_agg(uuid ORDER BY idx) AS uuids FROM devices \
-                   WHERE node_id = n.id GROUP BY reservation_id) b), '[]'::jsonb)) \
-           WHERE n.id = ANY($1) RETURNING n.id, n.desired_generation) \
-         , o AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM n \
-           RETURNING shard) \
-         SELECT pg_notify($2, '') FROM (SELECT 1 FROM o LIMIT 1) x",
-    )
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "WITH {} SELECT count(*) FROM w",
+        publish_ctes(1, 2)
+    )))
     .bind(nodes)
     .bind(OUTBOX_WRITTEN_CHANNEL)
     .execute(&mut *tx)
     .await?;
     Ok(())
+}
+
+/// The CTEs `n` (nodes' new bookings and generation, for the node ids in parameter `$nodes`), `o` (their outbox
+/// rows) and `w` (one notification on the channel in parameter `$channel` when rows were written). The per-node
+/// subquery filters bookings in the aggregate, not in WHERE: with `reservation_id IS NOT NULL` in WHERE the planner,
+/// misled by statistics from an unbooked fleet, walked the partial `devices_reservation` index for every node
+/// (276 ms instead of 7 ms for 30 nodes, measured with EXPLAIN ANALYZE at 24k bookings).
+fn publish_ctes(nodes: u8, channel: u8) -> String {
+    format!(
+        "n AS (UPDATE nodes n SET desired_generation = n.desired_generation + 1, updated_at = now(), \
+           desired_spec = jsonb_set(n.desired_spec, '{{bookings}}', COALESCE(( \
+             SELECT jsonb_agg(jsonb_build_object('reservation', b.rid, 'gpus', b.uuids) ORDER BY b.rid) \
+               FILTER (WHERE b.rid IS NOT NULL) \
+             FROM (SELECT reservation_id AS rid, jsonb_agg(uuid ORDER BY idx) AS uuids FROM devices \
+                   WHERE node_id = n.id GROUP BY reservation_id) b), '[]'::jsonb)) \
+           WHERE n.id = ANY(${nodes}::text[]) RETURNING n.id, n.desired_generation), \
+         o AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM n \
+           RETURNING shard), \
+         w AS (SELECT pg_notify(${channel}, '') FROM (SELECT 1 FROM o LIMIT 1) x)"
+    )
 }
 
 /// pg_notify with comma-separated ids, split so each payload stays under PostgreSQL's 8000-byte limit.
@@ -541,6 +559,20 @@ pub(crate) async fn notify_ids(
     channel: &str,
     ids: &[String],
 ) -> Result<(), StoreError> {
+    let chunks = chunk_ids(ids);
+    if chunks.is_empty() {
+        return Ok(());
+    }
+    sqlx::query("SELECT pg_notify($1, c) FROM unnest($2::text[]) AS c")
+        .bind(channel)
+        .bind(&chunks)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Comma-separated ids in payloads under PostgreSQL's 8000-byte NOTIFY limit.
+fn chunk_ids(ids: &[String]) -> Vec<String> {
     let mut chunks: Vec<String> = Vec::new();
     let mut cur = String::new();
     for id in ids {
@@ -555,13 +587,5 @@ pub(crate) async fn notify_ids(
     if !cur.is_empty() {
         chunks.push(cur);
     }
-    if chunks.is_empty() {
-        return Ok(());
-    }
-    sqlx::query("SELECT pg_notify($1, c) FROM unnest($2::text[]) AS c")
-        .bind(channel)
-        .bind(&chunks)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
+    chunks
 }
