@@ -261,7 +261,10 @@ impl SiteAgent {
                 self.stand_by(&table, Some(&lease));
                 continue;
             }
-            let expires_in = Duration::from_millis(u64::try_from(lease.expires_in_ms).unwrap_or(0));
+            // Never trust a lease longer than the one asked for: the local deadline is what stops DHCP when the
+            // control plane cannot be reached.
+            let expires_in =
+                Duration::from_millis(u64::try_from(lease.expires_in_ms).unwrap_or(0)).min(ttl);
             let was_serving = deadline.is_some();
             deadline = Some(sent + expires_in);
             match tokio::time::timeout(rpc_timeout, c.netboot(v1::NetbootRequest {})).await {
