@@ -5,7 +5,7 @@
 use crate::config::Config;
 use crate::state::{NodeIdentity, StateDir, StateError};
 use bc_proto::channel::{self, Backoff, ServerTrust};
-use bc_proto::spiffe::SpiffeId;
+use bc_proto::spiffe::{Role, SpiffeId};
 use bc_proto::token::{Token, TokenKind};
 use bc_proto::v1;
 use rcgen::{CertificateParams, DistinguishedName, DnType, PublicKeyData as _};
@@ -58,6 +58,16 @@ fn retryable(code: tonic::Code) -> bool {
     )
 }
 
+/// Which kind of token `token` is by its prefix: a site token (`bcst_`, `bcd site enroll`) or else a join token.
+/// Both travel the same way: sealed to JoinService, bound to the CSR key.
+pub fn token_kind(token: &str) -> TokenKind {
+    if token.trim().starts_with(TokenKind::Site.prefix()) {
+        TokenKind::Site
+    } else {
+        TokenKind::Join
+    }
+}
+
 /// A request for `token` from the key in `state` (creating the key first if needed).
 pub fn build_request(
     config: &Config,
@@ -76,10 +86,18 @@ pub fn request_for_key(
     token: &str,
     claims: v1::HardwareClaims,
 ) -> Result<v1::JoinRequest, JoinError> {
-    let parsed = Token::parse(TokenKind::Join, token)?;
+    let kind = token_kind(token);
+    let parsed = Token::parse(kind, token)?;
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, "bcd node");
+    dn.push(
+        DnType::CommonName,
+        if kind == TokenKind::Site {
+            "bcd site"
+        } else {
+            "bcd node"
+        },
+    );
     params.distinguished_name = dn;
     let csr = params.serialize_request(key).map_err(JoinError::Csr)?;
     let sealed = bc_proto::seal::seal(
@@ -133,9 +151,17 @@ fn check_response(
     config: &Config,
     key: &rcgen::KeyPair,
     r: &v1::JoinResponse,
+    role: Role,
 ) -> Result<(), JoinError> {
     let bad = |m: String| JoinError::BadResponse(m);
     let id = SpiffeId::from_cert_der(&r.cert_der).map_err(|e| bad(format!("certificate: {e}")))?;
+    if id.role() != role {
+        return Err(bad(format!(
+            "certificate names {id}, a {} identity; expected a {} identity",
+            id.role().as_str(),
+            role.as_str()
+        )));
+    }
     if id.to_string() != r.spiffe_id || id.id() != r.node_id {
         return Err(bad(format!(
             "certificate names {id}, the answer says {} / {}",
@@ -157,7 +183,8 @@ fn check_response(
     Ok(())
 }
 
-/// Joins with `token`, retrying while the gateway is unreachable. Safe to run again after a crash at any point:
+/// Joins with `token` (a join token; or a site token, which enrolls a site agent: `bcd site enroll`), retrying
+/// while the gateway is unreachable. Safe to run again after a crash at any point:
 /// the key is reused, and the control plane answers a retry within 10 minutes with the same node.
 ///
 /// A node whose certificate expired (it was offline past its renewal) rejoins: with a reclaim token it is
@@ -210,7 +237,11 @@ pub async fn join(
     if std::env::var("BCD_FAULT").as_deref() == Ok("exit-after-join-reply") {
         std::process::exit(137);
     }
-    check_response(config, &key, &response)?;
+    let role = match token_kind(token) {
+        TokenKind::Site => Role::Site,
+        _ => Role::Node,
+    };
+    check_response(config, &key, &response, role)?;
     let identity = NodeIdentity {
         node_id: response.node_id.clone(),
         spiffe_id: response.spiffe_id.clone(),

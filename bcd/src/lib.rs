@@ -14,4 +14,6 @@ pub mod hardware;
 pub mod inventory;
 pub mod join;
 pub mod session;
+#[cfg(feature = "site")]
+pub mod site;
 pub mod state;

@@ -83,6 +83,33 @@ enum SiteCommand {
     /// Serve proxy DHCP, TFTP and boot HTTP from the site config (--config, default /etc/bcd/site.toml) and its
     /// [[machine]] netboot table; SIGHUP reloads the table, SIGTERM stops.
     Serve,
+    /// Enroll this host as an agent of a site with a site token (bcst_…). The key is persisted (0600) before any
+    /// network call; safe to re-run after a crash. State defaults to /var/lib/bcd-site.
+    Enroll {
+        /// The token; prefer BCD_SITE_TOKEN or --token-file so it stays out of the process list.
+        #[arg(env = "BCD_SITE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        #[arg(long, default_value_t = 8)]
+        attempts: u32,
+        /// Connection settings (gateway_url, ca_pin, join_public_key) in bcd.toml form.
+        #[arg(long, default_value = "/etc/bcd/bcd.toml")]
+        agent_config: PathBuf,
+        #[command(flatten)]
+        overrides: Overrides,
+    },
+    /// Serve like `site serve`, with the netboot table from the control plane, only while this agent holds the
+    /// site's boot lease (a second agent of the site stands by and takes over when the lease expires).
+    Run {
+        #[arg(long, default_value = "/etc/bcd/bcd.toml")]
+        agent_config: PathBuf,
+        /// Boot lease length in seconds (renewed every third of it).
+        #[arg(long, default_value_t = 15)]
+        lease_ttl: u64,
+        #[command(flatten)]
+        overrides: Overrides,
+    },
     /// Drive one BMC by hand (debugging): inspect, power, boot-once. Every change is read back.
     Redfish {
         /// The BMC, e.g. https://10.0.0.10 (https needs --pin).
@@ -160,6 +187,10 @@ async fn redfish(
     Ok(())
 }
 
+/// Where a site agent keeps its key, certificate and identity unless --state-dir says otherwise.
+#[cfg(feature = "site")]
+const SITE_STATE_DIR: &str = "/var/lib/bcd-site";
+
 fn bcd_config(path: Option<PathBuf>) -> PathBuf {
     path.unwrap_or_else(|| PathBuf::from("/etc/bcd/bcd.toml"))
 }
@@ -216,6 +247,58 @@ async fn site_serve(path: &Path) -> anyhow::Result<()> {
     .await;
     reload.abort();
     result.with_context(|| format!("serving {}", path.display()))
+}
+
+/// `bcd site run`: the site services, fed by the control plane while this agent holds the boot lease.
+#[cfg(feature = "site")]
+async fn site_run(path: &Path, agent: bcd::config::Config, lease_ttl: u64) -> anyhow::Result<()> {
+    use bcd_site::serve;
+    let config = serve::SiteConfig::from_file(path)?;
+    if !config.netboot.is_empty() {
+        tracing::warn!(
+            path = %path.display(),
+            "[[machine]] entries are ignored by `bcd site run`: the control plane's table is served"
+        );
+    }
+    let site_agent = bcd::site::SiteAgent::new(
+        agent,
+        bcd::site::SiteAgentOptions {
+            lease_ttl: std::time::Duration::from_secs(lease_ttl.max(1)),
+        },
+    );
+    let bound = serve::bind(&config)
+        .await
+        .with_context(|| format!("starting the services of {}", path.display()))?;
+    let (table_tx, table_rx) = tokio::sync::watch::channel(serve::Netboot::default());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let services = serve::run(
+        &config,
+        bound,
+        table_rx,
+        serve::SiteCounters::default(),
+        None,
+        wait_stop(stop_rx.clone()),
+    );
+    let agent_run = async {
+        let r = site_agent.run(table_tx, wait_stop(stop_rx.clone())).await;
+        let _ = stop_tx.send(true);
+        r
+    };
+    let signal = async {
+        bc_proto::runtime::shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    };
+    let (served, agent_result, ()) = tokio::join!(services, agent_run, async {
+        tokio::select! {
+            _ = signal => {}
+            _ = wait_stop(stop_rx.clone()) => {}
+        }
+    });
+    agent_result?;
+    served.with_context(|| format!("serving {}", path.display()))
 }
 
 fn load_config(
@@ -324,6 +407,71 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .config
                 .unwrap_or_else(|| PathBuf::from("/etc/bcd/site.toml"));
             site_serve(&path).await?
+        }
+        #[cfg(feature = "site")]
+        Command::Site {
+            command:
+                SiteCommand::Enroll {
+                    token,
+                    token_file,
+                    attempts,
+                    agent_config,
+                    overrides,
+                },
+        } => {
+            let token = match (token, token_file) {
+                (Some(t), _) => t,
+                (None, Some(f)) => std::fs::read_to_string(&f)
+                    .with_context(|| format!("reading {}", f.display()))?,
+                (None, None) => anyhow::bail!(
+                    "give the site token as an argument, in BCD_SITE_TOKEN or with --token-file"
+                ),
+            };
+            if bcd::join::token_kind(&token) != bc_proto::token::TokenKind::Site {
+                anyhow::bail!(
+                    "`bcd site enroll` takes a site token (bcst_…); a join token (bcjt_…) is for `bcd join`"
+                );
+            }
+            let state_dir = cli.state_dir.or(Some(PathBuf::from(SITE_STATE_DIR)));
+            let mut overrides = overrides;
+            overrides.gpu_backend.get_or_insert_with(|| "none".into());
+            let config = load_config(&agent_config, state_dir, overrides)?;
+            let claims = bcd::hardware::collect(&config.hardware_root, None, None);
+            let outcome =
+                bcd::join::join(&config, &token, bcd::join::JoinOptions { attempts, claims })
+                    .await?;
+            let how = if outcome.replayed {
+                " (a retry of an earlier enrollment: no token use spent)"
+            } else {
+                ""
+            };
+            println!(
+                "enrolled as an agent of site {}{how}",
+                outcome.identity.node_id
+            );
+            println!(
+                "identity {}; state in {}",
+                outcome.identity.spiffe_id,
+                config.state_dir.display()
+            );
+        }
+        #[cfg(feature = "site")]
+        Command::Site {
+            command:
+                SiteCommand::Run {
+                    agent_config,
+                    lease_ttl,
+                    overrides,
+                },
+        } => {
+            let state_dir = cli.state_dir.or(Some(PathBuf::from(SITE_STATE_DIR)));
+            let mut overrides = overrides;
+            overrides.gpu_backend.get_or_insert_with(|| "none".into());
+            let agent = load_config(&agent_config, state_dir, overrides)?;
+            let path = cli
+                .config
+                .unwrap_or_else(|| PathBuf::from("/etc/bcd/site.toml"));
+            site_run(&path, agent, lease_ttl).await?
         }
         #[cfg(feature = "site")]
         Command::Site {

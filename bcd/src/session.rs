@@ -86,7 +86,7 @@ pub struct Daemon {
     boot_id: String,
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -476,7 +476,7 @@ impl Daemon {
 
 /// When to renew the stored certificate: 50% ±10% of its life (`unit` in [0, 1) picks the point), counted from
 /// when the node received it (the certificate's NotBefore is backdated), else from its NotBefore.
-fn renewal_delay(
+pub(crate) fn renewal_delay(
     state: &StateDir,
     identity: &crate::state::NodeIdentity,
     now_ms: i64,
@@ -496,7 +496,7 @@ fn renewal_delay(
 }
 
 /// A CSR from the node's own key: renewal proves possession of the key the current certificate certifies.
-fn renewal_request(state: &StateDir) -> Result<v1::RenewRequest, String> {
+pub(crate) fn renewal_request(state: &StateDir) -> Result<v1::RenewRequest, String> {
     let key = state.load_or_create_key().map_err(|e| e.to_string())?;
     let mut params = rcgen::CertificateParams::default();
     let mut dn = rcgen::DistinguishedName::new();
@@ -509,7 +509,7 @@ fn renewal_request(state: &StateDir) -> Result<v1::RenewRequest, String> {
 }
 
 /// Checks a renewed certificate (same identity, our key, later expiry) and stores it.
-fn store_renewal(
+pub(crate) fn store_renewal(
     state: &StateDir,
     identity: &mut crate::state::NodeIdentity,
     r: &v1::RenewResponse,

@@ -2,8 +2,9 @@
 //!
 //! - [`config`]: `site.toml` (wire struct → validated [`SiteConfig`]).
 //! - [`Netboot`]: MAC → desired boot. It reaches the services through a `tokio::sync::watch` channel, and whoever
-//!   holds the sender is the table's source: the `[[machine]]` list of the config file today (reloaded on SIGHUP
-//!   by `bcd site serve`), the control-plane session later. The services never know which.
+//!   holds the sender is the table's source: the `[[machine]]` list of the config file (reloaded on SIGHUP by
+//!   `bcd site serve`), or the control plane while the agent holds the site's boot lease (`bcd site run`, which
+//!   sends an empty table when it does not). The services never know which.
 //! - [`bind`] then [`run`]: bind every socket first (so a port in use fails before anything serves), then serve
 //!   until shutdown, logging the counters every [`SiteConfig::report_interval`] and once at the end.
 

@@ -2,10 +2,11 @@
 //!
 //! It terminates TLS ([`tls`]: server certificate from the control-plane CA, optional client certificates verified
 //! against the same CA) and serves the `bettercompute.v1` services over HTTP/2. It holds no CA and no signing key:
-//! Join (and later Renew and SecretRequest) are handed to services it receives as traits ([`JoinHandler`]). It must
+//! Join, the site services ([`site`]: boot lease, netboot table, SecretRequest) are handed to services it receives as traits ([`JoinHandler`]). It must
 //! not import bc-store or bc-control. Start with [`serve`].
 
 pub mod session;
+pub mod site;
 pub mod tls;
 
 use bc_proto::v1;
@@ -39,6 +40,8 @@ pub struct Services {
         session::SessionConfig,
         session::Registry,
     )>,
+    /// Site agents' boot lease, netboot table and secrets (with the trust domain their identities must carry).
+    pub site: Option<(Arc<dyn site::SiteHandler>, String)>,
 }
 
 /// Limits on what a peer may make the gateway do.
@@ -154,6 +157,21 @@ pub async fn serve(
             v1::session_service_server::SessionServiceServer::new(svc)
                 .max_decoding_message_size(limits.max_message_bytes),
         );
+    }
+    if let Some((handler, trust_domain)) = services.site {
+        let svc = || site::SiteSvc {
+            handler: handler.clone(),
+            trust_domain: trust_domain.clone(),
+        };
+        router = router
+            .add_service(
+                v1::site_service_server::SiteServiceServer::new(svc())
+                    .max_decoding_message_size(limits.max_message_bytes),
+            )
+            .add_service(
+                v1::secret_service_server::SecretServiceServer::new(svc())
+                    .max_decoding_message_size(limits.max_message_bytes),
+            );
     }
     // Sessions are long-lived streams: a graceful shutdown first closes them (daemons reconnect elsewhere or
     // later), then gives in-flight calls a bounded grace period.

@@ -29,6 +29,8 @@ pub struct ApiState {
     /// Admission's tx 1, group-committed.
     pub admitter: Option<crate::admission::Admitter>,
     pub principals: Arc<PrincipalCache>,
+    /// Seals secrets at rest (`secrets.put`).
+    pub secrets: Arc<crate::secrets::SecretBox>,
 }
 
 /// Authenticated principals by API key id, kept [`PRINCIPAL_TTL`]: the hot path (and admission's pure checks)
@@ -71,7 +73,7 @@ impl ApiError {
         }
     }
 
-    fn invalid(message: impl Into<String>) -> ApiError {
+    pub(crate) fn invalid(message: impl Into<String>) -> ApiError {
         ApiError::new("INVALID_ARGUMENT", message)
     }
 
@@ -166,7 +168,7 @@ pub(crate) fn require(p: &Principal, permission: &str, scope: &str) -> Result<()
     }
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(body: Value) -> Result<T, ApiError> {
+pub(crate) fn parse<T: for<'de> Deserialize<'de>>(body: Value) -> Result<T, ApiError> {
     serde_json::from_value(body).map_err(|e| ApiError::invalid(format!("request body: {e}")))
 }
 
@@ -201,6 +203,9 @@ async fn dispatch(
             crate::admission::create_principal(&state, &principal, parse(body)?)
                 .await
                 .map(Json)
+        }
+        ("site-tokens", _) | ("machines", _) | ("secrets", _) => {
+            crate::site_api::dispatch(&state, &principal, &group, &method, body).await
         }
         ("nodes", "list") => list_nodes(&state, &principal).await,
         ("nodes", "get") => get_node(&state, &principal, parse(body)?).await,
@@ -437,6 +442,6 @@ async fn set_node_state(
     Ok(Json(json!({"id": node.id, "state": to})))
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
 }

@@ -113,6 +113,13 @@ impl JoinService {
                 SealError::WrongKey => Status::permission_denied(e.to_string()),
                 _ => Status::invalid_argument(e.to_string()),
             })?;
+        // Site tokens enroll site agents through the same sealed-token path.
+        if token.starts_with(TokenKind::Site.prefix()) {
+            let site = Token::parse(TokenKind::Site, &token).map_err(|e| {
+                Status::invalid_argument(format!("the sealed token is not a site token: {e}"))
+            })?;
+            return crate::site::enroll(&self.store, &self.ca, &site, &csr).await;
+        }
         let token = Token::parse(TokenKind::Join, &token).map_err(|e| {
             Status::invalid_argument(format!("the sealed token is not a join token: {e}"))
         })?;

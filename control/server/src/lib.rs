@@ -1,6 +1,6 @@
 //! bc-control: the `better-compute` control plane.
 //!
-//! It owns the HTTP API and IAM ([`api`]), JoinService and the CA ([`join`], [`ca`]), role wiring ([`start`]),
+//! It owns the HTTP API and IAM ([`api`]), JoinService and the CA ([`join`], [`ca`]), site enrollment and services ([`site`]), the secret broker ([`secrets`]), role wiring ([`start`]),
 //! configuration ([`config`]), `dev` mode on an embedded PostgreSQL ([`dev`]) and the operator CLI's API client
 //! ([`client`]). Decisions live in bc-core, state in bc-store, the daemon-facing server in bc-gateway; this crate
 //! wires them. Start with [`start`].
@@ -17,7 +17,11 @@ pub mod lifecycle;
 pub mod notify;
 pub mod pokes;
 pub mod scheduler;
+pub mod secrets;
 pub mod session;
+pub mod site;
+pub mod site_api;
+pub mod site_cli;
 
 use crate::ca::Ca;
 use crate::config::ServeConfig;
@@ -88,6 +92,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     let ca = Arc::new(ca);
     let join_key = ca::load_or_create_join_key(&config.state_dir)?;
     let join_public_key = join_key.public_key().encode();
+    let secrets = Arc::new(secrets::SecretBox::load_or_create(&config.state_dir)?);
     store.ensure_root_tenant().await?;
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
@@ -141,6 +146,14 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         let services = bc_gateway::Services {
             join,
             session: Some((backend, session_config, registry.clone())),
+            site: Some((
+                Arc::new(site::SiteBackend::new(
+                    store.clone(),
+                    ca.clone(),
+                    secrets.clone(),
+                )),
+                config.trust_domain.clone(),
+            )),
         };
         gateway_registry = Some(registry);
         let rx = stop_rx.clone();
@@ -192,6 +205,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             decisions: Some(decisions),
             admitter: Some(admission::Admitter::start(store.clone())),
             principals: Arc::new(api::PrincipalCache::default()),
+            secrets: secrets.clone(),
         };
         let rx = stop_rx.clone();
         tasks.spawn(async move {

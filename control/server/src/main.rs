@@ -93,6 +93,27 @@ enum Command {
         #[command(subcommand)]
         command: NodeCommand,
     },
+    /// Site tokens (bcst_… for `bcd site enroll`): create, list, revoke.
+    SiteTokens {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: bc_control::site_cli::SiteTokenCommand,
+    },
+    /// Machines a site netboots: create, list, set-boot.
+    Machines {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: bc_control::site_cli::MachineCommand,
+    },
+    /// Secrets brokered to sites (BMC credentials): put.
+    Secrets {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: bc_control::site_cli::SecretCommand,
+    },
     /// Reservations: create, list, show, release.
     Reservations {
         #[command(flatten)]
@@ -372,6 +393,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     println!("revoked {id}");
                 }
             }
+        }
+        Command::SiteTokens { api, command } => {
+            let client = ApiClient::new(&api.api_url, &api.api_key);
+            bc_control::site_cli::site_tokens(&client, command).await?;
+        }
+        Command::Machines { api, command } => {
+            let client = ApiClient::new(&api.api_url, &api.api_key);
+            bc_control::site_cli::machines(&client, command).await?;
+        }
+        Command::Secrets { api, command } => {
+            let client = ApiClient::new(&api.api_url, &api.api_key);
+            bc_control::site_cli::secrets(&client, command).await?;
         }
         Command::Reservations { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);

@@ -14,6 +14,7 @@ pub mod nodes;
 pub mod pokes;
 pub mod reservations;
 pub mod sessions;
+pub mod sites;
 pub mod testing;
 pub mod work;
 

@@ -33,6 +33,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0004_reservations.sql"),
     },
     Migration {
+        version: 5,
+        name: "sites",
+        sql: include_str!("../migrations/0005_sites.sql"),
+    },
+    Migration {
         version: 6,
         name: "revocations",
         sql: include_str!("../migrations/0006_revocations.sql"),

@@ -291,6 +291,50 @@ pub struct SignedEnvelope {
     #[prost(bytes = "vec", tag = "5")]
     pub signature: ::prost::alloc::vec::Vec<u8>,
 }
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BootLeaseRequest {
+    /// Lease length the agent asks for; the control plane clamps it to \[1 s, 120 s\].
+    #[prost(uint32, tag = "1")]
+    pub ttl_ms: u32,
+    /// Give the lease up now (a clean shutdown), so a standby takes over at its next ask.
+    #[prost(bool, tag = "2")]
+    pub release: bool,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BootLeaseResponse {
+    /// True when the asking agent holds the lease now.
+    #[prost(bool, tag = "1")]
+    pub held: bool,
+    #[prost(int64, tag = "2")]
+    pub fence: i64,
+    /// Until when the current holder holds it, relative to the answer (the agent measures it on its own clock).
+    #[prost(int64, tag = "3")]
+    pub expires_in_ms: i64,
+    /// The current holder's agent id (hash of its key), for logs.
+    #[prost(string, tag = "4")]
+    pub holder: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "5")]
+    pub ttl_ms: u32,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NetbootRequest {}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct NetbootResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub machines: ::prost::alloc::vec::Vec<NetbootMachine>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NetbootMachine {
+    /// aa:bb:cc:dd:ee:ff
+    #[prost(string, tag = "1")]
+    pub mac: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub kernel: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub initrd: ::prost::alloc::string::String,
+    #[prost(string, tag = "4")]
+    pub cmdline: ::prost::alloc::string::String,
+}
 /// Generated client implementations.
 pub mod join_service_client {
     #![allow(
@@ -1792,6 +1836,473 @@ pub mod secret_service_server {
     /// Generated gRPC service name
     pub const SERVICE_NAME: &str = "bettercompute.v1.SecretService";
     impl<T> tonic::server::NamedService for SecretServiceServer<T> {
+        const NAME: &'static str = SERVICE_NAME;
+    }
+}
+/// Generated client implementations.
+pub mod site_service_client {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    use tonic::codegen::http::Uri;
+    /// What a site agent (`bcd site run`, identity spiffe://<domain>/site/<site-id>) asks of the control plane over its
+    /// mTLS connection. The gateway accepts only site identities here, and names the agent by the hash of the key its
+    /// certificate certifies, so two agents of one site are told apart without trusting anything they send. A site
+    /// identity is refused on SessionService, a node identity here.
+    #[derive(Debug, Clone)]
+    pub struct SiteServiceClient<T> {
+        inner: tonic::client::Grpc<T>,
+    }
+    impl SiteServiceClient<tonic::transport::Channel> {
+        /// Attempt to create a new client by connecting to a given endpoint.
+        pub async fn connect<D>(dst: D) -> Result<Self, tonic::transport::Error>
+        where
+            D: TryInto<tonic::transport::Endpoint>,
+            D::Error: Into<StdError>,
+        {
+            let conn = tonic::transport::Endpoint::new(dst)?.connect().await?;
+            Ok(Self::new(conn))
+        }
+    }
+    impl<T> SiteServiceClient<T>
+    where
+        T: tonic::client::GrpcService<tonic::body::Body>,
+        T::Error: Into<StdError>,
+        T::ResponseBody: Body<Data = Bytes> + std::marker::Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + std::marker::Send,
+    {
+        pub fn new(inner: T) -> Self {
+            let inner = tonic::client::Grpc::new(inner);
+            Self { inner }
+        }
+        pub fn with_origin(inner: T, origin: Uri) -> Self {
+            let inner = tonic::client::Grpc::with_origin(inner, origin);
+            Self { inner }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> SiteServiceClient<InterceptedService<T, F>>
+        where
+            F: tonic::service::Interceptor,
+            T::ResponseBody: Default,
+            T: tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<
+                    <T as tonic::client::GrpcService<tonic::body::Body>>::ResponseBody,
+                >,
+            >,
+            <T as tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+            >>::Error: Into<StdError> + std::marker::Send + std::marker::Sync,
+        {
+            SiteServiceClient::new(InterceptedService::new(inner, interceptor))
+        }
+        /// Compress requests with the given encoding.
+        ///
+        /// This requires the server to support it otherwise it might respond with an
+        /// error.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Enable decompressing responses.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_decoding_message_size(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_encoding_message_size(limit);
+            self
+        }
+        /// Takes or renews the site's boot lease. Only the holder answers DHCP; a standby asks again every third of the
+        /// TTL and gets the lease once the holder's has expired. The fencing token increases on every change of holder.
+        pub async fn boot_lease(
+            &mut self,
+            request: impl tonic::IntoRequest<super::BootLeaseRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::BootLeaseResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/bettercompute.v1.SiteService/BootLease",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("bettercompute.v1.SiteService", "BootLease"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// The site's netboot table: which MACs netboot into what.
+        pub async fn netboot(
+            &mut self,
+            request: impl tonic::IntoRequest<super::NetbootRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::NetbootResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/bettercompute.v1.SiteService/Netboot",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("bettercompute.v1.SiteService", "Netboot"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Renewal by proof of possession, as for nodes: the CSR must be signed by the key the presenting certificate
+        /// certifies.
+        pub async fn renew(
+            &mut self,
+            request: impl tonic::IntoRequest<super::RenewRequest>,
+        ) -> std::result::Result<tonic::Response<super::RenewResponse>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/bettercompute.v1.SiteService/Renew",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("bettercompute.v1.SiteService", "Renew"));
+            self.inner.unary(req, path, codec).await
+        }
+    }
+}
+/// Generated server implementations.
+pub mod site_service_server {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    /// Generated trait containing gRPC methods that should be implemented for use with SiteServiceServer.
+    #[async_trait]
+    pub trait SiteService: std::marker::Send + std::marker::Sync + 'static {
+        /// Takes or renews the site's boot lease. Only the holder answers DHCP; a standby asks again every third of the
+        /// TTL and gets the lease once the holder's has expired. The fencing token increases on every change of holder.
+        async fn boot_lease(
+            &self,
+            request: tonic::Request<super::BootLeaseRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::BootLeaseResponse>,
+            tonic::Status,
+        > {
+            Err(tonic::Status::unimplemented("Not yet implemented"))
+        }
+        /// The site's netboot table: which MACs netboot into what.
+        async fn netboot(
+            &self,
+            request: tonic::Request<super::NetbootRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::NetbootResponse>,
+            tonic::Status,
+        > {
+            Err(tonic::Status::unimplemented("Not yet implemented"))
+        }
+        /// Renewal by proof of possession, as for nodes: the CSR must be signed by the key the presenting certificate
+        /// certifies.
+        async fn renew(
+            &self,
+            request: tonic::Request<super::RenewRequest>,
+        ) -> std::result::Result<tonic::Response<super::RenewResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("Not yet implemented"))
+        }
+    }
+    /// What a site agent (`bcd site run`, identity spiffe://<domain>/site/<site-id>) asks of the control plane over its
+    /// mTLS connection. The gateway accepts only site identities here, and names the agent by the hash of the key its
+    /// certificate certifies, so two agents of one site are told apart without trusting anything they send. A site
+    /// identity is refused on SessionService, a node identity here.
+    #[derive(Debug)]
+    pub struct SiteServiceServer<T> {
+        inner: Arc<T>,
+        accept_compression_encodings: EnabledCompressionEncodings,
+        send_compression_encodings: EnabledCompressionEncodings,
+        max_decoding_message_size: Option<usize>,
+        max_encoding_message_size: Option<usize>,
+    }
+    impl<T> SiteServiceServer<T> {
+        pub fn new(inner: T) -> Self {
+            Self::from_arc(Arc::new(inner))
+        }
+        pub fn from_arc(inner: Arc<T>) -> Self {
+            Self {
+                inner,
+                accept_compression_encodings: Default::default(),
+                send_compression_encodings: Default::default(),
+                max_decoding_message_size: None,
+                max_encoding_message_size: None,
+            }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> InterceptedService<Self, F>
+        where
+            F: tonic::service::Interceptor,
+        {
+            InterceptedService::new(Self::new(inner), interceptor)
+        }
+        /// Enable decompressing requests with the given encoding.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.accept_compression_encodings.enable(encoding);
+            self
+        }
+        /// Compress responses with the given encoding, if the client supports it.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.send_compression_encodings.enable(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.max_decoding_message_size = Some(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.max_encoding_message_size = Some(limit);
+            self
+        }
+    }
+    impl<T, B> tonic::codegen::Service<http::Request<B>> for SiteServiceServer<T>
+    where
+        T: SiteService,
+        B: Body + std::marker::Send + 'static,
+        B::Error: Into<StdError> + std::marker::Send + 'static,
+    {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+        fn poll_ready(
+            &mut self,
+            _cx: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<B>) -> Self::Future {
+            match req.uri().path() {
+                "/bettercompute.v1.SiteService/BootLease" => {
+                    #[allow(non_camel_case_types)]
+                    struct BootLeaseSvc<T: SiteService>(pub Arc<T>);
+                    impl<
+                        T: SiteService,
+                    > tonic::server::UnaryService<super::BootLeaseRequest>
+                    for BootLeaseSvc<T> {
+                        type Response = super::BootLeaseResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::BootLeaseRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as SiteService>::boot_lease(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = BootLeaseSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/bettercompute.v1.SiteService/Netboot" => {
+                    #[allow(non_camel_case_types)]
+                    struct NetbootSvc<T: SiteService>(pub Arc<T>);
+                    impl<
+                        T: SiteService,
+                    > tonic::server::UnaryService<super::NetbootRequest>
+                    for NetbootSvc<T> {
+                        type Response = super::NetbootResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::NetbootRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as SiteService>::netboot(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = NetbootSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/bettercompute.v1.SiteService/Renew" => {
+                    #[allow(non_camel_case_types)]
+                    struct RenewSvc<T: SiteService>(pub Arc<T>);
+                    impl<T: SiteService> tonic::server::UnaryService<super::RenewRequest>
+                    for RenewSvc<T> {
+                        type Response = super::RenewResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::RenewRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as SiteService>::renew(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = RenewSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                _ => {
+                    Box::pin(async move {
+                        let mut response = http::Response::new(
+                            tonic::body::Body::default(),
+                        );
+                        let headers = response.headers_mut();
+                        headers
+                            .insert(
+                                tonic::Status::GRPC_STATUS,
+                                (tonic::Code::Unimplemented as i32).into(),
+                            );
+                        headers
+                            .insert(
+                                http::header::CONTENT_TYPE,
+                                tonic::metadata::GRPC_CONTENT_TYPE,
+                            );
+                        Ok(response)
+                    })
+                }
+            }
+        }
+    }
+    impl<T> Clone for SiteServiceServer<T> {
+        fn clone(&self) -> Self {
+            let inner = self.inner.clone();
+            Self {
+                inner,
+                accept_compression_encodings: self.accept_compression_encodings,
+                send_compression_encodings: self.send_compression_encodings,
+                max_decoding_message_size: self.max_decoding_message_size,
+                max_encoding_message_size: self.max_encoding_message_size,
+            }
+        }
+    }
+    /// Generated gRPC service name
+    pub const SERVICE_NAME: &str = "bettercompute.v1.SiteService";
+    impl<T> tonic::server::NamedService for SiteServiceServer<T> {
         const NAME: &'static str = SERVICE_NAME;
     }
 }

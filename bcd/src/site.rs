@@ -1,0 +1,456 @@
+//! `bcd site run`: the site agent's link to the control plane (feature `site`).
+//!
+//! The agent enrolled with `bcd site enroll <bcst_…>` (the same sealed-token path as `bcd join`; its identity is
+//! `spiffe://<domain>/site/<site-id>`). It keeps one mTLS connection to the gateway and, every third of the lease
+//! TTL, asks for the site's boot lease ([`BootLeaseView`]). While it holds the lease it fetches the site's netboot
+//! table and feeds it to `bcd site serve`'s table channel; when it does not, or when its lease runs out on its own
+//! clock without a renewal (the control plane unreachable), it feeds an empty table, so its proxy DHCP answers
+//! nobody. A standby agent of the same site takes over once the holder's lease has expired in the store.
+
+use crate::config::Config;
+use crate::state::{StateDir, StateError};
+use bc_proto::channel::{self, Backoff, ServerTrust};
+use bc_proto::v1;
+use bcd_site::dhcp::MacAddr;
+use bcd_site::http::DesiredBoot;
+use bcd_site::serve::Netboot;
+use rustls::pki_types::PrivateKeyDer;
+use rustls::pki_types::pem::PemObject as _;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SiteError {
+    #[error("site state")]
+    State(#[from] StateError),
+    #[error(
+        "this site agent has not enrolled yet (no identity in {dir}): run `bcd site enroll <bcst_ token>` first"
+    )]
+    NotEnrolled { dir: String },
+    #[error(
+        "{spiffe_id} is not a site identity: this state directory belongs to a node, not a site agent"
+    )]
+    NotASite { spiffe_id: String },
+    #[error(
+        "the certificate of {spiffe_id} expired while the agent was not running: enroll again with a new site token \
+         (`better-compute site-tokens create`, then `bcd site enroll`)"
+    )]
+    Expired { spiffe_id: String },
+    #[error("TLS configuration: {0}")]
+    Tls(String),
+}
+
+/// What the agent knows about the boot lease, for logs, status and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BootLeaseView {
+    /// True while this agent holds the lease and feeds the real table (its DHCP answers).
+    pub serving: bool,
+    pub fence: i64,
+    pub holder: String,
+    /// Machines in the table fed to the services (0 while standing by).
+    pub machines: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct SiteAgentOptions {
+    /// Lease length asked for; the agent renews every third of it.
+    pub lease_ttl: Duration,
+}
+
+impl Default for SiteAgentOptions {
+    fn default() -> Self {
+        SiteAgentOptions {
+            lease_ttl: Duration::from_secs(15),
+        }
+    }
+}
+
+/// Converts the control plane's table; entries that cannot be used are logged and left out.
+pub fn netboot_table(r: &v1::NetbootResponse) -> Netboot {
+    let mut machines = BTreeMap::new();
+    for m in &r.machines {
+        let Ok(mac) = m.mac.parse::<MacAddr>() else {
+            tracing::warn!(mac = m.mac, "netboot entry with an unusable MAC left out");
+            continue;
+        };
+        machines.insert(
+            mac,
+            DesiredBoot {
+                kernel: m.kernel.clone(),
+                initrd: (!m.initrd.is_empty()).then(|| m.initrd.clone()),
+                cmdline: m.cmdline.clone(),
+            },
+        );
+    }
+    Netboot::from_machines(machines)
+}
+
+pub struct SiteAgent {
+    config: Config,
+    options: SiteAgentOptions,
+    view: watch::Sender<BootLeaseView>,
+}
+
+impl SiteAgent {
+    pub fn new(config: Config, options: SiteAgentOptions) -> SiteAgent {
+        SiteAgent {
+            config,
+            options,
+            view: watch::channel(BootLeaseView::default()).0,
+        }
+    }
+
+    /// Watches what the agent knows about the lease.
+    pub fn view(&self) -> watch::Receiver<BootLeaseView> {
+        self.view.subscribe()
+    }
+
+    fn tls(&self, state: &StateDir) -> Result<Arc<rustls::ClientConfig>, SiteError> {
+        let cert = state.certificate()?;
+        let bundle = state.trust_bundle()?;
+        let key = PrivateKeyDer::from_pem_file(state.path("node.key"))
+            .map_err(|e| SiteError::Tls(e.to_string()))?;
+        channel::client_config(ServerTrust::Bundle(bundle), Some((vec![cert], key)))
+            .map_err(|e| SiteError::Tls(e.to_string()))
+    }
+
+    /// Runs until `shutdown`: holds or stands by for the boot lease and feeds `table` accordingly. On shutdown it
+    /// stops serving and releases the lease, so a standby takes over at its next ask instead of after the TTL.
+    pub async fn run(
+        &self,
+        table: watch::Sender<Netboot>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), SiteError> {
+        let state = StateDir::open(&self.config.state_dir)?;
+        let identity = state.identity()?.ok_or_else(|| SiteError::NotEnrolled {
+            dir: self.config.state_dir.display().to_string(),
+        })?;
+        let is_site = identity
+            .spiffe_id
+            .parse::<bc_proto::spiffe::SpiffeId>()
+            .is_ok_and(|id| id.role() == bc_proto::spiffe::Role::Site);
+        if !is_site {
+            return Err(SiteError::NotASite {
+                spiffe_id: identity.spiffe_id,
+            });
+        }
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        if identity.not_after_ms <= now_ms {
+            return Err(SiteError::Expired {
+                spiffe_id: identity.spiffe_id,
+            });
+        }
+        let mut identity = identity;
+        let mut tls = self.tls(&state)?;
+        let mut renew_at = Instant::now()
+            + crate::session::renewal_delay(
+                &state,
+                &identity,
+                crate::session::now_ms(),
+                rand::random::<f64>(),
+            );
+        let ttl = self.options.lease_ttl;
+        let interval = ttl / 3;
+        let rpc_timeout = interval.max(Duration::from_millis(200));
+        let ttl_ms = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX);
+        tokio::pin!(shutdown);
+        let mut client: Option<
+            v1::site_service_client::SiteServiceClient<tonic::transport::Channel>,
+        > = None;
+        let mut backoff = Backoff::new(Duration::from_millis(200), ttl);
+        // While serving: when our lease ends on our own clock unless renewed first.
+        let mut deadline: Option<Instant> = None;
+        let mut wait = Duration::ZERO;
+        loop {
+            let sleep_until = match deadline {
+                Some(d) => (Instant::now() + wait).min(d),
+                None => Instant::now() + wait,
+            };
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tokio::time::sleep_until(sleep_until) => {}
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                tracing::warn!(
+                    site_id = identity.node_id,
+                    "boot lease ran out without a renewal: no longer answering DHCP"
+                );
+                self.stand_by(&table, None);
+                deadline = None;
+            }
+            let c = match &mut client {
+                Some(c) => c,
+                None => {
+                    match tokio::time::timeout(
+                        rpc_timeout,
+                        channel::connect(&identity.gateway_url, tls.clone()),
+                    )
+                    .await
+                    {
+                        Ok(Ok(ch)) => {
+                            client.insert(v1::site_service_client::SiteServiceClient::new(ch))
+                        }
+                        Ok(Err(e)) => {
+                            wait = backoff.next_delay(rand::random::<f64>()).min(interval);
+                            tracing::warn!(error = %crate::join::error_chain(&e), ?wait, "gateway unreachable");
+                            continue;
+                        }
+                        Err(_) => {
+                            wait = backoff.next_delay(rand::random::<f64>()).min(interval);
+                            tracing::warn!(?wait, "connecting to the gateway timed out");
+                            continue;
+                        }
+                    }
+                }
+            };
+            if Instant::now() >= renew_at {
+                renew_at = Instant::now() + interval;
+                match self.renew(c, &state, &mut identity, rpc_timeout).await {
+                    Ok(()) => {
+                        tls = self.tls(&state)?;
+                        renew_at = Instant::now()
+                            + crate::session::renewal_delay(
+                                &state,
+                                &identity,
+                                crate::session::now_ms(),
+                                rand::random::<f64>(),
+                            );
+                        // Reconnect with the new certificate at once; the lease and table are unchanged.
+                        client = None;
+                        wait = Duration::ZERO;
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = e, "site certificate renewal failed; retrying")
+                    }
+                }
+            }
+            let sent = Instant::now();
+            let asked = tokio::time::timeout(
+                rpc_timeout,
+                c.boot_lease(v1::BootLeaseRequest {
+                    ttl_ms,
+                    release: false,
+                }),
+            )
+            .await;
+            let lease = match asked {
+                Ok(Ok(r)) => r.into_inner(),
+                Ok(Err(s)) => {
+                    tracing::warn!(code = ?s.code(), error = s.message(), "boot lease request refused");
+                    if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) {
+                        client = None;
+                    }
+                    wait = backoff.next_delay(rand::random::<f64>()).min(interval);
+                    continue;
+                }
+                Err(_) => {
+                    tracing::warn!("boot lease request timed out; reconnecting");
+                    client = None;
+                    wait = interval;
+                    continue;
+                }
+            };
+            backoff.reset();
+            wait = interval;
+            if !lease.held {
+                if deadline.is_some() {
+                    tracing::warn!(
+                        site_id = identity.node_id,
+                        holder = lease.holder,
+                        "boot lease lost: no longer answering DHCP"
+                    );
+                }
+                deadline = None;
+                self.stand_by(&table, Some(&lease));
+                continue;
+            }
+            // Never trust a lease longer than the one asked for: the local deadline is what stops DHCP when the
+            // control plane cannot be reached.
+            let expires_in =
+                Duration::from_millis(u64::try_from(lease.expires_in_ms).unwrap_or(0)).min(ttl);
+            let was_serving = deadline.is_some();
+            deadline = Some(sent + expires_in);
+            match tokio::time::timeout(rpc_timeout, c.netboot(v1::NetbootRequest {})).await {
+                Ok(Ok(r)) => {
+                    let t = netboot_table(&r.into_inner());
+                    if !was_serving {
+                        tracing::info!(
+                            site_id = identity.node_id,
+                            fence = lease.fence,
+                            machines = t.len(),
+                            "boot lease held: answering DHCP"
+                        );
+                    }
+                    let machines = t.len();
+                    table.send_if_modified(|cur| {
+                        let changed = *cur != t;
+                        *cur = t;
+                        changed
+                    });
+                    self.view.send_replace(BootLeaseView {
+                        serving: true,
+                        fence: lease.fence,
+                        holder: lease.holder,
+                        machines,
+                    });
+                }
+                // Keep the table we serve (if any) until the lease runs out; try again at the next round.
+                Ok(Err(s)) => {
+                    tracing::warn!(code = ?s.code(), error = s.message(), "netboot table request refused")
+                }
+                Err(_) => tracing::warn!("netboot table request timed out"),
+            }
+        }
+        self.stand_by(&table, None);
+        if let Some(c) = &mut client {
+            let _ = tokio::time::timeout(
+                rpc_timeout,
+                c.boot_lease(v1::BootLeaseRequest {
+                    ttl_ms,
+                    release: true,
+                }),
+            )
+            .await;
+        }
+        tracing::info!(
+            site_id = identity.node_id,
+            "site agent stopped; boot lease released"
+        );
+        Ok(())
+    }
+
+    /// Renews the site certificate by proof of possession and stores it (used from the next connection).
+    async fn renew(
+        &self,
+        c: &mut v1::site_service_client::SiteServiceClient<tonic::transport::Channel>,
+        state: &StateDir,
+        identity: &mut crate::state::NodeIdentity,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let req = crate::session::renewal_request(state)?;
+        let r = tokio::time::timeout(timeout, c.renew(req))
+            .await
+            .map_err(|_| "renewal timed out".to_string())?
+            .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
+            .into_inner();
+        crate::session::store_renewal(state, identity, &r)?;
+        tracing::info!(
+            site_id = identity.node_id,
+            not_after_ms = identity.not_after_ms,
+            "site certificate renewed; used from the next connection"
+        );
+        Ok(())
+    }
+
+    /// Stops answering: an empty table for the services.
+    fn stand_by(&self, table: &watch::Sender<Netboot>, lease: Option<&v1::BootLeaseResponse>) {
+        table.send_if_modified(|cur| {
+            let changed = !cur.is_empty();
+            *cur = Netboot::default();
+            changed
+        });
+        self.view.send_replace(BootLeaseView {
+            serving: false,
+            fence: lease.map(|l| l.fence).unwrap_or_default(),
+            holder: lease.map(|l| l.holder.clone()).unwrap_or_default(),
+            machines: 0,
+        });
+    }
+}
+
+// === impl secrets ===
+
+/// What a secret JWE carries (the control plane's `secrets::SecretClaims`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct SecretClaims {
+    pub name: String,
+    pub value: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretFetchError {
+    #[error("site state")]
+    Site(#[from] SiteError),
+    #[error("connecting to the gateway at {url}: {message}")]
+    Connect { url: String, message: String },
+    #[error("the control plane refused secret {name:?} ({code:?}): {message}")]
+    Refused {
+        name: String,
+        code: tonic::Code,
+        message: String,
+    },
+    #[error(
+        "the secret's JWE does not open with this request's key (tampered, or not meant for it): {0}"
+    )]
+    Jwe(String),
+    #[error("the JWE carries secret {got:?} for {subject:?}, not {want:?} for this site")]
+    Mismatch {
+        want: String,
+        got: String,
+        subject: String,
+    },
+}
+
+/// Opens a secret JWE with the request's ephemeral key and checks it is the secret asked for, for `site_id`.
+pub fn open_secret(
+    key: &jwt_simple::prelude::EcdhEsA256KWDecryptionKey,
+    jwe: &str,
+    name: &str,
+    site_id: &str,
+) -> Result<String, SecretFetchError> {
+    let claims = key
+        .decrypt_token::<SecretClaims>(jwe, None)
+        .map_err(|e| SecretFetchError::Jwe(e.to_string()))?;
+    let subject = claims.subject.clone().unwrap_or_default();
+    if claims.custom.name != name || subject != site_id {
+        return Err(SecretFetchError::Mismatch {
+            want: name.to_string(),
+            got: claims.custom.name,
+            subject,
+        });
+    }
+    Ok(claims.custom.value)
+}
+
+/// Asks the control plane for secret `name` of this agent's site, with a fresh P-256 key used for this request
+/// only; the answer is a JWE to that key, which the gateway relaying it cannot open.
+pub async fn fetch_secret(config: &Config, name: &str) -> Result<String, SecretFetchError> {
+    let agent = SiteAgent::new(config.clone(), SiteAgentOptions::default());
+    let state = StateDir::open(&config.state_dir).map_err(SiteError::from)?;
+    let identity =
+        state
+            .identity()
+            .map_err(SiteError::from)?
+            .ok_or_else(|| SiteError::NotEnrolled {
+                dir: config.state_dir.display().to_string(),
+            })?;
+    let tls = agent.tls(&state)?;
+    let ch = channel::connect(&identity.gateway_url, tls)
+        .await
+        .map_err(|e| SecretFetchError::Connect {
+            url: identity.gateway_url.clone(),
+            message: crate::join::error_chain(&e),
+        })?;
+    let key = jwt_simple::prelude::EcdhEsA256KWDecryptionKey::generate();
+    let response = v1::secret_service_client::SecretServiceClient::new(ch)
+        .secret_request(v1::SecretRequestMessage {
+            secret_ref: name.to_string(),
+            recipient_jwk: key.encryption_key().to_jwk(),
+        })
+        .await
+        .map_err(|s| SecretFetchError::Refused {
+            name: name.to_string(),
+            code: s.code(),
+            message: s.message().to_string(),
+        })?
+        .into_inner();
+    open_secret(&key, &response.jwe, name, &identity.node_id)
+}

@@ -1,0 +1,577 @@
+//! Site agents against a real control plane (fresh PostgreSQL, mTLS on loopback): enrollment with `bcst_` site
+//! tokens, the boot lease (one agent answers DHCP, a standby takes over when the holder dies) and the secret broker
+//! (JWE to a per-request key, only for the agent's own site).
+
+mod common;
+
+use bc_proto::v1;
+use bcd::site::{BootLeaseView, SiteAgent, SiteAgentOptions};
+use bcd_site::dhcp::MacAddr;
+use bcd_site::dhcp::dhcproto::v4::{Architecture, DhcpOption, Message, MessageType, Opcode};
+use bcd_site::dhcp::dhcproto::{Encodable, Encoder};
+use bcd_site::dhcp::server::{DhcpSockets, bind_udp};
+use bcd_site::serve::{Bound, Netboot, SiteConfig, SiteCounters};
+use common::{Plane, TestResult, plane};
+use serde_json::json;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::watch;
+
+const MAC: &str = "52:54:00:00:00:01";
+
+async fn site_token(p: &Plane, site: &str, uses: i32) -> String {
+    let v = p
+        .admin
+        .call("site-tokens", "create", json!({"site": site, "uses": uses}))
+        .await
+        .expect("create site token");
+    v["token"].as_str().expect("token").to_string()
+}
+
+async fn enroll(
+    p: &Plane,
+    state: &str,
+    token: &str,
+) -> Result<bcd::join::JoinOutcome, bcd::join::JoinError> {
+    bcd::join::join(
+        &p.node_config(state),
+        token,
+        bcd::join::JoinOptions {
+            attempts: 1,
+            claims: v1::HardwareClaims {
+                hostname: state.into(),
+                ..Default::default()
+            },
+        },
+    )
+    .await
+}
+
+async fn uses_left(p: &Plane, token_id: &str) -> i32 {
+    bc_store::sqlx::query_scalar("SELECT uses_left FROM site_tokens WHERE id = $1")
+        .bind(token_id)
+        .fetch_one(p.store.pool())
+        .await
+        .expect("uses_left")
+}
+
+fn token_id(token: &str) -> String {
+    token
+        .trim_start_matches("bcst_")
+        .split('.')
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The agent id the gateway derives from an agent's certificate.
+fn agent_id(p: &Plane, state: &str) -> String {
+    let s = bcd::state::StateDir::open(&p.dir.path().join(state)).expect("state");
+    let cert = s.certificate().expect("cert");
+    let point = bc_proto::envelope::cert_public_point(&cert).expect("point");
+    bc_gateway::site::agent_id_of(&point)
+}
+
+fn tls_of(p: &Plane, state: &str) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject as _;
+    let s = bcd::state::StateDir::open(&p.dir.path().join(state)).expect("state");
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(s.path("node.key")).expect("key");
+    bc_proto::channel::client_config(
+        bc_proto::channel::ServerTrust::Bundle(s.trust_bundle().expect("bundle")),
+        Some((vec![s.certificate().expect("cert")], key)),
+    )
+    .expect("tls")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enroll_with_a_site_token_retry_exhaust_revoke() -> TestResult {
+    let p = plane().await;
+    let token = site_token(&p, "rack-1", 2).await;
+    assert!(token.starts_with("bcst_"));
+    let id = token_id(&token);
+
+    let a = enroll(&p, "site-a", &token).await?;
+    assert_eq!(a.identity.node_id, "rack-1");
+    assert_eq!(a.identity.spiffe_id, "spiffe://test.bc/site/rack-1");
+    assert!(!a.replayed);
+    let key = p.dir.path().join("site-a/node.key");
+    assert_eq!(std::fs::metadata(&key)?.permissions().mode() & 0o777, 0o600);
+    assert_eq!(uses_left(&p, &id).await, 1);
+
+    // A retry with the same key (a crash after the server committed): same site, no use spent.
+    let again = enroll(&p, "site-a", &token).await?;
+    assert!(again.replayed);
+    assert_eq!(uses_left(&p, &id).await, 1);
+
+    let b = enroll(&p, "site-b", &token).await?;
+    assert_eq!(b.identity.node_id, "rack-1");
+    assert_eq!(uses_left(&p, &id).await, 0);
+    assert_eq!(p.store.site_agent_count("rack-1").await?, 2);
+
+    // A third key: no uses left.
+    match enroll(&p, "site-c", &token).await {
+        Err(bcd::join::JoinError::Refused { code, message }) => {
+            assert_eq!(code, tonic::Code::ResourceExhausted, "{message}");
+            assert!(message.contains("site-tokens create"), "{message}");
+        }
+        other => panic!("expected exhaustion, got {other:?}"),
+    }
+    // A revoked token.
+    let t2 = site_token(&p, "rack-1", 5).await;
+    p.admin
+        .call("site-tokens", "revoke", json!({"id": token_id(&t2)}))
+        .await?;
+    match enroll(&p, "site-d", &t2).await {
+        Err(bcd::join::JoinError::Refused { code, message }) => {
+            assert_eq!(code, tonic::Code::PermissionDenied, "{message}");
+            assert!(message.contains("revoked"), "{message}");
+        }
+        other => panic!("expected revoked, got {other:?}"),
+    }
+    // The token listing shows the site's tokens without secrets.
+    let list = p
+        .admin
+        .call("site-tokens", "list", json!({"site": "rack-1"}))
+        .await?;
+    assert_eq!(list["tokens"].as_array().map(Vec::len), Some(2));
+    assert!(!list.to_string().contains(&token[22..]));
+
+    // A node identity is refused on the site services.
+    let jt = p.token(json!({"pool": "default"})).await;
+    common::join(&p, "node-1", &jt, common::claims("n1", 1)).await?;
+    let ch = bc_proto::channel::connect(&p.running.gateway_url, tls_of(&p, "node-1")).await?;
+    let e = v1::site_service_client::SiteServiceClient::new(ch)
+        .boot_lease(v1::BootLeaseRequest {
+            ttl_ms: 1000,
+            release: false,
+        })
+        .await
+        .expect_err("node refused");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("site identities only"), "{e:?}");
+    Ok(())
+}
+
+/// Proxy DHCP of one agent on loopback (port 4011 semantics: replies go to the source).
+struct Services {
+    pxe: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn services(dir: &Path, table: watch::Receiver<Netboot>) -> anyhow::Result<Services> {
+    let (tftp_root, artifacts) = (dir.join("tftp"), dir.join("artifacts"));
+    std::fs::create_dir_all(&tftp_root)?;
+    std::fs::create_dir_all(&artifacts)?;
+    let text = format!(
+        "[boot]\ninterface = \"lo\"\nserver_ip = \"127.0.0.1\"\ntftp_root = {:?}\nartifacts = {:?}\nreport_interval_s = 0\n",
+        tftp_root.display().to_string(),
+        artifacts.display().to_string(),
+    );
+    let config = SiteConfig::from_toml(&text, Path::new("test-site.toml"))?;
+    let any = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0);
+    let bound = Bound {
+        dhcp: DhcpSockets {
+            dhcp: bind_udp(any, None)?,
+            pxe: bind_udp(any, None)?,
+            watch: None,
+        },
+        tftp: UdpSocket::bind(any).await?,
+        http: TcpListener::bind(any).await?,
+    };
+    let pxe = bound.dhcp.pxe.local_addr()?;
+    let task = tokio::spawn(async move {
+        let _ = bcd_site::serve::run(
+            &config,
+            bound,
+            table,
+            SiteCounters::default(),
+            None,
+            std::future::pending(),
+        )
+        .await;
+    });
+    Ok(Services { pxe, task })
+}
+
+/// Whether the proxy DHCP at `to` answers a PXE request for MAC.
+async fn answers(to: SocketAddr) -> anyhow::Result<bool> {
+    let mac: MacAddr = MAC.parse()?;
+    let mut m = Message::default();
+    m.set_opcode(Opcode::BootRequest)
+        .set_xid(7)
+        .set_chaddr(&mac.0);
+    let o = m.opts_mut();
+    o.insert(DhcpOption::MessageType(MessageType::Request));
+    o.insert(DhcpOption::ClientSystemArchitecture(Architecture::from(7)));
+    o.insert(DhcpOption::ClassIdentifier(
+        b"PXEClient:Arch:00007:UNDI:003016".to_vec(),
+    ));
+    let mut buf = Vec::new();
+    m.encode(&mut Encoder::new(&mut buf))?;
+    let client = UdpSocket::bind("127.0.0.1:0").await?;
+    client.send_to(&buf, to).await?;
+    let mut rx = [0u8; 1500];
+    Ok(
+        tokio::time::timeout(Duration::from_millis(300), client.recv_from(&mut rx))
+            .await
+            .is_ok(),
+    )
+}
+
+/// Polls until the proxy DHCP at `to` answers (`want` true) or stays silent (`want` false); the services pick
+/// a table change up asynchronously, so one ask right after the agent's view changed may race it.
+async fn settles(to: SocketAddr, want: bool) -> anyhow::Result<bool> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        if answers(to).await? == want {
+            return Ok(true);
+        }
+        if Instant::now() > deadline {
+            return Ok(false);
+        }
+    }
+}
+
+struct Agent {
+    view: watch::Receiver<BootLeaseView>,
+    services: Services,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn start_agent(p: &Plane, state: &str, ttl: Duration) -> anyhow::Result<Agent> {
+    let agent = SiteAgent::new(p.node_config(state), SiteAgentOptions { lease_ttl: ttl });
+    let view = agent.view();
+    let (table_tx, table_rx) = watch::channel(Netboot::default());
+    let services = services(&p.dir.path().join(state), table_rx).await?;
+    let task = tokio::spawn(async move {
+        if let Err(e) = agent.run(table_tx, std::future::pending()).await {
+            panic!("site agent failed: {e}");
+        }
+    });
+    Ok(Agent {
+        view,
+        services,
+        task,
+    })
+}
+
+async fn lease_row(p: &Plane, site: &str) -> (String, i64, bool) {
+    bc_store::sqlx::query_as(
+        "SELECT holder, fence, expires_at > now() FROM boot_leases WHERE site_id = $1",
+    )
+    .bind(site)
+    .fetch_one(p.store.pool())
+    .await
+    .expect("lease row")
+}
+
+async fn wait_serving(a: &Agent, within: Duration) -> bool {
+    let mut v = a.view.clone();
+    tokio::time::timeout(within, v.wait_for(|v| v.serving && v.machines > 0))
+        .await
+        .is_ok_and(|r| r.is_ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_agent_serves_and_the_standby_takes_over_when_it_dies() -> TestResult {
+    let p = plane().await;
+    let token = site_token(&p, "rack-9", 2).await;
+    enroll(&p, "agent-a", &token).await?;
+    enroll(&p, "agent-b", &token).await?;
+    p.admin
+        .call(
+            "machines",
+            "create",
+            json!({"mac": MAC.to_uppercase(), "site": "rack-9",
+                   "boot": {"kernel": "ramdisk/vmlinuz", "initrd": "ramdisk/initrd", "cmdline": "console=ttyS0"}}),
+        )
+        .await?;
+    let ttl = Duration::from_millis(1500);
+    let a = start_agent(&p, "agent-a", ttl).await?;
+    assert!(
+        wait_serving(&a, Duration::from_secs(10)).await,
+        "agent a never served"
+    );
+    let b = start_agent(&p, "agent-b", ttl).await?;
+    // B stands by through several of its asks while A renews.
+    tokio::time::sleep(ttl * 2).await;
+    assert!(a.view.borrow().serving);
+    assert!(!b.view.borrow().serving);
+    let (holder, fence_a, valid) = lease_row(&p, "rack-9").await;
+    assert_eq!(holder, agent_id(&p, "agent-a"));
+    assert!(valid);
+    assert!(
+        settles(a.services.pxe, true).await?,
+        "holder must answer DHCP"
+    );
+    assert!(
+        !answers(b.services.pxe).await?,
+        "standby must not answer DHCP"
+    );
+
+    // Kill the holder (no release: a crash). Its services go with it.
+    let killed = Instant::now();
+    a.task.abort();
+    a.services.task.abort();
+    assert!(
+        wait_serving(&b, ttl * 3).await,
+        "standby did not take over within 3 × TTL"
+    );
+    let takeover = killed.elapsed();
+    let (holder, fence_b, valid) = lease_row(&p, "rack-9").await;
+    assert_eq!(holder, agent_id(&p, "agent-b"));
+    assert!(valid);
+    assert!(fence_b > fence_a, "fence must increase on takeover");
+    assert!(
+        settles(b.services.pxe, true).await?,
+        "new holder must answer DHCP"
+    );
+    // The lease had up to one TTL left when A died; B asks every TTL/3.
+    assert!(
+        takeover <= ttl + ttl / 3 + Duration::from_millis(700),
+        "{takeover:?}"
+    );
+    println!(
+        "takeover after holder death: {} ms (ttl {} ms)",
+        takeover.as_millis(),
+        ttl.as_millis()
+    );
+
+    // Clearing the machine's boot empties the served table.
+    p.admin
+        .call("machines", "set-boot", json!({"mac": MAC, "boot": null}))
+        .await?;
+    let mut v = b.view.clone();
+    tokio::time::timeout(ttl * 2, v.wait_for(|v| v.machines == 0)).await??;
+    assert!(settles(b.services.pxe, false).await?);
+    b.task.abort();
+    b.services.task.abort();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_stops_answering_when_its_lease_is_taken() -> TestResult {
+    let p = plane().await;
+    let token = site_token(&p, "rack-7", 1).await;
+    enroll(&p, "agent", &token).await?;
+    p.admin
+        .call(
+            "machines",
+            "create",
+            json!({"mac": MAC, "site": "rack-7", "boot": {"kernel": "k"}}),
+        )
+        .await?;
+    let ttl = Duration::from_millis(1500);
+    let a = start_agent(&p, "agent", ttl).await?;
+    assert!(wait_serving(&a, Duration::from_secs(10)).await);
+    assert!(settles(a.services.pxe, true).await?);
+    // Someone else holds the lease now (e.g. the agent was partitioned and a standby took over).
+    bc_store::sqlx::query(
+        "UPDATE boot_leases SET holder = 'other', fence = fence + 1, expires_at = now() + interval '1 minute'",
+    )
+    .execute(p.store.pool())
+    .await?;
+    let mut v = a.view.clone();
+    tokio::time::timeout(ttl * 2, v.wait_for(|v| !v.serving)).await??;
+    assert!(
+        settles(a.services.pxe, false).await?,
+        "must stop answering once the lease is lost"
+    );
+    a.task.abort();
+    a.services.task.abort();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_reach_only_their_site_as_jwe_and_rest_encrypted() -> TestResult {
+    let p = plane().await;
+    let t1 = site_token(&p, "rack-1", 1).await;
+    let t2 = site_token(&p, "rack-2", 1).await;
+    enroll(&p, "site-1", &t1).await?;
+    enroll(&p, "site-2", &t2).await?;
+    let value = r#"{"username":"root","password":"hunter2-very-secret"}"#;
+    p.admin
+        .call(
+            "secrets",
+            "put",
+            json!({"site": "rack-1", "name": "bmc/node-7", "value": value}),
+        )
+        .await?;
+
+    // At rest: neither the secrets table nor the audit log holds the plaintext.
+    let leaks: i64 = bc_store::sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM secrets WHERE position(convert_to('hunter2', 'UTF8') IN ciphertext) > 0 \
+                 OR position(convert_to('hunter2', 'UTF8') IN nonce) > 0) \
+              + (SELECT count(*) FROM audit_events WHERE detail::text LIKE '%hunter2%')",
+    )
+    .fetch_one(p.store.pool())
+    .await?;
+    assert_eq!(leaks, 0);
+    let rows: i64 = bc_store::sqlx::query_scalar("SELECT count(*) FROM secrets")
+        .fetch_one(p.store.pool())
+        .await?;
+    assert_eq!(rows, 1);
+    let key = p.dir.path().join("control/secrets.key");
+    assert_eq!(std::fs::metadata(&key)?.permissions().mode() & 0o777, 0o600);
+
+    // Round trip to the secret's own site.
+    let got = bcd::site::fetch_secret(&p.node_config("site-1"), "bmc/node-7").await?;
+    assert_eq!(got, value);
+    let delivered: i64 = bc_store::sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE action = 'secret.delivered' \
+         AND subject = 'site/rack-1/secret/bmc/node-7' AND actor = $1",
+    )
+    .bind(format!("site/rack-1/agent/{}", agent_id(&p, "site-1")))
+    .fetch_one(p.store.pool())
+    .await?;
+    assert_eq!(delivered, 1);
+
+    // Another site asking for the same name is refused.
+    match bcd::site::fetch_secret(&p.node_config("site-2"), "bmc/node-7").await {
+        Err(bcd::site::SecretFetchError::Refused { code, message, .. }) => {
+            assert_eq!(code, tonic::Code::NotFound, "{message}");
+            assert!(message.contains("rack-2"), "{message}");
+        }
+        other => panic!("expected refusal, got {other:?}"),
+    }
+
+    // The JWE as relayed: readable only with the request's key; tampering is detected.
+    let ch = bc_proto::channel::connect(&p.running.gateway_url, tls_of(&p, "site-1")).await?;
+    let req_key = jwt_simple::prelude::EcdhEsA256KWDecryptionKey::generate();
+    let jwe = v1::secret_service_client::SecretServiceClient::new(ch.clone())
+        .secret_request(v1::SecretRequestMessage {
+            secret_ref: "bmc/node-7".into(),
+            recipient_jwk: req_key.encryption_key().to_jwk(),
+        })
+        .await?
+        .into_inner()
+        .jwe;
+    assert!(!jwe.contains("hunter2"));
+    assert_eq!(jwe.split('.').count(), 5, "compact JWE");
+    assert_eq!(
+        bcd::site::open_secret(&req_key, &jwe, "bmc/node-7", "rack-1")?,
+        value
+    );
+    let other_key = jwt_simple::prelude::EcdhEsA256KWDecryptionKey::generate();
+    assert!(matches!(
+        bcd::site::open_secret(&other_key, &jwe, "bmc/node-7", "rack-1"),
+        Err(bcd::site::SecretFetchError::Jwe(_))
+    ));
+    let mut parts: Vec<String> = jwe.split('.').map(str::to_string).collect();
+    let ct = &mut parts[3];
+    let flipped = if ct.starts_with('A') { "B" } else { "A" };
+    ct.replace_range(0..1, flipped);
+    let tampered = parts.join(".");
+    assert!(matches!(
+        bcd::site::open_secret(&req_key, &tampered, "bmc/node-7", "rack-1"),
+        Err(bcd::site::SecretFetchError::Jwe(_))
+    ));
+    // A JWE for another site's agent does not pass as ours.
+    assert!(matches!(
+        bcd::site::open_secret(&req_key, &jwe, "bmc/node-7", "rack-2"),
+        Err(bcd::site::SecretFetchError::Mismatch { .. })
+    ));
+    // A malformed key or name is refused with what to send.
+    let e = v1::secret_service_client::SecretServiceClient::new(ch)
+        .secret_request(v1::SecretRequestMessage {
+            secret_ref: "bmc/node-7".into(),
+            recipient_jwk: "{}".into(),
+        })
+        .await
+        .expect_err("bad jwk");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("P-256"), "{e:?}");
+    let e = p
+        .admin
+        .call(
+            "secrets",
+            "put",
+            json!({"site": "rack-1", "name": "../x y", "value": "v"}),
+        )
+        .await
+        .expect_err("bad name");
+    assert!(e.to_string().contains("INVALID_ARGUMENT"), "{e}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_renews_its_site_certificate_and_keeps_serving() -> TestResult {
+    let p = common::plane_with(common::Options {
+        leaf_lifetime: Some(Duration::from_secs(8)),
+        ..Default::default()
+    })
+    .await;
+    let token = site_token(&p, "rack-5", 1).await;
+    enroll(&p, "agent", &token).await?;
+    p.admin
+        .call(
+            "machines",
+            "create",
+            json!({"mac": MAC, "site": "rack-5", "boot": {"kernel": "k"}}),
+        )
+        .await?;
+    let state = bcd::state::StateDir::open(&p.dir.path().join("agent"))?;
+    let first = state.certificate()?;
+    let first_expiry = state
+        .identity()?
+        .map(|i| i.not_after_ms)
+        .unwrap_or_default();
+
+    // Proof of possession: a CSR from another key is refused.
+    let other = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let csr = rcgen::CertificateParams::default().serialize_request(&other)?;
+    let ch = bc_proto::channel::connect(&p.running.gateway_url, tls_of(&p, "agent")).await?;
+    let e = v1::site_service_client::SiteServiceClient::new(ch)
+        .renew(v1::RenewRequest {
+            csr_der: csr.der().to_vec(),
+        })
+        .await
+        .expect_err("foreign key refused");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+
+    let ttl = Duration::from_millis(1500);
+    let a = start_agent(&p, "agent", ttl).await?;
+    assert!(wait_serving(&a, Duration::from_secs(10)).await);
+    // Renewal at 50% ±10% of the 8 s lifetime; then past the first certificate's expiry it still holds the lease.
+    let deadline = Instant::now() + Duration::from_secs(8);
+    // node.json is written last: its new expiry means the renewal is stored.
+    while state
+        .identity()?
+        .map(|i| i.not_after_ms)
+        .unwrap_or_default()
+        == first_expiry
+    {
+        assert!(Instant::now() < deadline, "no renewal within 8 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let renewed = state
+        .identity()?
+        .map(|i| i.not_after_ms)
+        .unwrap_or_default();
+    assert!(renewed > first_expiry);
+    assert_ne!(state.certificate()?, first);
+    let serial: String = bc_store::sqlx::query_scalar(
+        "SELECT cert_serial FROM site_agents WHERE site_id = 'rack-5'",
+    )
+    .fetch_one(p.store.pool())
+    .await?;
+    let new_cert = state.certificate()?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(&new_cert)?;
+    assert_eq!(serial, hex::encode(parsed.raw_serial()));
+    let now_ms = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(first_expiry - now_ms).unwrap_or(0) + 1500,
+    ))
+    .await;
+    assert!(a.view.borrow().serving, "lost the lease across renewal");
+    let (holder, _, valid) = lease_row(&p, "rack-5").await;
+    assert_eq!(holder, agent_id(&p, "agent"));
+    assert!(valid);
+    assert!(settles(a.services.pxe, true).await?);
+    a.task.abort();
+    a.services.task.abort();
+    Ok(())
+}

@@ -1,0 +1,314 @@
+//! Sites: enrollment of site agents with a `bcst_` token (reached through JoinService, which opens the sealed token
+//! and hands site tokens here), and the site services the gateway forwards ([`SiteBackend`]: boot lease, netboot
+//! table, secret broker).
+
+use crate::ca::{Ca, VerifiedCsr, verify_csr};
+use crate::secrets::SecretBox;
+use bc_gateway::BoxFuture;
+use bc_gateway::site::{SiteAgent, SiteHandler, agent_id_of};
+use bc_proto::spiffe::{Role, SpiffeId};
+use bc_proto::token::Token;
+use bc_proto::v1;
+use bc_store::Store;
+use bc_store::sites::EnrollCommit;
+use std::sync::Arc;
+use tonic::Status;
+
+/// Shortest and longest boot lease an agent may ask for.
+pub const LEASE_MIN_MS: u32 = 1_000;
+pub const LEASE_MAX_MS: u32 = 120_000;
+
+fn internal(what: &str, e: &dyn std::error::Error) -> Status {
+    tracing::error!(error = %e, "{what}");
+    Status::unavailable(format!(
+        "{what}; the control plane logged the cause, retry later"
+    ))
+}
+
+/// Enrolls a site agent: checks the site token, signs a site certificate for the CSR key and records the agent.
+/// A retry with the same token and key returns a fresh certificate without spending another use.
+pub(crate) async fn enroll(
+    store: &Store,
+    ca: &Ca,
+    token: &Token,
+    csr: &VerifiedCsr,
+) -> Result<v1::JoinResponse, Status> {
+    let row = store
+        .site_token(token.id())
+        .await
+        .map_err(|e| internal("reading the site token", &e))?
+        .ok_or_else(|| Status::permission_denied(format!("unknown site token {}", token.id())))?;
+    if !token.secret().matches_hash(&row.secret_hash) {
+        return Err(Status::permission_denied(format!(
+            "site token {} secret does not match",
+            token.id()
+        )));
+    }
+    let issued = ca
+        .issue_workload(
+            csr,
+            Role::Site,
+            &row.site_id,
+            time::OffsetDateTime::now_utc(),
+        )
+        .map_err(|e| internal("signing the site certificate", &e))?;
+    let key_hash = hex::encode(bc_proto::sha256(&csr.public_point));
+    let outcome = store
+        .commit_enrollment(&row.id, &key_hash, &issued.serial_hex, issued.not_after_ms)
+        .await
+        .map_err(|e| internal("committing the enrollment", &e))?;
+    let (site_id, replayed) = match outcome {
+        EnrollCommit::Enrolled { site_id } => (site_id, false),
+        EnrollCommit::Replay { site_id } => (site_id, true),
+        EnrollCommit::Exhausted => {
+            return Err(Status::resource_exhausted(format!(
+                "site token {} has no uses left: create another with `better-compute site-tokens create`",
+                row.id
+            )));
+        }
+        EnrollCommit::Revoked => {
+            return Err(Status::permission_denied(format!(
+                "site token {} has been revoked",
+                row.id
+            )));
+        }
+        EnrollCommit::Expired => {
+            return Err(Status::permission_denied(format!(
+                "site token {} expired: create another with `better-compute site-tokens create`",
+                row.id
+            )));
+        }
+        EnrollCommit::Unknown => {
+            return Err(Status::permission_denied(format!(
+                "unknown site token {}",
+                row.id
+            )));
+        }
+    };
+    let spiffe = SpiffeId::new(ca.trust_domain(), Role::Site, &site_id)
+        .map(|s| s.to_string())
+        .map_err(|e| internal("naming the site", &e))?;
+    tracing::info!(
+        site_id,
+        agent = agent_id_of(&csr.public_point),
+        replayed,
+        "site agent enrolled"
+    );
+    Ok(v1::JoinResponse {
+        node_id: site_id,
+        spiffe_id: spiffe,
+        cert_der: issued.cert_der,
+        chain_der: Vec::new(),
+        trust_bundle_der: vec![ca.cert_der().to_vec()],
+        reclaimed: false,
+        pool: String::new(),
+        not_after_unix_ms: issued.not_after_ms,
+        replayed,
+    })
+}
+
+/// The control plane's side of the site services.
+pub struct SiteBackend {
+    store: Store,
+    ca: Arc<Ca>,
+    secrets: Arc<SecretBox>,
+}
+
+impl SiteBackend {
+    pub fn new(store: Store, ca: Arc<Ca>, secrets: Arc<SecretBox>) -> SiteBackend {
+        SiteBackend { store, ca, secrets }
+    }
+
+    async fn lease(
+        &self,
+        agent: &SiteAgent,
+        req: v1::BootLeaseRequest,
+    ) -> Result<v1::BootLeaseResponse, Status> {
+        let ttl = req.ttl_ms.clamp(LEASE_MIN_MS, LEASE_MAX_MS);
+        if req.release {
+            let released = self
+                .store
+                .release_boot_lease(&agent.site_id, &agent.agent_id)
+                .await
+                .map_err(|e| internal("releasing the boot lease", &e))?;
+            if released {
+                tracing::info!(
+                    site_id = agent.site_id,
+                    agent = agent.agent_id,
+                    "boot lease released"
+                );
+            }
+        }
+        let lease = if req.release {
+            self.store
+                .boot_lease(&agent.site_id, &agent.agent_id)
+                .await
+                .map_err(|e| internal("reading the boot lease", &e))?
+                .unwrap_or_default_lease()
+        } else {
+            self.store
+                .acquire_boot_lease(&agent.site_id, &agent.agent_id, i64::from(ttl))
+                .await
+                .map_err(|e| match e {
+                    bc_store::StoreError::Db(ref db)
+                        if db
+                            .as_database_error()
+                            .is_some_and(|d| d.is_foreign_key_violation()) =>
+                    {
+                        Status::not_found(format!(
+                            "site {} does not exist any more: enroll again with a new site token",
+                            agent.site_id
+                        ))
+                    }
+                    other => internal("taking the boot lease", &other),
+                })?
+        };
+        Ok(v1::BootLeaseResponse {
+            held: lease.held,
+            fence: lease.fence,
+            expires_in_ms: lease.expires_in_ms,
+            holder: lease.holder,
+            ttl_ms: ttl,
+        })
+    }
+
+    async fn table(&self, agent: &SiteAgent) -> Result<v1::NetbootResponse, Status> {
+        let machines = self
+            .store
+            .list_machines(Some(&agent.site_id))
+            .await
+            .map_err(|e| internal("reading the site's machines", &e))?;
+        Ok(v1::NetbootResponse {
+            machines: machines
+                .into_iter()
+                .filter_map(|m| {
+                    let boot: BootSpec = serde_json::from_value(m.boot?).ok()?;
+                    Some(v1::NetbootMachine {
+                        mac: m.mac,
+                        kernel: boot.kernel,
+                        initrd: boot.initrd.unwrap_or_default(),
+                        cmdline: boot.cmdline,
+                    })
+                })
+                .collect(),
+        })
+    }
+}
+
+impl SiteBackend {
+    async fn renew_cert(
+        &self,
+        agent: &SiteAgent,
+        req: v1::RenewRequest,
+    ) -> Result<v1::RenewResponse, Status> {
+        if req.csr_der.len() > 8 * 1024 {
+            return Err(Status::invalid_argument(
+                "csr_der is longer than 8192 bytes",
+            ));
+        }
+        let csr = verify_csr(&req.csr_der).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if agent.public_point.is_empty() || csr.public_point != agent.public_point {
+            return Err(Status::permission_denied(
+                "renewal CSR is signed by another key than the one the presented certificate certifies",
+            ));
+        }
+        let issued = self
+            .ca
+            .issue_workload(
+                &csr,
+                Role::Site,
+                &agent.site_id,
+                time::OffsetDateTime::now_utc(),
+            )
+            .map_err(|e| internal("signing the site certificate", &e))?;
+        let key_hash = hex::encode(bc_proto::sha256(&csr.public_point));
+        let known = self
+            .store
+            .record_site_agent_cert(
+                &agent.site_id,
+                &key_hash,
+                &issued.serial_hex,
+                issued.not_after_ms,
+            )
+            .await
+            .map_err(|e| internal("recording the certificate", &e))?;
+        if !known {
+            return Err(Status::permission_denied(format!(
+                "agent {} is not enrolled in site {}: enroll again with a site token",
+                agent.agent_id, agent.site_id
+            )));
+        }
+        tracing::info!(
+            site_id = agent.site_id,
+            agent = agent.agent_id,
+            serial = issued.serial_hex,
+            "site certificate renewed"
+        );
+        Ok(v1::RenewResponse {
+            cert_der: issued.cert_der,
+            chain_der: Vec::new(),
+            trust_bundle_der: vec![self.ca.cert_der().to_vec()],
+            not_after_unix_ms: issued.not_after_ms,
+        })
+    }
+}
+
+trait OrFree {
+    fn unwrap_or_default_lease(self) -> bc_store::sites::BootLease;
+}
+
+impl OrFree for Option<bc_store::sites::BootLease> {
+    fn unwrap_or_default_lease(self) -> bc_store::sites::BootLease {
+        self.unwrap_or(bc_store::sites::BootLease {
+            held: false,
+            holder: String::new(),
+            fence: 0,
+            expires_in_ms: 0,
+        })
+    }
+}
+
+/// A machine's desired boot as the API takes it and the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootSpec {
+    pub kernel: String,
+    #[serde(default)]
+    pub initrd: Option<String>,
+    #[serde(default)]
+    pub cmdline: String,
+}
+
+impl SiteHandler for SiteBackend {
+    fn boot_lease(
+        &self,
+        agent: &SiteAgent,
+        request: v1::BootLeaseRequest,
+    ) -> BoxFuture<'_, Result<v1::BootLeaseResponse, Status>> {
+        let agent = agent.clone();
+        Box::pin(async move { self.lease(&agent, request).await })
+    }
+
+    fn netboot(&self, agent: &SiteAgent) -> BoxFuture<'_, Result<v1::NetbootResponse, Status>> {
+        let agent = agent.clone();
+        Box::pin(async move { self.table(&agent).await })
+    }
+
+    fn renew(
+        &self,
+        agent: &SiteAgent,
+        request: v1::RenewRequest,
+    ) -> BoxFuture<'_, Result<v1::RenewResponse, Status>> {
+        let agent = agent.clone();
+        Box::pin(async move { self.renew_cert(&agent, request).await })
+    }
+
+    fn secret(
+        &self,
+        agent: &SiteAgent,
+        request: v1::SecretRequestMessage,
+    ) -> BoxFuture<'_, Result<v1::SecretResponse, Status>> {
+        let agent = agent.clone();
+        Box::pin(async move { self.secrets.answer(&self.store, &agent, request).await })
+    }
+}

@@ -1,0 +1,245 @@
+//! The site API groups against a real PostgreSQL: grants scoped to `site/<id>`, stable codes, MAC canonical form,
+//! a MAC cannot be moved to another site by create, and the `better-compute site-tokens` CLI.
+
+use bc_control::client::{ApiClient, ClientError};
+use bc_control::config::{Roles, ServeConfig};
+use bc_core::iam::Grant;
+use bc_proto::token::{Token, TokenKind};
+use bc_store::Store;
+use bc_store::testing::test_db;
+use serde_json::json;
+
+fn code(r: Result<serde_json::Value, ClientError>) -> String {
+    match r {
+        Ok(v) => format!("OK {v}"),
+        Err(ClientError::Api { code, .. }) => code,
+        Err(e) => format!("transport: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn site_grants_codes_and_cli() {
+    bc_proto::install_crypto_provider();
+    let db = test_db().await;
+    let store = Store::new(db.pool.clone());
+    store.ensure_root_tenant().await.expect("tenant");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ServeConfig {
+        state_dir: dir.path().join("state"),
+        database_url: None,
+        trust_domain: "test.bc".into(),
+        roles: Roles {
+            api: true,
+            ..Roles::default()
+        },
+        api_listen: "127.0.0.1:0".parse().expect("addr"),
+        gateway_listen: "127.0.0.1:0".parse().expect("addr"),
+        gateway_hosts: vec!["localhost".into()],
+        gateway_url: None,
+        session_timing: None,
+        lifecycle_timing: None,
+        leaf_lifetime: None,
+        shard_lease: None,
+    };
+    let running = bc_control::start(&config, store.clone())
+        .await
+        .expect("start");
+    let url = format!("http://{}", running.api_addr.expect("api"));
+    let admin_key = bc_control::bootstrap_admin(&store).await.expect("admin");
+    let admin = ApiClient::new(&url, &admin_key);
+
+    let key = Token::generate(TokenKind::ApiKey).expect("key");
+    store
+        .upsert_principal(
+            "ops-r1",
+            "root",
+            "rack 1 operator",
+            key.id(),
+            &key.secret().hash(),
+            &[Grant {
+                permission: "compute:*".into(),
+                scope: "site/r1".into(),
+            }],
+        )
+        .await
+        .expect("principal");
+    let ops = ApiClient::new(&url, &key.reveal());
+
+    assert!(
+        code(
+            ops.call("site-tokens", "create", json!({"site": "r1"}))
+                .await
+        )
+        .starts_with("OK")
+    );
+    assert_eq!(
+        code(
+            ops.call("site-tokens", "create", json!({"site": "r2"}))
+                .await
+        ),
+        "ACCESS_DENIED"
+    );
+    assert_eq!(
+        code(
+            ops.call("site-tokens", "create", json!({"site": "a/b"}))
+                .await
+        ),
+        "INVALID_ARGUMENT"
+    );
+    assert_eq!(
+        code(
+            ops.call("site-tokens", "create", json!({"site": "r1", "uses": 0}))
+                .await
+        ),
+        "INVALID_ARGUMENT"
+    );
+    assert!(
+        code(
+            admin
+                .call("site-tokens", "create", json!({"site": "r2"}))
+                .await
+        )
+        .starts_with("OK")
+    );
+    // Listing shows only what the grant reaches.
+    let listed = ops
+        .call("site-tokens", "list", json!({}))
+        .await
+        .expect("list");
+    let sites: Vec<&str> = listed["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .filter_map(|t| t["site_id"].as_str())
+        .collect();
+    assert_eq!(sites, vec!["r1"]);
+
+    // Machines: canonical MAC, boot validated, no silent move between sites.
+    let created = ops
+        .call(
+            "machines",
+            "create",
+            json!({"mac": "52-54-00-AA-BB-01", "site": "r1", "boot": {"kernel": "ramdisk/vmlinuz"}}),
+        )
+        .await
+        .expect("create");
+    assert_eq!(created["machine"]["mac"], "52:54:00:aa:bb:01");
+    assert_eq!(
+        code(
+            ops.call("machines", "create", json!({"mac": "zz", "site": "r1"}))
+                .await
+        ),
+        "INVALID_ARGUMENT"
+    );
+    assert_eq!(
+        code(
+            ops.call(
+                "machines",
+                "create",
+                json!({"mac": "52:54:00:aa:bb:02", "site": "r1", "boot": {"kernel": "a\nb"}})
+            )
+            .await
+        ),
+        "INVALID_ARGUMENT"
+    );
+    assert_eq!(
+        code(
+            admin
+                .call(
+                    "machines",
+                    "create",
+                    json!({"mac": "52:54:00:aa:bb:01", "site": "r2"})
+                )
+                .await
+        ),
+        "CONFLICT"
+    );
+    assert_eq!(
+        code(
+            admin
+                .call(
+                    "machines",
+                    "create",
+                    json!({"mac": "52:54:00:aa:bb:03", "site": "nosuch"})
+                )
+                .await
+        ),
+        "NOT_FOUND"
+    );
+    assert!(
+        code(
+            admin
+                .call(
+                    "machines",
+                    "create",
+                    json!({"mac": "52:54:00:aa:bb:04", "site": "r2"})
+                )
+                .await
+        )
+        .starts_with("OK")
+    );
+    assert_eq!(
+        code(
+            ops.call(
+                "machines",
+                "set-boot",
+                json!({"mac": "52:54:00:aa:bb:04", "boot": null})
+            )
+            .await
+        ),
+        "ACCESS_DENIED"
+    );
+    assert!(
+        code(
+            ops.call(
+                "machines",
+                "set-boot",
+                json!({"mac": "52:54:00:aa:bb:01", "boot": null})
+            )
+            .await
+        )
+        .starts_with("OK")
+    );
+    assert_eq!(
+        code(
+            ops.call(
+                "machines",
+                "set-boot",
+                json!({"mac": "52:54:00:aa:bb:99", "boot": null})
+            )
+            .await
+        ),
+        "NOT_FOUND"
+    );
+    let listed = ops.call("machines", "list", json!({})).await.expect("list");
+    assert_eq!(listed["machines"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        code(
+            ops.call(
+                "secrets",
+                "put",
+                json!({"site": "r2", "name": "x", "value": "v"})
+            )
+            .await
+        ),
+        "ACCESS_DENIED"
+    );
+
+    // The CLI prints the token on stdout, once.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_better-compute"))
+        .args(["site-tokens", "create", "--site", "r1", "--uses", "1"])
+        .env("BC_API_URL", &url)
+        .env("BC_API_KEY", key.reveal())
+        .output()
+        .await
+        .expect("run cli");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.trim().starts_with("bcst_"), "{stdout}");
+    assert!(Token::parse(TokenKind::Site, stdout.trim()).is_ok());
+    running.shutdown().await;
+}

@@ -1,0 +1,535 @@
+//! Sites: site tokens (created by operators, spent by `bcd site enroll`), enrolled agents, the boot lease (one
+//! serving agent per site, fenced like shard leases), the machines a site netboots, and secrets sealed at rest.
+//! Only the SHA-256 of a token secret is stored; secrets arrive here already encrypted.
+
+use crate::iam::audit;
+use crate::{Store, StoreError, from_ms, to_ms};
+use sqlx::Row;
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SiteTokenRow {
+    pub id: String,
+    pub site_id: String,
+    #[serde(skip)]
+    pub secret_hash: String,
+    pub uses_total: i32,
+    pub uses_left: i32,
+    pub expires_at_ms: i64,
+    pub revoked: bool,
+    pub created_by: String,
+    pub created_at_ms: i64,
+}
+
+pub struct NewSiteToken<'a> {
+    pub id: &'a str,
+    pub site_id: &'a str,
+    pub secret_hash: &'a str,
+    pub uses: i32,
+    pub expires_at_ms: i64,
+    pub created_by: &'a str,
+}
+
+/// What an enrollment commit decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnrollCommit {
+    Enrolled {
+        site_id: String,
+    },
+    /// A retry with the same token and key: the same site, no use spent.
+    Replay {
+        site_id: String,
+    },
+    Exhausted,
+    Revoked,
+    Expired,
+    Unknown,
+}
+
+/// The boot lease as one agent sees it after asking.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BootLease {
+    pub held: bool,
+    pub holder: String,
+    pub fence: i64,
+    /// Milliseconds until the current holder's lease ends (negative: already ended).
+    pub expires_in_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MachineRow {
+    pub mac: String,
+    pub site_id: String,
+    /// `{kernel, initrd, cmdline}`, or null when the machine must not netboot.
+    pub boot: Option<serde_json::Value>,
+}
+
+/// A secret as stored: AEAD nonce and ciphertext (the control plane holds the key).
+#[derive(Debug, Clone)]
+pub struct SealedSecret {
+    pub nonce: Vec<u8>,
+    pub ciphertext: Vec<u8>,
+}
+
+const TOKEN_COLUMNS: &str = "id, site_id, secret_hash, uses_total, uses_left, expires_at, revoked_at IS NOT NULL, created_by, created_at";
+
+fn token_from_row(row: &sqlx::postgres::PgRow) -> SiteTokenRow {
+    SiteTokenRow {
+        id: row.get(0),
+        site_id: row.get(1),
+        secret_hash: row.get(2),
+        uses_total: row.get(3),
+        uses_left: row.get(4),
+        expires_at_ms: to_ms(row.get(5)),
+        revoked: row.get(6),
+        created_by: row.get(7),
+        created_at_ms: to_ms(row.get(8)),
+    }
+}
+
+impl Store {
+    /// Creates a site token, and the site itself when it does not exist yet.
+    pub async fn create_site_token(&self, t: NewSiteToken<'_>) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO sites (id, name, created_by) VALUES ($1, $1, $2) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(t.site_id)
+        .bind(t.created_by)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO site_tokens (id, site_id, secret_hash, uses_total, uses_left, expires_at, created_by) \
+             VALUES ($1, $2, $3, $4, $4, $5, $6)",
+        )
+        .bind(t.id)
+        .bind(t.site_id)
+        .bind(t.secret_hash)
+        .bind(t.uses)
+        .bind(from_ms(t.expires_at_ms))
+        .bind(t.created_by)
+        .execute(&mut *tx)
+        .await?;
+        audit(
+            &mut tx,
+            t.created_by,
+            "site-token.created",
+            &format!("site-token/{}", t.id),
+            serde_json::json!({"site": t.site_id, "uses": t.uses}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn site_token(&self, id: &str) -> Result<Option<SiteTokenRow>, StoreError> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {TOKEN_COLUMNS} FROM site_tokens WHERE id = $1"
+        )))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.as_ref().map(token_from_row))
+    }
+
+    /// Tokens of one site (all sites when `site` is `None`), newest first.
+    pub async fn list_site_tokens(
+        &self,
+        site: Option<&str>,
+    ) -> Result<Vec<SiteTokenRow>, StoreError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {TOKEN_COLUMNS} FROM site_tokens WHERE $1::text IS NULL OR site_id = $1 \
+             ORDER BY created_at DESC"
+        )))
+        .bind(site)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(token_from_row).collect())
+    }
+
+    /// Revokes a site token; revoking twice is not an error. Returns false when no such token exists.
+    pub async fn revoke_site_token(&self, id: &str, actor: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let n = sqlx::query(
+            "UPDATE site_tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1",
+        )
+        .bind(id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if n == 0 {
+            return Ok(false);
+        }
+        audit(
+            &mut tx,
+            actor,
+            "site-token.revoked",
+            &format!("site-token/{id}"),
+            serde_json::json!({}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Spends one use of site token `token_id` on the agent key `key_hash`, under the token's row lock. A retry
+    /// within 10 minutes with a key this token enrolled is a replay (no use spent) whatever the token's state now,
+    /// so a crash between commit and the agent storing its certificate never strands it (as for joins).
+    pub async fn commit_enrollment(
+        &self,
+        token_id: &str,
+        key_hash: &str,
+        cert_serial: &str,
+        not_after_ms: i64,
+    ) -> Result<EnrollCommit, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let Some(row) = sqlx::query(
+            "SELECT site_id, uses_left, revoked_at IS NOT NULL, expires_at <= now() FROM site_tokens \
+             WHERE id = $1 FOR UPDATE",
+        )
+        .bind(token_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        else {
+            return Ok(EnrollCommit::Unknown);
+        };
+        let (site_id, uses_left, revoked, expired): (String, i32, bool, bool) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        let replay = sqlx::query(
+            "UPDATE site_agents SET cert_serial = $3, cert_not_after = $4 \
+             WHERE site_id = $1 AND key_hash = $2 AND site_token_id = $5 \
+               AND enrolled_at > now() - interval '10 minutes'",
+        )
+        .bind(&site_id)
+        .bind(key_hash)
+        .bind(cert_serial)
+        .bind(from_ms(not_after_ms))
+        .bind(token_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if replay > 0 {
+            tx.commit().await?;
+            return Ok(EnrollCommit::Replay { site_id });
+        }
+        if revoked {
+            return Ok(EnrollCommit::Revoked);
+        }
+        if expired {
+            return Ok(EnrollCommit::Expired);
+        }
+        if uses_left <= 0 {
+            return Ok(EnrollCommit::Exhausted);
+        }
+        sqlx::query("UPDATE site_tokens SET uses_left = uses_left - 1 WHERE id = $1")
+            .bind(token_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO site_agents (site_id, key_hash, site_token_id, cert_serial, cert_not_after) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (site_id, key_hash) DO UPDATE SET \
+             site_token_id = EXCLUDED.site_token_id, cert_serial = EXCLUDED.cert_serial, \
+             cert_not_after = EXCLUDED.cert_not_after, enrolled_at = now()",
+        )
+        .bind(&site_id)
+        .bind(key_hash)
+        .bind(token_id)
+        .bind(cert_serial)
+        .bind(from_ms(not_after_ms))
+        .execute(&mut *tx)
+        .await?;
+        audit(
+            &mut tx,
+            &format!("site-token/{token_id}"),
+            "site.agent-enrolled",
+            &format!("site/{site_id}"),
+            serde_json::json!({"key_hash": key_hash}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(EnrollCommit::Enrolled { site_id })
+    }
+
+    /// Records a renewed certificate of an enrolled agent; false when the agent is not (or no longer) enrolled.
+    pub async fn record_site_agent_cert(
+        &self,
+        site: &str,
+        key_hash: &str,
+        cert_serial: &str,
+        not_after_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let n = sqlx::query(
+            "UPDATE site_agents SET cert_serial = $3, cert_not_after = $4 WHERE site_id = $1 AND key_hash = $2",
+        )
+        .bind(site)
+        .bind(key_hash)
+        .bind(cert_serial)
+        .bind(from_ms(not_after_ms))
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n > 0)
+    }
+
+    /// Number of agents enrolled for `site`.
+    pub async fn site_agent_count(&self, site: &str) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT count(*) FROM site_agents WHERE site_id = $1")
+                .bind(site)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    // === impl boot lease ===
+
+    /// Takes or renews `site`'s boot lease for `holder`: renews it when `holder` holds it, takes it when it is
+    /// free or expired (the fence increases on every change of holder, and when a holder comes back after its
+    /// own lease expired). Otherwise reports who holds it.
+    pub async fn acquire_boot_lease(
+        &self,
+        site: &str,
+        holder: &str,
+        ttl_ms: i64,
+    ) -> Result<BootLease, StoreError> {
+        let taken = sqlx::query(
+            "INSERT INTO boot_leases (site_id, holder, fence, expires_at) \
+               VALUES ($1, $2, 1, now() + make_interval(secs => $3 / 1000.0)) \
+             ON CONFLICT (site_id) DO UPDATE SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at, \
+               updated_at = now(), \
+               fence = CASE WHEN boot_leases.holder = EXCLUDED.holder AND boot_leases.expires_at > now() \
+                            THEN boot_leases.fence ELSE boot_leases.fence + 1 END \
+             WHERE boot_leases.holder = EXCLUDED.holder OR boot_leases.expires_at <= now() \
+             RETURNING fence, (extract(epoch FROM expires_at - now()) * 1000)::bigint",
+        )
+        .bind(site)
+        .bind(holder)
+        .bind(ttl_ms as f64)
+        .fetch_optional(&self.pool)
+        .await?;
+        if let Some(r) = taken {
+            return Ok(BootLease {
+                held: true,
+                holder: holder.to_string(),
+                fence: r.get(0),
+                expires_in_ms: r.get(1),
+            });
+        }
+        self.boot_lease(site, holder)
+            .await?
+            .ok_or_else(|| StoreError::Conflict(format!("boot lease of site {site} vanished")))
+    }
+
+    /// Gives the lease up at once when `holder` holds it (fence kept; the next holder bumps it).
+    pub async fn release_boot_lease(&self, site: &str, holder: &str) -> Result<bool, StoreError> {
+        let n = sqlx::query(
+            "UPDATE boot_leases SET expires_at = now() - interval '1 millisecond', updated_at = now() \
+             WHERE site_id = $1 AND holder = $2 AND expires_at > now()",
+        )
+        .bind(site)
+        .bind(holder)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n > 0)
+    }
+
+    /// The stored boot lease of `site`, seen by `asker`.
+    pub async fn boot_lease(
+        &self,
+        site: &str,
+        asker: &str,
+    ) -> Result<Option<BootLease>, StoreError> {
+        let row = sqlx::query(
+            "SELECT holder, fence, (extract(epoch FROM expires_at - now()) * 1000)::bigint \
+             FROM boot_leases WHERE site_id = $1",
+        )
+        .bind(site)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| {
+            let holder: String = r.get(0);
+            let expires_in_ms: i64 = r.get(2);
+            BootLease {
+                held: holder == asker && expires_in_ms > 0,
+                holder,
+                fence: r.get(1),
+                expires_in_ms,
+            }
+        }))
+    }
+
+    // === impl machines ===
+
+    /// Creates a machine of `site`, or moves an existing MAC to it, with its boot spec.
+    pub async fn upsert_machine(&self, m: &MachineRow, actor: &str) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let site_exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM sites WHERE id = $1)")
+                .bind(&m.site_id)
+                .fetch_one(&mut *tx)
+                .await?;
+        if !site_exists {
+            return Err(StoreError::NotFound {
+                what: "site",
+                id: m.site_id.clone(),
+            });
+        }
+        sqlx::query(
+            "INSERT INTO machines (mac, site_id, boot) VALUES ($1, $2, $3) ON CONFLICT (mac) DO UPDATE SET \
+             site_id = EXCLUDED.site_id, boot = EXCLUDED.boot, updated_at = now()",
+        )
+        .bind(&m.mac)
+        .bind(&m.site_id)
+        .bind(&m.boot)
+        .execute(&mut *tx)
+        .await?;
+        audit(
+            &mut tx,
+            actor,
+            "machine.set",
+            &format!("machine/{}", m.mac),
+            serde_json::json!({"site": m.site_id, "boot": m.boot}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Sets (or clears, with `None`) the boot spec of an existing machine. Returns false when there is none.
+    pub async fn set_machine_boot(
+        &self,
+        mac: &str,
+        boot: Option<&serde_json::Value>,
+        actor: &str,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let n = sqlx::query("UPDATE machines SET boot = $2, updated_at = now() WHERE mac = $1")
+            .bind(mac)
+            .bind(boot)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if n == 0 {
+            return Ok(false);
+        }
+        audit(
+            &mut tx,
+            actor,
+            "machine.set-boot",
+            &format!("machine/{mac}"),
+            serde_json::json!({"boot": boot}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    pub async fn machine(&self, mac: &str) -> Result<Option<MachineRow>, StoreError> {
+        let row = sqlx::query("SELECT mac, site_id, boot FROM machines WHERE mac = $1")
+            .bind(mac)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| MachineRow {
+            mac: r.get(0),
+            site_id: r.get(1),
+            boot: r.get(2),
+        }))
+    }
+
+    /// Machines of `site` (all sites when `None`), by MAC.
+    pub async fn list_machines(&self, site: Option<&str>) -> Result<Vec<MachineRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT mac, site_id, boot FROM machines WHERE $1::text IS NULL OR site_id = $1 ORDER BY mac",
+        )
+        .bind(site)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| MachineRow {
+                mac: r.get(0),
+                site_id: r.get(1),
+                boot: r.get(2),
+            })
+            .collect())
+    }
+
+    // === impl secrets ===
+
+    /// Stores (or replaces) a secret of `site`, already sealed by the caller.
+    pub async fn put_secret(
+        &self,
+        site: &str,
+        name: &str,
+        sealed: &SealedSecret,
+        actor: &str,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let site_exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM sites WHERE id = $1)")
+                .bind(site)
+                .fetch_one(&mut *tx)
+                .await?;
+        if !site_exists {
+            return Err(StoreError::NotFound {
+                what: "site",
+                id: site.to_string(),
+            });
+        }
+        sqlx::query(
+            "INSERT INTO secrets (site_id, name, nonce, ciphertext, created_by) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (site_id, name) DO UPDATE SET nonce = EXCLUDED.nonce, ciphertext = EXCLUDED.ciphertext, \
+             created_by = EXCLUDED.created_by, updated_at = now()",
+        )
+        .bind(site)
+        .bind(name)
+        .bind(&sealed.nonce)
+        .bind(&sealed.ciphertext)
+        .bind(actor)
+        .execute(&mut *tx)
+        .await?;
+        audit(
+            &mut tx,
+            actor,
+            "secret.put",
+            &format!("site/{site}/secret/{name}"),
+            serde_json::json!({}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Records in the audit log that `agent` of `site` received secret `name` (never the value).
+    pub async fn audit_secret_delivery(
+        &self,
+        site: &str,
+        name: &str,
+        agent: &str,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        audit(
+            &mut tx,
+            &format!("site/{site}/agent/{agent}"),
+            "secret.delivered",
+            &format!("site/{site}/secret/{name}"),
+            serde_json::json!({}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn secret(&self, site: &str, name: &str) -> Result<Option<SealedSecret>, StoreError> {
+        let row =
+            sqlx::query("SELECT nonce, ciphertext FROM secrets WHERE site_id = $1 AND name = $2")
+                .bind(site)
+                .bind(name)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|r| SealedSecret {
+            nonce: r.get(0),
+            ciphertext: r.get(1),
+        }))
+    }
+}
