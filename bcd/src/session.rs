@@ -2,7 +2,8 @@
 //!
 //! Hello → Welcome (epoch, heartbeat interval); heartbeats; inventory sections on request, each with a content
 //! hash, unchanged ones never resent; desired state applied and acknowledged by generation; commands run and their
-//! results signed by the node key. Any failure ends the session and the daemon reconnects with exponential backoff,
+//! results signed by the node key (the daemon's own kinds, and those of a [`CommandHook`] the embedding program adds:
+//! the ramdisk's agent mode). Any failure ends the session and the daemon reconnects with exponential backoff,
 //! full jitter and a cap. Nothing the gateway sends can panic the daemon: every message is checked.
 
 use crate::config::Config;
@@ -75,12 +76,35 @@ enum SessionEnd {
     Local(String),
 }
 
+/// What an extra command kind produced: a payload the session signs with the node key (`payload_type` names it,
+/// e.g. `application/vnd.bettercompute.ramdisk-diagnose+json`; the control plane stores JSON payloads).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandOutput {
+    pub payload_type: String,
+    pub payload: Vec<u8>,
+}
+
+/// Command kinds beyond the daemon's own (`diag.nvml`), supplied by the program that embeds the session: the
+/// ramdisk answers `ramdisk.diagnose` this way. The session still owns signing and delivery, so every result is
+/// signed by the node key whoever produced it.
+pub trait CommandHook: Send + Sync {
+    /// Whether this hook answers `kind`.
+    fn handles(&self, kind: &str) -> bool;
+    /// Runs one command (on a blocking thread). `Err` is reported as a signed error result.
+    fn run(&self, command: &v1::Command) -> Result<CommandOutput, String>;
+}
+
+/// The payload type of a signed error result.
+pub const ERROR_PAYLOAD_TYPE: &str = "application/vnd.bettercompute.error+json";
+
 /// What the daemon remembers across sessions (in memory).
 pub struct Daemon {
     pub config: Config,
     pub gpu: Option<Arc<dyn GpuBackend>>,
     /// A join token to rejoin with (by reclaim) if the certificate expired while the node was offline.
     pub rejoin_token: Option<String>,
+    /// Extra command kinds (the ramdisk's); `None` in `bcd run`.
+    pub hook: Option<Arc<dyn CommandHook>>,
     /// Hashes of inventory sections sent in this process's earlier sessions.
     known: HashMap<String, [u8; 32]>,
     boot_id: String,
@@ -103,6 +127,7 @@ impl Daemon {
             config,
             gpu,
             rejoin_token: None,
+            hook: None,
             known: HashMap::new(),
             boot_id,
         }
@@ -456,14 +481,32 @@ impl Daemon {
                 .map_err(|e| e.to_string())?;
                 crate::diag::sign(&report, signer).map_err(|e| e.to_string())
             }
+            kind if self.hook.as_ref().is_some_and(|h| h.handles(kind)) => {
+                let hook = self.hook.clone();
+                let command = c.clone();
+                let out = tokio::task::spawn_blocking(move || match hook {
+                    Some(h) => h.run(&command),
+                    None => Err("no command hook".into()),
+                })
+                .await
+                .unwrap_or_else(|e| {
+                    Err(format!("the {kind} command panicked or was cancelled: {e}"))
+                });
+                match out {
+                    Ok(o) => signer.sign(&o.payload_type, o.payload),
+                    Err(e) => {
+                        tracing::warn!(command = c.id, kind, error = %e, "command failed");
+                        let payload = serde_json::json!({"error": format!("{kind}: {e}")});
+                        signer.sign(ERROR_PAYLOAD_TYPE, payload.to_string().into_bytes())
+                    }
+                }
+                .map_err(|e| e.to_string())
+            }
             other => {
                 let payload =
                     serde_json::json!({"error": format!("unknown command kind {other:?}")});
                 signer
-                    .sign(
-                        "application/vnd.bettercompute.error+json",
-                        payload.to_string().into_bytes(),
-                    )
+                    .sign(ERROR_PAYLOAD_TYPE, payload.to_string().into_bytes())
                     .map_err(|e| e.to_string())
             }
         }
