@@ -2,10 +2,11 @@
 //!
 //! | parameter | meaning |
 //! |---|---|
-//! | `bc.url=` | control-plane URL (`https://…`, or `http://…` in a lab); required in `agent` mode |
-//! | `bc.ca_pin=` | SHA-256 of the control-plane CA certificate (DER), `sha256:<64 hex>` or bare hex; required for https |
-//! | `bc.boot_token=` | reference to a single-use boot token; never a join/site token (those are reusable secrets) |
-//! | `bc.mode=` | `agent` (default: join and run commands), `diagnose` (report and power off), `rescue` (stop after bring-up), `run` (the `bc.action` list, then power off; implied by `bc.action`) |
+//! | `bc.url=` | the gateway URL, `https://host:port`; required in `agent` mode (`http://` only outside agent mode) |
+//! | `bc.ca_pin=` | SHA-256 of the control-plane CA's SubjectPublicKeyInfo (as `bcd.toml`'s `ca_pin`), `sha256:<64 hex>` or bare hex; required for https |
+//! | `bc.join_key=` | JoinService's HPKE public key (base64url, as `bcd.toml`'s `join_public_key`); required in `agent` mode |
+//! | `bc.boot_token=` | the single-use boot token: a join token minted with `--uses 1` (`bcjt_…`, what agent mode joins with), or in `run` mode a reference for the NoCloud seed; site tokens and API keys are refused |
+//! | `bc.mode=` | `agent` (default: join as the machine's node and answer commands), `diagnose` (report and power off), `rescue` (stop after bring-up), `run` (the `bc.action` list, then power off; implied by `bc.action`) |
 //! | `bc.debug` | verbose logs (`bc.debug`, `bc.debug=1|0|true|false`) |
 //! | `bc.action=` | comma-separated, run in order: `diagnose`, `wipe`, `stream`, `kexec` (write the NoCloud seed onto the installed root, then kexec into its kernel) |
 //! | `bc.disks=` | what `wipe` erases: `all` (default: every whole disk but read-only and removable media) or a comma-separated list of names (`vda,nvme0n1`) |
@@ -57,14 +58,39 @@ pub struct ImageDigest {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CaPin(pub [u8; 32]);
 
-/// A reference to a single-use boot token held by the control plane.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The single-use boot token: a one-use join token (`bcjt_…`, agent mode joins with it) or an opaque reference
+/// (`run` mode writes it into the NoCloud seed). Its `Debug` never shows a join token's secret.
+#[derive(Clone, PartialEq, Eq)]
 pub struct BootTokenRef(pub String);
+
+impl BootTokenRef {
+    /// Whether this is a join token (`bcjt_<id>.<secret>`, already checked well-formed).
+    pub fn is_join_token(&self) -> bool {
+        self.0
+            .starts_with(bc_proto::token::TokenKind::Join.prefix())
+    }
+}
+
+impl std::fmt::Debug for BootTokenRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_join_token() {
+            let id = self.0.split('.').next().unwrap_or_default();
+            write!(f, "BootTokenRef({id}.…)")
+        } else {
+            write!(f, "BootTokenRef({:?})", self.0)
+        }
+    }
+}
+
+/// JoinService's public key as given (base64url), checked to decode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JoinKey(pub String);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RamdiskParams {
     pub control_url: Option<Url>,
     pub ca_pin: Option<CaPin>,
+    pub join_key: Option<JoinKey>,
     pub boot_token: Option<BootTokenRef>,
     pub mode: Mode,
     pub debug: bool,
@@ -84,7 +110,7 @@ pub enum CmdlineError {
     #[error("kernel command line has an unterminated quote")]
     UnterminatedQuote,
     #[error(
-        "unknown parameter {key} (known: bc.url, bc.ca_pin, bc.boot_token, bc.mode, bc.debug, bc.action, bc.disks, bc.image, bc.image_sha256, bc.image_sha512, bc.target, bc.kexec_cmdline, bc.nic)"
+        "unknown parameter {key} (known: bc.url, bc.ca_pin, bc.join_key, bc.boot_token, bc.mode, bc.debug, bc.action, bc.disks, bc.image, bc.image_sha256, bc.image_sha512, bc.target, bc.kexec_cmdline, bc.nic)"
     )]
     Unknown { key: String },
     #[error("{key} is given more than once")]
@@ -143,6 +169,7 @@ pub fn parse(cmdline: &str) -> Result<RamdiskParams, CmdlineError> {
     let mut params = RamdiskParams {
         control_url: None,
         ca_pin: None,
+        join_key: None,
         boot_token: None,
         mode: Mode::Agent,
         debug: false,
@@ -170,9 +197,10 @@ pub fn parse(cmdline: &str) -> Result<RamdiskParams, CmdlineError> {
         if !key.starts_with("bc.") {
             continue;
         }
-        const KEYS: [&str; 13] = [
+        const KEYS: [&str; 14] = [
             "bc.url",
             "bc.ca_pin",
+            "bc.join_key",
             "bc.boot_token",
             "bc.mode",
             "bc.debug",
@@ -211,6 +239,16 @@ pub fn parse(cmdline: &str) -> Result<RamdiskParams, CmdlineError> {
         match key {
             "bc.url" => params.control_url = Some(parse_url(value)?),
             "bc.ca_pin" => params.ca_pin = Some(parse_pin(value)?),
+            "bc.join_key" => {
+                bc_proto::seal::JoinPublicKey::parse(value).map_err(|_| {
+                    invalid(
+                        key,
+                        value,
+                        "expected JoinService's public key, base64url (join_public_key in bcd.toml)",
+                    )
+                })?;
+                params.join_key = Some(JoinKey(value.to_string()));
+            }
             "bc.boot_token" => params.boot_token = Some(parse_token_ref(value)?),
             "bc.action" => params.actions = parse_actions(value)?,
             "bc.disks" => params.disks = parse_disks(value)?,
@@ -301,12 +339,6 @@ pub fn parse(cmdline: &str) -> Result<RamdiskParams, CmdlineError> {
             reason: "stream and kexec need the disk that holds the installed system",
         });
     }
-    if params.mode == Mode::Agent && params.control_url.is_none() {
-        return Err(CmdlineError::Required {
-            key: "bc.url",
-            reason: "agent mode joins the control plane",
-        });
-    }
     if params
         .control_url
         .as_ref()
@@ -318,7 +350,45 @@ pub fn parse(cmdline: &str) -> Result<RamdiskParams, CmdlineError> {
             reason: "an https control URL is trusted only through the CA pin",
         });
     }
+    if params.mode == Mode::Agent {
+        check_agent(&params)?;
+    }
     Ok(params)
+}
+
+/// Agent mode joins the control plane: the gateway's https URL, the CA pin, JoinService's key and a one-use join
+/// token must all be on the command line.
+fn check_agent(params: &RamdiskParams) -> Result<(), CmdlineError> {
+    let Some(url) = &params.control_url else {
+        return Err(CmdlineError::Required {
+            key: "bc.url",
+            reason: "agent mode joins the control plane (bc.url=https://<gateway>:<port>)",
+        });
+    };
+    if url.scheme() != "https" {
+        return Err(invalid(
+            "bc.url",
+            url.as_str(),
+            "agent mode talks to the gateway over mutual TLS: use https://<gateway>:<port>",
+        ));
+    }
+    if params.join_key.is_none() {
+        return Err(CmdlineError::Required {
+            key: "bc.join_key",
+            reason: "agent mode seals the boot token to JoinService's public key",
+        });
+    }
+    if !params
+        .boot_token
+        .as_ref()
+        .is_some_and(BootTokenRef::is_join_token)
+    {
+        return Err(CmdlineError::Required {
+            key: "bc.boot_token",
+            reason: "agent mode joins with a one-use join token (bcjt_…, created with --uses 1)",
+        });
+    }
+    Ok(())
 }
 
 fn clip(s: &str) -> String {
@@ -466,16 +536,28 @@ fn parse_pin(value: &str) -> Result<CaPin, CmdlineError> {
     Ok(CaPin(pin))
 }
 
+/// The boot token rule: a join token (`bcjt_`) is accepted as the single-use boot token — the command line is
+/// readable by anything on the machine, so it must be minted with `--uses 1` (the ramdisk cannot see the count;
+/// once the ramdisk has joined, the copy on the command line is spent). Site tokens (`bcst_`) and API keys
+/// (`bcak_`) are reusable credentials and are refused. Neither message echoes a secret.
 fn parse_token_ref(value: &str) -> Result<BootTokenRef, CmdlineError> {
-    if ["bcjt_", "bcst_", "bcak_"]
+    use bc_proto::token::{Token, TokenKind};
+    let redacted = || value.chars().take(5).chain("…".chars()).collect::<String>();
+    if value.starts_with(TokenKind::Join.prefix()) {
+        return match Token::parse(TokenKind::Join, value) {
+            Ok(_) => Ok(BootTokenRef(value.to_string())),
+            Err(e) => Err(invalid("bc.boot_token", &redacted(), &e.to_string())),
+        };
+    }
+    if [TokenKind::Site, TokenKind::ApiKey]
         .iter()
-        .any(|p| value.starts_with(p))
+        .any(|k| value.starts_with(k.prefix()))
     {
         return Err(invalid(
             "bc.boot_token",
-            // Do not echo a secret into logs.
-            &value.chars().take(5).chain("…".chars()).collect::<String>(),
-            "this is a reusable token; pass the reference of a single-use boot token instead",
+            &redacted(),
+            "site tokens and API keys are reusable credentials and never go on a kernel command line; \
+             pass a one-use join token (bcjt_…, join-tokens create --uses 1)",
         ));
     }
     if value.len() > 128
@@ -575,13 +657,84 @@ mod tests {
         }
     }
 
+    /// A syntactically valid join token (not a real one).
+    const JOIN_TOKEN: &str = "bcjt_0123456789abcdef.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+
+    fn join_key() -> String {
+        bc_proto::seal::generate_join_keypair().1.encode()
+    }
+
     #[test]
     fn reusable_tokens_are_refused_without_echoing_them() {
+        for t in [
+            "bcst_0123456789abcdef.supersecretsupersecretsupersecretsupersecr",
+            "bcak_0123456789abcdef.supersecretsupersecretsupersecretsupersecr",
+        ] {
+            let err = parse(&format!("bc.mode=rescue bc.boot_token={t}"))
+                .expect_err("reusable token")
+                .to_string();
+            assert!(err.contains("reusable"), "{err}");
+            assert!(!err.contains("supersecret"), "{err}");
+        }
         let err = parse("bc.mode=rescue bc.boot_token=bcjt_abc.supersecret")
-            .expect_err("join token")
+            .expect_err("malformed join token")
             .to_string();
-        assert!(err.contains("reusable"), "{err}");
+        assert!(err.contains("token id must be"), "{err}");
         assert!(!err.contains("supersecret"), "{err}");
+    }
+
+    #[test]
+    fn agent_mode_needs_gateway_pin_key_and_a_join_token() {
+        let key = join_key();
+        let ok = format!(
+            "bc.url=https://10.99.0.1:8443 bc.ca_pin={PIN} bc.join_key={key} bc.boot_token={JOIN_TOKEN}"
+        );
+        let p = parse(&ok).expect("agent");
+        assert_eq!(p.mode, Mode::Agent);
+        assert!(
+            p.boot_token
+                .as_ref()
+                .is_some_and(BootTokenRef::is_join_token)
+        );
+        assert_eq!(p.join_key, Some(JoinKey(key.clone())));
+        assert!(
+            !format!("{p:?}").contains("AAAAAAAA"),
+            "Debug shows the secret: {p:?}"
+        );
+        let cases = [
+            (
+                format!(
+                    "bc.url=http://10.99.0.1:8443 bc.join_key={key} bc.boot_token={JOIN_TOKEN}"
+                ),
+                "use https",
+            ),
+            (
+                format!("bc.url=https://a:1 bc.ca_pin={PIN} bc.boot_token={JOIN_TOKEN}"),
+                "bc.join_key is required",
+            ),
+            (
+                format!("bc.url=https://a:1 bc.ca_pin={PIN} bc.join_key={key}"),
+                "bc.boot_token is required",
+            ),
+            (
+                format!(
+                    "bc.url=https://a:1 bc.ca_pin={PIN} bc.join_key={key} bc.boot_token=bt_ref_1"
+                ),
+                "one-use join token",
+            ),
+            (
+                format!("bc.url=https://a:1 bc.join_key={key} bc.boot_token={JOIN_TOKEN}"),
+                "bc.ca_pin is required",
+            ),
+            (
+                "bc.mode=rescue bc.join_key=notakey".to_string(),
+                "JoinService's public key",
+            ),
+        ];
+        for (line, needle) in &cases {
+            let err = parse(line).expect_err(line).to_string();
+            assert!(err.contains(needle), "{line}: {err}");
+        }
     }
 
     #[test]
@@ -626,9 +779,8 @@ mod tests {
     }
 
     #[test]
-    fn http_lab_url_without_pin_is_allowed() {
-        let p = parse("bc.url=http://192.168.100.1:8080").expect("lab");
-        assert_eq!(p.mode, Mode::Agent);
+    fn http_lab_url_without_pin_is_allowed_outside_agent_mode() {
+        let p = parse("bc.mode=diagnose bc.url=http://192.168.100.1:8080").expect("lab");
         assert_eq!(p.ca_pin, None);
     }
 
@@ -641,7 +793,7 @@ mod tests {
         #[test]
         fn never_panics_on_bc_shaped_input(
             parts in prop::collection::vec(
-                ("(bc\\.(url|ca_pin|boot_token|mode|debug|x)|[a-z]{1,4})", prop::option::of("[\"a-z0-9:/._= -]{0,20}")),
+                ("(bc\\.(url|ca_pin|join_key|boot_token|mode|debug|x)|[a-z]{1,4})", prop::option::of("[\"a-z0-9:/._= -]{0,20}")),
                 0..8,
             )
         ) {

@@ -284,11 +284,10 @@ pub fn run() -> ! {
 pub fn run_params(params: &RamdiskParams, phases: &Phases) -> Result<(), String> {
     match params.mode {
         Mode::Agent => {
-            return Err(
-                "agent mode (join the control plane and keep a session) is not built into this ramdisk yet; \
-                 use bc.action=… (or bc.mode=diagnose)"
-                    .into(),
-            );
+            bring_up_network(params)?;
+            phases.mark("dhcp");
+            // Returns only when the node can no longer keep a session (refused, revoked, join failed).
+            return crate::agent::run_pid1(params);
         }
         Mode::Rescue => {
             say("bc-rescue: bring-up done; idling (no shell in this initramfs)");

@@ -212,7 +212,7 @@ impl Run {
 }
 
 /// Boot the ramdisk with `cmdline` and `disks`, optionally inside network namespace `netns` with a tap NIC, until
-/// the guest powers off or `timeout`. `until` ends the run early (and kills QEMU) once the log contains it.
+/// the guest powers off or `timeout`.
 pub fn boot(
     images: &Images,
     work: &Path,
@@ -220,6 +220,21 @@ pub fn boot(
     disks: &[Disk<'_>],
     netns: Option<&Netns>,
     timeout: Duration,
+) -> Run {
+    let never = std::sync::atomic::AtomicBool::new(false);
+    boot_until(images, work, cmdline, disks, netns, timeout, &never)
+}
+
+/// [`boot`] that also ends the run (killing QEMU, not counted as a time-out) once `stop` is set: for guests that
+/// never power off by themselves, such as agent mode.
+pub fn boot_until(
+    images: &Images,
+    work: &Path,
+    cmdline: &str,
+    disks: &[Disk<'_>],
+    netns: Option<&Netns>,
+    timeout: Duration,
+    stop: &std::sync::atomic::AtomicBool,
 ) -> Run {
     let serial = work.join("serial.log");
     let mut cmd = match netns {
@@ -286,6 +301,10 @@ pub fn boot(
     let status = loop {
         match child.try_wait() {
             Ok(Some(s)) => break Some(s),
+            Ok(None) if stop.load(std::sync::atomic::Ordering::Relaxed) => {
+                let _ = child.kill();
+                break child.wait().ok();
+            }
             Ok(None) if start.elapsed() >= timeout => {
                 timed_out = true;
                 let _ = child.kill();

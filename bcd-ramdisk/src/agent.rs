@@ -1,0 +1,210 @@
+//! Agent mode (`bc.mode=agent`): join the control plane as the machine's node with the one-use boot token, then keep
+//! a session and answer commands — with bcd's own join and session code (NVML and site features off), not a copy.
+//!
+//! The ramdisk adds only what is its own: the configuration from the kernel command line ([`config_from_params`]),
+//! hardware claims read from its own `/sys` and `/proc`, and the command kinds the node daemon does not have,
+//! plugged into bcd's session as a [`CommandHook`] ([`RamdiskCommands`]): `ramdisk.diagnose` answers with the
+//! diagnose report. The session signs every result with the node key, so the control plane verifies it against the
+//! key it recorded at join.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bc_proto::v1;
+use bcd::config::{Config, ConfigWire};
+use bcd::session::{CommandHook, CommandOutput, Daemon};
+use serde::Serialize;
+
+use crate::cmdline::RamdiskParams;
+use crate::diagnose::{self, NvmeAdmin};
+
+/// The command kind that runs the diagnose report.
+pub const DIAGNOSE_KIND: &str = "ramdisk.diagnose";
+/// The payload type of its signed result (a JSON [`diagnose::DiagnoseReport`]).
+pub const DIAGNOSE_PAYLOAD_TYPE: &str = "application/vnd.bettercompute.ramdisk-diagnose+json";
+/// Where the node key, certificate and identity live: tmpfs, gone at power-off (a ramdisk boot is one join).
+pub const STATE_DIR: &str = "/run/bcd";
+/// Join attempts while the gateway is unreachable (backoff 0.25 s doubling to a 10 s cap: about 5 minutes).
+pub const JOIN_ATTEMPTS: u32 = 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("agent mode needs {what} on the kernel command line")]
+    Missing { what: &'static str },
+    #[error("agent configuration from the kernel command line")]
+    Config(#[source] bcd::config::ConfigError),
+    #[error("joining the control plane as this machine's node")]
+    Join(#[source] bcd::join::JoinError),
+    #[error("the session with the control plane ended for good")]
+    Session(#[source] bcd::session::RunError),
+}
+
+/// bcd's configuration from the kernel command line: gateway URL, CA pin and JoinService key; no GPU backend;
+/// hardware read under `/`; state in `state_dir`.
+pub fn config_from_params(params: &RamdiskParams, state_dir: &Path) -> Result<Config, AgentError> {
+    let url = params
+        .control_url
+        .as_ref()
+        .ok_or(AgentError::Missing { what: "bc.url" })?;
+    let pin = params
+        .ca_pin
+        .ok_or(AgentError::Missing { what: "bc.ca_pin" })?;
+    let key = params.join_key.as_ref().ok_or(AgentError::Missing {
+        what: "bc.join_key",
+    })?;
+    ConfigWire {
+        gateway_url: Some(url.as_str().trim_end_matches('/').to_string()),
+        ca_pin: Some(format!("sha256:{}", hex::encode(pin.0))),
+        join_public_key: Some(key.0.clone()),
+        state_dir: Some(state_dir.to_path_buf()),
+        gpu_backend: Some("none".into()),
+        hardware_root: Some(PathBuf::from("/")),
+        cdi_dir: Some(state_dir.join("cdi")),
+    }
+    .validate("kernel command line")
+    .map_err(AgentError::Config)
+}
+
+// === impl RamdiskCommands ===
+
+/// Sees (kind, command id, outcome) after each command, e.g. to print a console line.
+pub type OnCommandDone = Box<dyn Fn(&str, &str, &Result<CommandOutput, String>) + Send + Sync>;
+
+/// The ramdisk's command kinds for bcd's session.
+pub struct RamdiskCommands {
+    root: PathBuf,
+    nvme: Arc<dyn NvmeAdmin + Send + Sync>,
+    on_done: OnCommandDone,
+}
+
+impl RamdiskCommands {
+    /// Commands over the machine under `root` (`/`) with NVMe admin commands through `nvme`.
+    pub fn new(
+        root: PathBuf,
+        nvme: Arc<dyn NvmeAdmin + Send + Sync>,
+        on_done: OnCommandDone,
+    ) -> Self {
+        Self {
+            root,
+            nvme,
+            on_done,
+        }
+    }
+}
+
+impl CommandHook for RamdiskCommands {
+    fn handles(&self, kind: &str) -> bool {
+        kind == DIAGNOSE_KIND
+    }
+
+    fn run(&self, command: &v1::Command) -> Result<CommandOutput, String> {
+        let out = match command.kind.as_str() {
+            // Arguments are not used (the report is always whole); anything sent is ignored, not parsed.
+            DIAGNOSE_KIND => {
+                let report = diagnose::collect(&self.root, self.nvme.as_ref());
+                serde_json::to_vec(&report)
+                    .map(|payload| CommandOutput {
+                        payload_type: DIAGNOSE_PAYLOAD_TYPE.into(),
+                        payload,
+                    })
+                    .map_err(|e| format!("encoding the report: {e}"))
+            }
+            other => Err(format!("{other} is not a ramdisk command")),
+        };
+        (self.on_done)(&command.kind, &command.id, &out);
+        out
+    }
+}
+
+/// What the join did, as reported on the console.
+#[derive(Clone, Debug, Serialize)]
+pub struct JoinView {
+    pub node_id: String,
+    pub spiffe_id: String,
+    pub pool: String,
+    pub replayed: bool,
+    pub reclaimed: bool,
+    pub elapsed_ms: u64,
+}
+
+/// Joins as this machine's node with `token` (claims from `config.hardware_root`, no GPU backend), then keeps
+/// the session until `shutdown` resolves or the control plane refuses the node. `joined` sees the join's outcome
+/// before the first session.
+pub async fn run(
+    config: Config,
+    token: &str,
+    hook: Arc<dyn CommandHook>,
+    joined: impl FnOnce(&JoinView),
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), AgentError> {
+    let started = Instant::now();
+    let claims = bcd::hardware::collect(&config.hardware_root, None, None);
+    let outcome = bcd::join::join(
+        &config,
+        token,
+        bcd::join::JoinOptions {
+            attempts: JOIN_ATTEMPTS,
+            claims,
+        },
+    )
+    .await
+    .map_err(AgentError::Join)?;
+    joined(&JoinView {
+        node_id: outcome.identity.node_id.clone(),
+        spiffe_id: outcome.identity.spiffe_id.clone(),
+        pool: outcome.identity.pool.clone(),
+        replayed: outcome.replayed,
+        reclaimed: outcome.reclaimed,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+    });
+    let mut daemon = Daemon::new(config, None);
+    daemon.hook = Some(hook);
+    daemon.run(shutdown).await.map_err(AgentError::Session)
+}
+
+/// PID 1's agent mode after the network is up: join and keep the session on a small runtime. Returns only with
+/// an error (the caller prints it and powers off).
+pub fn run_pid1(params: &RamdiskParams) -> Result<(), String> {
+    let token = params
+        .boot_token
+        .as_ref()
+        .filter(|t| t.is_join_token())
+        .ok_or("agent mode needs bc.boot_token=bcjt_… (a one-use join token)")?;
+    let config =
+        config_from_params(params, Path::new(STATE_DIR)).map_err(|e| crate::actions::chain(&e))?;
+    bc_proto::install_crypto_provider();
+    let rt = bc_proto::runtime::build(Some(2)).map_err(|e| format!("starting the runtime: {e}"))?;
+    let hook = Arc::new(RamdiskCommands::new(
+        PathBuf::from("/"),
+        Arc::new(diagnose::RealNvme),
+        Box::new(|kind, id, out| {
+            #[derive(Serialize)]
+            struct Done<'a> {
+                kind: &'a str,
+                id: &'a str,
+                ok: bool,
+                error: Option<&'a str>,
+            }
+            crate::init::report(
+                "command",
+                &Done {
+                    kind,
+                    id,
+                    ok: out.is_ok(),
+                    error: out.as_ref().err().map(String::as_str),
+                },
+            );
+        }),
+    ));
+    let result = rt.block_on(run(
+        config,
+        &token.0,
+        hook,
+        |j| crate::init::report("join", j),
+        std::future::pending(),
+    ));
+    // Give in-flight tasks a moment; PID 1 goes on to print the error and power off.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    result.map_err(|e| crate::actions::chain(&e))
+}
