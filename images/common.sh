@@ -22,13 +22,14 @@ fetch_kernel() {
   echo "kernel: $pkg ($KVER)"
 }
 
-# Sets BIN to the static bcd-ramdisk (BC_RAMDISK_BIN overrides; else a release musl build).
+# Sets BIN to the static bcd-ramdisk (BC_RAMDISK_BIN overrides; else a musl build with the `ramdisk` profile:
+# release with fat LTO, which keeps the binary under 8 MiB now that it links bcd's join and session).
 build_binary() {
   if [ -n "${BC_RAMDISK_BIN:-}" ]; then BIN=$BC_RAMDISK_BIN; return; fi
-  cargo build -q --locked --release -p bcd-ramdisk --bin bcd-ramdisk --target $MUSL
+  cargo build -q --locked --profile ramdisk -p bcd-ramdisk --bin bcd-ramdisk --target $MUSL
   # Debug symbols stay in the build tree; the initramfs carries the stripped copy.
   BIN=$OUT/bcd-ramdisk
-  strip --strip-all -o "$BIN.tmp" "$TARGET_DIR/$MUSL/release/bcd-ramdisk" && mv "$BIN.tmp" "$BIN"
+  strip --strip-all -o "$BIN.tmp" "$TARGET_DIR/$MUSL/ramdisk/bcd-ramdisk" && mv "$BIN.tmp" "$BIN"
 }
 
 # stage_modules ROOT WANTED: copy the wanted modules and their dependencies from the kernel package into ROOT and

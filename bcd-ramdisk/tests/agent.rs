@@ -111,6 +111,28 @@ async fn agent_joins_keeps_a_session_and_signs_the_diagnose_report() -> TestResu
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // bcd's session answers the gateway's inventory request from the ramdisk's own /sys and /proc.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let names: Vec<String> = p
+            .store
+            .inventory(&joined.node_id)
+            .await?
+            .into_iter()
+            .map(|(name, _, _)| name)
+            .collect();
+        if ["system", "cpu", "memory", "nics", "disks"]
+            .iter()
+            .all(|s| names.iter().any(|n| n == s))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "inventory incomplete: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let (uses_left,): (i32,) = bc_store::sqlx::query_as("SELECT uses_left FROM join_tokens")
         .fetch_one(p.store.pool())
         .await?;
