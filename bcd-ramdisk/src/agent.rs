@@ -208,3 +208,70 @@ pub fn run_pid1(params: &RamdiskParams) -> Result<(), String> {
     rt.shutdown_timeout(Duration::from_secs(1));
     result.map_err(|e| crate::actions::chain(&e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_becomes_bcds_configuration() {
+        let key = bc_proto::seal::generate_join_keypair().1.encode();
+        let pin = "ab".repeat(32);
+        let token = "bcjt_0123456789abcdef.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+        let params = crate::cmdline::parse(&format!(
+            "bc.url=https://10.99.0.1:8443/ bc.ca_pin={pin} bc.join_key={key} bc.boot_token={token}"
+        ))
+        .expect("agent parameters");
+        let c = config_from_params(&params, Path::new("/run/bcd")).expect("config");
+        assert_eq!(c.gateway_url, "https://10.99.0.1:8443");
+        assert_eq!(
+            c.ca_pin,
+            format!("sha256:{pin}"),
+            "bare hex becomes bcd's pin form"
+        );
+        assert_eq!(c.join_public_key.encode(), key);
+        assert_eq!(c.gpu_backend, bcd::config::GpuBackendChoice::None);
+        assert_eq!(c.state_dir, Path::new("/run/bcd"));
+        let diagnose_only = crate::cmdline::parse("bc.mode=diagnose").expect("diagnose");
+        let err = config_from_params(&diagnose_only, Path::new("/run/bcd"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("bc.url"), "{err}");
+    }
+
+    #[test]
+    fn the_hook_answers_only_ramdisk_diagnose_with_a_json_report() {
+        struct NoNvme;
+        impl NvmeAdmin for NoNvme {
+            fn identify(&self, _: &str) -> std::io::Result<diagnose::NvmeIdentity> {
+                Err(std::io::Error::other("no NVMe here"))
+            }
+            fn smart(&self, _: &str) -> std::io::Result<diagnose::SmartHealth> {
+                Err(std::io::Error::other("no NVMe here"))
+            }
+        }
+        let root = tempfile::tempdir().expect("tempdir");
+        let hook = RamdiskCommands::new(
+            root.path().to_path_buf(),
+            Arc::new(NoNvme),
+            Box::new(|_, _, _| {}),
+        );
+        assert!(hook.handles(DIAGNOSE_KIND));
+        assert!(!hook.handles("diag.nvml"), "bcd answers its own kinds");
+        let command = |kind: &str| v1::Command {
+            id: "c1".into(),
+            kind: kind.into(),
+            args: b"not json at all".to_vec(),
+            deadline_unix_ms: 0,
+        };
+        let out = hook.run(&command(DIAGNOSE_KIND)).expect("report");
+        assert_eq!(out.payload_type, DIAGNOSE_PAYLOAD_TYPE);
+        let report: serde_json::Value = serde_json::from_slice(&out.payload).expect("JSON");
+        assert!(
+            report["problems"].as_array().is_some_and(|p| !p.is_empty()),
+            "an empty root is reported as problems, not a failure: {report}"
+        );
+        assert!(hook.run(&command("ramdisk.other")).is_err());
+    }
+}
