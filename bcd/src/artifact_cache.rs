@@ -39,6 +39,15 @@ pub enum FetchError {
         message: String,
     },
     #[error(
+        "artifact {sha256}: no data for {secs} s after {got} of {size} bytes; discarded, fetched again later"
+    )]
+    Stalled {
+        sha256: String,
+        got: u64,
+        size: u64,
+        secs: u64,
+    },
+    #[error(
         "artifact {sha256}: truncated: {got} of {size} bytes; discarded, fetched again at the next round"
     )]
     Truncated { sha256: String, got: u64, size: u64 },
@@ -238,6 +247,9 @@ impl ArtifactCache {
     }
 }
 
+/// A download that delivers nothing for this long is abandoned (it would hold a download slot forever).
+pub const STALL: Duration = Duration::from_secs(30);
+
 /// Delay before the next try after `failures` failures in a row: 1 s doubling to 60 s, ±20% jitter from `unit`
 /// (0..1).
 pub fn retry_delay(failures: u32, unit: f64) -> Duration {
@@ -277,7 +289,16 @@ pub async fn write_verified(
     let mut got = 0u64;
     {
         let mut file = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
-        while let Some(chunk) = stream.next().await {
+        loop {
+            let Ok(next) = tokio::time::timeout(STALL, stream.next()).await else {
+                return Err(FetchError::Stalled {
+                    sha256: sha256.to_string(),
+                    got,
+                    size,
+                    secs: STALL.as_secs(),
+                });
+            };
+            let Some(chunk) = next else { break };
             let chunk = chunk.map_err(|s| FetchError::Broken {
                 sha256: sha256.to_string(),
                 got,
@@ -392,6 +413,16 @@ mod tests {
             matches!(e, Err(FetchError::Broken { got: 5000, .. })),
             "{e:?}"
         );
+        // A stream that stops sending without ending is abandoned after STALL (time is paused: no real wait).
+        tokio::time::pause();
+        let stalled = tokio_stream::iter(vec![Ok(v1::ArtifactChunk { data: a.to_vec() })])
+            .chain(tokio_stream::pending());
+        let e = write_verified(dir.path(), &sha, size, Box::pin(stalled)).await;
+        assert!(
+            matches!(e, Err(FetchError::Stalled { got: 5000, .. })),
+            "{e:?}"
+        );
+        tokio::time::resume();
         let e = write_verified(dir.path(), "../../etc/passwd", size, chunks(&[a])).await;
         assert!(matches!(e, Err(FetchError::BadReference(_))), "{e:?}");
         assert!(!dir.path().join("sha256").join(&sha).exists());
