@@ -14,8 +14,8 @@ use axum::http::HeaderMap;
 use bc_proto::v1;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use tokio::io::AsyncWriteExt as _;
 use tokio_stream::StreamExt as _;
 
 /// Largest artifact accepted (an OS image fits; a runaway upload does not fill the disk).
@@ -71,7 +71,10 @@ impl ArtifactDir {
         std::fs::create_dir_all(&dir).map_err(|e| io("creating the artifact directory", e))?;
         let tmp = tempfile::NamedTempFile::new_in(&self.root)
             .map_err(|e| io("creating a temporary artifact file", e))?;
-        let mut file = tmp.as_file();
+        let mut file = tokio::fs::File::from_std(
+            tmp.reopen()
+                .map_err(|e| io("opening the temporary artifact file", e))?,
+        );
         let mut hasher = Sha256::new();
         let mut size = 0u64;
         while let Some(chunk) = body.next().await {
@@ -86,9 +89,13 @@ impl ArtifactDir {
             }
             hasher.update(&chunk);
             file.write_all(&chunk)
+                .await
                 .map_err(|e| io("writing the artifact", e))?;
         }
-        file.sync_all().map_err(|e| io("syncing the artifact", e))?;
+        file.sync_all()
+            .await
+            .map_err(|e| io("syncing the artifact", e))?;
+        drop(file);
         let sha = hex::encode(hasher.finalize());
         set_public(tmp.path()).map_err(|e| io("setting the artifact's mode", e))?;
         tmp.persist(self.path(&sha))
