@@ -66,6 +66,7 @@ async fn serve(args: &[String]) -> Result<()> {
         server_ip: ip,
         http_port: 8080,
         files: Default::default(),
+        offer: Default::default(),
     };
     println!("ready");
     // Stop when the parent closes our stdin.

@@ -11,7 +11,8 @@ use anyhow::{Context, Result, bail};
 use bcd_site::dhcp::render::render;
 use bcd_site::dhcp::wire::{decode, encode};
 use bcd_site::dhcp::{
-    Decision, Destination, IgnoreReason, ListenPort, MacAddr, NetbootTable, ServerInfo, decide,
+    BOOT_SERVER_TYPE, Decision, Destination, IgnoreReason, ListenPort, MacAddr, NetbootTable,
+    OfferStyle, ServerInfo, decide,
 };
 use dhcproto::v4::{Architecture, DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
 use dhcproto::{Encodable, Encoder};
@@ -29,6 +30,14 @@ fn server() -> ServerInfo {
         server_ip: SERVER,
         http_port: 8080,
         files: Default::default(),
+        offer: OfferStyle::Bootfile,
+    }
+}
+
+fn boot_server() -> ServerInfo {
+    ServerInfo {
+        offer: OfferStyle::BootServer,
+        ..server()
     }
 }
 
@@ -105,13 +114,21 @@ impl Req {
     }
 
     fn decide(&self, port: ListenPort) -> Result<Decision> {
+        self.decide_with(port, &server())
+    }
+
+    fn decide_with(&self, port: ListenPort, server: &ServerInfo) -> Result<Decision> {
         let msg = decode(&self.bytes()?)?;
-        Ok(decide(&msg, port, &table()?, &server()))
+        Ok(decide(&msg, port, &table()?, server))
     }
 }
 
 fn golden(name: &str, port: ListenPort, req: &Req) -> Result<()> {
-    let reply = match req.decide(port)? {
+    golden_with(name, port, req, &server())
+}
+
+fn golden_with(name: &str, port: ListenPort, req: &Req, server: &ServerInfo) -> Result<()> {
+    let reply = match req.decide_with(port, server)? {
         Decision::Reply(r) => r,
         Decision::Ignore { reason } => bail!("{name}: expected a reply, got ignore: {reason}"),
     };
@@ -201,6 +218,149 @@ fn golden_port_4011_request() -> Result<()> {
     req.extra
         .push(DhcpOption::VendorExtensions(vec![71, 4, 0, 0, 0, 0, 255]));
     golden("ack-4011-uefi-x64", ListenPort::PxeBoot, &req)
+}
+
+// === [dhcp] offer = "boot-server" ===
+
+/// OVMF / vendor PXE firmware on 67 with `offer = "boot-server"`: no file, a boot-server menu naming us.
+#[test]
+fn golden_boot_server_offer_uefi_x64() -> Result<()> {
+    golden_with(
+        "offer-boot-server-arch7-uefi-x64",
+        ListenPort::Dhcp,
+        &Req::pxe(7, "PXEClient:Arch:00007:UNDI:003016"),
+        &boot_server(),
+    )
+}
+
+#[test]
+fn golden_boot_server_offer_bios() -> Result<()> {
+    golden_with(
+        "offer-boot-server-arch0-bios",
+        ListenPort::Dhcp,
+        &Req::pxe(0, "PXEClient:Arch:00000:UNDI:002001"),
+        &boot_server(),
+    )
+}
+
+/// The REQUEST the firmware then unicasts to 4011 naming our menu item (type 0x8000, layer 0), as OVMF sends it
+/// (no ciaddr yet is also fine: the answer goes back to the source address and port).
+#[test]
+fn golden_boot_server_4011_request() -> Result<()> {
+    let mut req = Req::pxe(7, "PXEClient:Arch:00007:UNDI:003016");
+    req.msg_type = MessageType::Request;
+    req.ciaddr = Ipv4Addr::new(10, 20, 0, 50);
+    let [t0, t1] = BOOT_SERVER_TYPE.to_be_bytes();
+    req.extra
+        .push(DhcpOption::VendorExtensions(vec![71, 4, t0, t1, 0, 0, 255]));
+    golden_with(
+        "ack-4011-boot-server-uefi-x64",
+        ListenPort::PxeBoot,
+        &req,
+        &boot_server(),
+    )
+}
+
+/// PXE vendor sub-options of an option 43 value, by code.
+fn sub_options(value: &[u8]) -> Result<Vec<(u8, Vec<u8>)>> {
+    let mut out = Vec::new();
+    let mut rest = value;
+    loop {
+        match rest {
+            [255, ..] => return Ok(out),
+            [0, tail @ ..] => rest = tail,
+            [code, len, tail @ ..] if usize::from(*len) <= tail.len() => {
+                let (v, next) = tail.split_at(usize::from(*len));
+                out.push((*code, v.to_vec()));
+                rest = next;
+            }
+            _ => bail!("option 43 malformed or without end: {value:02x?}"),
+        }
+    }
+}
+
+/// What makes PXE firmware go to 4011, checked field by field (the golden file shows the bytes; this says why).
+#[test]
+fn boot_server_offer_sends_firmware_to_port_4011() -> Result<()> {
+    let req = Req::pxe(7, "PXEClient:Arch:00007:UNDI:003016");
+    let Decision::Reply(reply) = req.decide_with(ListenPort::Dhcp, &boot_server())? else {
+        bail!("not answered");
+    };
+    let m = &reply.message;
+    assert!(
+        m.fname().is_none_or(|f| f.iter().all(|&b| b == 0)),
+        "boot file field set: {:?}",
+        m.fname()
+    );
+    assert!(
+        m.opts().get(OptionCode::BootfileName).is_none(),
+        "option 67 present"
+    );
+    assert_eq!(m.siaddr(), SERVER);
+    assert_eq!(
+        m.opts().get(OptionCode::ClassIdentifier),
+        Some(&DhcpOption::ClassIdentifier(b"PXEClient".to_vec()))
+    );
+    let Some(DhcpOption::VendorExtensions(v43)) = m.opts().get(OptionCode::VendorExtensions) else {
+        bail!("no option 43");
+    };
+    let subs = sub_options(v43)?;
+    let get = |code: u8| {
+        subs.iter()
+            .find(|(c, _)| *c == code)
+            .map(|(_, v)| v.clone())
+    };
+    let control = get(6).context("no PXE_DISCOVERY_CONTROL")?;
+    assert_eq!(control.len(), 1);
+    assert_eq!(
+        control[0] & 0x08,
+        0,
+        "bit 3 would let firmware skip discovery"
+    );
+    assert_eq!(
+        control[0] & 0x07,
+        0x07,
+        "broadcast/multicast discovery not disabled, or list not enforced"
+    );
+    let [t0, t1] = BOOT_SERVER_TYPE.to_be_bytes();
+    assert_ne!(BOOT_SERVER_TYPE, 0, "type 0 is local boot");
+    let mut servers = vec![t0, t1, 1];
+    servers.extend_from_slice(&SERVER.octets());
+    assert_eq!(
+        get(8),
+        Some(servers),
+        "PXE_BOOT_SERVERS must name us for our type"
+    );
+    let menu = get(9).context("no PXE_BOOT_MENU")?;
+    assert_eq!(&menu[..2], &[t0, t1], "menu item of another type");
+    assert_eq!(
+        usize::from(menu[2]),
+        menu.len() - 3,
+        "menu description length"
+    );
+    let prompt = get(10).context("no PXE_MENU_PROMPT")?;
+    assert_eq!(prompt[0], 0, "a non-zero timeout waits for a key press");
+    assert!(reply.bootfile.contains("snponly.efi"), "{}", reply.bootfile);
+    Ok(())
+}
+
+/// The style changes only what PXE firmware gets on 67: iPXE and HTTP boot still get their script or URL there.
+#[test]
+fn boot_server_style_leaves_ipxe_and_http_boot_alone() -> Result<()> {
+    let mut ipxe = Req::pxe(7, "PXEClient:Arch:00007:UNDI:003016");
+    ipxe.user_class = Some(b"iPXE");
+    let http = Req::pxe(16, "HTTPClient:Arch:00016:UNDI:003001");
+    for req in [&ipxe, &http] {
+        let (Decision::Reply(a), Decision::Reply(b)) = (
+            req.decide_with(ListenPort::Dhcp, &server())?,
+            req.decide_with(ListenPort::Dhcp, &boot_server())?,
+        ) else {
+            bail!("not answered");
+        };
+        assert_eq!(a, b, "{:?} changed with the offer style", req.class);
+        assert!(b.message.opts().get(OptionCode::BootfileName).is_some());
+    }
+    Ok(())
 }
 
 fn ignored(req: &Req, port: ListenPort) -> Result<IgnoreReason> {

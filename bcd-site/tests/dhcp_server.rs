@@ -70,6 +70,7 @@ async fn start_on(table: NetbootTable, device: Option<&str>) -> Result<Harness> 
         server_ip: LOCAL,
         http_port: 8080,
         files: Default::default(),
+        offer: Default::default(),
     });
     config.broadcast = LOCAL;
     config.client_port = client.local_addr()?.port();
@@ -158,6 +159,7 @@ async fn offers_on_67_and_acks_on_4011() -> Result<()> {
 
     let c = h.counters.snapshot();
     assert_eq!((c.received, c.replied, c.decode_failed), (2, 2, 0));
+    assert_eq!(c.replied_4011, 1, "only the ACK counts as a 4011 reply");
     h.stop().await
 }
 

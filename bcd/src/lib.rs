@@ -6,6 +6,8 @@
 //! fixture. With default features off (as the ramdisk builds it) it has no NVML and no site code.
 //! Start with [`join::join`].
 
+#[cfg(feature = "site")]
+pub mod artifact_cache;
 pub mod cdi;
 pub mod config;
 pub mod diag;

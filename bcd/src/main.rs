@@ -264,6 +264,8 @@ async fn site_run(path: &Path, agent: bcd::config::Config, lease_ttl: u64) -> an
         agent,
         bcd::site::SiteAgentOptions {
             lease_ttl: std::time::Duration::from_secs(lease_ttl.max(1)),
+            artifacts: Some(config.artifacts.clone()),
+            ..Default::default()
         },
     );
     let bound = serve::bind(&config)

@@ -6,7 +6,10 @@
 //! table and feeds it to `bcd site serve`'s table channel; when it does not, or when its lease runs out on its own
 //! clock without a renewal (the control plane unreachable), it feeds an empty table, so its proxy DHCP answers
 //! nobody. A standby agent of the same site takes over once the holder's lease has expired in the store.
+//! Machines whose boot references control-plane artifacts are published only once
+//! [`crate::artifact_cache::ArtifactCache`] holds them, verified.
 
+use crate::artifact_cache::ArtifactCache;
 use crate::config::Config;
 use crate::state::{StateDir, StateError};
 use bc_proto::channel::{self, Backoff, ServerTrust};
@@ -59,12 +62,19 @@ pub struct BootLeaseView {
 pub struct SiteAgentOptions {
     /// Lease length asked for; the agent renews every third of it.
     pub lease_ttl: Duration,
+    /// The artifact cache (`boot.artifacts`): artifacts the table references are fetched into it. `None`: machines
+    /// referencing artifacts are left out of the table.
+    pub artifacts: Option<std::path::PathBuf>,
+    /// Artifact downloads at once.
+    pub artifact_fetches: usize,
 }
 
 impl Default for SiteAgentOptions {
     fn default() -> Self {
         SiteAgentOptions {
             lease_ttl: Duration::from_secs(15),
+            artifacts: None,
+            artifact_fetches: 4,
         }
     }
 }
@@ -89,19 +99,45 @@ pub fn netboot_table(r: &v1::NetbootResponse) -> Netboot {
     Netboot::from_machines(machines)
 }
 
+/// The table less the machines that reference artifacts (no cache to put them in).
+fn without_artifacts(mut r: v1::NetbootResponse) -> v1::NetbootResponse {
+    r.machines.retain(|m| {
+        let keep = m.artifacts.is_empty();
+        if !keep {
+            tracing::warn!(
+                mac = m.mac,
+                "netboot entry references artifacts but this agent has no artifact cache: left out"
+            );
+        }
+        keep
+    });
+    r
+}
+
 pub struct SiteAgent {
     config: Config,
     options: SiteAgentOptions,
     view: watch::Sender<BootLeaseView>,
+    cache: Option<ArtifactCache>,
 }
 
 impl SiteAgent {
     pub fn new(config: Config, options: SiteAgentOptions) -> SiteAgent {
+        let cache = options
+            .artifacts
+            .as_deref()
+            .map(|dir| ArtifactCache::new(dir, options.artifact_fetches));
         SiteAgent {
             config,
             options,
             view: watch::channel(BootLeaseView::default()).0,
+            cache,
         }
+    }
+
+    /// The artifact cache's counters (`None` without a cache).
+    pub fn artifact_counters(&self) -> Option<crate::artifact_cache::CacheCounters> {
+        self.cache.as_ref().map(ArtifactCache::counters)
     }
 
     /// Watches what the agent knows about the lease.
@@ -173,9 +209,17 @@ impl SiteAgent {
                 Some(d) => (Instant::now() + wait).min(d),
                 None => Instant::now() + wait,
             };
+            let fetched = async {
+                match &self.cache {
+                    Some(c) => c.done.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = tokio::time::sleep_until(sleep_until) => {}
+                // An artifact came in: ask again now, so its machines are published without waiting a round.
+                _ = fetched => {}
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 tracing::warn!(
@@ -280,7 +324,12 @@ impl SiteAgent {
             deadline = Some(sent + expires_in);
             match tokio::time::timeout(rpc_timeout, c.netboot(v1::NetbootRequest {})).await {
                 Ok(Ok(r)) => {
-                    let t = netboot_table(&r.into_inner());
+                    let r = r.into_inner();
+                    let r = match &self.cache {
+                        Some(cache) => cache.ready(&r, c),
+                        None => without_artifacts(r),
+                    };
+                    let t = netboot_table(&r);
                     if !was_serving {
                         tracing::info!(
                             site_id = identity.node_id,

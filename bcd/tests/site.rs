@@ -158,6 +158,8 @@ async fn enroll_with_a_site_token_retry_exhaust_revoke() -> TestResult {
 /// Proxy DHCP of one agent on loopback (port 4011 semantics: replies go to the source).
 struct Services {
     pxe: SocketAddr,
+    http: SocketAddr,
+    artifacts: std::path::PathBuf,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -182,6 +184,7 @@ async fn services(dir: &Path, table: watch::Receiver<Netboot>) -> anyhow::Result
         http: TcpListener::bind(any).await?,
     };
     let pxe = bound.dhcp.pxe.local_addr()?;
+    let http = bound.http.local_addr()?;
     let task = tokio::spawn(async move {
         let _ = bcd_site::serve::run(
             &config,
@@ -193,7 +196,12 @@ async fn services(dir: &Path, table: watch::Receiver<Netboot>) -> anyhow::Result
         )
         .await;
     });
-    Ok(Services { pxe, task })
+    Ok(Services {
+        pxe,
+        http,
+        artifacts,
+        task,
+    })
 }
 
 /// Whether the proxy DHCP at `to` answers a PXE request for MAC.
@@ -238,22 +246,32 @@ async fn settles(to: SocketAddr, want: bool) -> anyhow::Result<bool> {
 struct Agent {
     view: watch::Receiver<BootLeaseView>,
     services: Services,
+    agent: std::sync::Arc<SiteAgent>,
     task: tokio::task::JoinHandle<()>,
 }
 
 async fn start_agent(p: &Plane, state: &str, ttl: Duration) -> anyhow::Result<Agent> {
-    let agent = SiteAgent::new(p.node_config(state), SiteAgentOptions { lease_ttl: ttl });
+    let agent = std::sync::Arc::new(SiteAgent::new(
+        p.node_config(state),
+        SiteAgentOptions {
+            lease_ttl: ttl,
+            artifacts: Some(p.dir.path().join(state).join("artifacts")),
+            artifact_fetches: 2,
+        },
+    ));
     let view = agent.view();
     let (table_tx, table_rx) = watch::channel(Netboot::default());
     let services = services(&p.dir.path().join(state), table_rx).await?;
+    let running = agent.clone();
     let task = tokio::spawn(async move {
-        if let Err(e) = agent.run(table_tx, std::future::pending()).await {
+        if let Err(e) = running.run(table_tx, std::future::pending()).await {
             panic!("site agent failed: {e}");
         }
     });
     Ok(Agent {
         view,
         services,
+        agent,
         task,
     })
 }
@@ -571,6 +589,232 @@ async fn the_agent_renews_its_site_certificate_and_keeps_serving() -> TestResult
     assert_eq!(holder, agent_id(&p, "agent"));
     assert!(valid);
     assert!(settles(a.services.pxe, true).await?);
+    a.task.abort();
+    a.services.task.abort();
+    Ok(())
+}
+
+// === artifacts ===
+
+/// Deterministic bytes that do not repeat at chunk boundaries.
+fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+async fn put_artifact(p: &Plane, content: &[u8], name: &str) -> anyhow::Result<String> {
+    let v = p.admin.put_artifact(content.to_vec(), Some(name)).await?;
+    let reference = v["reference"].as_str().unwrap_or_default().to_string();
+    anyhow::ensure!(
+        reference.starts_with("sha256:") && reference.len() == 7 + 64,
+        "bad answer {v}"
+    );
+    Ok(reference)
+}
+
+async fn wait_machines(a: &Agent, n: usize, within: Duration) -> bool {
+    let mut v = a.view.clone();
+    tokio::time::timeout(within, v.wait_for(|v| v.serving && v.machines == n))
+        .await
+        .is_ok_and(|r| r.is_ok())
+}
+
+/// Entries and temporary files in the cache directory other than `sha256/`.
+fn partial_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|r| {
+            r.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n != "sha256")
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifacts_fill_the_site_cache_verified_and_boot_http_serves_them() -> TestResult {
+    let p = plane().await;
+    let token = site_token(&p, "rack-a", 1).await;
+    enroll(&p, "agent-a", &token).await?;
+
+    // Sizes that are not multiples of the 256 KiB chunk.
+    let kernel = pseudo_random(3 * 1024 * 1024 + 123, 1);
+    let initrd = pseudo_random(700_001, 2);
+    let k_ref = put_artifact(&p, &kernel, "vmlinuz-test").await?;
+    let i_ref = put_artifact(&p, &initrd, "initrd-test").await?;
+    let k_sha = k_ref.trim_start_matches("sha256:").to_string();
+    let i_sha = i_ref.trim_start_matches("sha256:").to_string();
+    let listed = p.admin.call("artifacts", "list", json!({})).await?;
+    assert_eq!(
+        listed["artifacts"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
+
+    // A boot naming an artifact that was never put is refused up front.
+    let missing = format!("sha256:{}", "0".repeat(64));
+    let e = p
+        .admin
+        .call(
+            "machines",
+            "create",
+            json!({"mac": MAC, "site": "rack-a", "boot": {"kernel": missing}}),
+        )
+        .await
+        .expect_err("unknown artifact refused");
+    assert!(e.to_string().starts_with("NOT_FOUND"), "{e}");
+
+    p.admin
+        .call(
+            "machines",
+            "create",
+            json!({"mac": MAC, "site": "rack-a",
+                   "boot": {"kernel": k_ref, "initrd": i_ref, "cmdline": "console=ttyS0"}}),
+        )
+        .await?;
+    let started = Instant::now();
+    let a = start_agent(&p, "agent-a", Duration::from_millis(1500)).await?;
+    assert!(
+        wait_machines(&a, 1, Duration::from_secs(20)).await,
+        "the machine was never published: {:?} {:?}",
+        *a.view.borrow(),
+        a.agent.artifact_counters()
+    );
+    println!(
+        "artifacts: {} + {} bytes fetched, verified and published in {} ms",
+        kernel.len(),
+        initrd.len(),
+        started.elapsed().as_millis()
+    );
+    // Published only once both are in the cache, whole.
+    let cache = &a.services.artifacts;
+    assert_eq!(std::fs::read(cache.join("sha256").join(&k_sha))?, kernel);
+    assert_eq!(std::fs::read(cache.join("sha256").join(&i_sha))?, initrd);
+    assert_eq!(partial_files(cache), Vec::<String>::new());
+    assert!(settles(a.services.pxe, true).await?, "DHCP does not answer");
+
+    // Boot HTTP: the script names the cache paths; the artifacts come with their length and Range.
+    let http = reqwest::Client::new();
+    let base = format!("http://{}", a.services.http);
+    let script = http
+        .get(format!("{base}/boot/{MAC}.ipxe"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(
+        script.contains(&format!("kernel /artifacts/sha256/{k_sha} initrd={i_sha}")),
+        "{script}"
+    );
+    let full = http
+        .get(format!("{base}/artifacts/sha256/{k_sha}"))
+        .send()
+        .await?;
+    assert_eq!(full.status(), 200);
+    assert_eq!(full.content_length(), Some(kernel.len() as u64));
+    assert_eq!(full.bytes().await?.as_ref(), kernel.as_slice());
+    let part = http
+        .get(format!("{base}/artifacts/sha256/{k_sha}"))
+        .header("Range", "bytes=1000000-1000099")
+        .send()
+        .await?;
+    assert_eq!(part.status(), 206);
+    assert_eq!(
+        part.headers()
+            .get("content-range")
+            .and_then(|v| v.to_str().ok()),
+        Some(format!("bytes 1000000-1000099/{}", kernel.len()).as_str())
+    );
+    assert_eq!(part.bytes().await?.as_ref(), &kernel[1_000_000..1_000_100]);
+    let tail = http
+        .get(format!("{base}/artifacts/sha256/{i_sha}"))
+        .header("Range", "bytes=-10")
+        .send()
+        .await?;
+    assert_eq!(tail.status(), 206);
+    assert_eq!(tail.bytes().await?.as_ref(), &initrd[initrd.len() - 10..]);
+
+    // Tampered at rest in the control plane: the stream no longer hashes to the reference. The agent refuses
+    // it, keeps nothing, never publishes the machine, and retries until the content is right again.
+    let other = pseudo_random(512 * 1024 + 7, 3);
+    let o_ref = put_artifact(&p, &other, "tampered").await?;
+    let o_sha = o_ref.trim_start_matches("sha256:").to_string();
+    let stored = p.dir.path().join("control/artifacts/sha256").join(&o_sha);
+    let mut bad = other.clone();
+    bad[300_000] ^= 0x40;
+    std::fs::write(&stored, &bad)?;
+    const MAC2: &str = "52:54:00:00:00:02";
+    p.admin
+        .call(
+            "machines",
+            "create",
+            json!({"mac": MAC2, "site": "rack-a", "boot": {"kernel": o_ref}}),
+        )
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while a.agent.artifact_counters().map_or(0, |c| c.failed) < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let c = a.agent.artifact_counters().unwrap_or_default();
+    assert!(
+        c.failed >= 2,
+        "the tampered artifact was not refused (and retried): {c:?}"
+    );
+    assert_eq!(
+        a.view.borrow().machines,
+        1,
+        "the machine with a tampered artifact was published"
+    );
+    assert!(
+        !cache.join("sha256").join(&o_sha).exists(),
+        "tampered content kept"
+    );
+    assert_eq!(
+        partial_files(cache),
+        Vec::<String>::new(),
+        "partial download left behind"
+    );
+    // Truncated at rest: refused the same way.
+    std::fs::write(&stored, &other[..1000])?;
+    let before = a.agent.artifact_counters().unwrap_or_default().failed;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while a.agent.artifact_counters().map_or(0, |c| c.failed) <= before && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        a.agent.artifact_counters().unwrap_or_default().failed > before,
+        "truncation not refused"
+    );
+    assert_eq!(a.view.borrow().machines, 1);
+    // Repaired: the next retry brings it in and the machine is published.
+    std::fs::write(&stored, &other)?;
+    assert!(
+        wait_machines(&a, 2, Duration::from_secs(20)).await,
+        "not published after the repair: {:?}",
+        a.agent.artifact_counters()
+    );
+    assert_eq!(std::fs::read(cache.join("sha256").join(&o_sha))?, other);
+    println!("artifacts: counters {:?}", a.agent.artifact_counters());
+
+    // The RPC serves only artifacts the asking site references.
+    let unreferenced = put_artifact(&p, b"not for this site", "other").await?;
+    let ch = bc_proto::channel::connect(&p.running.gateway_url, tls_of(&p, "agent-a")).await?;
+    let e = v1::site_service_client::SiteServiceClient::new(ch)
+        .artifact(v1::ArtifactRequest {
+            sha256: unreferenced.trim_start_matches("sha256:").to_string(),
+        })
+        .await
+        .expect_err("unreferenced artifact refused");
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+
     a.task.abort();
     a.services.task.abort();
     Ok(())

@@ -1,6 +1,7 @@
 //! Two real `bcd site run` processes of one site against a real control plane (fresh PostgreSQL, mTLS on
 //! loopback), each enrolled with `bcd site enroll`: only the boot-lease holder answers proxy DHCP; SIGKILL the holder
-//! and the standby answers within the lease expiry; SIGTERM releases the lease at once.
+//! and the standby answers within the lease expiry; SIGTERM releases the lease at once. The holder fills its
+//! artifact cache (`boot.artifacts`) with an artifact a machine of the site references.
 
 mod common;
 
@@ -185,6 +186,20 @@ async fn two_site_run_processes_one_answers_the_standby_takes_over() -> TestResu
             json!({"mac": MAC, "site": "rack-run", "boot": {"kernel": "ramdisk/vmlinuz"}}),
         )
         .await?;
+    // A second machine boots a control-plane artifact: the real binary fills its cache from `boot.artifacts`.
+    let kernel: Vec<u8> = (0..600_000u32).map(|i| (i * 31 % 253) as u8).collect();
+    let put = p
+        .admin
+        .put_artifact(kernel.clone(), Some("vmlinuz"))
+        .await?;
+    let reference = put["reference"].as_str().unwrap_or_default().to_string();
+    p.admin
+        .call(
+            "machines",
+            "create",
+            json!({"mac": "52:54:00:00:00:43", "site": "rack-run", "boot": {"kernel": reference}}),
+        )
+        .await?;
     for name in ["a", "b"] {
         let out = enroll(&p, &dir.join(name).join("state"), &token);
         let text = String::from_utf8_lossy(&out.stdout);
@@ -209,6 +224,15 @@ async fn two_site_run_processes_one_answers_the_standby_takes_over() -> TestResu
         "agent a never answered DHCP: {}",
         log_of(&dir, "a")
     );
+    let cached = dir
+        .join("a/artifacts/sha256")
+        .join(reference.trim_start_matches("sha256:"));
+    assert!(
+        until(within, || std::fs::read(&cached).is_ok_and(|c| c == kernel)).is_some(),
+        "bcd site run never cached the artifact: {}",
+        log_of(&dir, "a")
+    );
+    assert!(log_of(&dir, "a").contains("artifact cached (verified)"));
     let b = run(&p, &dir, "b");
     // B asks several times while A renews; B never answers.
     for _ in 0..(LEASE_TTL_S * 10) {

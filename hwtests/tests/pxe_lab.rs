@@ -4,7 +4,9 @@
 //! IPv6 RA so iPXE does not wait); netns `site` holds `bcd site serve` (proxy DHCP + TFTP + HTTP) on a veth
 //! joined to the bridge. Then:
 //! (a) SeaBIOS + QEMU's iPXE ROM (virtio-net): proxy offer with the script URL → HTTP kernel + initrd → /init;
-//! (b) OVMF with `romfile=` empty: its own PXE → 4011 → TFTP snponly.efi → iPXE → HTTP script → /init;
+//! (b) OVMF with `romfile=` empty: its own PXE. bcd site runs with `[dhcp] offer = "boot-server"`, so the port-67
+//!     offer carries a boot-server menu and no file: OVMF must REQUEST on 4011 → ACK with snponly.efi → TFTP →
+//!     iPXE → HTTP script → /init (asserted from bcd site's log and its final `replied_4011` counter);
 //! (c) a MAC not in the netboot table: bcd site logs and counts it, and never answers it.
 //! The initramfs's /init prints `BCDLAB-INIT marker=<from the kernel command line>` and powers off (-no-reboot).
 //! Per-phase timings are printed (from QEMU's start, as seen in bcd site's log and the serial console).
@@ -192,7 +194,12 @@ fn boot(
             ),
             (
                 "proxy DHCP answered on 4011",
-                &["answered", &mac_field, "port=PxeBoot"],
+                &[
+                    "answered",
+                    &mac_field,
+                    "port=PxeBoot",
+                    "bootfile=snponly.efi",
+                ],
             ),
             (
                 "loader sent over TFTP",
@@ -279,6 +286,21 @@ fn boot(
     if uefi && !phases.iter().any(|(l, _)| l == "loader sent over TFTP") {
         bail!("{name}: booted, but bcd site never completed the snponly.efi TFTP transfer");
     }
+    // Firmware PXE under `offer = "boot-server"`: the file came from the 4011 ACK, not the port-67 offer.
+    if uefi {
+        for needed in [
+            "proxy DHCP answered (firmware)",
+            "proxy DHCP answered on 4011",
+        ] {
+            if !phases.iter().any(|(l, _)| l == needed) {
+                bail!("{name}: booted, but bcd site's log lacks {needed:?}");
+            }
+        }
+        let at = |label: &str| phases.iter().find(|(l, _)| l == label).map(|(_, t)| *t);
+        if at("proxy DHCP answered on 4011") > at("loader sent over TFTP") {
+            bail!("{name}: snponly.efi was sent before the 4011 ACK: {phases:?}");
+        }
+    }
     Ok(phases)
 }
 
@@ -357,7 +379,7 @@ fn pxe_boots_bios_and_uefi_and_ignores_unmarked_macs() -> Result<()> {
         &site_toml,
         format!(
             "[boot]\ninterface = \"vsite\"\nserver_ip = \"{SITE_IP}\"\ntftp_root = \"{}\"\nartifacts = \"{}\"\n\
-             report_interval_s = 0\n\n{}{}",
+             report_interval_s = 0\n\n[dhcp]\noffer = \"boot-server\"\n\n{}{}",
             tftp.display(),
             dir.path().join("artifacts").display(),
             machine(BIOS_MAC, "bios"),
@@ -632,6 +654,16 @@ fn pxe_boots_bios_and_uefi_and_ignores_unmarked_macs() -> Result<()> {
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0);
     assert!(ignored >= 1, "the unmarked MAC was not counted: {counters}");
+    let acks_4011 = counters
+        .split("replied_4011=")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .context("no replied_4011 in the final counters")?;
+    assert!(
+        acks_4011 >= 1,
+        "OVMF never got a 4011 ACK (offer = \"boot-server\"): {counters}"
+    );
     let rogue_lines: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("another server is answering PXE clients"))

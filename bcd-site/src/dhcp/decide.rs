@@ -40,6 +40,18 @@ impl Default for BootFiles {
     }
 }
 
+/// What a port-67 OFFER tells PXE firmware (not iPXE, not HTTP boot, which always get their file or URL there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OfferStyle {
+    /// The boot file is in the OFFER and option 43 says "use it" (PXE_DISCOVERY_CONTROL bit 3): no port 4011.
+    #[default]
+    Bootfile,
+    /// No boot file in the OFFER: option 43 carries a one-item boot menu (picked at once), this server as the only
+    /// boot server of that type, and discovery restricted to that list, so PXE firmware sends its REQUEST to port
+    /// 4011, which answers with the boot file (PXE 2.1 boot-server discovery, what vendor ROMs do with WDS/dnsmasq).
+    BootServer,
+}
+
 /// Who this proxy is, as clients must see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerInfo {
@@ -48,6 +60,8 @@ pub struct ServerInfo {
     /// Port of the boot HTTP server (`/boot/<mac>.ipxe`, `/ipxe/<loader>`).
     pub http_port: u16,
     pub files: BootFiles,
+    /// What port-67 OFFERs to PXE firmware carry.
+    pub offer: OfferStyle,
 }
 
 impl ServerInfo {
@@ -218,8 +232,21 @@ pub enum Decision {
 /// prompt, menu or boot-server discovery".
 const PXE_DISCOVERY_CONTROL: u8 = 6;
 const DISCOVERY_USE_BOOTFILE: u8 = 0x08;
+/// PXE_DISCOVERY_CONTROL bits 0–2: no broadcast, no multicast discovery; only the servers in PXE_BOOT_SERVERS.
+const DISCOVERY_USE_SERVER_LIST: u8 = 0x07;
+/// PXE vendor sub-option 8, PXE_BOOT_SERVERS: type (2), IP count (1), IPs.
+const PXE_BOOT_SERVERS: u8 = 8;
+/// PXE vendor sub-option 9, PXE_BOOT_MENU: type (2), description length (1), description.
+const PXE_BOOT_MENU: u8 = 9;
+/// PXE vendor sub-option 10, PXE_MENU_PROMPT: timeout in seconds (1; 0 = take the first item at once), prompt.
+const PXE_MENU_PROMPT: u8 = 10;
 /// PXE vendor sub-option 71, PXE_BOOT_ITEM: echoed on 4011 when the client names one.
 const PXE_BOOT_ITEM: u8 = 71;
+/// The boot server type of our one menu item. Type 0 means "local boot" to firmware (it would stop PXE), 1–32767
+/// are assigned to vendors (1 is Microsoft WDS); 32768–65534 are free for private use.
+pub const BOOT_SERVER_TYPE: u16 = 0x8000;
+const BOOT_MENU_TEXT: &[u8] = b"Better Compute";
+const MENU_PROMPT_TEXT: &[u8] = b"PXE";
 
 /// Decides the answer to one request. Pure: no clock, no I/O.
 pub fn decide(
@@ -282,7 +309,8 @@ fn decide_inner(
 
     // iPXE asks again once loaded: hand it the script, never the loader (that would loop). It needs no
     // architecture-specific file, so its architecture is not consulted.
-    let (bootfile, answer_class) = if is_ipxe(opts) {
+    let ipxe = is_ipxe(opts);
+    let (bootfile, answer_class) = if ipxe {
         let class = match client_kind {
             ClientKind::Http => ANSWER_HTTP,
             ClientKind::Pxe => ANSWER_PXE,
@@ -321,8 +349,13 @@ fn decide_inner(
         .set_secs(0)
         .set_flags(req.flags());
     reply.clear_sname();
+    // PXE firmware (not iPXE) told to discover the boot server gets no file on 67: it must ask 4011.
+    let discover = port == ListenPort::Dhcp
+        && answer_class == ANSWER_PXE
+        && !ipxe
+        && server.offer == OfferStyle::BootServer;
     // The fname field holds at most 128 bytes; longer URLs travel in option 67 only.
-    if bootfile.len() <= 127 {
+    if !discover && bootfile.len() <= 127 {
         reply.set_fname(bootfile.as_bytes());
     } else {
         reply.clear_fname();
@@ -332,9 +365,15 @@ fn decide_inner(
     out.insert(DhcpOption::MessageType(reply_type));
     out.insert(DhcpOption::ServerIdentifier(server.server_ip));
     out.insert(DhcpOption::ClassIdentifier(answer_class.to_vec()));
-    out.insert(DhcpOption::BootfileName(bootfile.clone().into_bytes()));
-    if answer_class == ANSWER_PXE {
-        out.insert(DhcpOption::VendorExtensions(pxe_vendor_options(port, opts)));
+    if discover {
+        out.insert(DhcpOption::VendorExtensions(boot_server_discovery(
+            server.server_ip,
+        )));
+    } else {
+        out.insert(DhcpOption::BootfileName(bootfile.clone().into_bytes()));
+        if answer_class == ANSWER_PXE {
+            out.insert(DhcpOption::VendorExtensions(pxe_vendor_options(port, opts)));
+        }
     }
     if let Some(DhcpOption::ClientMachineIdentifier(uuid)) =
         opts.get(OptionCode::ClientMachineIdentifier)
@@ -353,7 +392,11 @@ fn decide_inner(
         message: reply,
         destination,
         mac,
-        bootfile,
+        bootfile: if discover {
+            format!("(none: boot-server discovery on port 4011, then {bootfile})")
+        } else {
+            bootfile
+        },
     })
 }
 
@@ -441,6 +484,24 @@ fn pxe_vendor_options(port: ListenPort, req: &DhcpOptions) -> Vec<u8> {
         v.extend_from_slice(&[PXE_BOOT_ITEM, 4]);
         v.extend_from_slice(&item);
     }
+    v.push(255);
+    v
+}
+
+/// Option 43 of a boot-server OFFER: discovery only through the server list, which names us alone; a one-item
+/// menu of our type with a zero-second prompt, so firmware picks it without a key press and unicasts its REQUEST
+/// (with PXE_BOOT_ITEM = our type, layer 0) to us on port 4011.
+fn boot_server_discovery(server_ip: Ipv4Addr) -> Vec<u8> {
+    let [t0, t1] = BOOT_SERVER_TYPE.to_be_bytes();
+    let mut v = vec![PXE_DISCOVERY_CONTROL, 1, DISCOVERY_USE_SERVER_LIST];
+    v.extend_from_slice(&[PXE_BOOT_SERVERS, 7, t0, t1, 1]);
+    v.extend_from_slice(&server_ip.octets());
+    // Both texts are constants far below 255 bytes.
+    v.extend_from_slice(&[PXE_BOOT_MENU, 3 + BOOT_MENU_TEXT.len() as u8, t0, t1]);
+    v.push(BOOT_MENU_TEXT.len() as u8);
+    v.extend_from_slice(BOOT_MENU_TEXT);
+    v.extend_from_slice(&[PXE_MENU_PROMPT, 1 + MENU_PROMPT_TEXT.len() as u8, 0]);
+    v.extend_from_slice(MENU_PROMPT_TEXT);
     v.push(255);
     v
 }

@@ -2,7 +2,8 @@
 //!
 //! The proxy never assigns addresses: the rack's own DHCP server does that. It answers only PXE (`PXEClient`) and
 //! HTTP-boot (`HTTPClient`) clients whose MAC is in the [`NetbootTable`], on port 67 (an OFFER with option 43 so
-//! clients need not ask port 4011) and on port 4011 (an ACK for firmware that asks there).
+//! clients need not ask port 4011, or, with [`OfferStyle::BootServer`], a boot-server menu that sends PXE firmware
+//! to port 4011) and on port 4011 (an ACK with the boot file).
 //!
 //! - [`wire`]: decoding that never panics, encoding.
 //! - [`decide()`]: the pure decision, request + table → reply or ignore-with-reason.
@@ -21,6 +22,7 @@ pub mod wire;
 pub use dhcproto;
 
 pub use decide::{
-    Arch, BootFiles, Decision, Destination, IgnoreReason, ListenPort, Reply, ServerInfo, decide,
+    Arch, BOOT_SERVER_TYPE, BootFiles, Decision, Destination, IgnoreReason, ListenPort, OfferStyle,
+    Reply, ServerInfo, decide,
 };
 pub use table::{MacAddr, MacParseError, NetbootRule, NetbootTable};

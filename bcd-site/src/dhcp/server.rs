@@ -100,6 +100,7 @@ pub fn bind_udp(addr: SocketAddrV4, device: Option<&str>) -> Result<UdpSocket, S
 pub struct DhcpCounters {
     received: AtomicU64,
     replied: AtomicU64,
+    replied_4011: AtomicU64,
     decode_failed: AtomicU64,
     send_failed: AtomicU64,
     rogue_seen: AtomicU64,
@@ -111,7 +112,10 @@ pub struct DhcpCounters {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CountersSnapshot {
     pub received: u64,
+    /// Replies on both ports.
     pub replied: u64,
+    /// Of `replied`, the ACKs on the boot-server port (4011).
+    pub replied_4011: u64,
     pub decode_failed: u64,
     pub send_failed: u64,
     pub rogue_seen: u64,
@@ -125,6 +129,7 @@ impl DhcpCounters {
         CountersSnapshot {
             received: self.received.load(Ordering::Relaxed),
             replied: self.replied.load(Ordering::Relaxed),
+            replied_4011: self.replied_4011.load(Ordering::Relaxed),
             decode_failed: self.decode_failed.load(Ordering::Relaxed),
             send_failed: self.send_failed.load(Ordering::Relaxed),
             rogue_seen: self.rogue_seen.load(Ordering::Relaxed),
@@ -235,6 +240,9 @@ async fn serve_port(
         match socket.send_to(&out, dest).await {
             Ok(_) => {
                 counters.replied.fetch_add(1, Ordering::Relaxed);
+                if port == ListenPort::PxeBoot {
+                    counters.replied_4011.fetch_add(1, Ordering::Relaxed);
+                }
                 debug!(?port, mac = %reply.mac, %dest, bootfile = %reply.bootfile, "answered");
             }
             Err(e) => {

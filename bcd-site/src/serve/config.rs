@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::Netboot;
-use crate::dhcp::{BootFiles, MacAddr};
+use crate::dhcp::{BootFiles, MacAddr, OfferStyle};
 use crate::http::{DesiredBoot, render_script};
 use crate::tftp::Limits;
 
@@ -23,6 +23,8 @@ pub struct SiteConfigWire {
     pub boot: Option<BootWire>,
     #[serde(default)]
     pub tftp: TftpWire,
+    #[serde(default)]
+    pub dhcp: DhcpWire,
     /// `[[machine]]`: the local netboot table (MAC → desired boot).
     #[serde(default)]
     pub machine: Vec<MachineWire>,
@@ -58,6 +60,14 @@ pub struct LoadersWire {
     pub x64_uefi: Option<String>,
     pub arm64_uefi: Option<String>,
     pub arm32_uefi: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DhcpWire {
+    /// What port-67 OFFERs carry for PXE firmware: `"bootfile"` (default: the file, no port 4011) or
+    /// `"boot-server"` (a boot-server menu: the firmware asks port 4011 for the file).
+    pub offer: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -98,6 +108,8 @@ pub struct SiteConfig {
     /// `None`: only the final report at shutdown.
     pub report_interval: Option<Duration>,
     pub loaders: BootFiles,
+    /// `[dhcp] offer`.
+    pub offer: OfferStyle,
     pub tftp: Limits,
     /// The table from the file: the initial contents of the netboot channel.
     pub netboot: Netboot,
@@ -221,6 +233,17 @@ impl SiteConfigWire {
             },
         };
 
+        let offer = match self.dhcp.offer.as_deref() {
+            None | Some("bootfile") => OfferStyle::Bootfile,
+            Some("boot-server") => OfferStyle::BootServer,
+            Some(_) => {
+                return Err(field(
+                    "dhcp.offer",
+                    "must be \"bootfile\" (the boot file in the port-67 offer) or \"boot-server\" (PXE firmware asks port 4011)",
+                ));
+            }
+        };
+
         let mut tftp = Limits::default();
         let t = self.tftp;
         if let Some(n) = t.max_transfers {
@@ -301,6 +324,7 @@ impl SiteConfigWire {
                 s => Some(Duration::from_secs(s)),
             },
             loaders,
+            offer,
             tftp,
             netboot: Netboot::from_machines(machines),
         })
@@ -344,6 +368,7 @@ artifacts = "/srv/artifacts"
             (80, 69, 67, 4011)
         );
         assert_eq!(c.loaders, BootFiles::default());
+        assert_eq!(c.offer, OfferStyle::Bootfile);
         assert!(c.watch_rogues);
         assert!(c.netboot.is_empty());
         Ok(())
@@ -389,6 +414,20 @@ artifacts = "/srv/artifacts"
         assert_eq!(
             err(&machine("mac = \"52:54:00:00:00:01\"\nkernel = \"k\"")),
             "site.toml: machine[1].mac: 52:54:00:00:00:01 is listed twice"
+        );
+        let offer = |v: &str| {
+            SiteConfig::from_toml(
+                &format!("{MINIMAL}\n[dhcp]\noffer = \"{v}\"\n"),
+                Path::new("site.toml"),
+            )
+            .map(|c| c.offer)
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(offer("boot-server").as_ref(), Ok(&OfferStyle::BootServer));
+        assert_eq!(offer("bootfile").as_ref(), Ok(&OfferStyle::Bootfile));
+        assert_eq!(
+            offer("4011"),
+            Err("site.toml: dhcp.offer: must be \"bootfile\" (the boot file in the port-67 offer) or \"boot-server\" (PXE firmware asks port 4011)".to_owned())
         );
         let spin = format!("{MINIMAL}\n[tftp]\nack_spin_us = 5000\n");
         assert_eq!(

@@ -192,6 +192,7 @@ pub async fn run(
             server_ip: config.server_ip,
             http_port: config.http_port,
             files: config.loaders.clone(),
+            offer: config.offer,
         })
     });
     info!(
@@ -286,6 +287,7 @@ fn report(counters: &SiteCounters, http: &BootHttp) {
     info!(
         received = d.received,
         replied = d.replied,
+        replied_4011 = d.replied_4011,
         decode_failed = d.decode_failed,
         send_failed = d.send_failed,
         rogue_seen = d.rogue_seen,

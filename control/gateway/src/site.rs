@@ -1,4 +1,4 @@
-//! The site-facing services: SiteService (boot lease, netboot table) and SecretService. Only site identities are
+//! The site-facing services: SiteService (boot lease, netboot table, artifacts) and SecretService. Only site identities are
 //! accepted here (the node Session refuses them, see [`crate::session::node_identity`]). The agent is named by the
 //! hash of the key its verified certificate certifies, never by anything it sends, so two agents of one site are
 //! told apart and neither can speak for the other. The gateway only forwards: the boot lease lives in the store,
@@ -39,7 +39,18 @@ pub trait SiteHandler: Send + Sync + 'static {
         agent: &SiteAgent,
         request: v1::SecretRequestMessage,
     ) -> BoxFuture<'_, Result<v1::SecretResponse, Status>>;
+    /// An artifact the agent's site references, as a stream of chunks (relayed as is: the agent verifies it).
+    fn artifact(
+        &self,
+        agent: &SiteAgent,
+        request: v1::ArtifactRequest,
+    ) -> BoxFuture<'_, Result<ArtifactStream, Status>>;
 }
+
+/// The chunks of one artifact.
+pub type ArtifactStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<v1::ArtifactChunk, Status>> + Send + 'static>,
+>;
 
 /// The site identity of a verified peer certificate, or why it is not one.
 pub fn site_identity(
@@ -122,6 +133,15 @@ impl v1::site_service_server::SiteService for SiteSvc {
     ) -> Result<Response<v1::RenewResponse>, Status> {
         let agent = self.agent(&request)?;
         let r = self.handler.renew(&agent, request.into_inner()).await?;
+        Ok(Response::new(r))
+    }
+
+    async fn artifact(
+        &self,
+        request: Request<v1::ArtifactRequest>,
+    ) -> Result<Response<ArtifactStream>, Status> {
+        let agent = self.agent(&request)?;
+        let r = self.handler.artifact(&agent, request.into_inner()).await?;
         Ok(Response::new(r))
     }
 }

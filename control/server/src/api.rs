@@ -31,6 +31,8 @@ pub struct ApiState {
     pub principals: Arc<PrincipalCache>,
     /// Seals secrets at rest (`secrets.put`).
     pub secrets: Arc<crate::secrets::SecretBox>,
+    /// Where artifacts are stored (`PUT /api/artifacts`).
+    pub artifacts: crate::artifacts::ArtifactDir,
 }
 
 /// Authenticated principals by API key id, kept [`PRINCIPAL_TTL`]: the hot path (and admission's pure checks)
@@ -121,11 +123,12 @@ pub fn router(state: ApiState) -> axum::Router {
             "/api/compute/{group}/{method}",
             axum::routing::post(dispatch),
         )
+        .route("/api/artifacts", axum::routing::put(crate::artifacts::put))
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .with_state(state)
 }
 
-async fn authenticate(
+pub(crate) async fn authenticate(
     store: &Store,
     cache: &PrincipalCache,
     headers: &HeaderMap,
@@ -207,6 +210,7 @@ async fn dispatch(
         ("site-tokens", _) | ("machines", _) | ("secrets", _) => {
             crate::site_api::dispatch(&state, &principal, &group, &method, body).await
         }
+        ("artifacts", "list") => crate::artifacts::list(&state, &principal).await,
         ("nodes", "list") => list_nodes(&state, &principal).await,
         ("nodes", "get") => get_node(&state, &principal, parse(body)?).await,
         ("nodes", "drain") => set_node_state(&state, &principal, parse(body)?, "draining").await,

@@ -37,18 +37,34 @@ impl ApiClient {
     /// `POST /api/compute/{group}/{method}`.
     pub async fn call(&self, group: &str, method: &str, body: Value) -> Result<Value, ClientError> {
         let url = format!("{}/api/compute/{group}/{method}", self.base);
+        let request = self.http.post(&url).json(&body);
+        self.send(url, request).await
+    }
+
+    /// `PUT /api/artifacts`: uploads `content` (held in memory), named `name` when given.
+    pub async fn put_artifact(
+        &self,
+        content: Vec<u8>,
+        name: Option<&str>,
+    ) -> Result<Value, ClientError> {
+        let url = format!("{}/api/artifacts", self.base);
+        let mut request = self.http.put(&url).body(content);
+        if let Some(n) = name {
+            request = request.header("x-artifact-name", n);
+        }
+        self.send(url, request).await
+    }
+
+    async fn send(
+        &self,
+        url: String,
+        request: reqwest::RequestBuilder,
+    ) -> Result<Value, ClientError> {
         let http = |source| ClientError::Http {
             url: url.clone(),
             source,
         };
-        let resp = self
-            .http
-            .post(&url)
-            .bearer_auth(&self.key)
-            .json(&body)
-            .send()
-            .await
-            .map_err(http)?;
+        let resp = request.bearer_auth(&self.key).send().await.map_err(http)?;
         let ok = resp.status().is_success();
         let v: Value = resp.json().await.map_err(http)?;
         if ok {

@@ -7,6 +7,7 @@
 
 pub mod admission;
 pub mod api;
+pub mod artifacts;
 pub mod ca;
 pub mod client;
 pub mod config;
@@ -151,6 +152,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
                     store.clone(),
                     ca.clone(),
                     secrets.clone(),
+                    artifacts::ArtifactDir::new(&config.state_dir),
                 )),
                 config.trust_domain.clone(),
             )),
@@ -206,6 +208,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             admitter: Some(admission::Admitter::start(store.clone())),
             principals: Arc::new(api::PrincipalCache::default()),
             secrets: secrets.clone(),
+            artifacts: artifacts::ArtifactDir::new(&config.state_dir),
         };
         let rx = stop_rx.clone();
         tasks.spawn(async move {

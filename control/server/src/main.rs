@@ -114,6 +114,13 @@ enum Command {
         #[command(subcommand)]
         command: bc_control::site_cli::SecretCommand,
     },
+    /// Artifacts sites boot (kernels, initramfs, images), content-addressed: put, list.
+    Artifacts {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: bc_control::site_cli::ArtifactCommand,
+    },
     /// Reservations: create, list, show, release.
     Reservations {
         #[command(flatten)]
@@ -405,6 +412,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Secrets { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);
             bc_control::site_cli::secrets(&client, command).await?;
+        }
+        Command::Artifacts { api, command } => {
+            let client = ApiClient::new(&api.api_url, &api.api_key);
+            bc_control::site_cli::artifacts(&client, command).await?;
         }
         Command::Reservations { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);

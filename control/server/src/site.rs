@@ -2,10 +2,11 @@
 //! and hands site tokens here), and the site services the gateway forwards ([`SiteBackend`]: boot lease, netboot
 //! table, secret broker).
 
+use crate::artifacts::{ArtifactDir, REF_PREFIX, is_sha256_hex, referenced};
 use crate::ca::{Ca, VerifiedCsr, verify_csr};
 use crate::secrets::SecretBox;
 use bc_gateway::BoxFuture;
-use bc_gateway::site::{SiteAgent, SiteHandler, agent_id_of};
+use bc_gateway::site::{ArtifactStream, SiteAgent, SiteHandler, agent_id_of};
 use bc_proto::spiffe::{Role, SpiffeId};
 use bc_proto::token::Token;
 use bc_proto::v1;
@@ -112,11 +113,22 @@ pub struct SiteBackend {
     store: Store,
     ca: Arc<Ca>,
     secrets: Arc<SecretBox>,
+    artifacts: ArtifactDir,
 }
 
 impl SiteBackend {
-    pub fn new(store: Store, ca: Arc<Ca>, secrets: Arc<SecretBox>) -> SiteBackend {
-        SiteBackend { store, ca, secrets }
+    pub fn new(
+        store: Store,
+        ca: Arc<Ca>,
+        secrets: Arc<SecretBox>,
+        artifacts: ArtifactDir,
+    ) -> SiteBackend {
+        SiteBackend {
+            store,
+            ca,
+            secrets,
+            artifacts,
+        }
     }
 
     async fn lease(
@@ -178,20 +190,126 @@ impl SiteBackend {
             .list_machines(Some(&agent.site_id))
             .await
             .map_err(|e| internal("reading the site's machines", &e))?;
-        Ok(v1::NetbootResponse {
-            machines: machines
-                .into_iter()
-                .filter_map(|m| {
-                    let boot: BootSpec = serde_json::from_value(m.boot?).ok()?;
-                    Some(v1::NetbootMachine {
-                        mac: m.mac,
-                        kernel: boot.kernel,
-                        initrd: boot.initrd.unwrap_or_default(),
-                        cmdline: boot.cmdline,
-                    })
-                })
-                .collect(),
-        })
+        let mut out = Vec::new();
+        for m in machines {
+            let Some(boot) = m
+                .boot
+                .and_then(|b| serde_json::from_value::<BootSpec>(b).ok())
+            else {
+                continue;
+            };
+            match self.resolve(&m.mac, boot).await? {
+                Some(entry) => out.push(entry),
+                None => continue,
+            }
+        }
+        Ok(v1::NetbootResponse { machines: out })
+    }
+
+    /// A machine's entry with its `sha256:` references turned into cache paths (`sha256/<hex>`) and listed as
+    /// artifacts; `None` (logged) when a referenced artifact is unknown, so the site never gets a boot it cannot
+    /// serve.
+    async fn resolve(
+        &self,
+        mac: &str,
+        boot: BootSpec,
+    ) -> Result<Option<v1::NetbootMachine>, Status> {
+        let mut artifacts = Vec::new();
+        let mut path_of = async |field: &str| -> Result<Option<String>, Status> {
+            let Some(sha) = referenced(field) else {
+                return Ok(Some(field.to_string()));
+            };
+            let row = if is_sha256_hex(sha) {
+                self.store
+                    .artifact(sha)
+                    .await
+                    .map_err(|e| internal("reading an artifact", &e))?
+            } else {
+                None
+            };
+            let Some(row) = row else {
+                tracing::warn!(
+                    mac,
+                    reference = field,
+                    "netboot entry references an unknown artifact: left out"
+                );
+                return Ok(None);
+            };
+            let path = format!("sha256/{}", row.sha256);
+            if !artifacts
+                .iter()
+                .any(|a: &v1::NetbootArtifact| a.sha256 == row.sha256)
+            {
+                artifacts.push(v1::NetbootArtifact {
+                    sha256: row.sha256,
+                    size: u64::try_from(row.size).unwrap_or(0),
+                    name: row.name,
+                });
+            }
+            Ok(Some(path))
+        };
+        let Some(kernel) = path_of(&boot.kernel).await? else {
+            return Ok(None);
+        };
+        let initrd = match &boot.initrd {
+            None => String::new(),
+            Some(i) => match path_of(i).await? {
+                Some(p) => p,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some(v1::NetbootMachine {
+            mac: mac.to_string(),
+            kernel,
+            initrd,
+            cmdline: boot.cmdline,
+            artifacts,
+        }))
+    }
+
+    /// Streams an artifact the agent's site references (anything else is NOT_FOUND, as if it did not exist).
+    async fn artifact_stream(
+        &self,
+        agent: &SiteAgent,
+        req: v1::ArtifactRequest,
+    ) -> Result<ArtifactStream, Status> {
+        if !is_sha256_hex(&req.sha256) {
+            return Err(Status::invalid_argument(
+                "sha256 must be 64 lowercase hex characters",
+            ));
+        }
+        let wanted = format!("{REF_PREFIX}{}", req.sha256);
+        let referenced_here = self
+            .store
+            .list_machines(Some(&agent.site_id))
+            .await
+            .map_err(|e| internal("reading the site's machines", &e))?
+            .into_iter()
+            .filter_map(|m| serde_json::from_value::<BootSpec>(m.boot?).ok())
+            .any(|b| b.kernel == wanted || b.initrd.as_deref() == Some(wanted.as_str()));
+        let not_found = || {
+            Status::not_found(format!(
+                "artifact {} is not referenced by a machine of site {}",
+                req.sha256, agent.site_id
+            ))
+        };
+        if !referenced_here {
+            return Err(not_found());
+        }
+        let file = std::fs::File::open(self.artifacts.path(&req.sha256)).map_err(|e| {
+            tracing::error!(sha256 = req.sha256, error = %e, "artifact file missing from the state directory");
+            Status::unavailable(format!(
+                "artifact {} is recorded but its file cannot be read; the control plane logged why",
+                req.sha256
+            ))
+        })?;
+        tracing::info!(
+            site_id = agent.site_id,
+            agent = agent.agent_id,
+            sha256 = req.sha256,
+            "artifact sent"
+        );
+        Ok(crate::artifacts::stream_file(file))
     }
 }
 
@@ -310,5 +428,14 @@ impl SiteHandler for SiteBackend {
     ) -> BoxFuture<'_, Result<v1::SecretResponse, Status>> {
         let agent = agent.clone();
         Box::pin(async move { self.secrets.answer(&self.store, &agent, request).await })
+    }
+
+    fn artifact(
+        &self,
+        agent: &SiteAgent,
+        request: v1::ArtifactRequest,
+    ) -> BoxFuture<'_, Result<ArtifactStream, Status>> {
+        let agent = agent.clone();
+        Box::pin(async move { self.artifact_stream(&agent, request).await })
     }
 }

@@ -226,10 +226,14 @@ async fn create_machine(
             ),
         ));
     }
+    let boot = check_boot(&req.boot)?;
+    if let Some(b) = &req.boot {
+        crate::artifacts::check_references(state, b).await?;
+    }
     let row = MachineRow {
         mac,
         site_id: req.site,
-        boot: check_boot(&req.boot)?,
+        boot,
     };
     state.store.upsert_machine(&row, &actor(p)).await?;
     Ok(Json(json!({ "machine": row })))
@@ -279,6 +283,9 @@ async fn set_boot(state: &ApiState, p: &Principal, req: SetBoot) -> Result<Json<
         })?;
     require(p, "compute:machines:set-boot", &format!("site/{site}"))?;
     let boot = check_boot(&req.boot)?;
+    if let Some(b) = &req.boot {
+        crate::artifacts::check_references(state, b).await?;
+    }
     state
         .store
         .set_machine_boot(&mac, boot.as_ref(), &actor(p))

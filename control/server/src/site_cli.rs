@@ -1,4 +1,4 @@
-//! Operator commands of sites: `better-compute site-tokens|machines|secrets …`, thin calls of the API.
+//! Operator commands of sites: `better-compute site-tokens|machines|secrets|artifacts …`, thin calls of the API.
 
 use crate::client::ApiClient;
 use clap::Subcommand;
@@ -51,7 +51,8 @@ pub enum MachineCommand {
 
 #[derive(clap::Args)]
 pub struct BootArgs {
-    /// http(s) URL, or a path under the site's artifact cache (ramdisk/vmlinuz).
+    /// http(s) URL, a path under the site's artifact cache (ramdisk/vmlinuz), or `sha256:<hex>` of an artifact
+    /// stored with `artifacts put` (the site agent fetches it into its cache).
     #[arg(long)]
     kernel: Option<String>,
     #[arg(long)]
@@ -67,6 +68,50 @@ impl BootArgs {
             Some(k) => json!({"kernel": k, "initrd": self.initrd, "cmdline": self.cmdline}),
         }
     }
+}
+
+#[derive(Subcommand)]
+pub enum ArtifactCommand {
+    /// Upload a kernel, initramfs or image; prints the `sha256:<hex>` reference to give `machines create --kernel`.
+    /// The file is read into memory for the upload.
+    Put {
+        file: std::path::PathBuf,
+        /// Name for listings and logs (default: the file name).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    List,
+}
+
+pub async fn artifacts(client: &ApiClient, command: ArtifactCommand) -> anyhow::Result<()> {
+    match command {
+        ArtifactCommand::Put { file, name } => {
+            let content = tokio::fs::read(&file)
+                .await
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
+            let name = name.or_else(|| file.file_name().map(|n| n.to_string_lossy().into_owned()));
+            let v = client.put_artifact(content, name.as_deref()).await?;
+            println!("{}", v["reference"].as_str().unwrap_or_default());
+            eprintln!(
+                "artifact {} ({} bytes) stored",
+                v["artifact"]["name"].as_str().unwrap_or_default(),
+                v["artifact"]["size"]
+            );
+        }
+        ArtifactCommand::List => {
+            let v = client.call("artifacts", "list", json!({})).await?;
+            println!("{:<64} {:>12} NAME", "SHA256", "SIZE");
+            for a in v["artifacts"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<64} {:>12} {}",
+                    a["sha256"].as_str().unwrap_or_default(),
+                    a["size"].to_string(),
+                    a["name"].as_str().unwrap_or_default()
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Subcommand)]

@@ -1,5 +1,5 @@
 //! The site API groups against a real PostgreSQL: grants scoped to `site/<id>`, stable codes, MAC canonical form,
-//! a MAC cannot be moved to another site by create, and the `better-compute site-tokens` CLI.
+//! a MAC cannot be moved to another site by create, and the `better-compute site-tokens` and `artifacts` CLI.
 
 use bc_control::client::{ApiClient, ClientError};
 use bc_control::config::{Roles, ServeConfig};
@@ -241,5 +241,76 @@ async fn site_grants_codes_and_cli() {
     );
     assert!(stdout.trim().starts_with("bcst_"), "{stdout}");
     assert!(Token::parse(TokenKind::Site, stdout.trim()).is_ok());
+
+    // Artifacts: a site-scoped operator may not upload; the admin's CLI upload prints the reference, stores the
+    // content under its hash (0644) and lists it.
+    assert_eq!(
+        code(ops.put_artifact(b"kernel".to_vec(), Some("k")).await),
+        "ACCESS_DENIED"
+    );
+    let file = dir.path().join("vmlinuz");
+    let content: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&file, &content).expect("write");
+    let cli = |args: &[&str]| {
+        let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_better-compute"));
+        c.args(args)
+            .env("BC_API_URL", &url)
+            .env("BC_API_KEY", &admin_key);
+        c
+    };
+    let out = cli(&["artifacts", "put", file.to_str().expect("path")])
+        .output()
+        .await
+        .expect("run cli");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reference = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&content));
+    assert_eq!(reference, format!("sha256:{sha}"));
+    let stored = dir.path().join("state/artifacts/sha256").join(&sha);
+    assert_eq!(std::fs::read(&stored).expect("stored"), content);
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&stored)
+            .expect("meta")
+            .permissions()
+            .mode()
+            & 0o777,
+        0o644
+    );
+    let out = cli(&["artifacts", "list"]).output().await.expect("run cli");
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listing.contains(&sha) && listing.contains("300000") && listing.contains("vmlinuz"),
+        "{listing}"
+    );
+    // Machines may reference it; a malformed or unknown reference is refused.
+    assert!(
+        code(
+            admin
+                .call(
+                    "machines",
+                    "create",
+                    json!({"mac": "52:54:00:aa:bb:10", "site": "r1", "boot": {"kernel": reference}})
+                )
+                .await
+        )
+        .starts_with("OK")
+    );
+    assert_eq!(
+        code(
+            admin
+                .call(
+                    "machines",
+                    "create",
+                    json!({"mac": "52:54:00:aa:bb:11", "site": "r1", "boot": {"kernel": "sha256:ABC"}})
+                )
+                .await
+        ),
+        "INVALID_ARGUMENT"
+    );
     running.shutdown().await;
 }

@@ -6,6 +6,7 @@
 //! import tonic, axum or any workspace crate but bc-core. Start with [`Store::commit_joins`], the hot path of `bcd
 //! join`.
 
+pub mod artifacts;
 pub mod embedded;
 pub mod iam;
 pub mod join_tokens;

@@ -42,6 +42,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "revocations",
         sql: include_str!("../migrations/0006_revocations.sql"),
     },
+    Migration {
+        version: 7,
+        name: "artifacts",
+        sql: include_str!("../migrations/0007_artifacts.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.

@@ -291,6 +291,18 @@ pub struct SignedEnvelope {
     #[prost(bytes = "vec", tag = "5")]
     pub signature: ::prost::alloc::vec::Vec<u8>,
 }
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ArtifactRequest {
+    /// Lowercase hex SHA-256 of the content.
+    #[prost(string, tag = "1")]
+    pub sha256: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ArtifactChunk {
+    /// The next bytes of the artifact, at most 256 KiB.
+    #[prost(bytes = "vec", tag = "1")]
+    pub data: ::prost::alloc::vec::Vec<u8>,
+}
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct BootLeaseRequest {
     /// Lease length the agent asks for; the control plane clamps it to \[1 s, 120 s\].
@@ -323,7 +335,7 @@ pub struct NetbootResponse {
     #[prost(message, repeated, tag = "1")]
     pub machines: ::prost::alloc::vec::Vec<NetbootMachine>,
 }
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct NetbootMachine {
     /// aa:bb:cc:dd:ee:ff
     #[prost(string, tag = "1")]
@@ -334,6 +346,20 @@ pub struct NetbootMachine {
     pub initrd: ::prost::alloc::string::String,
     #[prost(string, tag = "4")]
     pub cmdline: ::prost::alloc::string::String,
+    /// Artifacts of the control plane that kernel or initrd name (as `sha256/<hex>`, their path in the site's
+    /// artifact cache). The agent publishes the machine only once each is in its cache, verified.
+    #[prost(message, repeated, tag = "5")]
+    pub artifacts: ::prost::alloc::vec::Vec<NetbootArtifact>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NetbootArtifact {
+    #[prost(string, tag = "1")]
+    pub sha256: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "2")]
+    pub size: u64,
+    /// The operator's name for it, for logs.
+    #[prost(string, tag = "3")]
+    pub name: ::prost::alloc::string::String,
 }
 /// Generated client implementations.
 pub mod join_service_client {
@@ -2008,6 +2034,33 @@ pub mod site_service_client {
                 .insert(GrpcMethod::new("bettercompute.v1.SiteService", "Renew"));
             self.inner.unary(req, path, codec).await
         }
+        /// One artifact of the control plane's content-addressed store (kernels, initramfs, images a machine of this
+        /// site boots), in chunks. The agent verifies length and SHA-256 itself: neither the gateway nor the stream is
+        /// trusted. Only artifacts the site's netboot table references are served.
+        pub async fn artifact(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ArtifactRequest>,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<super::ArtifactChunk>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/bettercompute.v1.SiteService/Artifact",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("bettercompute.v1.SiteService", "Artifact"));
+            self.inner.server_streaming(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -2050,6 +2103,18 @@ pub mod site_service_server {
             &self,
             request: tonic::Request<super::RenewRequest>,
         ) -> std::result::Result<tonic::Response<super::RenewResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("Not yet implemented"))
+        }
+        /// One artifact of the control plane's content-addressed store (kernels, initramfs, images a machine of this
+        /// site boots), in chunks. The agent verifies length and SHA-256 itself: neither the gateway nor the stream is
+        /// trusted. Only artifacts the site's netboot table references are served.
+        async fn artifact(
+            &self,
+            request: tonic::Request<super::ArtifactRequest>,
+        ) -> std::result::Result<
+            tonic::Response<BoxStream<super::ArtifactChunk>>,
+            tonic::Status,
+        > {
             Err(tonic::Status::unimplemented("Not yet implemented"))
         }
     }
@@ -2262,6 +2327,52 @@ pub mod site_service_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/bettercompute.v1.SiteService/Artifact" => {
+                    #[allow(non_camel_case_types)]
+                    struct ArtifactSvc<T: SiteService>(pub Arc<T>);
+                    impl<
+                        T: SiteService,
+                    > tonic::server::ServerStreamingService<super::ArtifactRequest>
+                    for ArtifactSvc<T> {
+                        type Response = super::ArtifactChunk;
+                        type ResponseStream = BoxStream<super::ArtifactChunk>;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ArtifactRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as SiteService>::artifact(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ArtifactSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.server_streaming(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)
