@@ -9,14 +9,25 @@ pub fn build(workers: Option<usize>) -> std::io::Result<tokio::runtime::Runtime>
     b.enable_all().build()
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called, not when the future is first
+/// polled: a program that prints "ready" and then awaits it must not be killed by a signal sent right after the
+/// print (a test that did exactly that saw `dev` die of SIGTERM on a fresh machine).
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate()).ok();
+    let int = signal(SignalKind::interrupt()).ok();
+    async move {
+        let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+            match s {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = wait(term) => {}
+            _ = wait(int) => {}
+        }
     }
 }

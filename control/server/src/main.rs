@@ -288,6 +288,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 bc_store::migrate::migrate(store.pool()).await?;
             }
             let mut running = bc_control::start(&cfg, store).await?;
+            let stop = bc_proto::runtime::shutdown_signal();
             println!(
                 "serving: api={} gateway={} ca_pin={} join_key={}",
                 running
@@ -302,7 +303,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 running.join_public_key
             );
             tokio::select! {
-                _ = bc_proto::runtime::shutdown_signal() => {}
+                _ = stop => {}
                 _ = running.wait_any() => tracing::error!("a role stopped on its own"),
             }
             running.shutdown().await;
