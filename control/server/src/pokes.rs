@@ -3,12 +3,11 @@
 //! notification lost while the listening connection was down costs latency only; after a reconnect every loop is
 //! woken once to catch up.
 
+use crate::notify::{self, Notice};
 use bc_gateway::session::Registry;
-use bc_proto::channel::Backoff;
 use bc_store::Store;
-use bc_store::pokes::{LIFECYCLE, OUTBOX, Poke};
+use bc_store::pokes::{LIFECYCLE, OUTBOX};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
 pub async fn run(
@@ -41,40 +40,13 @@ pub async fn run(
             n.notify_one();
         }
     };
-    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
-    loop {
-        let listening = tokio::select! {
-            l = store.listen(&channels) => l,
-            _ = stop.wait_for(|s| *s) => return,
-        };
-        match listening {
-            Ok(mut pokes) => {
-                backoff.reset();
-                // Whatever was written before we listened.
-                wake(None);
-                loop {
-                    let next = tokio::select! {
-                        p = pokes.next() => p,
-                        _ = stop.wait_for(|s| *s) => return,
-                    };
-                    match next {
-                        Ok(Poke::On { channel }) => wake(Some(&channel)),
-                        Ok(Poke::Reconnected) => wake(None),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "notification listener lost its connection; the loops run on their ticks meanwhile");
-                            break;
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for notifications; the loops run on their ticks meanwhile")
-            }
-        }
-        let wait = backoff.next_delay(rand::random::<f64>());
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.wait_for(|s| *s) => return,
+    // One listening mechanism for the whole control plane: `notify::listen` reconnects by itself and reports a
+    // possible loss as `Resync`, after which every loop is woken once to catch up.
+    let mut notices = notify::listen(&store, &channels, stop);
+    while let Some(n) = notices.recv().await {
+        match n {
+            Notice::Message { channel, .. } => wake(Some(&channel)),
+            Notice::Resync => wake(None),
         }
     }
 }
