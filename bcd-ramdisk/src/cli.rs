@@ -60,6 +60,22 @@ enum Command {
         #[arg(long)]
         load_only: bool,
     },
+    /// DHCP on one interface (the ramdisk's own client): configure the lease and print it as JSON; with --keep,
+    /// keep it (renew at T1, rebind at T2, start over when lost), printing each event as a JSON line.
+    Dhcp {
+        /// The interface (default: the first with a carrier).
+        #[arg(long)]
+        nic: Option<String>,
+        /// Give up the first exchange after this many seconds.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+        /// Keep the lease after configuring it.
+        #[arg(long)]
+        keep: bool,
+        /// With --keep: exit after this many renewals (tests).
+        #[arg(long, requires = "keep")]
+        renewals: Option<u32>,
+    },
     /// Resolve the load order of kernel modules from their .modinfo (image builds use it).
     ModulesOrder {
         /// The lib/modules/<version> directory.
@@ -108,6 +124,54 @@ fn print_json<T: serde::Serialize>(value: &T) -> Result<(), String> {
     let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
     println!("{text}");
     Ok(())
+}
+
+fn dhcp(nic: Option<&str>, timeout: u64, keep: bool, renewals: Option<u32>) -> Result<(), String> {
+    use crate::dhcp::net::{self, LeaseEvent};
+    let nic = net::choose_nic(nic, None, std::time::Duration::from_secs(10))
+        .map_err(|e| actions::chain(&e))?;
+    let xid = rand::random();
+    let lease = net::acquire(&nic, xid, std::time::Duration::from_secs(timeout))
+        .map_err(|e| actions::chain(&e))?;
+    print_json(&serde_json::json!({
+        "event": "bound",
+        "nic": nic.name,
+        "address": lease.address.to_string(),
+        "prefix_len": lease.prefix_len,
+        "server": lease.server.to_string(),
+        "lease_secs": lease.lease_secs,
+    }))?;
+    if !keep {
+        return Ok(());
+    }
+    let mut renewed = 0u32;
+    let mut lost = None;
+    net::keep(&nic, lease, xid.wrapping_add(1), &mut |event| {
+        let line = match &event {
+            LeaseEvent::Renewed {
+                address,
+                lease_secs,
+            } => {
+                renewed += 1;
+                serde_json::json!({"event": "renewed", "address": address.to_string(), "lease_secs": lease_secs})
+            }
+            LeaseEvent::Lost { address, why } => {
+                lost = Some(why.clone());
+                serde_json::json!({"event": "lost", "address": address.to_string(), "why": why})
+            }
+            LeaseEvent::Reacquired { address, changed } => {
+                serde_json::json!({"event": "reacquired", "address": address.to_string(), "changed": changed})
+            }
+            LeaseEvent::Trouble(why) => serde_json::json!({"event": "trouble", "why": why}),
+        };
+        println!("{line}");
+        renewals.is_none_or(|n| renewed < n)
+    });
+    match (renewals, lost) {
+        (Some(n), _) if renewed >= n => Ok(()),
+        (_, Some(why)) => Err(format!("lease lost: {why}")),
+        _ => Err("the lease does not expire: nothing to keep".into()),
+    }
 }
 
 fn run(command: Command) -> Result<(), String> {
@@ -160,6 +224,12 @@ fn run(command: Command) -> Result<(), String> {
             eprintln!("bcd-ramdisk: {}; rebooting instead", actions::chain(&e));
             Err(crate::os::sys::restart().to_string())
         }
+        Command::Dhcp {
+            nic,
+            timeout,
+            keep,
+            renewals,
+        } => dhcp(nic.as_deref(), timeout, keep, renewals),
         Command::ModulesOrder {
             dir,
             want,

@@ -366,7 +366,8 @@ fn bring_up_network(params: &RamdiskParams) -> Result<(), String> {
         Duration::from_secs(10),
     )
     .map_err(|e| actions::chain(&e))?;
-    let lease = crate::dhcp::net::acquire(&nic, rand::random(), Duration::from_secs(60))
+    let xid: u32 = rand::random();
+    let lease = crate::dhcp::net::acquire(&nic, xid, Duration::from_secs(60))
         .map_err(|e| actions::chain(&e))?;
     // Host names in bc.image resolve through musl's resolver, which reads /etc/resolv.conf.
     if !lease.dns.is_empty() {
@@ -386,14 +387,48 @@ fn bring_up_network(params: &RamdiskParams) -> Result<(), String> {
     report(
         "dhcp",
         &Dhcp {
-            nic: nic.name,
+            nic: nic.name.clone(),
             address: lease.address.to_string(),
             prefix_len: lease.prefix_len,
             router: lease.router.map(|r| r.to_string()),
             server: lease.server.to_string(),
         },
     );
+    keep_lease(nic, lease, xid.wrapping_add(1));
     Ok(())
+}
+
+/// Renews the boot NIC's lease on its own thread for as long as PID 1 runs: a wipe or an image stream can outlast
+/// the lease, and the session keeps using the address. Each event is a console report.
+fn keep_lease(nic: crate::dhcp::net::Interface, lease: crate::dhcp::Lease, xid: u32) {
+    use crate::dhcp::net::LeaseEvent;
+    let spawned = std::thread::Builder::new()
+        .name("dhcp-lease".into())
+        .spawn(move || {
+            crate::dhcp::net::keep(&nic, lease, xid, &mut |event| {
+                match event {
+                    LeaseEvent::Renewed { address, lease_secs } => report(
+                        "dhcp-renewed",
+                        &serde_json::json!({"address": address.to_string(), "lease_secs": lease_secs}),
+                    ),
+                    LeaseEvent::Lost { address, why } => report(
+                        "dhcp-lost",
+                        &serde_json::json!({"address": address.to_string(), "why": why}),
+                    ),
+                    LeaseEvent::Reacquired { address, changed } => report(
+                        "dhcp-reacquired",
+                        &serde_json::json!({"address": address.to_string(), "changed": changed}),
+                    ),
+                    LeaseEvent::Trouble(why) => {
+                        report("dhcp-trouble", &serde_json::json!({"why": why}))
+                    }
+                }
+                true
+            })
+        });
+    if let Err(e) = spawned {
+        warn!(error = %e, "the DHCP lease keeper did not start: the lease will not be renewed");
+    }
 }
 
 /// Mount the installed root on `target`, write the NoCloud seed (with the single-use boot token) and kexec into

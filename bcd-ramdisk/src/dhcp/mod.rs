@@ -8,6 +8,7 @@
 //! after a deadline the caller sets.
 
 pub mod net;
+pub mod renew;
 pub mod wire;
 
 use std::net::Ipv4Addr;

@@ -131,8 +131,8 @@ pub fn choose_nic(
     }
 }
 
-/// DHCP on `nic`, then configure the lease. Gives up after `timeout`.
-pub fn acquire(nic: &Interface, xid: u32, timeout: Duration) -> Result<Lease, NetError> {
+/// A UDP socket on port 68 bound to `nic`, allowed to broadcast.
+fn dhcp_socket(nic: &Interface) -> Result<std::net::UdpSocket, NetError> {
     let sock = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
         .map_err(io_err("creating the DHCP socket"))?;
     sock.set_reuse_address(true)
@@ -145,7 +145,47 @@ pub fn acquire(nic: &Interface, xid: u32, timeout: Duration) -> Result<Lease, Ne
         68,
     )))
     .map_err(io_err("binding UDP port 68"))?;
-    let sock: std::net::UdpSocket = sock.into();
+    Ok(sock.into())
+}
+
+/// Waits for a packet until `deadline`: `Some(n)` bytes, or `None` when the time came first.
+fn recv_until(
+    sock: &std::net::UdpSocket,
+    buf: &mut [u8],
+    deadline: Option<Instant>,
+    nic: &str,
+) -> Result<Option<usize>, NetError> {
+    let wait = deadline
+        .map_or(Duration::from_millis(100), |d| {
+            d.saturating_duration_since(Instant::now())
+        })
+        .max(Duration::from_millis(10));
+    sock.set_read_timeout(Some(wait))
+        .map_err(io_err("SO_RCVTIMEO"))?;
+    match sock.recv(buf) {
+        Ok(n) => Ok(Some(n)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(io_err(format!("receiving DHCP on {nic}"))(e)),
+    }
+}
+
+/// DHCP on `nic`, then configure the lease. Gives up after `timeout`.
+pub fn acquire(nic: &Interface, xid: u32, timeout: Duration) -> Result<Lease, NetError> {
+    let lease = exchange(nic, xid, timeout)?;
+    configure(nic, &lease)?;
+    Ok(lease)
+}
+
+/// The DISCOVER → OFFER → REQUEST → ACK exchange on `nic`, configuring nothing.
+fn exchange(nic: &Interface, xid: u32, timeout: Duration) -> Result<Lease, NetError> {
+    let sock = dhcp_socket(nic)?;
     let server = SocketAddrV4::new(Ipv4Addr::BROADCAST, 67);
     let mut client = DhcpClient::new(nic.mac, xid, timeout);
     let mut step = client.start(Instant::now());
@@ -162,32 +202,19 @@ pub fn acquire(nic: &Interface, xid: u32, timeout: Duration) -> Result<Lease, Ne
             Step::Failed(why) => return Err(NetError::Dhcp(why)),
             Step::Wait => {}
         }
-        let now = Instant::now();
-        let wait = client
-            .deadline()
-            .map_or(Duration::from_millis(100), |d| {
-                d.saturating_duration_since(now)
-            })
-            .max(Duration::from_millis(10));
-        sock.set_read_timeout(Some(wait))
-            .map_err(io_err("SO_RCVTIMEO"))?;
-        step = match sock.recv(&mut buf) {
-            Ok(n) => client.on_packet(&buf[..n], Instant::now()),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                client.on_timer(Instant::now())
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Step::Wait,
-            Err(e) => return Err(io_err(format!("receiving DHCP on {}", nic.name))(e)),
+        step = match recv_until(&sock, &mut buf, client.deadline(), &nic.name)? {
+            Some(n) => client.on_packet(&buf[..n], Instant::now()),
+            None => client.on_timer(Instant::now()),
         };
     };
     if client.ignored > 0 {
         warn!(nic = %nic.name, ignored = client.ignored, "DHCP packets ignored");
     }
+    Ok(lease)
+}
+
+/// Adds the lease's address and default route to `nic`.
+fn configure(nic: &Interface, lease: &Lease) -> Result<(), NetError> {
     let mut nl = RouteSocket::open().map_err(io_err("opening a netlink socket"))?;
     nl.add_address(nic.index, lease.address, lease.prefix_len)
         .map_err(io_err(format!(
@@ -200,7 +227,128 @@ pub fn acquire(nic: &Interface, xid: u32, timeout: Duration) -> Result<Lease, Ne
     }
     info!(nic = %nic.name, address = %lease.address, prefix = lease.prefix_len, router = ?lease.router,
         server = %lease.server, "DHCP lease configured");
-    Ok(lease)
+    Ok(())
+}
+
+/// What [`keep`] tells its caller (PID 1 prints each on the console).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseEvent {
+    /// The lease was renewed (or rebound) for this many seconds.
+    Renewed {
+        address: Ipv4Addr,
+        lease_secs: Option<u32>,
+    },
+    /// The lease was lost; DHCP starts over.
+    Lost { address: Ipv4Addr, why: String },
+    /// A new lease after a loss (`changed`: a different address, added beside the old one).
+    Reacquired { address: Ipv4Addr, changed: bool },
+    /// Something failed; [`keep`] retries after a pause.
+    Trouble(String),
+}
+
+/// Keeps `lease` on `nic` for as long as the process lives (run it on its own thread): renews at T1 by unicast,
+/// rebinds at T2 by broadcast, and after a loss runs DHCP again (adding the new address when it differs). Returns
+/// only when the lease never expires (nothing to do) or when `events` asks to stop (returns `false`).
+pub fn keep(nic: &Interface, lease: Lease, xid: u32, events: &mut dyn FnMut(LeaseEvent) -> bool) {
+    let mut xid = xid;
+    let mut lease = lease;
+    loop {
+        let Some(mut renewal) =
+            super::renew::Renewal::new(nic.mac, xid, lease.clone(), Instant::now())
+        else {
+            info!(nic = %nic.name, address = %lease.address, "the lease does not expire: nothing to renew");
+            return;
+        };
+        match renew_until_lost(nic, &mut renewal, events) {
+            Ok(None) => return,
+            Ok(Some(why)) => {
+                if !events(LeaseEvent::Lost {
+                    address: lease.address,
+                    why,
+                }) {
+                    return;
+                }
+            }
+            Err(e) => {
+                if !events(LeaseEvent::Trouble(crate::actions::chain(&e))) {
+                    return;
+                }
+                // The socket failed (interface gone?): keep the lease we have and try again shortly.
+                std::thread::sleep(Duration::from_secs(5));
+                continue;
+            }
+        }
+        // Lost: start over until a server answers.
+        xid = xid.wrapping_mul(2_891_336_453).wrapping_add(1);
+        loop {
+            match exchange(nic, xid, Duration::from_secs(60)) {
+                Ok(new) => {
+                    let changed = new.address != lease.address;
+                    if changed
+                        && let Err(e) = configure(nic, &new)
+                        && !events(LeaseEvent::Trouble(crate::actions::chain(&e)))
+                    {
+                        return;
+                    }
+                    if !events(LeaseEvent::Reacquired {
+                        address: new.address,
+                        changed,
+                    }) {
+                        return;
+                    }
+                    lease = new;
+                    break;
+                }
+                Err(e) => {
+                    if !events(LeaseEvent::Trouble(crate::actions::chain(&e))) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}
+
+/// Runs one lease's renewals: `Ok(Some(why))` when it is lost, `Ok(None)` when told to stop.
+fn renew_until_lost(
+    nic: &Interface,
+    renewal: &mut super::renew::Renewal,
+    events: &mut dyn FnMut(LeaseEvent) -> bool,
+) -> Result<Option<String>, NetError> {
+    use super::renew::RenewStep;
+    let sock = dhcp_socket(nic)?;
+    let mut buf = [0u8; 1500];
+    let mut step = RenewStep::Wait;
+    loop {
+        match step {
+            RenewStep::Unicast(server, bytes) => {
+                sock.send_to(&bytes, SocketAddrV4::new(server, 67))
+                    .map_err(io_err(format!("sending the DHCP renewal to {server}")))?;
+            }
+            RenewStep::Broadcast(bytes) => {
+                sock.send_to(&bytes, SocketAddrV4::new(Ipv4Addr::BROADCAST, 67))
+                    .map_err(io_err(format!(
+                        "broadcasting the DHCP rebinding on {}",
+                        nic.name
+                    )))?;
+            }
+            RenewStep::Renewed(l) => {
+                if !events(LeaseEvent::Renewed {
+                    address: l.address,
+                    lease_secs: l.lease_secs,
+                }) {
+                    return Ok(None);
+                }
+            }
+            RenewStep::Lost(why) => return Ok(Some(why)),
+            RenewStep::Wait => {}
+        }
+        step = match recv_until(&sock, &mut buf, Some(renewal.deadline()), &nic.name)? {
+            Some(n) => renewal.on_packet(&buf[..n], Instant::now()),
+            None => renewal.on_timer(Instant::now()),
+        };
+    }
 }
 
 #[cfg(test)]
