@@ -257,6 +257,7 @@ async fn start_agent(p: &Plane, state: &str, ttl: Duration) -> anyhow::Result<Ag
             lease_ttl: ttl,
             artifacts: Some(p.dir.path().join(state).join("artifacts")),
             artifact_fetches: 2,
+            ..Default::default()
         },
     ));
     let view = agent.view();
@@ -437,7 +438,7 @@ async fn secrets_reach_only_their_site_as_jwe_and_rest_encrypted() -> TestResult
 
     // Round trip to the secret's own site.
     let got = bcd::site::fetch_secret(&p.node_config("site-1"), "bmc/node-7").await?;
-    assert_eq!(got, value);
+    assert_eq!(got.as_str(), value);
     let delivered: i64 = bc_store::sqlx::query_scalar(
         "SELECT count(*) FROM audit_events WHERE action = 'secret.delivered' \
          AND subject = 'site/rack-1/secret/bmc/node-7' AND actor = $1",
@@ -470,7 +471,7 @@ async fn secrets_reach_only_their_site_as_jwe_and_rest_encrypted() -> TestResult
     assert!(!jwe.contains("hunter2"));
     assert_eq!(jwe.split('.').count(), 5, "compact JWE");
     assert_eq!(
-        bcd::site::open_secret(&req_key, &jwe, "bmc/node-7", "rack-1")?,
+        bcd::site::open_secret(&req_key, &jwe, "bmc/node-7", "rack-1")?.as_str(),
         value
     );
     let other_key = jwt_simple::prelude::EcdhEsA256KWDecryptionKey::generate();
@@ -817,5 +818,83 @@ async fn artifacts_fill_the_site_cache_verified_and_boot_http_serves_them() -> T
 
     a.task.abort();
     a.services.task.abort();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifact_uploads_stream_from_disk_and_a_truncated_one_leaves_nothing() -> TestResult {
+    let p = plane().await;
+    let files = tempfile::tempdir()?;
+    // Larger than any chunk on the way (reqwest's file reads, hyper's frames, the server's writes).
+    let content = pseudo_random(5 * 1024 * 1024 + 17, 9);
+    let path = files.path().join("image.raw");
+    std::fs::write(&path, &content)?;
+    let v = p.admin.put_artifact_file(&path, None).await?;
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&content));
+    assert_eq!(
+        v["reference"].as_str(),
+        Some(format!("sha256:{sha}").as_str()),
+        "{v}"
+    );
+    assert_eq!(v["artifact"]["name"].as_str(), Some(sha.as_str()), "{v}");
+    let stored = p.dir.path().join("control/artifacts");
+    assert_eq!(std::fs::read(stored.join("sha256").join(&sha))?, content);
+    let e = p
+        .admin
+        .put_artifact_file(&files.path().join("missing"), None)
+        .await
+        .expect_err("missing file");
+    assert!(e.to_string().contains("reading"), "{e}");
+
+    // A body that breaks off before its Content-Length: nothing is stored, no temporary file stays.
+    use tokio::io::AsyncWriteExt as _;
+    let api = p.running.api_addr.ok_or("api addr")?;
+    let mut conn = tokio::net::TcpStream::connect(api).await?;
+    let head = format!(
+        "PUT /api/artifacts HTTP/1.1\r\nHost: {api}\r\nAuthorization: Bearer {}\r\n\
+         x-artifact-name: truncated\r\nContent-Length: {}\r\n\r\n",
+        p.admin.key(),
+        4 * 1024 * 1024
+    );
+    conn.write_all(head.as_bytes()).await?;
+    conn.write_all(&content[..1024 * 1024 + 5]).await?;
+    conn.flush().await?;
+    let leftovers = || -> Vec<String> {
+        std::fs::read_dir(&stored)
+            .map(|r| {
+                r.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n != "sha256")
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // The server writes what came to a temporary file while the body is still incomplete (it streams).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while leftovers().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let partial = leftovers();
+    assert!(
+        partial.iter().any(|n| n.starts_with(".upload-")),
+        "no temporary file while the upload runs: {partial:?}"
+    );
+    drop(conn);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !leftovers().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        leftovers(),
+        Vec::<String>::new(),
+        "partial upload left behind"
+    );
+    assert_eq!(std::fs::read_dir(stored.join("sha256"))?.count(), 1);
+    let listed = p.admin.call("artifacts", "list", json!({})).await?;
+    assert_eq!(
+        listed["artifacts"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
     Ok(())
 }
