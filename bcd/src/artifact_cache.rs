@@ -99,6 +99,9 @@ pub struct CacheCounters {
 /// Default of `max_bytes` (site.toml `[cache] max_bytes`).
 pub const DEFAULT_MAX_BYTES: u64 = bcd_site::serve::DEFAULT_CACHE_MAX_BYTES;
 
+/// What an eviction pass ran for: the referenced hashes and the count of finished downloads.
+type EvictionInput = (BTreeSet<String>, u64);
+
 #[derive(Clone)]
 pub struct ArtifactCache {
     dir: PathBuf,
@@ -109,7 +112,7 @@ pub struct ArtifactCache {
     counters: Arc<Mutex<CacheCounters>>,
     max_bytes: u64,
     /// What the last eviction pass saw (referenced set, downloads finished): a pass runs only when either changed.
-    evicted_for: Arc<Mutex<Option<(BTreeSet<String>, u64)>>>,
+    evicted_for: Arc<Mutex<Option<EvictionInput>>>,
     /// Woken when a download finishes, so the agent publishes at once instead of at its next round.
     pub done: Arc<Notify>,
 }

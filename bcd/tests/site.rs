@@ -251,13 +251,22 @@ struct Agent {
 }
 
 async fn start_agent(p: &Plane, state: &str, ttl: Duration) -> anyhow::Result<Agent> {
+    start_agent_capped(p, state, ttl, bcd::artifact_cache::DEFAULT_MAX_BYTES).await
+}
+
+async fn start_agent_capped(
+    p: &Plane,
+    state: &str,
+    ttl: Duration,
+    cache_max_bytes: u64,
+) -> anyhow::Result<Agent> {
     let agent = std::sync::Arc::new(SiteAgent::new(
         p.node_config(state),
         SiteAgentOptions {
             lease_ttl: ttl,
             artifacts: Some(p.dir.path().join(state).join("artifacts")),
             artifact_fetches: 2,
-            ..Default::default()
+            cache_max_bytes,
         },
     ));
     let view = agent.view();
@@ -896,5 +905,102 @@ async fn artifact_uploads_stream_from_disk_and_a_truncated_one_leaves_nothing() 
         Some(1),
         "{listed}"
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_evicts_what_the_table_no_longer_references_when_over_its_cap() -> TestResult {
+    let p = plane().await;
+    let token = site_token(&p, "rack-e", 1).await;
+    enroll(&p, "agent-e", &token).await?;
+    const MIB: usize = 1024 * 1024;
+    let (a, b, c) = (
+        pseudo_random(MIB, 11),
+        pseudo_random(MIB, 12),
+        pseudo_random(MIB, 13),
+    );
+    let (a_ref, b_ref, c_ref) = (
+        put_artifact(&p, &a, "a").await?,
+        put_artifact(&p, &b, "b").await?,
+        put_artifact(&p, &c, "c").await?,
+    );
+    let sha = |r: &str| r.trim_start_matches("sha256:").to_string();
+    const MAC2: &str = "52:54:00:00:00:02";
+    for (mac, k) in [(MAC, &a_ref), (MAC2, &b_ref)] {
+        p.admin
+            .call(
+                "machines",
+                "create",
+                json!({"mac": mac, "site": "rack-e", "boot": {"kernel": k}}),
+            )
+            .await?;
+    }
+    // Room for two and a half artifacts.
+    let agent = start_agent_capped(
+        &p,
+        "agent-e",
+        Duration::from_millis(900),
+        (5 * MIB / 2) as u64,
+    )
+    .await?;
+    assert!(
+        wait_machines(&agent, 2, Duration::from_secs(20)).await,
+        "not published: {:?}",
+        agent.agent.artifact_counters()
+    );
+    let cache = agent.services.artifacts.join("sha256");
+    // An operator's own file beside the cache is not the cache's to evict.
+    std::fs::write(agent.services.artifacts.join("own-kernel"), &c)?;
+
+    // The first machine moves to C: A is no longer referenced, and A + B + C would pass the cap: A goes.
+    p.admin
+        .call(
+            "machines",
+            "set-boot",
+            json!({"mac": MAC, "boot": {"kernel": c_ref}}),
+        )
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (cache.join(sha(&a_ref)).exists() || !cache.join(sha(&c_ref)).exists())
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!cache.join(sha(&a_ref)).exists(), "A was not evicted");
+    assert_eq!(std::fs::read(cache.join(sha(&b_ref)))?, b);
+    assert_eq!(std::fs::read(cache.join(sha(&c_ref)))?, c);
+    assert!(agent.services.artifacts.join("own-kernel").exists());
+    let counters = agent.agent.artifact_counters().unwrap_or_default();
+    assert_eq!(
+        (counters.evicted, counters.evicted_bytes),
+        (1, MIB as u64),
+        "{counters:?}"
+    );
+    assert!(wait_machines(&agent, 2, Duration::from_secs(20)).await);
+
+    // The second machine moves to A, which has to be fetched again: B is no longer referenced and goes to make
+    // room for the download; C, referenced, stays.
+    p.admin
+        .call(
+            "machines",
+            "set-boot",
+            json!({"mac": MAC2, "boot": {"kernel": a_ref}}),
+        )
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (cache.join(sha(&b_ref)).exists() || !cache.join(sha(&a_ref)).exists())
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!cache.join(sha(&b_ref)).exists(), "B was not evicted");
+    assert_eq!(std::fs::read(cache.join(sha(&a_ref)))?, a);
+    assert!(
+        cache.join(sha(&c_ref)).exists(),
+        "a referenced artifact was evicted"
+    );
+    assert!(wait_machines(&agent, 2, Duration::from_secs(20)).await);
+    agent.task.abort();
+    agent.services.task.abort();
     Ok(())
 }

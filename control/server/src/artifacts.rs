@@ -294,7 +294,10 @@ mod tests {
         // Several chunks of 1 MiB: hashed and written as they come.
         let chunk = bytes::Bytes::from(vec![7u8; 1 << 20]);
         let parts = (0..5).map(|_| Ok(chunk.clone())).collect();
-        let (sha, size) = dir.write(body(parts), Some(5 << 20)).await?;
+        let (sha, size) = dir
+            .write(body(parts), Some(5 << 20))
+            .await
+            .map_err(|e| format!("{e:?}"))?;
         assert_eq!(size, 5 << 20);
         assert_eq!(sha, hex::encode(Sha256::digest(vec![7u8; 5 << 20])));
         assert_eq!(std::fs::metadata(dir.path(&sha))?.len(), 5 << 20);
