@@ -5,15 +5,23 @@
 //! into place, so a file under its hash is always complete and verified. A corrupt, short or overlong download is
 //! discarded with an error naming the artifact, and fetched again at the agent's next round after a backoff (1 s
 //! doubling to 60 s, with jitter). At most
-//! `max_concurrent` downloads run at once. Nothing is evicted yet: the cache only grows.
+//! `max_concurrent` downloads run at once.
+//!
+//! Eviction: the cached artifacts (files under `sha256/`, nothing else in the directory) may take `max_bytes`
+//! (`[cache] max_bytes` in site.toml, default 20 GiB), counting the downloads the table still needs. Over it, the
+//! least recently used artifacts the current netboot table does not reference are deleted ([`plan_eviction`] decides,
+//! [`ArtifactCache::evict`] applies). A referenced artifact is never deleted: when the referenced ones alone exceed
+//! the cap they are all kept and a warning says so. "Used" is the last time a table referenced the artifact, kept
+//! as the file's access time (set at most once a minute while referenced; the modification time, which boot HTTP's
+//! ETag is made of, is left alone), so the order survives a restart.
 
 use bc_proto::v1;
 use sha2::{Digest as _, Sha256};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_stream::StreamExt as _;
@@ -83,7 +91,16 @@ pub struct CacheCounters {
     pub fetched: u64,
     pub failed: u64,
     pub bytes: u64,
+    /// Artifacts deleted by eviction, and their bytes.
+    pub evicted: u64,
+    pub evicted_bytes: u64,
 }
+
+/// Default of `max_bytes` (site.toml `[cache] max_bytes`).
+pub const DEFAULT_MAX_BYTES: u64 = bcd_site::serve::DEFAULT_CACHE_MAX_BYTES;
+
+/// What an eviction pass ran for: the referenced hashes and the count of finished downloads.
+type EvictionInput = (BTreeSet<String>, u64);
 
 #[derive(Clone)]
 pub struct ArtifactCache {
@@ -93,6 +110,9 @@ pub struct ArtifactCache {
     /// Failed artifacts: not before when to try again, and how many failures in a row.
     retry: Arc<Mutex<HashMap<String, (Instant, u32)>>>,
     counters: Arc<Mutex<CacheCounters>>,
+    max_bytes: u64,
+    /// What the last eviction pass saw (referenced set, downloads finished): a pass runs only when either changed.
+    evicted_for: Arc<Mutex<Option<EvictionInput>>>,
     /// Woken when a download finishes, so the agent publishes at once instead of at its next round.
     pub done: Arc<Notify>,
 }
@@ -105,8 +125,16 @@ impl ArtifactCache {
             in_flight: Arc::default(),
             retry: Arc::default(),
             counters: Arc::default(),
+            max_bytes: DEFAULT_MAX_BYTES,
+            evicted_for: Arc::default(),
             done: Arc::default(),
         }
+    }
+
+    /// The size cap (see the module documentation).
+    pub fn with_max_bytes(mut self, max_bytes: u64) -> ArtifactCache {
+        self.max_bytes = max_bytes;
+        self
     }
 
     pub fn counters(&self) -> CacheCounters {
@@ -118,20 +146,113 @@ impl ArtifactCache {
         self.dir.join("sha256").join(sha256)
     }
 
+    /// True when the artifact is in the cache with its size; marks it used (its access time) while at it.
     fn cached(&self, a: &v1::NetbootArtifact) -> bool {
-        is_sha256_hex(&a.sha256)
-            && std::fs::metadata(self.path(&a.sha256))
-                .is_ok_and(|m| m.is_file() && m.len() == a.size)
+        if !is_sha256_hex(&a.sha256) {
+            return false;
+        }
+        let path = self.path(&a.sha256);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            return false;
+        };
+        if !(meta.is_file() && meta.len() == a.size) {
+            return false;
+        }
+        let now = SystemTime::now();
+        let stale = meta
+            .accessed()
+            .map_or(true, |t| now.duration_since(t).is_ok_and(|d| d > USE_MARK));
+        if stale {
+            mark_used(&path, now);
+        }
+        true
     }
 
     /// The machines of `table` whose artifacts are all cached; downloads start (in the background, bounded) for
-    /// the missing ones, and the machines needing them are left out until they are in.
+    /// the missing ones, and the machines needing them are left out until they are in. Runs an eviction pass
+    /// first when the referenced set or the cache's contents changed since the last one.
     pub fn ready(&self, table: &v1::NetbootResponse, client: &Client) -> v1::NetbootResponse {
         let (ready, missing) = self.split(table);
+        let referenced = referenced(table);
+        let fetched = self.counters().fetched;
+        let changed = self.evicted_for.lock().map_or(true, |last| {
+            last.as_ref()
+                .is_none_or(|(r, f)| *r != referenced || *f != fetched)
+        });
+        if changed {
+            self.evict(&referenced, &missing);
+            if let Ok(mut last) = self.evicted_for.lock() {
+                *last = Some((referenced, fetched));
+            }
+        }
         for a in missing {
             self.start(a, client.clone());
         }
         ready
+    }
+
+    /// The verified artifacts in the cache (`sha256/<64 hex>` regular files; anything else there is left alone).
+    pub fn scan(&self) -> Vec<CachedArtifact> {
+        let Ok(dir) = std::fs::read_dir(self.dir.join("sha256")) else {
+            return Vec::new();
+        };
+        dir.filter_map(Result::ok)
+            .filter_map(|e| {
+                let sha256 = e
+                    .file_name()
+                    .to_str()
+                    .filter(|n| is_sha256_hex(n))?
+                    .to_string();
+                let meta = e.metadata().ok().filter(std::fs::Metadata::is_file)?;
+                let written = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                let last_used = meta.accessed().map_or(written, |a| a.max(written));
+                Some(CachedArtifact {
+                    sha256,
+                    size: meta.len(),
+                    last_used,
+                })
+            })
+            .collect()
+    }
+
+    /// One eviction pass: `referenced` are the hashes the current table names, `missing` the ones still to
+    /// download (their sizes count against the cap). Deletes what [`plan_eviction`] picks and returns the plan.
+    pub fn evict(
+        &self,
+        referenced: &BTreeSet<String>,
+        missing: &[v1::NetbootArtifact],
+    ) -> EvictionPlan {
+        let incoming = missing.iter().map(|a| a.size).sum();
+        let plan = plan_eviction(&self.scan(), referenced, incoming, self.max_bytes);
+        for (sha256, size) in &plan.evict {
+            let path = self.path(sha256);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    tracing::info!(
+                        sha256,
+                        size,
+                        max_bytes = self.max_bytes,
+                        "artifact evicted (least recently used, not referenced)"
+                    );
+                    if let Ok(mut c) = self.counters.lock() {
+                        c.evicted += 1;
+                        c.evicted_bytes += size;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::error!(sha256, path = %path.display(), error = %e, "evicting an artifact failed")
+                }
+            }
+        }
+        if plan.over_cap {
+            tracing::warn!(
+                referenced_bytes = plan.referenced_bytes,
+                max_bytes = self.max_bytes,
+                "the artifacts the netboot table references exceed [cache] max_bytes: all kept; raise the cap"
+            );
+        }
+        plan
     }
 
     /// Splits `table` into the machines whose artifacts are all cached and the artifacts still missing (each once;
@@ -244,6 +365,95 @@ impl ArtifactCache {
             })?
             .into_inner();
         write_verified(&self.dir, &a.sha256, a.size, stream).await
+    }
+}
+
+/// A referenced artifact's access time is refreshed when it is older than this.
+pub const USE_MARK: Duration = Duration::from_secs(60);
+
+/// Sets the access time only (the modification time is boot HTTP's ETag: it must not move).
+fn mark_used(path: &Path, now: SystemTime) {
+    let set = std::fs::File::open(path)
+        .and_then(|f| f.set_times(std::fs::FileTimes::new().set_accessed(now)));
+    if let Err(e) = set {
+        tracing::debug!(path = %path.display(), error = %e, "marking an artifact used failed");
+    }
+}
+
+/// The hashes a table references (valid ones; the others are never fetched).
+pub fn referenced(table: &v1::NetbootResponse) -> BTreeSet<String> {
+    table
+        .machines
+        .iter()
+        .flat_map(|m| &m.artifacts)
+        .filter(|a| is_sha256_hex(&a.sha256))
+        .map(|a| a.sha256.clone())
+        .collect()
+}
+
+// === eviction ===
+
+/// A verified artifact in the cache, as eviction sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedArtifact {
+    pub sha256: String,
+    pub size: u64,
+    /// When a table last referenced it (or when it was written).
+    pub last_used: SystemTime,
+}
+
+/// What an eviction pass deletes.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EvictionPlan {
+    /// (hash, size), least recently used first.
+    pub evict: Vec<(String, u64)>,
+    /// Bytes cached once the plan is applied, downloads still to come included.
+    pub bytes_after: u64,
+    /// Bytes of the referenced artifacts (cached or still to come).
+    pub referenced_bytes: u64,
+    /// The referenced artifacts alone exceed the cap: they are all kept.
+    pub over_cap: bool,
+}
+
+/// Picks the artifacts to delete so that the cache (plus `incoming` bytes of downloads still to come) fits in
+/// `max_bytes`: unreferenced ones only, least recently used first (ties by hash, so the choice is stable).
+pub fn plan_eviction(
+    cached: &[CachedArtifact],
+    referenced: &BTreeSet<String>,
+    incoming: u64,
+    max_bytes: u64,
+) -> EvictionPlan {
+    let mut total = cached
+        .iter()
+        .map(|c| c.size)
+        .fold(incoming, u64::saturating_add);
+    let referenced_bytes = cached
+        .iter()
+        .filter(|c| referenced.contains(&c.sha256))
+        .map(|c| c.size)
+        .fold(incoming, u64::saturating_add);
+    let mut candidates: Vec<&CachedArtifact> = cached
+        .iter()
+        .filter(|c| !referenced.contains(&c.sha256))
+        .collect();
+    candidates.sort_by(|a, b| {
+        a.last_used
+            .cmp(&b.last_used)
+            .then_with(|| a.sha256.cmp(&b.sha256))
+    });
+    let mut evict = Vec::new();
+    for c in candidates {
+        if total <= max_bytes {
+            break;
+        }
+        total = total.saturating_sub(c.size);
+        evict.push((c.sha256.clone(), c.size));
+    }
+    EvictionPlan {
+        evict,
+        bytes_after: total,
+        referenced_bytes,
+        over_cap: total > max_bytes,
     }
 }
 
@@ -440,6 +650,139 @@ mod tests {
             0o644
         );
         assert_eq!(leftovers(dir.path()), Vec::<String>::new());
+        Ok(())
+    }
+    fn art(sha: char, size: u64, used_s: u64) -> CachedArtifact {
+        CachedArtifact {
+            sha256: sha.to_string().repeat(64),
+            size,
+            last_used: SystemTime::UNIX_EPOCH + Duration::from_secs(used_s),
+        }
+    }
+
+    fn refs(shas: &[char]) -> BTreeSet<String> {
+        shas.iter().map(|c| c.to_string().repeat(64)).collect()
+    }
+
+    #[test]
+    fn eviction_takes_least_recently_used_unreferenced_first() {
+        let cached = [
+            art('a', 40, 300),
+            art('b', 30, 100),
+            art('c', 20, 200),
+            art('d', 10, 50),
+        ];
+        // 100 bytes under a cap of 100: nothing to do.
+        assert_eq!(plan_eviction(&cached, &refs(&[]), 0, 100).evict, vec![]);
+        // Cap 60, 'd' referenced: 'b' (oldest unreferenced) then 'c' go; 'd' stays although it is older.
+        let p = plan_eviction(&cached, &refs(&['d']), 0, 60);
+        let gone: Vec<char> = p
+            .evict
+            .iter()
+            .filter_map(|(s, _)| s.chars().next())
+            .collect();
+        assert_eq!(gone, vec!['b', 'c']);
+        assert_eq!(p.bytes_after, 50);
+        assert!(!p.over_cap);
+        // Downloads still to come count against the cap.
+        let p = plan_eviction(&cached, &refs(&['d']), 25, 60);
+        assert_eq!(p.evict.len(), 3, "{p:?}");
+        assert_eq!(p.bytes_after, 35);
+        // The referenced ones alone exceed the cap: everything else goes, they are kept, and that is reported.
+        let p = plan_eviction(&cached, &refs(&['a', 'b']), 0, 50);
+        let gone: Vec<char> = p
+            .evict
+            .iter()
+            .filter_map(|(s, _)| s.chars().next())
+            .collect();
+        assert_eq!(gone, vec!['d', 'c']);
+        assert_eq!(
+            (p.bytes_after, p.referenced_bytes, p.over_cap),
+            (70, 70, true)
+        );
+        // Same last use: the hash decides, so the choice is stable.
+        let tie = [art('f', 10, 7), art('e', 10, 7)];
+        let p = plan_eviction(&tie, &refs(&[]), 0, 10);
+        assert_eq!(p.evict, vec![("e".repeat(64), 10)]);
+    }
+
+    fn put(dir: &Path, content: &[u8], used: SystemTime) -> Result<String, std::io::Error> {
+        let sha = hex::encode(Sha256::digest(content));
+        let path = dir.join("sha256").join(&sha);
+        std::fs::create_dir_all(dir.join("sha256"))?;
+        std::fs::write(&path, content)?;
+        let f = std::fs::File::options().write(true).open(&path)?;
+        f.set_times(
+            std::fs::FileTimes::new()
+                .set_accessed(used)
+                .set_modified(used),
+        )?;
+        Ok(sha)
+    }
+
+    fn artifact(sha: &str, size: usize) -> v1::NetbootArtifact {
+        v1::NetbootArtifact {
+            sha256: sha.to_string(),
+            size: size as u64,
+            name: String::new(),
+        }
+    }
+
+    #[test]
+    fn eviction_deletes_only_unreferenced_cache_files() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let t = |s: u64| SystemTime::now() - Duration::from_secs(3600 * s);
+        let old = put(dir.path(), &[1u8; 4000], t(5))?;
+        let older = put(dir.path(), &[2u8; 3000], t(9))?;
+        let referenced_oldest = put(dir.path(), &[3u8; 2000], t(20))?;
+        let recent = put(dir.path(), &[4u8; 1000], t(1))?;
+        // Not the cache's: an operator's file beside sha256/, and a non-hash name inside it.
+        std::fs::create_dir_all(dir.path().join("ramdisk"))?;
+        std::fs::write(dir.path().join("ramdisk/vmlinuz"), [0u8; 9000])?;
+        std::fs::write(dir.path().join("sha256/README"), [0u8; 9000])?;
+
+        let cache = ArtifactCache::new(dir.path(), 1).with_max_bytes(5000);
+        assert_eq!(cache.scan().len(), 4);
+        let referenced: BTreeSet<String> = [referenced_oldest.clone()].into();
+        // 10000 bytes, cap 5000: 'older' (9 h) then 'old' (5 h) go; the referenced one (20 h) and 'recent' stay.
+        let plan = cache.evict(&referenced, &[]);
+        assert_eq!(
+            plan.evict
+                .iter()
+                .map(|(s, _)| s.as_str())
+                .collect::<Vec<_>>(),
+            vec![older.as_str(), old.as_str()]
+        );
+        for (sha, kept) in [
+            (&older, false),
+            (&old, false),
+            (&referenced_oldest, true),
+            (&recent, true),
+        ] {
+            assert_eq!(cache.path(sha).exists(), kept, "{sha}");
+        }
+        assert!(dir.path().join("ramdisk/vmlinuz").exists());
+        assert!(dir.path().join("sha256/README").exists());
+        let c = cache.counters();
+        assert_eq!((c.evicted, c.evicted_bytes), (2, 7000));
+
+        // A download of 4500 bytes still to come makes room for itself: 'recent' goes, the referenced one stays
+        // and, with the download, exceeds the cap (reported, kept).
+        let plan = cache.evict(&referenced, &[artifact(&"9".repeat(64), 4500)]);
+        assert_eq!(plan.evict, vec![(recent.clone(), 1000)]);
+        assert!(plan.over_cap);
+        assert!(cache.path(&referenced_oldest).exists());
+
+        // Being referenced marks an artifact used (access time) without moving its modification time (the ETag).
+        let before = std::fs::metadata(cache.path(&referenced_oldest))?;
+        assert!(cache.cached(&artifact(&referenced_oldest, 2000)));
+        let after = std::fs::metadata(cache.path(&referenced_oldest))?;
+        assert_eq!(before.modified()?, after.modified()?);
+        assert!(after.accessed()? > before.accessed()? + Duration::from_secs(3600));
+        assert!(
+            !cache.cached(&artifact(&referenced_oldest, 1999)),
+            "wrong size"
+        );
         Ok(())
     }
 }

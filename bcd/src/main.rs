@@ -110,15 +110,25 @@ enum SiteCommand {
         #[command(flatten)]
         overrides: Overrides,
     },
-    /// Drive one BMC by hand (debugging): inspect, power, boot-once. Every change is read back.
+    /// Drive one BMC by hand: inspect, power, boot-once. Every change is read back. The BMC credentials come from
+    /// the control plane's secret broker (--secret) or, for a BMC debugged without a control plane, from --user
+    /// and the environment variable --password-env names.
     Redfish {
         /// The BMC, e.g. https://10.0.0.10 (https needs --pin).
         url: String,
-        #[arg(long, default_value = "root")]
-        user: String,
-        /// The environment variable that holds the password (never a command-line argument).
-        #[arg(long, default_value = "BMC_PASSWORD")]
-        password_env: String,
+        /// A secret of this agent's site holding the BMC credentials as {"username": "…", "password": "…"}
+        /// (`better-compute secrets put <name> --site <site>`). Fetched with the site agent's identity
+        /// (--state-dir, default /var/lib/bcd-site) as a JWE to a key made for this request; held in memory for
+        /// this one operation only, never printed or logged.
+        #[arg(long, conflicts_with_all = ["user", "password_env"])]
+        secret: Option<String>,
+        /// The BMC user, without --secret (default root).
+        #[arg(long)]
+        user: Option<String>,
+        /// The environment variable that holds the password, without --secret (default BMC_PASSWORD; never a
+        /// command-line argument).
+        #[arg(long)]
+        password_env: Option<String>,
         /// Pin the BMC's certificate: sha256:<hex SHA-256 of its DER certificate>.
         #[arg(long)]
         pin: Option<String>,
@@ -141,20 +151,38 @@ enum RedfishAction {
     BootOnce { target: String },
 }
 
+/// Where `bcd site redfish` takes the BMC credentials from.
+#[cfg(feature = "site")]
+enum BmcCredentialSource {
+    /// A secret of the site, from the control plane's broker.
+    Secret { state_dir: PathBuf, name: String },
+    /// `--user` and the password in an environment variable.
+    Env { user: String, password_env: String },
+}
+
 #[cfg(feature = "site")]
 async fn redfish(
     url: &str,
-    user: String,
-    password_env: &str,
+    source: BmcCredentialSource,
     pin: Option<String>,
     system: Option<String>,
     action: RedfishAction,
 ) -> anyhow::Result<()> {
     use bcd_site::redfish;
-    let password = std::env::var(password_env).unwrap_or_default();
-    let creds = redfish::Credentials {
-        username: user,
-        password,
+    // Parsed before the credentials are fetched: a typo costs no secret delivery.
+    enum Op {
+        Inspect,
+        Power(redfish::PowerAction),
+        BootOnce(redfish::BootTarget),
+    }
+    let op = match action {
+        RedfishAction::Inspect => Op::Inspect,
+        RedfishAction::Power { action } => {
+            Op::Power(action.parse().map_err(|e: String| anyhow::anyhow!(e))?)
+        }
+        RedfishAction::BootOnce { target } => {
+            Op::BootOnce(target.parse().map_err(|e: String| anyhow::anyhow!(e))?)
+        }
     };
     let mut opts = redfish::BmcOptions::default();
     if let Some(pin) = pin {
@@ -167,24 +195,53 @@ async fn redfish(
             .context("--pin must be sha256:<64 hex>")?;
         opts.trust = Some(redfish::TlsTrust::PinnedSha256(bytes));
     }
-    match action {
-        RedfishAction::Inspect => print!("{}", redfish::inspect(url, creds, opts).await?),
-        RedfishAction::Power { action } => {
-            let a: redfish::PowerAction = action.parse().map_err(|e: String| anyhow::anyhow!(e))?;
-            println!(
-                "{:?}",
-                redfish::power(url, creds, opts, system.as_deref(), a).await?
-            );
+    let (creds, secret) = match source {
+        BmcCredentialSource::Secret { state_dir, name } => {
+            let creds = bcd::site::fetch_bmc_credentials(&state_dir, &name).await?;
+            let site = bcd::state::StateDir::open(&state_dir)
+                .ok()
+                .and_then(|s| s.identity().ok().flatten())
+                .map_or_else(|| "<site>".to_string(), |i| i.node_id);
+            (creds, Some((name, site)))
         }
-        RedfishAction::BootOnce { target } => {
-            let t: redfish::BootTarget = target.parse().map_err(|e: String| anyhow::anyhow!(e))?;
-            println!(
-                "{:?}",
-                redfish::boot_once(url, creds, opts, system.as_deref(), t).await?
-            );
+        BmcCredentialSource::Env { user, password_env } => {
+            let password = std::env::var(&password_env).map_err(|_| {
+                anyhow::anyhow!(
+                    "the BMC password is read from the environment variable {password_env}, which is not set \
+                     (or not UTF-8): set it, or take the credentials from the control plane with --secret <name>"
+                )
+            })?;
+            (
+                redfish::Credentials {
+                    username: user,
+                    password,
+                },
+                None,
+            )
         }
+    };
+    // The credentials move into the one operation and are wiped when it ends.
+    let result = match op {
+        Op::Inspect => redfish::inspect(url, creds, opts)
+            .await
+            .map(|inv| print!("{inv}")),
+        Op::Power(a) => redfish::power(url, creds, opts, system.as_deref(), a)
+            .await
+            .map(|o| println!("{o:?}")),
+        Op::BootOnce(t) => redfish::boot_once(url, creds, opts, system.as_deref(), t)
+            .await
+            .map(|o| println!("{o:?}")),
+    };
+    match (result, secret) {
+        (Ok(()), _) => Ok(()),
+        (Err(e @ redfish::RedfishError::AuthRejected { .. }), Some((name, site))) => {
+            Err(anyhow::Error::from(e).context(format!(
+                "the BMC rejected the credentials of secret {name:?} of site {site}: store the right ones with \
+                 `better-compute secrets put {name} --site {site}`"
+            )))
+        }
+        (Err(e), _) => Err(e.into()),
     }
-    Ok(())
 }
 
 /// Where a site agent keeps its key, certificate and identity unless --state-dir says otherwise.
@@ -265,6 +322,7 @@ async fn site_run(path: &Path, agent: bcd::config::Config, lease_ttl: u64) -> an
         bcd::site::SiteAgentOptions {
             lease_ttl: std::time::Duration::from_secs(lease_ttl.max(1)),
             artifacts: Some(config.artifacts.clone()),
+            cache_max_bytes: config.cache_max_bytes,
             ..Default::default()
         },
     );
@@ -480,13 +538,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             command:
                 SiteCommand::Redfish {
                     url,
+                    secret,
                     user,
                     password_env,
                     pin,
                     system,
                     action,
                 },
-        } => redfish(&url, user, &password_env, pin, system, action).await?,
+        } => {
+            let source = match secret {
+                Some(name) => BmcCredentialSource::Secret {
+                    state_dir: cli
+                        .state_dir
+                        .unwrap_or_else(|| PathBuf::from(SITE_STATE_DIR)),
+                    name,
+                },
+                None => BmcCredentialSource::Env {
+                    user: user.unwrap_or_else(|| "root".into()),
+                    password_env: password_env.unwrap_or_else(|| "BMC_PASSWORD".into()),
+                },
+            };
+            redfish(&url, source, pin, system, action).await?
+        }
         Command::Status => {
             let dir = cli
                 .state_dir

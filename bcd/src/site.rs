@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use zeroize::Zeroizing;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SiteError {
@@ -67,6 +68,8 @@ pub struct SiteAgentOptions {
     pub artifacts: Option<std::path::PathBuf>,
     /// Artifact downloads at once.
     pub artifact_fetches: usize,
+    /// Size cap of the artifact cache (`[cache] max_bytes`).
+    pub cache_max_bytes: u64,
 }
 
 impl Default for SiteAgentOptions {
@@ -75,8 +78,19 @@ impl Default for SiteAgentOptions {
             lease_ttl: Duration::from_secs(15),
             artifacts: None,
             artifact_fetches: 4,
+            cache_max_bytes: crate::artifact_cache::DEFAULT_MAX_BYTES,
         }
     }
+}
+
+/// The agent's mTLS client configuration: its certificate and key, the control plane's trust bundle.
+fn tls_of(state: &StateDir) -> Result<Arc<rustls::ClientConfig>, SiteError> {
+    let cert = state.certificate()?;
+    let bundle = state.trust_bundle()?;
+    let key = PrivateKeyDer::from_pem_file(state.path("node.key"))
+        .map_err(|e| SiteError::Tls(e.to_string()))?;
+    channel::client_config(ServerTrust::Bundle(bundle), Some((vec![cert], key)))
+        .map_err(|e| SiteError::Tls(e.to_string()))
 }
 
 /// Converts the control plane's table; entries that cannot be used are logged and left out.
@@ -123,10 +137,10 @@ pub struct SiteAgent {
 
 impl SiteAgent {
     pub fn new(config: Config, options: SiteAgentOptions) -> SiteAgent {
-        let cache = options
-            .artifacts
-            .as_deref()
-            .map(|dir| ArtifactCache::new(dir, options.artifact_fetches));
+        let cache = options.artifacts.as_deref().map(|dir| {
+            ArtifactCache::new(dir, options.artifact_fetches)
+                .with_max_bytes(options.cache_max_bytes)
+        });
         SiteAgent {
             config,
             options,
@@ -146,12 +160,7 @@ impl SiteAgent {
     }
 
     fn tls(&self, state: &StateDir) -> Result<Arc<rustls::ClientConfig>, SiteError> {
-        let cert = state.certificate()?;
-        let bundle = state.trust_bundle()?;
-        let key = PrivateKeyDer::from_pem_file(state.path("node.key"))
-            .map_err(|e| SiteError::Tls(e.to_string()))?;
-        channel::client_config(ServerTrust::Bundle(bundle), Some((vec![cert], key)))
-            .map_err(|e| SiteError::Tls(e.to_string()))
+        tls_of(state)
     }
 
     /// Runs until `shutdown`: holds or stands by for the boot lease and feeds `table` accordingly. On shutdown it
@@ -162,28 +171,7 @@ impl SiteAgent {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), SiteError> {
         let state = StateDir::open(&self.config.state_dir)?;
-        let identity = state.identity()?.ok_or_else(|| SiteError::NotEnrolled {
-            dir: self.config.state_dir.display().to_string(),
-        })?;
-        let is_site = identity
-            .spiffe_id
-            .parse::<bc_proto::spiffe::SpiffeId>()
-            .is_ok_and(|id| id.role() == bc_proto::spiffe::Role::Site);
-        if !is_site {
-            return Err(SiteError::NotASite {
-                spiffe_id: identity.spiffe_id,
-            });
-        }
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(0);
-        if identity.not_after_ms <= now_ms {
-            return Err(SiteError::Expired {
-                spiffe_id: identity.spiffe_id,
-            });
-        }
-        let mut identity = identity;
+        let mut identity = site_identity(&state, &self.config.state_dir)?;
         let mut tls = self.tls(&state)?;
         let mut renew_at = Instant::now()
             + crate::session::renewal_delay(
@@ -448,16 +436,18 @@ pub enum SecretFetchError {
     },
 }
 
-/// Opens a secret JWE with the request's ephemeral key and checks it is the secret asked for, for `site_id`.
+/// Opens a secret JWE with the request's ephemeral key and checks it is the secret asked for, for `site_id`. The
+/// value comes back in a [`Zeroizing`] string: wiped when dropped.
 pub fn open_secret(
     key: &jwt_simple::prelude::EcdhEsA256KWDecryptionKey,
     jwe: &str,
     name: &str,
     site_id: &str,
-) -> Result<String, SecretFetchError> {
-    let claims = key
+) -> Result<Zeroizing<String>, SecretFetchError> {
+    let mut claims = key
         .decrypt_token::<SecretClaims>(jwe, None)
         .map_err(|e| SecretFetchError::Jwe(e.to_string()))?;
+    let value = Zeroizing::new(std::mem::take(&mut claims.custom.value));
     let subject = claims.subject.clone().unwrap_or_default();
     if claims.custom.name != name || subject != site_id {
         return Err(SecretFetchError::Mismatch {
@@ -466,22 +456,52 @@ pub fn open_secret(
             subject,
         });
     }
-    Ok(claims.custom.value)
+    Ok(value)
+}
+
+/// The site identity of a state directory: enrolled, a site (not a node) and not expired.
+fn site_identity(
+    state: &StateDir,
+    dir: &std::path::Path,
+) -> Result<crate::state::NodeIdentity, SiteError> {
+    let identity = state.identity()?.ok_or_else(|| SiteError::NotEnrolled {
+        dir: dir.display().to_string(),
+    })?;
+    let is_site = identity
+        .spiffe_id
+        .parse::<bc_proto::spiffe::SpiffeId>()
+        .is_ok_and(|id| id.role() == bc_proto::spiffe::Role::Site);
+    if !is_site {
+        return Err(SiteError::NotASite {
+            spiffe_id: identity.spiffe_id,
+        });
+    }
+    if identity.not_after_ms <= crate::session::now_ms() {
+        return Err(SiteError::Expired {
+            spiffe_id: identity.spiffe_id,
+        });
+    }
+    Ok(identity)
 }
 
 /// Asks the control plane for secret `name` of this agent's site, with a fresh P-256 key used for this request
 /// only; the answer is a JWE to that key, which the gateway relaying it cannot open.
-pub async fn fetch_secret(config: &Config, name: &str) -> Result<String, SecretFetchError> {
-    let agent = SiteAgent::new(config.clone(), SiteAgentOptions::default());
-    let state = StateDir::open(&config.state_dir).map_err(SiteError::from)?;
-    let identity =
-        state
-            .identity()
-            .map_err(SiteError::from)?
-            .ok_or_else(|| SiteError::NotEnrolled {
-                dir: config.state_dir.display().to_string(),
-            })?;
-    let tls = agent.tls(&state)?;
+pub async fn fetch_secret(
+    config: &Config,
+    name: &str,
+) -> Result<Zeroizing<String>, SecretFetchError> {
+    fetch_secret_in(&config.state_dir, name).await
+}
+
+/// [`fetch_secret`] with the identity of the site agent whose state directory is `state_dir` (the gateway is the
+/// one it enrolled with).
+pub async fn fetch_secret_in(
+    state_dir: &std::path::Path,
+    name: &str,
+) -> Result<Zeroizing<String>, SecretFetchError> {
+    let state = StateDir::open(state_dir).map_err(SiteError::from)?;
+    let identity = site_identity(&state, state_dir)?;
+    let tls = tls_of(&state)?;
     let ch = channel::connect(&identity.gateway_url, tls)
         .await
         .map_err(|e| SecretFetchError::Connect {
@@ -502,4 +522,50 @@ pub async fn fetch_secret(config: &Config, name: &str) -> Result<String, SecretF
         })?
         .into_inner();
     open_secret(&key, &response.jwe, name, &identity.node_id)
+}
+
+/// Why BMC credentials could not be had from the broker.
+#[derive(Debug, thiserror::Error)]
+pub enum BmcSecretError {
+    #[error("fetching BMC secret {name:?}")]
+    Fetch {
+        name: String,
+        #[source]
+        source: SecretFetchError,
+    },
+    #[error(
+        "secret {name:?} of site {site} {why}: BMC credentials are stored as {format} \
+         (`better-compute secrets put {name} --site {site}`, value in BC_SECRET_VALUE)",
+        format = bcd_site::redfish::SECRET_FORMAT
+    )]
+    Format {
+        name: String,
+        site: String,
+        why: bcd_site::redfish::CredentialsFormatError,
+    },
+}
+
+/// BMC credentials from the control plane's secret broker: secret `name` of the site whose agent state is
+/// `state_dir`, in the format of [`bcd_site::redfish::Credentials::from_secret_json`]. Neither the secret nor the
+/// password is logged or kept: the JSON is wiped once parsed, the password when the credentials are dropped.
+pub async fn fetch_bmc_credentials(
+    state_dir: &std::path::Path,
+    name: &str,
+) -> Result<bcd_site::redfish::Credentials, BmcSecretError> {
+    let fetch = |source| BmcSecretError::Fetch {
+        name: name.to_string(),
+        source,
+    };
+    let value = fetch_secret_in(state_dir, name).await.map_err(fetch)?;
+    bcd_site::redfish::Credentials::from_secret_json(&value).map_err(|why| {
+        let site = StateDir::open(state_dir)
+            .ok()
+            .and_then(|s| s.identity().ok().flatten())
+            .map_or_else(|| "<site>".to_string(), |i| i.node_id);
+        BmcSecretError::Format {
+            name: name.to_string(),
+            site,
+            why,
+        }
+    })
 }

@@ -251,12 +251,22 @@ struct Agent {
 }
 
 async fn start_agent(p: &Plane, state: &str, ttl: Duration) -> anyhow::Result<Agent> {
+    start_agent_capped(p, state, ttl, bcd::artifact_cache::DEFAULT_MAX_BYTES).await
+}
+
+async fn start_agent_capped(
+    p: &Plane,
+    state: &str,
+    ttl: Duration,
+    cache_max_bytes: u64,
+) -> anyhow::Result<Agent> {
     let agent = std::sync::Arc::new(SiteAgent::new(
         p.node_config(state),
         SiteAgentOptions {
             lease_ttl: ttl,
             artifacts: Some(p.dir.path().join(state).join("artifacts")),
             artifact_fetches: 2,
+            cache_max_bytes,
         },
     ));
     let view = agent.view();
@@ -437,7 +447,7 @@ async fn secrets_reach_only_their_site_as_jwe_and_rest_encrypted() -> TestResult
 
     // Round trip to the secret's own site.
     let got = bcd::site::fetch_secret(&p.node_config("site-1"), "bmc/node-7").await?;
-    assert_eq!(got, value);
+    assert_eq!(got.as_str(), value);
     let delivered: i64 = bc_store::sqlx::query_scalar(
         "SELECT count(*) FROM audit_events WHERE action = 'secret.delivered' \
          AND subject = 'site/rack-1/secret/bmc/node-7' AND actor = $1",
@@ -470,7 +480,7 @@ async fn secrets_reach_only_their_site_as_jwe_and_rest_encrypted() -> TestResult
     assert!(!jwe.contains("hunter2"));
     assert_eq!(jwe.split('.').count(), 5, "compact JWE");
     assert_eq!(
-        bcd::site::open_secret(&req_key, &jwe, "bmc/node-7", "rack-1")?,
+        bcd::site::open_secret(&req_key, &jwe, "bmc/node-7", "rack-1")?.as_str(),
         value
     );
     let other_key = jwt_simple::prelude::EcdhEsA256KWDecryptionKey::generate();
@@ -817,5 +827,180 @@ async fn artifacts_fill_the_site_cache_verified_and_boot_http_serves_them() -> T
 
     a.task.abort();
     a.services.task.abort();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifact_uploads_stream_from_disk_and_a_truncated_one_leaves_nothing() -> TestResult {
+    let p = plane().await;
+    let files = tempfile::tempdir()?;
+    // Larger than any chunk on the way (reqwest's file reads, hyper's frames, the server's writes).
+    let content = pseudo_random(5 * 1024 * 1024 + 17, 9);
+    let path = files.path().join("image.raw");
+    std::fs::write(&path, &content)?;
+    let v = p.admin.put_artifact_file(&path, None).await?;
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&content));
+    assert_eq!(
+        v["reference"].as_str(),
+        Some(format!("sha256:{sha}").as_str()),
+        "{v}"
+    );
+    assert_eq!(v["artifact"]["name"].as_str(), Some(sha.as_str()), "{v}");
+    let stored = p.dir.path().join("control/artifacts");
+    assert_eq!(std::fs::read(stored.join("sha256").join(&sha))?, content);
+    let e = p
+        .admin
+        .put_artifact_file(&files.path().join("missing"), None)
+        .await
+        .expect_err("missing file");
+    assert!(e.to_string().contains("reading"), "{e}");
+
+    // A body that breaks off before its Content-Length: nothing is stored, no temporary file stays.
+    use tokio::io::AsyncWriteExt as _;
+    let api = p.running.api_addr.ok_or("api addr")?;
+    let mut conn = tokio::net::TcpStream::connect(api).await?;
+    let head = format!(
+        "PUT /api/artifacts HTTP/1.1\r\nHost: {api}\r\nAuthorization: Bearer {}\r\n\
+         x-artifact-name: truncated\r\nContent-Length: {}\r\n\r\n",
+        p.admin.key(),
+        4 * 1024 * 1024
+    );
+    conn.write_all(head.as_bytes()).await?;
+    conn.write_all(&content[..1024 * 1024 + 5]).await?;
+    conn.flush().await?;
+    let leftovers = || -> Vec<String> {
+        std::fs::read_dir(&stored)
+            .map(|r| {
+                r.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n != "sha256")
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // The server writes what came to a temporary file while the body is still incomplete (it streams).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while leftovers().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let partial = leftovers();
+    assert!(
+        partial.iter().any(|n| n.starts_with(".upload-")),
+        "no temporary file while the upload runs: {partial:?}"
+    );
+    drop(conn);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !leftovers().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        leftovers(),
+        Vec::<String>::new(),
+        "partial upload left behind"
+    );
+    assert_eq!(std::fs::read_dir(stored.join("sha256"))?.count(), 1);
+    let listed = p.admin.call("artifacts", "list", json!({})).await?;
+    assert_eq!(
+        listed["artifacts"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_evicts_what_the_table_no_longer_references_when_over_its_cap() -> TestResult {
+    let p = plane().await;
+    let token = site_token(&p, "rack-e", 1).await;
+    enroll(&p, "agent-e", &token).await?;
+    const MIB: usize = 1024 * 1024;
+    let (a, b, c) = (
+        pseudo_random(MIB, 11),
+        pseudo_random(MIB, 12),
+        pseudo_random(MIB, 13),
+    );
+    let (a_ref, b_ref, c_ref) = (
+        put_artifact(&p, &a, "a").await?,
+        put_artifact(&p, &b, "b").await?,
+        put_artifact(&p, &c, "c").await?,
+    );
+    let sha = |r: &str| r.trim_start_matches("sha256:").to_string();
+    const MAC2: &str = "52:54:00:00:00:02";
+    for (mac, k) in [(MAC, &a_ref), (MAC2, &b_ref)] {
+        p.admin
+            .call(
+                "machines",
+                "create",
+                json!({"mac": mac, "site": "rack-e", "boot": {"kernel": k}}),
+            )
+            .await?;
+    }
+    // Room for two and a half artifacts.
+    let agent = start_agent_capped(
+        &p,
+        "agent-e",
+        Duration::from_millis(900),
+        (5 * MIB / 2) as u64,
+    )
+    .await?;
+    assert!(
+        wait_machines(&agent, 2, Duration::from_secs(20)).await,
+        "not published: {:?}",
+        agent.agent.artifact_counters()
+    );
+    let cache = agent.services.artifacts.join("sha256");
+    // An operator's own file beside the cache is not the cache's to evict.
+    std::fs::write(agent.services.artifacts.join("own-kernel"), &c)?;
+
+    // The first machine moves to C: A is no longer referenced, and A + B + C would pass the cap: A goes.
+    p.admin
+        .call(
+            "machines",
+            "set-boot",
+            json!({"mac": MAC, "boot": {"kernel": c_ref}}),
+        )
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (cache.join(sha(&a_ref)).exists() || !cache.join(sha(&c_ref)).exists())
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!cache.join(sha(&a_ref)).exists(), "A was not evicted");
+    assert_eq!(std::fs::read(cache.join(sha(&b_ref)))?, b);
+    assert_eq!(std::fs::read(cache.join(sha(&c_ref)))?, c);
+    assert!(agent.services.artifacts.join("own-kernel").exists());
+    let counters = agent.agent.artifact_counters().unwrap_or_default();
+    assert_eq!(
+        (counters.evicted, counters.evicted_bytes),
+        (1, MIB as u64),
+        "{counters:?}"
+    );
+    assert!(wait_machines(&agent, 2, Duration::from_secs(20)).await);
+
+    // The second machine moves to A, which has to be fetched again: B is no longer referenced and goes to make
+    // room for the download; C, referenced, stays.
+    p.admin
+        .call(
+            "machines",
+            "set-boot",
+            json!({"mac": MAC2, "boot": {"kernel": a_ref}}),
+        )
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (cache.join(sha(&b_ref)).exists() || !cache.join(sha(&a_ref)).exists())
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!cache.join(sha(&b_ref)).exists(), "B was not evicted");
+    assert_eq!(std::fs::read(cache.join(sha(&a_ref)))?, a);
+    assert!(
+        cache.join(sha(&c_ref)).exists(),
+        "a referenced artifact was evicted"
+    );
+    assert!(wait_machines(&agent, 2, Duration::from_secs(20)).await);
+    agent.task.abort();
+    agent.services.task.abort();
     Ok(())
 }

@@ -11,23 +11,11 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
+use super::credentials::Credentials;
 use super::error::RedfishError;
 use super::models::{Collection, ErrorBody, Manager, ServiceRoot};
 use super::quirks::{self, BASE_BUSY_IDS, BmcIdentity, Quirks};
 use super::tls::{TlsTrust, client_config};
-
-/// A BMC user. `Debug` does not print the password.
-#[derive(Clone)]
-pub struct Credentials {
-    pub username: String,
-    pub password: String,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Credentials({}, <password>)", self.username)
-    }
-}
 
 /// How often and how patiently busy answers are retried.
 #[derive(Debug, Clone, Copy)]

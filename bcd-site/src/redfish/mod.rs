@@ -10,6 +10,7 @@
 //! with the ring provider ([`tls`]: pinned BMC certificate or a site CA).
 
 mod client;
+mod credentials;
 mod error;
 mod inventory;
 pub mod models;
@@ -17,7 +18,8 @@ mod ops;
 pub mod quirks;
 pub mod tls;
 
-pub use client::{Bmc, BmcOptions, Credentials, RetryPolicy};
+pub use client::{Bmc, BmcOptions, RetryPolicy};
+pub use credentials::{Credentials, CredentialsFormatError, SECRET_FORMAT};
 pub use error::{ObservedBoot, RedfishError};
 pub use inventory::{Inventory, SystemInventory};
 pub use ops::{BootOverride, BootTarget, PowerAction, PowerOutcome};

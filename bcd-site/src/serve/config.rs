@@ -25,6 +25,8 @@ pub struct SiteConfigWire {
     pub tftp: TftpWire,
     #[serde(default)]
     pub dhcp: DhcpWire,
+    #[serde(default)]
+    pub cache: CacheWire,
     /// `[[machine]]`: the local netboot table (MAC → desired boot).
     #[serde(default)]
     pub machine: Vec<MachineWire>,
@@ -70,6 +72,18 @@ pub struct DhcpWire {
     pub offer: Option<String>,
 }
 
+/// `[cache]`: the artifact cache `bcd site run` fills from the control plane (`boot.artifacts/sha256/`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheWire {
+    /// Bytes the cached artifacts may take (default 20 GiB); beyond it the least recently used artifacts the
+    /// netboot table does not reference are deleted.
+    pub max_bytes: Option<u64>,
+}
+
+/// Default of `[cache] max_bytes`.
+pub const DEFAULT_CACHE_MAX_BYTES: u64 = 20 << 30;
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TftpWire {
@@ -111,6 +125,8 @@ pub struct SiteConfig {
     /// `[dhcp] offer`.
     pub offer: OfferStyle,
     pub tftp: Limits,
+    /// `[cache] max_bytes`: size cap of the control-plane artifacts in `artifacts/sha256/`.
+    pub cache_max_bytes: u64,
     /// The table from the file: the initial contents of the netboot channel.
     pub netboot: Netboot,
 }
@@ -283,6 +299,14 @@ impl SiteConfigWire {
             tftp.ack_spin = Duration::from_micros(us);
         }
 
+        let cache_max_bytes = self.cache.max_bytes.unwrap_or(DEFAULT_CACHE_MAX_BYTES);
+        if cache_max_bytes == 0 {
+            return Err(field(
+                "cache.max_bytes",
+                "must be at least 1 (bytes the cached artifacts may take)",
+            ));
+        }
+
         let mut machines = BTreeMap::new();
         for (i, m) in self.machine.into_iter().enumerate() {
             let name = |f: &str| format!("machine[{i}].{f}");
@@ -326,6 +350,7 @@ impl SiteConfigWire {
             loaders,
             offer,
             tftp,
+            cache_max_bytes,
             netboot: Netboot::from_machines(machines),
         })
     }
@@ -357,6 +382,7 @@ artifacts = "/srv/artifacts"
         assert_eq!(c.interface, "eno2");
         assert_eq!(c.netboot.len(), 2);
         assert_eq!(c.tftp.max_blksize, 1468);
+        assert_eq!(c.cache_max_bytes, 20 << 30);
         Ok(())
     }
 
@@ -371,6 +397,17 @@ artifacts = "/srv/artifacts"
         assert_eq!(c.offer, OfferStyle::Bootfile);
         assert!(c.watch_rogues);
         assert!(c.netboot.is_empty());
+        assert_eq!(c.cache_max_bytes, DEFAULT_CACHE_MAX_BYTES);
+        let capped = SiteConfig::from_toml(
+            &format!("{MINIMAL}\n[cache]\nmax_bytes = 1048576\n"),
+            Path::new("site.toml"),
+        )?;
+        assert_eq!(capped.cache_max_bytes, 1 << 20);
+        assert_eq!(
+            err(&format!("{MINIMAL}\n[cache]\nmax_bytes = 0\n")),
+            "site.toml: cache.max_bytes: must be at least 1 (bytes the cached artifacts may take)"
+        );
+        assert!(err(&format!("{MINIMAL}\n[cache]\nmax_bytes = -1\n")).contains("max_bytes"));
         Ok(())
     }
 

@@ -20,7 +20,7 @@ use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-pub use config::{SiteConfig, SiteConfigError, SiteConfigWire};
+pub use config::{DEFAULT_CACHE_MAX_BYTES, SiteConfig, SiteConfigError, SiteConfigWire};
 
 use crate::dhcp::server::{self as dhcp_server, DhcpCounters, DhcpSockets, ServerConfig, bind_udp};
 use crate::dhcp::{MacAddr, NetbootRule, NetbootTable, ServerInfo};

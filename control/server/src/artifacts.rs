@@ -1,7 +1,9 @@
 //! Artifacts: kernels, initramfs and images kept content-addressed in the state directory
 //! (`<state_dir>/artifacts/sha256/<hex>`, 0644), described by `artifacts` rows. Operators upload with
-//! `PUT /api/artifacts` (header `x-artifact-name`) (`better-compute artifacts put <file>`): the body is hashed while it is written to
-//! a temporary file, fsynced and renamed into place, so a file under its hash is always complete. Site agents fetch
+//! `PUT /api/artifacts` (header `x-artifact-name`) (`better-compute artifacts put <file>`, which streams the file):
+//! the body is hashed while it is streamed to a temporary file (never held in memory whole), fsynced and renamed
+//! into place, so a file under its hash is always complete; a body that breaks off, stalls for 60 s or differs
+//! from its `Content-Length` is discarded with its temporary file. Site agents fetch
 //! the ones their netboot table references over `SiteService.Artifact` and verify them themselves.
 //!
 //! A machine's boot names an artifact as `sha256:<hex>` in `kernel` or `initrd`.
@@ -20,6 +22,8 @@ use tokio_stream::StreamExt as _;
 
 /// Largest artifact accepted (an OS image fits; a runaway upload does not fill the disk).
 pub const MAX_ARTIFACT: u64 = 64 << 30;
+/// An upload that sends nothing for this long is discarded.
+pub const UPLOAD_STALL: std::time::Duration = std::time::Duration::from_secs(60);
 /// Chunk size of `SiteService.Artifact`.
 pub const CHUNK: usize = 256 * 1024;
 /// How a boot spec names an artifact.
@@ -53,11 +57,18 @@ impl ArtifactDir {
         self.root.join("sha256").join(sha256)
     }
 
-    /// Streams `body` into the store: returns (hash, size). Nothing is left behind on error.
-    async fn write(
+    /// Streams `body` into the store: returns (hash, size). Nothing is left behind on error. `declared` is the
+    /// request's `Content-Length`, when it had one: a body of another length is refused.
+    pub(crate) async fn write(
         &self,
         mut body: impl tokio_stream::Stream<Item = Result<bytes::Bytes, axum::Error>> + Unpin,
+        declared: Option<u64>,
     ) -> Result<(String, u64), ApiError> {
+        if declared.is_some_and(|d| d > MAX_ARTIFACT) {
+            return Err(ApiError::invalid(format!(
+                "artifact is larger than {MAX_ARTIFACT} bytes"
+            )));
+        }
         let io = |what: &str, e: std::io::Error| {
             tracing::error!(error = %e, "{what}");
             ApiError::new(
@@ -69,7 +80,9 @@ impl ArtifactDir {
         };
         let dir = self.root.join("sha256");
         std::fs::create_dir_all(&dir).map_err(|e| io("creating the artifact directory", e))?;
-        let tmp = tempfile::NamedTempFile::new_in(&self.root)
+        let tmp = tempfile::Builder::new()
+            .prefix(".upload-")
+            .tempfile_in(&self.root)
             .map_err(|e| io("creating a temporary artifact file", e))?;
         let mut file = tokio::fs::File::from_std(
             tmp.reopen()
@@ -77,9 +90,20 @@ impl ArtifactDir {
         );
         let mut hasher = Sha256::new();
         let mut size = 0u64;
-        while let Some(chunk) = body.next().await {
+        loop {
+            let Ok(next) = tokio::time::timeout(UPLOAD_STALL, body.next()).await else {
+                tracing::warn!(size, "artifact upload stalled; discarded");
+                return Err(ApiError::invalid(format!(
+                    "artifact upload sent nothing for {} s after {size} bytes; discarded",
+                    UPLOAD_STALL.as_secs()
+                )));
+            };
+            let Some(chunk) = next else { break };
             let chunk = chunk.map_err(|e| {
-                ApiError::invalid(format!("artifact upload broke off after {size} bytes: {e}"))
+                tracing::warn!(size, error = %e, "artifact upload broke off; discarded");
+                ApiError::invalid(format!(
+                    "artifact upload broke off after {size} bytes ({e}); nothing was kept"
+                ))
             })?;
             size += chunk.len() as u64;
             if size > MAX_ARTIFACT {
@@ -92,6 +116,15 @@ impl ArtifactDir {
                 .await
                 .map_err(|e| io("writing the artifact", e))?;
         }
+        if declared.is_some_and(|d| d != size) {
+            return Err(ApiError::invalid(format!(
+                "artifact upload ended after {size} bytes of the {} announced; nothing was kept",
+                declared.unwrap_or_default()
+            )));
+        }
+        file.flush()
+            .await
+            .map_err(|e| io("writing the artifact", e))?;
         file.sync_all()
             .await
             .map_err(|e| io("syncing the artifact", e))?;
@@ -136,7 +169,19 @@ pub(crate) async fn put(
             })?
             .to_string(),
     };
-    let (sha, size) = state.artifacts.write(body.into_data_stream()).await?;
+    let declared = match headers.get(axum::http::header::CONTENT_LENGTH) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| ApiError::invalid("Content-Length is not a number"))?,
+        ),
+    };
+    let (sha, size) = state
+        .artifacts
+        .write(body.into_data_stream(), declared)
+        .await?;
     let name = if name.is_empty() { sha.clone() } else { name };
     let size = i64::try_from(size).map_err(|_| ApiError::invalid("artifact too large"))?;
     let row = state
@@ -218,4 +263,73 @@ pub fn stream_file(file: std::fs::File) -> bc_gateway::site::ArtifactStream {
         }
     });
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leftovers(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .map(|r| {
+                r.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n != "sha256")
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn body(
+        parts: Vec<Result<bytes::Bytes, axum::Error>>,
+    ) -> impl tokio_stream::Stream<Item = Result<bytes::Bytes, axum::Error>> + Unpin {
+        tokio_stream::iter(parts)
+    }
+
+    #[tokio::test]
+    async fn uploads_stream_to_disk_and_partial_ones_leave_nothing()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let state = tempfile::tempdir()?;
+        let dir = ArtifactDir::new(state.path());
+        // Several chunks of 1 MiB: hashed and written as they come.
+        let chunk = bytes::Bytes::from(vec![7u8; 1 << 20]);
+        let parts = (0..5).map(|_| Ok(chunk.clone())).collect();
+        let (sha, size) = dir
+            .write(body(parts), Some(5 << 20))
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        assert_eq!(size, 5 << 20);
+        assert_eq!(sha, hex::encode(Sha256::digest(vec![7u8; 5 << 20])));
+        assert_eq!(std::fs::metadata(dir.path(&sha))?.len(), 5 << 20);
+
+        // Broken off, shorter than announced, announced too large: refused, nothing kept.
+        let broken = vec![
+            Ok(chunk.clone()),
+            Err(axum::Error::new(std::io::Error::other("connection reset"))),
+        ];
+        let e = dir.write(body(broken), None).await.expect_err("broken");
+        let e = format!("{e:?}");
+        assert!(e.contains("broke off after 1048576 bytes"), "{e}");
+        let e = dir
+            .write(body(vec![Ok(chunk.clone())]), Some(3 << 20))
+            .await
+            .expect_err("short");
+        let e = format!("{e:?}");
+        assert!(e.contains("1048576 bytes of the 3145728 announced"), "{e}");
+        let e = dir
+            .write(body(vec![]), Some(MAX_ARTIFACT + 1))
+            .await
+            .expect_err("too large");
+        let e = format!("{e:?}");
+        assert!(e.contains("larger than"), "{e}");
+        assert_eq!(
+            leftovers(&state.path().join("artifacts")),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            std::fs::read_dir(state.path().join("artifacts/sha256"))?.count(),
+            1
+        );
+        Ok(())
+    }
 }

@@ -12,6 +12,12 @@ pub enum ClientError {
     },
     #[error("{code}: {message}")]
     Api { code: String, message: String },
+    #[error("reading {path}")]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 #[derive(Clone)]
@@ -49,6 +55,38 @@ impl ApiClient {
     ) -> Result<Value, ClientError> {
         let url = format!("{}/api/artifacts", self.base);
         let mut request = self.http.put(&url).body(content);
+        if let Some(n) = name {
+            request = request.header("x-artifact-name", n);
+        }
+        self.send(url, request).await
+    }
+
+    /// `PUT /api/artifacts` of the file at `path`: streamed from disk with its length in `Content-Length`, never
+    /// held in memory whole. A file that changes length during the upload fails it (the control plane keeps
+    /// nothing of a short body).
+    pub async fn put_artifact_file(
+        &self,
+        path: &std::path::Path,
+        name: Option<&str>,
+    ) -> Result<Value, ClientError> {
+        let read = |source| ClientError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = tokio::fs::File::open(path).await.map_err(read)?;
+        let meta = file.metadata().await.map_err(read)?;
+        if !meta.is_file() {
+            return Err(read(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file",
+            )));
+        }
+        let url = format!("{}/api/artifacts", self.base);
+        let mut request = self
+            .http
+            .put(&url)
+            .header(reqwest::header::CONTENT_LENGTH, meta.len())
+            .body(reqwest::Body::from(file));
         if let Some(n) = name {
             request = request.header("x-artifact-name", n);
         }

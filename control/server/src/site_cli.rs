@@ -73,7 +73,7 @@ impl BootArgs {
 #[derive(Subcommand)]
 pub enum ArtifactCommand {
     /// Upload a kernel, initramfs or image; prints the `sha256:<hex>` reference to give `machines create --kernel`.
-    /// The file is read into memory for the upload.
+    /// The file is streamed from disk (never read into memory whole).
     Put {
         file: std::path::PathBuf,
         /// Name for listings and logs (default: the file name).
@@ -86,11 +86,8 @@ pub enum ArtifactCommand {
 pub async fn artifacts(client: &ApiClient, command: ArtifactCommand) -> anyhow::Result<()> {
     match command {
         ArtifactCommand::Put { file, name } => {
-            let content = tokio::fs::read(&file)
-                .await
-                .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
             let name = name.or_else(|| file.file_name().map(|n| n.to_string_lossy().into_owned()));
-            let v = client.put_artifact(content, name.as_deref()).await?;
+            let v = client.put_artifact_file(&file, name.as_deref()).await?;
             println!("{}", v["reference"].as_str().unwrap_or_default());
             eprintln!(
                 "artifact {} ({} bytes) stored",

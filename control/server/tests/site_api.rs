@@ -249,7 +249,8 @@ async fn site_grants_codes_and_cli() {
         "ACCESS_DENIED"
     );
     let file = dir.path().join("vmlinuz");
-    let content: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    // Larger than any chunk on the way: the CLI streams it from disk.
+    let content: Vec<u8> = (0..3_000_001u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&file, &content).expect("write");
     let cli = |args: &[&str]| {
         let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_better-compute"));
@@ -282,9 +283,44 @@ async fn site_grants_codes_and_cli() {
         0o644
     );
     let out = cli(&["artifacts", "list"]).output().await.expect("run cli");
+    let missing = cli(&["artifacts", "put", "/nonexistent/vmlinuz"])
+        .output()
+        .await
+        .expect("run cli");
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("reading /nonexistent/vmlinuz"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
+    // Secrets through the CLI: the value only from the environment, never echoed.
+    let value = r#"{"username":"root","password":"cli-secret-pw"}"#;
+    let put = cli(&["secrets", "put", "bmc/n1", "--site", "r1"])
+        .env("BC_SECRET_VALUE", value)
+        .output()
+        .await
+        .expect("run cli");
+    let (o, e) = (
+        String::from_utf8_lossy(&put.stdout),
+        String::from_utf8_lossy(&put.stderr),
+    );
+    assert!(put.status.success(), "{e}");
+    assert!(o.contains("stored secret bmc/n1 for site r1"), "{o}");
+    assert!(!o.contains("cli-secret-pw") && !e.contains("cli-secret-pw"));
+    let unset = cli(&["secrets", "put", "bmc/n1", "--site", "r1"])
+        .env_remove("BC_SECRET_VALUE")
+        .output()
+        .await
+        .expect("run cli");
+    assert!(!unset.status.success());
+    assert!(
+        String::from_utf8_lossy(&unset.stderr).contains("BC_SECRET_VALUE"),
+        "{}",
+        String::from_utf8_lossy(&unset.stderr)
+    );
     let listing = String::from_utf8_lossy(&out.stdout);
     assert!(
-        listing.contains(&sha) && listing.contains("300000") && listing.contains("vmlinuz"),
+        listing.contains(&sha) && listing.contains("3000001") && listing.contains("vmlinuz"),
         "{listing}"
     );
     // Machines may reference it; a malformed or unknown reference is refused.

@@ -1,0 +1,396 @@
+//! `bcd site redfish --secret` end to end: a real control plane (fresh PostgreSQL, mTLS on loopback) holds the BMC
+//! credentials of site rack-1 as a secret; the real `bcd` binary, with the identity of an enrolled agent of that
+//! site, gets them from the broker as a JWE to a per-request key and drives a real Redfish emulator (sushy-tools'
+//! `sushy-emulator --fake`, HTTP Basic auth through `SUSHY_EMULATOR_AUTH_FILE` with a bcrypt htpasswd file) on
+//! loopback: inspect, and a boot-once to Pxe read back. A wrong password is the emulator's 401, reported as such; a
+//! secret of another site is refused by the broker; a secret that is not `{"username", "password"}` is refused
+//! without being quoted; `--secret` and `--password-env` exclude each other. No output of any run holds the
+//! password (nor its Basic encoding), with debug logging on.
+//!
+//! The emulator is `BC_SUSHY_EMULATOR` (scripts/setup installs it into .venv-sushy) or `sushy-emulator` on the PATH;
+//! the htpasswd line is made with the `bcrypt` module of the python next to it. Without them the test prints
+//! `SKIP: <reason>`.
+
+mod common;
+
+use base64::Engine as _;
+use bc_proto::v1;
+use common::{Plane, TestResult, plane};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_bcd");
+const USER: &str = "bmc-admin";
+const PASSWORD: &str = "Sushy-pw-7f3a9c1e";
+const WRONG: &str = "Wrong-pw-0b52d6aa";
+const GARBLED: &str = "plain-text-pw-5e81c0";
+
+struct Emulator {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn find_emulator() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("BC_SUSHY_EMULATOR") {
+        let p = PathBuf::from(p);
+        return p.is_file().then_some(p);
+    }
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join("sushy-emulator"))
+            .find(|p| p.is_file())
+    })
+}
+
+/// `user:<bcrypt hash>` made by the emulator's own python (bcrypt is a sushy-tools dependency); the password goes
+/// through the environment. Cost 4 keeps the per-request check fast (the emulator checks every request).
+fn htpasswd_line(python: &Path, user: &str, password: &str) -> anyhow::Result<String> {
+    let out = Command::new(python)
+        .args([
+            "-c",
+            "import bcrypt, os; print(bcrypt.hashpw(os.environ['PW'].encode(), bcrypt.gensalt(rounds=4)).decode())",
+        ])
+        .env("PW", password)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "bcrypt hash: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(format!(
+        "{user}:{}",
+        String::from_utf8_lossy(&out.stdout).trim()
+    ))
+}
+
+/// Starts the emulator with Basic auth for USER/PASSWORD, or says why it cannot (then the test skips).
+async fn start_emulator() -> anyhow::Result<Result<Emulator, String>> {
+    let Some(bin) = find_emulator() else {
+        return Ok(Err(
+            "sushy-emulator not found (set BC_SUSHY_EMULATOR or put it on PATH; scripts/setup installs it)".into(),
+        ));
+    };
+    let python = bin.with_file_name("python3");
+    if !python.is_file() {
+        return Ok(Err(format!(
+            "no python3 beside {} to hash the htpasswd file with bcrypt",
+            bin.display()
+        )));
+    }
+    let dir = tempfile::tempdir()?;
+    let auth = dir.path().join("htpasswd");
+    std::fs::write(&auth, htpasswd_line(&python, USER, PASSWORD)? + "\n")?;
+    let config = dir.path().join("emulator.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "SUSHY_EMULATOR_AUTH_FILE = {:?}\n",
+            auth.display().to_string()
+        ),
+    )?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let child = Command::new(&bin)
+        .arg("--config")
+        .arg(&config)
+        .args(["--fake", "-i", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let emu = Emulator {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+        _dir: dir,
+    };
+    let probe = reqwest::Client::new();
+    for _ in 0..100 {
+        // The service root is readable without credentials; the systems are not.
+        if let Ok(r) = probe
+            .get(format!("{}/redfish/v1/Systems", emu.url))
+            .send()
+            .await
+        {
+            anyhow::ensure!(
+                r.status() == 401,
+                "the emulator serves its systems without credentials (HTTP {}): auth file not applied",
+                r.status()
+            );
+            return Ok(Ok(emu));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    anyhow::bail!("sushy-emulator at {} did not answer within 20 s", emu.url)
+}
+
+async fn site_token(p: &Plane, site: &str) -> anyhow::Result<String> {
+    let v = p
+        .admin
+        .call("site-tokens", "create", json!({"site": site, "uses": 1}))
+        .await?;
+    Ok(v["token"].as_str().unwrap_or_default().to_string())
+}
+
+async fn enroll(p: &Plane, state: &str, token: &str) -> anyhow::Result<()> {
+    bcd::join::join(
+        &p.node_config(state),
+        token,
+        bcd::join::JoinOptions {
+            attempts: 1,
+            claims: v1::HardwareClaims {
+                hostname: state.into(),
+                ..Default::default()
+            },
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn put_secret(p: &Plane, site: &str, name: &str, value: &str) -> anyhow::Result<()> {
+    p.admin
+        .call(
+            "secrets",
+            "put",
+            json!({"site": site, "name": name, "value": value}),
+        )
+        .await?;
+    Ok(())
+}
+
+/// `bcd site redfish <url> <args>` with debug logging, no password in the environment.
+fn bcd(url: &str, args: &[&str]) -> Output {
+    let out = Command::new(BIN)
+        .args(["site", "redfish", url])
+        .args(args)
+        .env("BCD_LOG", "debug")
+        .env_remove("BMC_PASSWORD")
+        .output()
+        .expect("run bcd");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    println!("$ bcd site redfish {url} {}", args.join(" "));
+    println!("exit {:?}\n{stdout}", out.status.code());
+    // The last lines of the log: the error, if any (the debug log above it is long).
+    let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
+    println!("stderr (last lines): {tail:?}");
+    let basic = |user: &str, pw: &str| {
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pw}"))
+    };
+    for secret in [
+        PASSWORD.to_string(),
+        WRONG.to_string(),
+        GARBLED.to_string(),
+        basic(USER, PASSWORD),
+        basic(USER, WRONG),
+    ] {
+        assert!(
+            !stdout.contains(&secret) && !stderr.contains(&secret),
+            "the output of `bcd site redfish {}` holds a secret",
+            args.join(" ")
+        );
+    }
+    out
+}
+
+fn state_arg(p: &Plane, name: &str) -> String {
+    p.dir.path().join(name).display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brokered_credentials_drive_the_redfish_emulator() -> TestResult {
+    bc_proto::install_crypto_provider();
+    let emu = match start_emulator().await? {
+        Ok(emu) => emu,
+        Err(why) => {
+            println!("SKIP: {why}");
+            return Ok(());
+        }
+    };
+    let p = plane().await;
+    enroll(&p, "site-1", &site_token(&p, "rack-1").await?).await?;
+    enroll(&p, "site-2", &site_token(&p, "rack-2").await?).await?;
+    let creds = |pw: &str| json!({"username": USER, "password": pw}).to_string();
+    put_secret(&p, "rack-1", "bmc/node-1", &creds(PASSWORD)).await?;
+    put_secret(&p, "rack-1", "bmc/wrong", &creds(WRONG)).await?;
+    put_secret(&p, "rack-1", "bmc/garbled", GARBLED).await?;
+    put_secret(&p, "rack-2", "bmc/rack-2-only", &creds(PASSWORD)).await?;
+    let site1 = state_arg(&p, "site-1");
+    let site2 = state_arg(&p, "site-2");
+
+    // Inspect with the brokered credentials.
+    let out = bcd(
+        &emu.url,
+        &["--state-dir", &site1, "--secret", "bmc/node-1", "inspect"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "inspect failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.to_lowercase().contains("system"), "{text}");
+    let delivered: i64 = bc_store::sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE action = 'secret.delivered' \
+         AND subject = 'site/rack-1/secret/bmc/node-1'",
+    )
+    .fetch_one(p.store.pool())
+    .await?;
+    assert_eq!(delivered, 1, "one delivery per operation");
+
+    // Boot-once to Pxe: the PATCH is authenticated and read back. sushy's fake driver sets the target but keeps
+    // Enabled=Continuous (hard-coded in its template), so the read-back reports the override as not applied.
+    let out = bcd(
+        &emu.url,
+        &[
+            "--state-dir",
+            &site1,
+            "--secret",
+            "bmc/node-1",
+            "boot-once",
+            "pxe",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a Continuous override reported as success"
+    );
+    assert!(err.contains("Target=Pxe"), "{err}");
+    assert!(err.contains("not applied"), "{err}");
+    assert!(!err.contains("rejected the credentials"), "{err}");
+    // Read back by hand, with the credentials the test knows.
+    let http = reqwest::Client::new();
+    let systems: serde_json::Value = http
+        .get(format!("{}/redfish/v1/Systems", emu.url))
+        .basic_auth(USER, Some(PASSWORD))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let system = systems["Members"][0]["@odata.id"]
+        .as_str()
+        .ok_or("no system")?
+        .to_string();
+    let sys: serde_json::Value = http
+        .get(format!("{}{system}", emu.url))
+        .basic_auth(USER, Some(PASSWORD))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(sys["Boot"]["BootSourceOverrideTarget"], "Pxe", "{sys}");
+
+    // A wrong password in the secret: the emulator's 401, said as such, with the secret to fix.
+    let out = bcd(
+        &emu.url,
+        &["--state-dir", &site1, "--secret", "bmc/wrong", "inspect"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("HTTP 401"), "{err}");
+    assert!(err.contains("rejected the credentials"), "{err}");
+    assert!(
+        err.contains("better-compute secrets put bmc/wrong --site rack-1"),
+        "{err}"
+    );
+
+    // Another site's secret: the broker refuses it (NOT_FOUND for this site), the BMC is never asked.
+    let out = bcd(
+        &emu.url,
+        &[
+            "--state-dir",
+            &site1,
+            "--secret",
+            "bmc/rack-2-only",
+            "inspect",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("refused secret"), "{err}");
+    assert!(err.contains("NotFound"), "{err}");
+    assert!(err.contains("rack-1"), "{err}");
+    // ... while its own site's agent gets it.
+    let out = bcd(
+        &emu.url,
+        &[
+            "--state-dir",
+            &site2,
+            "--secret",
+            "bmc/rack-2-only",
+            "inspect",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "rack-2 inspect failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Not BMC credentials: refused with the format to use, without quoting it.
+    let out = bcd(
+        &emu.url,
+        &["--state-dir", &site1, "--secret", "bmc/garbled", "inspect"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("is not JSON (syntax error at line 1, column 1)"),
+        "{err}"
+    );
+    assert!(err.contains(r#"{"username": "<BMC user>""#), "{err}");
+
+    // Without an enrolled agent: said so.
+    let out = bcd(
+        &emu.url,
+        &[
+            "--state-dir",
+            &state_arg(&p, "nobody"),
+            "--secret",
+            "bmc/node-1",
+            "inspect",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("has not enrolled yet"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn secret_and_password_env_exclude_each_other() {
+    for extra in [["--password-env", "BMC_PASSWORD"], ["--user", "root"]] {
+        let out = bcd(
+            "http://127.0.0.1:9",
+            &["--secret", "bmc/x", extra[0], extra[1], "inspect"],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("cannot be used with"), "{err}");
+    }
+    // Without --secret, an unset password variable is an error that says what to do, not an empty password.
+    let out = bcd(
+        "http://127.0.0.1:9",
+        &["--password-env", "BC_TEST_NO_SUCH_VAR", "inspect"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("BC_TEST_NO_SUCH_VAR, which is not set"),
+        "{err}"
+    );
+    assert!(err.contains("--secret"), "{err}");
+}
