@@ -19,8 +19,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bc_control::client::{ApiClient, ClientError};
-use bcd_ramdisk::agent::{self, DIAGNOSE_KIND, KEXEC_KIND, RamdiskCommands, STREAM_KIND, WIPE_KIND};
+use bcd_ramdisk::agent::{
+    self, DIAGNOSE_KIND, KEXEC_KIND, RamdiskCommands, STREAM_KIND, WIPE_KIND,
+};
 use bcd_ramdisk::os::{AlignedBuf, DirectDevice};
+use bcd_ramdisk::stream::BlockSink as _;
 use common::{Options, TestResult, plane_with};
 use serde_json::{Value, json};
 
@@ -64,7 +67,12 @@ fn deadline_ms() -> i64 {
 }
 
 /// Checks the stored envelope's signature against the node's recorded key and returns its payload type.
-async fn verify(p: &common::Plane, node_id: &str, spiffe_id: &str, envelope: Option<Vec<u8>>) -> String {
+async fn verify(
+    p: &common::Plane,
+    node_id: &str,
+    spiffe_id: &str,
+    envelope: Option<Vec<u8>>,
+) -> String {
     let env: bc_proto::v1::SignedEnvelope =
         prost::Message::decode(envelope.expect("stored envelope").as_slice()).expect("envelope");
     let key = p
@@ -283,9 +291,19 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
     let e = error_of(&row);
     assert!(e.contains("unknown field `bogus`"), "{e}");
     verify(&p, &node, &spiffe, row.3).await;
-    let row = run_command(&p, &node, "c-bad-disk", WIPE_KIND, json!({"disks": ["../sda"]})).await;
+    let row = run_command(
+        &p,
+        &node,
+        "c-bad-disk",
+        WIPE_KIND,
+        json!({"disks": ["../sda"]}),
+    )
+    .await;
     let e = error_of(&row);
-    assert!(e.contains("disks") && e.contains("not a device name"), "{e}");
+    assert!(
+        e.contains("disks") && e.contains("not a device name"),
+        "{e}"
+    );
 
     // The API: an operator queues a command and reads it back; a caller without the grant is refused.
     let reader_key = bc_proto::token::Token::generate(bc_proto::token::TokenKind::ApiKey)?;
@@ -306,15 +324,31 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
     let reader = ApiClient::new(&api, &reader_key.reveal());
     let ask = |kind: &str, args: Value| json!({"node_id": node, "kind": kind, "args": args, "timeout_s": 300});
     assert_eq!(
-        code(reader.call("nodes", "command", ask(WIPE_KIND, json!({"disks": ["vda"]}))).await),
+        code(
+            reader
+                .call(
+                    "nodes",
+                    "command",
+                    ask(WIPE_KIND, json!({"disks": ["vda"]}))
+                )
+                .await
+        ),
         "ACCESS_DENIED"
     );
     assert_eq!(
-        code(p.admin.call("nodes", "command", ask("Not A Kind", json!({}))).await),
+        code(
+            p.admin
+                .call("nodes", "command", ask("Not A Kind", json!({})))
+                .await
+        ),
         "INVALID_ARGUMENT"
     );
     assert_eq!(
-        code(p.admin.call("nodes", "command", ask(DIAGNOSE_KIND, json!([1]))).await),
+        code(
+            p.admin
+                .call("nodes", "command", ask(DIAGNOSE_KIND, json!([1])))
+                .await
+        ),
         "INVALID_ARGUMENT"
     );
     let v = p
@@ -323,7 +357,9 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
         .await?;
     let diag_id = v["id"].as_str().expect("id").to_string();
     wait_finished(&p, &diag_id).await;
-    let got = reader.call("commands", "get", json!({"id": diag_id})).await?;
+    let got = reader
+        .call("commands", "get", json!({"id": diag_id}))
+        .await?;
     assert_eq!(got["command"]["state"], "done", "{got}");
     assert!(got["command"]["result"]["cpu"].is_object(), "{got}");
     assert_eq!(
@@ -332,7 +368,14 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
     );
     let nobody_key = bc_proto::token::Token::generate(bc_proto::token::TokenKind::ApiKey)?;
     p.store
-        .upsert_principal("nobody", "root", "no grants", nobody_key.id(), &nobody_key.secret().hash(), &[])
+        .upsert_principal(
+            "nobody",
+            "root",
+            "no grants",
+            nobody_key.id(),
+            &nobody_key.secret().hash(),
+            &[],
+        )
         .await?;
     let nobody = ApiClient::new(&api, &nobody_key.reveal());
     assert_eq!(
@@ -373,12 +416,15 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
         lo.read(LOOP_SIZE).iter().all(|&b| b == 0),
         "the wiped loop device still holds data"
     );
-    let got = p.admin.call("commands", "get", json!({"id": wipe_id})).await?;
+    let got = p
+        .admin
+        .call("commands", "get", json!({"id": wipe_id}))
+        .await?;
     assert_eq!(got["command"]["result"]["wiped"], true, "{got}");
 
-    // ramdisk.stream of a zstd image served at ~1 MiB/s (about 6 s): progress is stored while it runs, and a
+    // ramdisk.stream of a zstd image served at ~1 MiB/s (about 10 s): progress is stored while it runs, and a
     // ramdisk.diagnose queued meanwhile finishes before the stream does.
-    let image = noise(6 << 20, 11);
+    let image = noise(10 << 20, 11);
     let compressed = zstd::encode_all(image.as_slice(), 1)?;
     let sha = hex::encode(bc_proto::sha256(&compressed));
     let url = slow_server(compressed, 1 << 20);
@@ -394,7 +440,10 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let progress = loop {
         let row = command_row(&p, "c-stream").await;
-        assert_eq!(row.0, "sent", "the stream ended before any progress was stored: {row:?}");
+        assert_eq!(
+            row.0, "sent",
+            "the stream ended before any progress was stored: {row:?}"
+        );
         if let Some(pr) = row.4 {
             break pr;
         }
@@ -402,7 +451,10 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     println!("progress while streaming: {progress}");
-    assert!(progress["written"].is_u64() && progress["rate_bps"].is_u64(), "{progress}");
+    assert!(
+        progress["written"].is_u64() && progress["rate_bps"].is_u64(),
+        "{progress}"
+    );
     assert!(progress.get("eta_s").is_some(), "{progress}");
     let row = run_command(&p, &node, "c-diag-during", DIAGNOSE_KIND, json!({})).await;
     assert_eq!(row.0, "done");
@@ -411,7 +463,10 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
         stream_state, "sent",
         "ramdisk.diagnose should finish while the stream still runs (commands run concurrently)"
     );
-    let got = p.admin.call("commands", "get", json!({"id": "c-stream"})).await?;
+    let got = p
+        .admin
+        .call("commands", "get", json!({"id": "c-stream"}))
+        .await?;
     assert!(got["command"]["progress"]["written"].is_u64(), "{got}");
     let row = wait_finished(&p, "c-stream").await;
     assert_eq!(row.0, "done", "{row:?}");
@@ -424,7 +479,10 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
         verify(&p, &node, &spiffe, row.3).await,
         bcd_ramdisk::commands::STREAM_PAYLOAD_TYPE
     );
-    assert!(lo.read(image.len() as u64) == image, "the device holds the image");
+    assert!(
+        lo.read(image.len() as u64) == image,
+        "the device holds the image"
+    );
 
     let _ = stop_tx.send(());
     tokio::time::timeout(Duration::from_secs(10), agent).await???;
