@@ -513,7 +513,7 @@ mod tests {
             ),
             (
                 r#"{"target": "vda", "seed": {"token": "bcjt_x"}}"#,
-                "seed: unknown field `token`",
+                "seed.token: unknown field `token`",
             ),
             (
                 r#"{"target": "vda", "reboot": false}"#,

@@ -440,8 +440,8 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let progress = loop {
         let row = command_row(&p, "c-stream").await;
-        assert_eq!(
-            row.0, "sent",
+        assert!(
+            matches!(row.0.as_str(), "pending" | "sent"),
             "the stream ended before any progress was stored: {row:?}"
         );
         if let Some(pr) = row.4 {
