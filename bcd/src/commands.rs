@@ -331,6 +331,94 @@ mod tests {
         assert!(!l.admit(t0));
     }
 
+    /// A hook whose one kind takes a while and counts its runs.
+    struct Slow(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl CommandHook for Slow {
+        fn handles(&self, kind: &str) -> bool {
+            kind == "test.slow"
+        }
+
+        fn run(
+            &self,
+            _: &v1::Command,
+            progress: &ProgressReporter,
+        ) -> Result<CommandOutput, String> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            progress.report(serde_json::json!({"step": 1}));
+            std::thread::sleep(Duration::from_millis(300));
+            Ok(CommandOutput {
+                payload_type: "application/json".into(),
+                payload: b"{}".to_vec(),
+            })
+        }
+    }
+
+    fn result_of(m: Option<Outgoing>) -> v1::CommandResult {
+        match m {
+            Some(Outgoing::Result(r)) => r,
+            other => panic!("expected a result, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_command_id_runs_once_and_its_result_outlives_the_session() {
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let key = rcgen::KeyPair::generate().expect("key");
+        let signer =
+            EnvelopeSigner::new(&key.serialize_der(), "spiffe://t/node/n".into()).expect("signer");
+        let ctx = CommandContext {
+            gpu: None,
+            hook: Some(Arc::new(Slow(runs.clone()))),
+            signer: Arc::new(signer),
+            progress_interval: Duration::from_secs(60),
+        };
+        let mut commands = Commands::new();
+        let c = v1::Command {
+            id: "c1".into(),
+            kind: "test.slow".into(),
+            args: Vec::new(),
+            deadline_unix_ms: 0,
+        };
+        // Sent twice while running (a gateway resending after a reconnect): started once.
+        commands.start(c.clone(), ctx.clone());
+        commands.start(c.clone(), ctx.clone());
+        let outbox = commands.outbox();
+        let mut outbox = outbox.lock().await;
+        let wait = Duration::from_secs(10);
+        let first = match tokio::time::timeout(wait, outbox.recv())
+            .await
+            .expect("in time")
+        {
+            Some(Outgoing::Progress(p)) => {
+                assert_eq!(p.id, "c1");
+                result_of(
+                    tokio::time::timeout(wait, outbox.recv())
+                        .await
+                        .expect("in time"),
+                )
+            }
+            other => result_of(other),
+        };
+        assert_eq!(first.id, "c1");
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Sent again after it finished: answered with the stored result, not run again.
+        commands.start(c.clone(), ctx.clone());
+        let again = result_of(
+            tokio::time::timeout(wait, outbox.recv())
+                .await
+                .expect("in time"),
+        );
+        assert_eq!(again, first);
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // A session that ends right after sending it: the result is queued for the next session.
+        commands.sent(&first);
+        commands.session_ended();
+        assert_eq!(result_of(outbox.try_recv().ok()), first);
+        // Nothing else is waiting.
+        assert!(outbox.try_recv().is_err());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_chatty_command_sends_about_one_progress_a_second() {
         let (tx, mut rx) = mpsc::channel(1024);
