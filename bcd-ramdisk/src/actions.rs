@@ -149,12 +149,39 @@ pub struct StreamView {
     pub elapsed_ms: u64,
 }
 
+/// How a stream reports progress: every `interval`, to the console log and to `on_progress` (agent mode hands it
+/// to the session).
+pub struct StreamOptions {
+    pub progress_interval: Duration,
+    pub on_progress: Box<dyn FnMut(&Progress) + Send>,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        Self {
+            progress_interval: Duration::from_secs(1),
+            on_progress: Box::new(|_| {}),
+        }
+    }
+}
+
 /// Download `url` onto `/dev/<device>` (or a path), verifying `digest` over the bytes as served.
 pub fn stream(
     url: &reqwest::Url,
     sha512: bool,
     hex_digest: &str,
     device: &Path,
+) -> Result<StreamView, String> {
+    stream_with(url, sha512, hex_digest, device, StreamOptions::default())
+}
+
+/// [`stream`] with a progress interval and an extra progress receiver.
+pub fn stream_with(
+    url: &reqwest::Url,
+    sha512: bool,
+    hex_digest: &str,
+    device: &Path,
+    options: StreamOptions,
 ) -> Result<StreamView, String> {
     let algo = if sha512 {
         DigestAlgo::Sha512
@@ -176,9 +203,12 @@ pub fn stream(
         .enable_all()
         .build()
         .map_err(|e| format!("starting the runtime: {e}"))?;
-    let spec = StreamSpec::new(digest);
-    let progress = Box::new(|p: &Progress| {
-        info!(written = p.written, source = p.source_read, total = ?p.source_total, "streaming");
+    let mut spec = StreamSpec::new(digest);
+    spec.progress_interval = options.progress_interval;
+    let mut on_progress = options.on_progress;
+    let progress = Box::new(move |p: &Progress| {
+        info!(written = p.written, source = p.source_read, total = ?p.source_total, rate_bps = p.rate_bps as u64, eta = ?p.eta, "streaming");
+        on_progress(p);
     });
     let started = std::time::Instant::now();
     let (_sink, report) = rt
@@ -277,6 +307,121 @@ pub fn mount_root_with(disk: &str, mountpoint: &Path, marker: &[&str]) -> Result
 /// Where the installed root is mounted during deploy.
 pub fn root_mountpoint() -> PathBuf {
     PathBuf::from("/mnt/root")
+}
+
+// === kexec into the installed system ===
+
+/// What to boot from the installed root on a disk, and the join token to leave there in a NoCloud seed.
+#[derive(Clone, Debug, Default)]
+pub struct KexecSpec<'a> {
+    /// The disk holding the installed root (`vda`).
+    pub target: &'a str,
+    /// The kernel and initrd inside the root (`boot/vmlinuz`); the installed system's defaults when `None`.
+    pub kernel: Option<&'a str>,
+    pub initrd: Option<&'a str>,
+    /// The kernel command line; the root's `etc/kernel/cmdline` when `None`.
+    pub cmdline: Option<&'a str>,
+    /// The single-use join token the installed system joins with; no seed is written without one.
+    pub join_token: Option<&'a str>,
+}
+
+/// What staging did, as reported.
+#[derive(Clone, Debug, Serialize)]
+pub struct StagedView {
+    pub partition: String,
+    pub seed: Option<String>,
+    pub kernel: String,
+    pub initrd: Option<String>,
+    pub cmdline: String,
+    pub kexec_staged: bool,
+    pub error: Option<String>,
+}
+
+/// Mount the installed root on `spec.target`, write the NoCloud seed (with the single-use join token), stage its
+/// kernel with `kexec_file_load` while the root is mounted, then unmount. `Err` when there is nothing to stage (no
+/// root, no kernel, a bad seed); the view says whether the kernel accepted the staged image.
+pub fn stage_installed(spec: &KexecSpec<'_>) -> Result<StagedView, String> {
+    let mnt = root_mountpoint();
+    let part = mount_root_with(spec.target, &mnt, &["boot/vmlinuz", "vmlinuz"])?;
+    info!(partition = %part, "installed root mounted");
+    let staged = stage_mounted(spec, &mnt, part);
+    crate::os::sys::sync();
+    if let Err(e) = crate::os::sys::umount(&mnt) {
+        tracing::warn!(error = %e, "unmounting the installed root");
+    }
+    staged
+}
+
+fn stage_mounted(
+    spec: &KexecSpec<'_>,
+    mnt: &Path,
+    partition: String,
+) -> Result<StagedView, String> {
+    let mac = crate::dhcp::net::interfaces(Path::new("/sys/class/net"))
+        .first()
+        .map(|i| hex::encode(i.mac))
+        .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
+    let seed = match spec.join_token {
+        Some(token) => {
+            let seed = crate::seed::render(&crate::seed::SeedInput {
+                instance_id: format!("bc-{mac}-{:08x}", rand::random::<u32>()),
+                hostname: format!("bc-{mac}"),
+                join_token: token.to_string(),
+            })
+            .map_err(|e| chain(&e))?;
+            let dir = crate::seed::write(mnt, &seed).map_err(|e| chain(&e))?;
+            Some(dir.display().to_string())
+        }
+        None => {
+            tracing::warn!(
+                "no join token: no NoCloud seed written; the installed system will not join by itself"
+            );
+            None
+        }
+    };
+    let mut boot = crate::kexec::installed_boot(mnt, spec.cmdline)?;
+    let inside = |what: &str, rel: &str| {
+        crate::kexec::resolve_in_root(mnt, rel).ok_or_else(|| {
+            format!(
+                "{what} {rel:?} is not a file in the installed root on {}",
+                spec.target
+            )
+        })
+    };
+    if let Some(k) = spec.kernel {
+        boot.kernel = inside("kernel", k)?;
+    }
+    if let Some(i) = spec.initrd {
+        boot.initrd = Some(inside("initrd", i)?);
+    }
+    // The kernel reads the files during the call: stage while the root is mounted.
+    let staged = crate::kexec::load(&boot.kernel, boot.initrd.as_deref(), &boot.cmdline);
+    Ok(StagedView {
+        partition,
+        seed,
+        kernel: boot.kernel.display().to_string(),
+        initrd: boot.initrd.as_ref().map(|i| i.display().to_string()),
+        cmdline: boot.cmdline.clone(),
+        kexec_staged: staged.is_ok(),
+        error: staged.as_ref().err().map(|e| chain(e)),
+    })
+}
+
+/// Jump into the staged kernel (when `staged`); when that fails, or nothing was staged, reboot into the installed
+/// system the firmware way. Returns only when even the reboot failed, with why.
+pub fn hand_over(staged: bool) -> String {
+    if staged {
+        crate::init::say("bc-kexec: jumping into the installed kernel");
+        let e = crate::kexec::exec();
+        crate::init::say(&format!(
+            "bc-kexec failed: {}; rebooting instead",
+            chain(&e)
+        ));
+    } else {
+        crate::init::say("bc-kexec: staging failed; rebooting into the installed system instead");
+    }
+    let e = crate::os::sys::restart();
+    format!("reboot after kexec failure also failed: {e}")
 }
 
 #[cfg(test)]

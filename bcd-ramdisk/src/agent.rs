@@ -3,9 +3,10 @@
 //!
 //! The ramdisk adds only what is its own: the configuration from the kernel command line ([`config_from_params`]),
 //! hardware claims read from its own `/sys` and `/proc`, and the command kinds the node daemon does not have,
-//! plugged into bcd's session as a [`CommandHook`] ([`RamdiskCommands`]): `ramdisk.diagnose` answers with the
-//! diagnose report. The session signs every result with the node key, so the control plane verifies it against the
-//! key it recorded at join.
+//! plugged into bcd's session as a [`CommandHook`] ([`RamdiskCommands`]): `ramdisk.diagnose`, `ramdisk.wipe`,
+//! `ramdisk.stream` and `ramdisk.kexec` (arguments and safety rules in [`crate::commands`]). The session runs each
+//! command as its own task and signs every result with the node key, so the control plane verifies it against the
+//! key it recorded at join; progress (a stream's bytes, rate and ETA) goes to the session too.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,14 +14,13 @@ use std::time::{Duration, Instant};
 
 use bc_proto::v1;
 use bcd::config::{Config, ConfigWire};
-use bcd::session::{CommandHook, CommandOutput, Daemon};
+use bcd::session::{CommandHook, CommandOutput, Daemon, ProgressReporter};
 use serde::Serialize;
 
 use crate::cmdline::RamdiskParams;
 use crate::diagnose::{self, NvmeAdmin};
 
-/// The command kind that runs the diagnose report.
-pub const DIAGNOSE_KIND: &str = "ramdisk.diagnose";
+pub use crate::commands::{DIAGNOSE_KIND, KEXEC_KIND, STREAM_KIND, WIPE_KIND};
 /// The payload type of its signed result (a JSON [`diagnose::DiagnoseReport`]).
 pub const DIAGNOSE_PAYLOAD_TYPE: &str = "application/vnd.bettercompute.ramdisk-diagnose+json";
 /// Where the node key, certificate and identity live: tmpfs, gone at power-off (a ramdisk boot is one join).
@@ -76,6 +76,7 @@ pub struct RamdiskCommands {
     root: PathBuf,
     nvme: Arc<dyn NvmeAdmin + Send + Sync>,
     on_done: OnCommandDone,
+    stream_progress_interval: Duration,
 }
 
 impl RamdiskCommands {
@@ -89,29 +90,80 @@ impl RamdiskCommands {
             root,
             nvme,
             on_done,
+            stream_progress_interval: Duration::from_secs(1),
+        }
+    }
+
+    /// How often a stream reports progress (1 s; the session still sends at most its own rate per command).
+    pub fn with_stream_progress_interval(mut self, every: Duration) -> Self {
+        self.stream_progress_interval = every;
+        self
+    }
+
+    fn execute(
+        &self,
+        command: &v1::Command,
+        progress: &ProgressReporter,
+    ) -> Result<CommandOutput, String> {
+        use crate::commands::{self, RamdiskCommand};
+        let json = |payload_type: &str, v: &dyn erased::Json| {
+            v.to_vec()
+                .map(|payload| CommandOutput {
+                    payload_type: payload_type.into(),
+                    payload,
+                })
+                .map_err(|e| format!("encoding the result: {e}"))
+        };
+        match commands::parse(&command.kind, &command.args)? {
+            // Arguments are not used (the report is always whole); anything sent is ignored, not parsed.
+            RamdiskCommand::Diagnose => {
+                let report = diagnose::collect(&self.root, self.nvme.as_ref());
+                json(DIAGNOSE_PAYLOAD_TYPE, &report)
+            }
+            RamdiskCommand::Wipe(args) => {
+                let r = commands::wipe(&self.root, &args, &|v| progress.report(v))?;
+                json(commands::WIPE_PAYLOAD_TYPE, &r)
+            }
+            RamdiskCommand::Stream(args) => {
+                let p = progress.clone();
+                let view = commands::stream(
+                    &args,
+                    self.stream_progress_interval,
+                    Box::new(move |v| p.report(v)),
+                )?;
+                json(commands::STREAM_PAYLOAD_TYPE, &view)
+            }
+            RamdiskCommand::Kexec(args) => {
+                let r = commands::kexec(&args)?;
+                json(commands::KEXEC_PAYLOAD_TYPE, &r)
+            }
+        }
+    }
+}
+
+/// Serialize any of the results without naming each type.
+mod erased {
+    pub trait Json {
+        fn to_vec(&self) -> serde_json::Result<Vec<u8>>;
+    }
+    impl<T: serde::Serialize> Json for T {
+        fn to_vec(&self) -> serde_json::Result<Vec<u8>> {
+            serde_json::to_vec(self)
         }
     }
 }
 
 impl CommandHook for RamdiskCommands {
     fn handles(&self, kind: &str) -> bool {
-        kind == DIAGNOSE_KIND
+        crate::commands::KINDS.contains(&kind)
     }
 
-    fn run(&self, command: &v1::Command) -> Result<CommandOutput, String> {
-        let out = match command.kind.as_str() {
-            // Arguments are not used (the report is always whole); anything sent is ignored, not parsed.
-            DIAGNOSE_KIND => {
-                let report = diagnose::collect(&self.root, self.nvme.as_ref());
-                serde_json::to_vec(&report)
-                    .map(|payload| CommandOutput {
-                        payload_type: DIAGNOSE_PAYLOAD_TYPE.into(),
-                        payload,
-                    })
-                    .map_err(|e| format!("encoding the report: {e}"))
-            }
-            other => Err(format!("{other} is not a ramdisk command")),
-        };
+    fn run(
+        &self,
+        command: &v1::Command,
+        progress: &ProgressReporter,
+    ) -> Result<CommandOutput, String> {
+        let out = self.execute(command, progress);
         (self.on_done)(&command.kind, &command.id, &out);
         out
     }
@@ -241,7 +293,7 @@ mod tests {
     }
 
     #[test]
-    fn the_hook_answers_only_ramdisk_diagnose_with_a_json_report() {
+    fn the_hook_answers_the_ramdisk_kinds_and_parses_arguments_strictly() {
         struct NoNvme;
         impl NvmeAdmin for NoNvme {
             fn identify(&self, _: &str) -> std::io::Result<diagnose::NvmeIdentity> {
@@ -258,6 +310,9 @@ mod tests {
             Box::new(|_, _, _| {}),
         );
         assert!(hook.handles(DIAGNOSE_KIND));
+        for kind in [WIPE_KIND, STREAM_KIND, KEXEC_KIND] {
+            assert!(hook.handles(kind), "{kind}");
+        }
         assert!(!hook.handles("diag.nvml"), "bcd answers its own kinds");
         let command = |kind: &str| v1::Command {
             id: "c1".into(),
@@ -265,13 +320,16 @@ mod tests {
             args: b"not json at all".to_vec(),
             deadline_unix_ms: 0,
         };
-        let out = hook.run(&command(DIAGNOSE_KIND)).expect("report");
+        let none = ProgressReporter::discard();
+        let out = hook.run(&command(DIAGNOSE_KIND), &none).expect("report");
         assert_eq!(out.payload_type, DIAGNOSE_PAYLOAD_TYPE);
         let report: serde_json::Value = serde_json::from_slice(&out.payload).expect("JSON");
         assert!(
             report["problems"].as_array().is_some_and(|p| !p.is_empty()),
             "an empty root is reported as problems, not a failure: {report}"
         );
-        assert!(hook.run(&command("ramdisk.other")).is_err());
+        assert!(hook.run(&command("ramdisk.other"), &none).is_err());
+        let e = hook.run(&command(WIPE_KIND), &none).expect_err("not JSON");
+        assert!(e.starts_with("ramdisk.wipe arguments"), "{e}");
     }
 }

@@ -434,71 +434,15 @@ fn keep_lease(nic: crate::dhcp::net::Interface, lease: crate::dhcp::Lease, xid: 
 /// Mount the installed root on `target`, write the NoCloud seed (with the single-use boot token) and kexec into
 /// the installed kernel; reboot if kexec fails. Returns only on an error before the hand-over.
 fn deploy(params: &RamdiskParams, target: &str, phases: &Phases) -> Result<(), String> {
-    let mnt = actions::root_mountpoint();
-    let part = actions::mount_root_with(target, &mnt, &["boot/vmlinuz", "vmlinuz"])?;
-    info!(partition = %part, "installed root mounted");
-    let mac = crate::dhcp::net::interfaces(Path::new("/sys/class/net"))
-        .first()
-        .map(|i| hex::encode(i.mac))
-        .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
-    let seed_written = match &params.boot_token {
-        Some(token) => {
-            let seed = crate::seed::render(&crate::seed::SeedInput {
-                instance_id: format!("bc-{mac}-{:08x}", rand::random::<u32>()),
-                hostname: format!("bc-{mac}"),
-                join_token: token.0.clone(),
-            })
-            .map_err(|e| actions::chain(&e))?;
-            let dir = crate::seed::write(&mnt, &seed).map_err(|e| actions::chain(&e))?;
-            Some(dir.display().to_string())
-        }
-        None => {
-            warn!(
-                "no bc.boot_token: no NoCloud seed written; the installed system will not join by itself"
-            );
-            None
-        }
-    };
-    let boot = crate::kexec::installed_boot(&mnt, params.kexec_cmdline.as_deref())?;
-    // Stage while the root is mounted (the kernel reads the files during the call), then unmount.
-    let staged = crate::kexec::load(&boot.kernel, boot.initrd.as_deref(), &boot.cmdline);
-    sys::sync();
-    if let Err(e) = sys::umount(&mnt) {
-        warn!(error = %e, "unmounting the installed root");
-    }
-    #[derive(Serialize)]
-    struct Deploy {
-        partition: String,
-        seed: Option<String>,
-        kernel: String,
-        cmdline: String,
-        kexec_staged: bool,
-        error: Option<String>,
-    }
-    report(
-        "deploy",
-        &Deploy {
-            partition: part,
-            seed: seed_written,
-            kernel: boot.kernel.display().to_string(),
-            cmdline: boot.cmdline.clone(),
-            kexec_staged: staged.is_ok(),
-            error: staged.as_ref().err().map(|e| actions::chain(e)),
-        },
-    );
+    let view = actions::stage_installed(&actions::KexecSpec {
+        target,
+        cmdline: params.kexec_cmdline.as_deref(),
+        join_token: params.boot_token.as_ref().map(|t| t.0.as_str()),
+        ..Default::default()
+    })?;
+    report("deploy", &view);
     phases.mark("kexec-staged");
-    if staged.is_ok() {
-        say("bc-kexec: jumping into the installed kernel");
-        let e = crate::kexec::exec();
-        say(&format!(
-            "bc-kexec failed: {}; rebooting instead",
-            actions::chain(&e)
-        ));
-    } else {
-        say("bc-kexec: staging failed; rebooting into the installed system instead");
-    }
-    let e = sys::restart();
-    Err(format!("reboot after kexec failure also failed: {e}"))
+    Err(actions::hand_over(view.kexec_staged))
 }
 
 /// PID 1 of the lab OS's initramfs (`rdinit=/sbin/bc-lab-os`): mount, load modules, find the root with the

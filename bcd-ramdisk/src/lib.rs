@@ -15,6 +15,7 @@ pub mod actions;
 pub mod agent;
 pub mod cli;
 pub mod cmdline;
+pub mod commands;
 pub mod dhcp;
 pub mod diagnose;
 pub mod init;

@@ -9,6 +9,7 @@
 #[cfg(feature = "site")]
 pub mod artifact_cache;
 pub mod cdi;
+pub mod commands;
 pub mod config;
 pub mod diag;
 pub mod gpu;

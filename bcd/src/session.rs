@@ -1,9 +1,10 @@
 //! `bcd run`: the daemon's one dial-out HTTP/2 mTLS connection to the gateway, carrying the Session stream.
 //!
 //! Hello → Welcome (epoch, heartbeat interval); heartbeats; inventory sections on request, each with a content
-//! hash, unchanged ones never resent; desired state applied and acknowledged by generation; commands run and their
-//! results signed by the node key (the daemon's own kinds, and those of a [`CommandHook`] the embedding program adds:
-//! the ramdisk's agent mode). Any failure ends the session and the daemon reconnects with exponential backoff,
+//! hash, unchanged ones never resent; desired state applied and acknowledged by generation; commands run as their own
+//! tasks (see [`crate::commands`]: a long command never holds up the session), their progress sent rate-limited and
+//! their results signed by the node key (the daemon's own kinds, and those of a [`CommandHook`] the embedding program
+//! adds: the ramdisk's agent mode). Any failure ends the session and the daemon reconnects with exponential backoff,
 //! full jitter and a cap. Nothing the gateway sends can panic the daemon: every message is checked.
 
 use crate::config::Config;
@@ -76,26 +77,9 @@ enum SessionEnd {
     Local(String),
 }
 
-/// What an extra command kind produced: a payload the session signs with the node key (`payload_type` names it,
-/// e.g. `application/vnd.bettercompute.ramdisk-diagnose+json`; the control plane stores JSON payloads).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CommandOutput {
-    pub payload_type: String,
-    pub payload: Vec<u8>,
-}
-
-/// Command kinds beyond the daemon's own (`diag.nvml`), supplied by the program that embeds the session: the
-/// ramdisk answers `ramdisk.diagnose` this way. The session still owns signing and delivery, so every result is
-/// signed by the node key whoever produced it.
-pub trait CommandHook: Send + Sync {
-    /// Whether this hook answers `kind`.
-    fn handles(&self, kind: &str) -> bool;
-    /// Runs one command (on a blocking thread). `Err` is reported as a signed error result.
-    fn run(&self, command: &v1::Command) -> Result<CommandOutput, String>;
-}
-
-/// The payload type of a signed error result.
-pub const ERROR_PAYLOAD_TYPE: &str = "application/vnd.bettercompute.error+json";
+pub use crate::commands::{
+    CommandHook, CommandOutput, ERROR_PAYLOAD_TYPE, ProgressLimiter, ProgressReporter,
+};
 
 /// What the daemon remembers across sessions (in memory).
 pub struct Daemon {
@@ -105,9 +89,13 @@ pub struct Daemon {
     pub rejoin_token: Option<String>,
     /// Extra command kinds (the ramdisk's); `None` in `bcd run`.
     pub hook: Option<Arc<dyn CommandHook>>,
+    /// At most one progress message per running command per this interval (1 s).
+    pub progress_interval: Duration,
     /// Hashes of inventory sections sent in this process's earlier sessions.
     known: HashMap<String, [u8; 32]>,
     boot_id: String,
+    /// Running and recently finished commands, and the outbox their results wait in between sessions.
+    commands: crate::commands::Commands,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -128,8 +116,10 @@ impl Daemon {
             gpu,
             rejoin_token: None,
             hook: None,
+            progress_interval: Duration::from_secs(1),
             known: HashMap::new(),
             boot_id,
+            commands: crate::commands::Commands::new(),
         }
     }
 
@@ -146,6 +136,7 @@ impl Daemon {
                 _ = &mut shutdown => return Ok(()),
                 end = self.session_once() => end,
             };
+            self.commands.session_ended();
             match end {
                 SessionEnd::Refused(m) => return Err(RunError::Refused(m)),
                 SessionEnd::Local(m) if m == "not joined" => {
@@ -264,7 +255,7 @@ impl Daemon {
                 EnvelopeSigner::new(&k.serialize_der(), identity.spiffe_id.clone())
                     .map_err(|e| e.to_string())
             }) {
-            Ok(s) => s,
+            Ok(s) => Arc::new(s),
             Err(e) => return SessionEnd::Local(e),
         };
         let tls_again = tls.clone();
@@ -325,8 +316,24 @@ impl Daemon {
             rand::random::<f64>(),
         ));
         tokio::pin!(renew);
+        // Results of commands that finished while no session was open go out first; from here on command tasks'
+        // messages are forwarded as they come.
+        let outbox = self.commands.outbox();
+        let mut outbox = outbox.lock().await;
         loop {
             tokio::select! {
+                Some(out) = outbox.recv() => {
+                    let m = match out {
+                        crate::commands::Outgoing::Result(r) => {
+                            self.commands.sent(&r);
+                            v1::node_message::Msg::Result(r)
+                        }
+                        crate::commands::Outgoing::Progress(p) => v1::node_message::Msg::Progress(p),
+                    };
+                    if tx.send(msg(m)).await.is_err() {
+                        return SessionEnd::Closed;
+                    }
+                }
                 _ = heartbeat.tick() => {
                     seq += 1;
                     if tx.send(msg(v1::node_message::Msg::Heartbeat(v1::Heartbeat { seq }))).await.is_err() {
@@ -384,7 +391,7 @@ impl Daemon {
         m: v1::gateway_message::Msg,
         tx: &mpsc::Sender<v1::NodeMessage>,
         state: &StateDir,
-        signer: &EnvelopeSigner,
+        signer: &Arc<EnvelopeSigner>,
     ) -> Option<Duration> {
         use v1::gateway_message::Msg;
         match m {
@@ -424,19 +431,13 @@ impl Daemon {
                 let _ = tx.send(msg(v1::node_message::Msg::Ack(ack))).await;
             }
             Msg::Command(c) => {
-                let envelope = self.command(&c, signer).await;
-                match envelope {
-                    Ok(env) => {
-                        let r = v1::CommandResult {
-                            id: c.id,
-                            envelope: Some(env),
-                        };
-                        let _ = tx.send(msg(v1::node_message::Msg::Result(r))).await;
-                    }
-                    Err(e) => {
-                        tracing::warn!(command = c.id, error = %e, "command failed to produce a result")
-                    }
-                }
+                let ctx = crate::commands::CommandContext {
+                    gpu: self.gpu.clone(),
+                    hook: self.hook.clone(),
+                    signer: signer.clone(),
+                    progress_interval: self.progress_interval,
+                };
+                self.commands.start(c, ctx);
             }
             Msg::Renew(_) => tracing::debug!("renewal response ignored"),
             Msg::OpenTunnel(t) => tracing::info!(
@@ -445,71 +446,6 @@ impl Daemon {
             ),
         }
         None
-    }
-
-    async fn command(
-        &self,
-        c: &v1::Command,
-        signer: &EnvelopeSigner,
-    ) -> Result<v1::SignedEnvelope, String> {
-        match c.kind.as_str() {
-            crate::diag::KIND => {
-                // The control plane's policy (expected GPU count and any thresholds it sets); a malformed policy
-                // is reported in a signed error rather than run with guessed thresholds.
-                let policy = match crate::diag::DiagPolicy::from_json(&c.args) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        let payload =
-                            serde_json::json!({"error": format!("diag.nvml arguments: {e}")});
-                        return signer
-                            .sign(
-                                "application/vnd.bettercompute.error+json",
-                                payload.to_string().into_bytes(),
-                            )
-                            .map_err(|e| e.to_string());
-                    }
-                };
-                let gpu = self.gpu.clone();
-                let report = tokio::task::spawn_blocking(move || {
-                    let backend: &dyn GpuBackend = match &gpu {
-                        Some(b) => b.as_ref(),
-                        None => &crate::gpu::NoGpus,
-                    };
-                    crate::diag::run(backend, &policy)
-                })
-                .await
-                .map_err(|e| e.to_string())?;
-                crate::diag::sign(&report, signer).map_err(|e| e.to_string())
-            }
-            kind if self.hook.as_ref().is_some_and(|h| h.handles(kind)) => {
-                let hook = self.hook.clone();
-                let command = c.clone();
-                let out = tokio::task::spawn_blocking(move || match hook {
-                    Some(h) => h.run(&command),
-                    None => Err("no command hook".into()),
-                })
-                .await
-                .unwrap_or_else(|e| {
-                    Err(format!("the {kind} command panicked or was cancelled: {e}"))
-                });
-                match out {
-                    Ok(o) => signer.sign(&o.payload_type, o.payload),
-                    Err(e) => {
-                        tracing::warn!(command = c.id, kind, error = %e, "command failed");
-                        let payload = serde_json::json!({"error": format!("{kind}: {e}")});
-                        signer.sign(ERROR_PAYLOAD_TYPE, payload.to_string().into_bytes())
-                    }
-                }
-                .map_err(|e| e.to_string())
-            }
-            other => {
-                let payload =
-                    serde_json::json!({"error": format!("unknown command kind {other:?}")});
-                signer
-                    .sign(ERROR_PAYLOAD_TYPE, payload.to_string().into_bytes())
-                    .map_err(|e| e.to_string())
-            }
-        }
     }
 
     fn sections(&self, names: &[String]) -> Vec<crate::inventory::Section> {

@@ -6,7 +6,14 @@ use libfuzzer_sys::fuzz_target;
 use prost::Message;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = v1::NodeMessage::decode(data);
+    // NodeMessage covers CommandProgress (oneof field 7); the gateway then reads its payload as JSON.
+    if let Ok(v1::NodeMessage {
+        msg: Some(v1::node_message::Msg::Progress(p)),
+    }) = v1::NodeMessage::decode(data)
+    {
+        let _ = serde_json::from_slice::<serde_json::Value>(&p.payload);
+    }
+    let _ = v1::CommandProgress::decode(data);
     let _ = v1::GatewayMessage::decode(data);
     let _ = v1::JoinRequest::decode(data);
     let _ = v1::JoinResponse::decode(data);

@@ -57,6 +57,12 @@ pub trait SessionBackend: Send + Sync + 'static {
         s: &SessionRef,
         result: v1::CommandResult,
     ) -> BoxFuture<'_, Result<(), Status>>;
+    /// The latest progress of a running command of this node (advisory; the backend keeps only the latest).
+    fn progress(
+        &self,
+        s: &SessionRef,
+        progress: v1::CommandProgress,
+    ) -> BoxFuture<'_, Result<(), Status>>;
     /// Renewal by proof of possession: `csr_der` must be signed by the key the session's certificate certifies
     /// (`session_key`, the uncompressed public point the node proved in the TLS handshake).
     fn renew(
@@ -474,6 +480,7 @@ async fn drive(
             Some(Msg::Inventory(section)) => backend.inventory(&session, section).await,
             Some(Msg::Ack(ack)) => backend.ack(&session, ack).await,
             Some(Msg::Result(r)) => backend.result(&session, r).await,
+            Some(Msg::Progress(p)) => backend.progress(&session, p).await,
             Some(Msg::Hello(_)) => Err(Status::invalid_argument(
                 "Hello may only be the first message",
             )),

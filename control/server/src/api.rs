@@ -215,6 +215,8 @@ async fn dispatch(
         ("nodes", "get") => get_node(&state, &principal, parse(body)?).await,
         ("nodes", "drain") => set_node_state(&state, &principal, parse(body)?, "draining").await,
         ("nodes", "revoke") => set_node_state(&state, &principal, parse(body)?, "revoked").await,
+        ("nodes", "command") => crate::commands_api::queue(&state, &principal, parse(body)?).await,
+        ("commands", "get") => crate::commands_api::get(&state, &principal, parse(body)?).await,
         ("system", "stats") => {
             let s = state.sessions.as_ref().map(|r| r.stats());
             Ok(Json(json!({

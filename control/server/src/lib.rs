@@ -10,6 +10,7 @@ pub mod api;
 pub mod artifacts;
 pub mod ca;
 pub mod client;
+pub mod commands_api;
 pub mod config;
 pub mod controllers;
 pub mod dev;

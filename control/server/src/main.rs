@@ -86,7 +86,14 @@ enum Command {
         #[command(subcommand)]
         command: JoinTokenCommand,
     },
-    /// Nodes: list, show.
+    /// Commands queued for nodes: show (state, progress, signed result).
+    Commands {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: CommandsCommand,
+    },
+    /// Nodes: list, show, drain, revoke, command.
     Nodes {
         #[command(flatten)]
         api: ApiArgs,
@@ -200,6 +207,28 @@ enum NodeCommand {
     Drain { id: String },
     /// Refuse this node's identity from now on (its session is closed within a liveness interval).
     Revoke { id: String },
+    /// Queue a command for the node's daemon (e.g. ramdisk.wipe, ramdisk.stream, ramdisk.diagnose); prints its id.
+    Command {
+        node: String,
+        kind: String,
+        /// Arguments: a JSON object (at most 64 KiB), e.g. '{"disks": ["vda"]}'.
+        #[arg(long, default_value = "{}")]
+        args: String,
+        /// Seconds until the command expires unanswered.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
+}
+
+#[derive(Subcommand)]
+enum CommandsCommand {
+    /// A command's state, latest progress, result and error.
+    Show {
+        id: String,
+        /// Wait until it finishes (done, failed or expired), printing progress as it changes.
+        #[arg(long)]
+        wait: bool,
+    },
 }
 
 fn parse_ttl(s: &str) -> anyhow::Result<i64> {
@@ -555,6 +584,52 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 NodeCommand::Revoke { id } => {
                     client.call("nodes", "revoke", json!({"id": id})).await?;
                     println!("revoked {id}");
+                }
+                NodeCommand::Command {
+                    node,
+                    kind,
+                    args,
+                    timeout,
+                } => {
+                    let args: serde_json::Value = serde_json::from_str(&args)
+                        .with_context(|| format!("--args {args:?} is not JSON"))?;
+                    let v = client
+                        .call(
+                            "nodes",
+                            "command",
+                            json!({"node_id": node, "kind": kind, "args": args, "timeout_s": timeout}),
+                        )
+                        .await?;
+                    println!("{}", v["id"].as_str().unwrap_or_default());
+                }
+            }
+        }
+        Command::Commands { api, command } => {
+            let client = ApiClient::new(&api.api_url, &api.api_key);
+            match command {
+                CommandsCommand::Show { id, wait } => {
+                    let mut last_progress = serde_json::Value::Null;
+                    loop {
+                        let v = client.call("commands", "get", json!({"id": id})).await?;
+                        let c = &v["command"];
+                        let state = c["state"].as_str().unwrap_or_default();
+                        let finished = matches!(state, "done" | "failed" | "expired");
+                        if !wait || finished {
+                            println!("{}", serde_json::to_string_pretty(c)?);
+                            if state == "failed" || state == "expired" {
+                                anyhow::bail!(
+                                    "command {id} {state}: {}",
+                                    c["error"].as_str().unwrap_or("no error recorded")
+                                );
+                            }
+                            break;
+                        }
+                        if c["progress"] != last_progress {
+                            last_progress = c["progress"].clone();
+                            println!("{state}: {last_progress}");
+                        }
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    }
                 }
             }
         }

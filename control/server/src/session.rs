@@ -16,6 +16,8 @@ use tonic::Status;
 /// Inventory sections a node reports, in the order they are requested.
 pub const SECTIONS: &[&str] = &["system", "cpu", "memory", "gpus", "nics", "disks"];
 const MAX_SECTION_BYTES: usize = 1024 * 1024;
+/// The largest progress payload kept (daemons send at most this much).
+const MAX_PROGRESS_BYTES: usize = 4096;
 
 pub struct ControlSessions {
     store: Store,
@@ -176,12 +178,60 @@ impl ControlSessions {
         }
         .map_err(unavailable)?;
         if !stored {
+            // A daemon re-sends a result it is not sure arrived (its session ended moments after): a repeat for a
+            // command of this node that already finished is acknowledged and changes nothing.
+            if self
+                .store
+                .command_finished(&s.node_id, &r.id)
+                .await
+                .map_err(unavailable)?
+            {
+                tracing::debug!(
+                    node_id = s.node_id,
+                    command = r.id,
+                    "repeated result ignored"
+                );
+                return Ok(());
+            }
             return Err(Status::failed_precondition(format!(
                 "command {} is not waiting for a result",
                 r.id
             )));
         }
         verdict.map(|_| ()).map_err(Status::permission_denied)
+    }
+
+    /// Keeps the latest progress of a command of this node that is running (`sent`); anything else is refused
+    /// with the reason (the session goes on).
+    async fn progress_inner(&self, s: &SessionRef, p: v1::CommandProgress) -> Result<(), Status> {
+        if p.payload.len() > MAX_PROGRESS_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "progress of command {} exceeds 4 KiB",
+                p.id
+            )));
+        }
+        let payload: serde_json::Value = serde_json::from_slice(&p.payload).map_err(|e| {
+            Status::invalid_argument(format!("progress of command {} is not JSON: {e}", p.id))
+        })?;
+        if !payload.is_object() {
+            return Err(Status::invalid_argument(format!(
+                "progress of command {} is not a JSON object",
+                p.id
+            )));
+        }
+        let stored = self
+            .store
+            .command_progress(&s.node_id, epoch(s), &p.id, &payload, p.at_unix_ms)
+            .await
+            .map_err(unavailable)?;
+        if stored {
+            Ok(())
+        } else {
+            Err(Status::failed_precondition(format!(
+                "command {} is not a running command of node {}",
+                p.id, s.node_id
+            )))
+        }
     }
 
     async fn renew_inner(
@@ -353,6 +403,15 @@ impl SessionBackend for ControlSessions {
     ) -> BoxFuture<'_, Result<(), Status>> {
         let s = s.clone();
         Box::pin(async move { self.result_inner(&s, result).await })
+    }
+
+    fn progress(
+        &self,
+        s: &SessionRef,
+        progress: v1::CommandProgress,
+    ) -> BoxFuture<'_, Result<(), Status>> {
+        let s = s.clone();
+        Box::pin(async move { self.progress_inner(&s, progress).await })
     }
 
     fn renew(

@@ -47,6 +47,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "artifacts",
         sql: include_str!("../migrations/0007_artifacts.sql"),
     },
+    Migration {
+        version: 8,
+        name: "command_progress",
+        sql: include_str!("../migrations/0008_command_progress.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.

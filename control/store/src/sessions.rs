@@ -273,6 +273,44 @@ impl Store {
         Ok(())
     }
 
+    /// Queues a command an operator asked for, with an audit event naming `actor`, in one transaction.
+    pub async fn queue_command_by(
+        &self,
+        actor: &str,
+        id: &str,
+        node_id: &str,
+        kind: &str,
+        args: &serde_json::Value,
+        deadline_ms: i64,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO commands (id, node_id, kind, args, deadline_at)              VALUES ($1, $2, $3, $4, to_timestamp($5 / 1000.0))",
+        )
+        .bind(id)
+        .bind(node_id)
+        .bind(kind)
+        .bind(args)
+        .bind(deadline_ms as f64)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(crate::pokes::OUTBOX)
+            .bind(node_id)
+            .execute(&mut *tx)
+            .await?;
+        audit(
+            &mut tx,
+            actor,
+            "command.queued",
+            &format!("node/{node_id}"),
+            serde_json::json!({"command": id, "kind": kind, "deadline_ms": deadline_ms}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Stores a verified command result if `epoch` is current; false when stale or unknown.
     pub async fn finish_command(
         &self,
@@ -306,6 +344,92 @@ impl Store {
         }
         Ok(n == 1)
     }
+}
+
+impl Store {
+    /// Keeps the latest progress of command `id` when it is a command of `node_id` in state `sent` and `epoch` is
+    /// the node's current session; false otherwise (another node's command, finished, unknown, stale session).
+    pub async fn command_progress(
+        &self,
+        node_id: &str,
+        epoch: i64,
+        id: &str,
+        progress: &serde_json::Value,
+        at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let n = sqlx::query(
+            "UPDATE commands c SET progress = $4, progress_at = to_timestamp($5 / 1000.0)              FROM nodes n WHERE c.id = $3 AND c.node_id = $1 AND n.id = $1 AND n.session_epoch = $2              AND c.state = 'sent'",
+        )
+        .bind(node_id)
+        .bind(epoch)
+        .bind(id)
+        .bind(progress)
+        .bind(at_ms as f64)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
+    /// Whether command `id` of `node_id` has finished (done, failed or expired).
+    pub async fn command_finished(&self, node_id: &str, id: &str) -> Result<bool, StoreError> {
+        let state: Option<String> =
+            sqlx::query_scalar("SELECT state FROM commands WHERE id = $1 AND node_id = $2")
+                .bind(id)
+                .bind(node_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(matches!(
+            state.as_deref(),
+            Some("done" | "failed" | "expired")
+        ))
+    }
+
+    /// One command as an operator sees it.
+    pub async fn command(&self, id: &str) -> Result<Option<CommandView>, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, node_id, kind, args, state,              (extract(epoch FROM created_at) * 1000)::bigint,              (extract(epoch FROM sent_at) * 1000)::bigint,              (extract(epoch FROM deadline_at) * 1000)::bigint,              (extract(epoch FROM finished_at) * 1000)::bigint,              progress, (extract(epoch FROM progress_at) * 1000)::bigint, result, error              FROM commands WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| CommandView {
+            id: r.get(0),
+            node_id: r.get(1),
+            kind: r.get(2),
+            args: r.get(3),
+            state: r.get(4),
+            created_ms: r.get(5),
+            sent_ms: r.get(6),
+            deadline_ms: r.get(7),
+            finished_ms: r.get(8),
+            progress: r.get(9),
+            progress_ms: r.get(10),
+            result: r.get(11),
+            error: r.get(12),
+        }))
+    }
+}
+
+/// A command row for the API (`commands.get`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CommandView {
+    pub id: String,
+    pub node_id: String,
+    pub kind: String,
+    pub args: serde_json::Value,
+    /// pending, sent, done, failed or expired.
+    pub state: String,
+    pub created_ms: i64,
+    pub sent_ms: Option<i64>,
+    pub deadline_ms: i64,
+    pub finished_ms: Option<i64>,
+    /// The latest progress the node reported while the command ran.
+    pub progress: Option<serde_json::Value>,
+    pub progress_ms: Option<i64>,
+    /// The signed result's payload (verified against the node's key).
+    pub result: Option<serde_json::Value>,
+    pub error: Option<String>,
 }
 
 /// A finished acceptance-check command not yet acted on.

@@ -115,7 +115,7 @@ pub struct RenewResponse {
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct NodeMessage {
-    #[prost(oneof = "node_message::Msg", tags = "1, 2, 3, 4, 5, 6")]
+    #[prost(oneof = "node_message::Msg", tags = "1, 2, 3, 4, 5, 6, 7")]
     pub msg: ::core::option::Option<node_message::Msg>,
 }
 /// Nested message and enum types in `NodeMessage`.
@@ -134,6 +134,8 @@ pub mod node_message {
         Heartbeat(super::Heartbeat),
         #[prost(message, tag = "6")]
         Renew(super::RenewRequest),
+        #[prost(message, tag = "7")]
+        Progress(super::CommandProgress),
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -207,6 +209,19 @@ pub struct CommandResult {
     pub id: ::prost::alloc::string::String,
     #[prost(message, optional, tag = "2")]
     pub envelope: ::core::option::Option<SignedEnvelope>,
+}
+/// How far a running command has got (e.g. bytes written, rate, ETA of an image stream). Advisory and unsigned: the
+/// gateway keeps only the latest per command (a daemon sends at most about one a second per command); the signed
+/// CommandResult stays the only evidence.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CommandProgress {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    /// A small JSON object (at most 4 KiB).
+    #[prost(bytes = "vec", tag = "2")]
+    pub payload: ::prost::alloc::vec::Vec<u8>,
+    #[prost(int64, tag = "3")]
+    pub at_unix_ms: i64,
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Heartbeat {

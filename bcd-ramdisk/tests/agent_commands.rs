@@ -1,0 +1,490 @@
+//! The ramdisk's session commands against a real control plane (PostgreSQL, API, gateway over real mTLS on
+//! loopback), in process: an agent joins, then
+//! - refuses `"disks": "all"` and `ramdisk.kexec` (this test is not PID 1), and malformed arguments, each with a
+//!   signed error that says why;
+//! - (with a loop device) wipes it on a command an operator queued through the HTTP API, with signed evidence, and
+//!   the device reads back as zeros; then streams a zstd image from a slow local HTTP server onto it, with progress
+//!   stored while it runs, and answers a `ramdisk.diagnose` queued meanwhile before the stream ends (commands run
+//!   concurrently);
+//! - the API refuses a caller without the grant.
+
+#[path = "../../bcd/tests/common/mod.rs"]
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bc_control::client::{ApiClient, ClientError};
+use bcd_ramdisk::agent::{
+    self, DIAGNOSE_KIND, KEXEC_KIND, RamdiskCommands, STREAM_KIND, WIPE_KIND,
+};
+use bcd_ramdisk::os::{AlignedBuf, DirectDevice};
+use bcd_ramdisk::stream::BlockSink as _;
+use common::{Options, TestResult, plane_with};
+use serde_json::{Value, json};
+
+/// (state, result, error, envelope, progress).
+type Row = (
+    String,
+    Option<Value>,
+    Option<String>,
+    Option<Vec<u8>>,
+    Option<Value>,
+);
+
+async fn command_row(p: &common::Plane, id: &str) -> Row {
+    bc_store::sqlx::query_as(
+        "SELECT state, result, error, envelope, progress FROM commands WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(p.store.pool())
+    .await
+    .expect("command row")
+}
+
+async fn wait_finished(p: &common::Plane, id: &str) -> Row {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let row = command_row(p, id).await;
+        if !matches!(row.0.as_str(), "pending" | "sent") {
+            return row;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "command {id} still {} after 120 s",
+            row.0
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn deadline_ms() -> i64 {
+    (time::OffsetDateTime::now_utc().unix_timestamp() + 300) * 1000
+}
+
+/// Checks the stored envelope's signature against the node's recorded key and returns its payload type.
+async fn verify(
+    p: &common::Plane,
+    node_id: &str,
+    spiffe_id: &str,
+    envelope: Option<Vec<u8>>,
+) -> String {
+    let env: bc_proto::v1::SignedEnvelope =
+        prost::Message::decode(envelope.expect("stored envelope").as_slice()).expect("envelope");
+    let key = p
+        .store
+        .node_public_key(node_id)
+        .await
+        .expect("store")
+        .expect("recorded key");
+    bc_proto::envelope::verify(&env, &key, spiffe_id).expect("signed by the node key");
+    env.payload_type
+}
+
+/// Queues `kind` through the store and returns its finished row.
+async fn run_command(p: &common::Plane, node_id: &str, id: &str, kind: &str, args: Value) -> Row {
+    p.store
+        .queue_command(id, node_id, kind, &args, deadline_ms())
+        .await
+        .expect("queue");
+    wait_finished(p, id).await
+}
+
+fn error_of(row: &Row) -> String {
+    row.1
+        .as_ref()
+        .and_then(|r| r["error"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+// === loop device and HTTP server ===
+
+const LOOP_SIZE: u64 = 64 << 20;
+
+/// An attached loop device, detached on drop (also when the test panics).
+struct Loop {
+    dev: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Loop {
+    fn attach(fill: &[u8]) -> Result<Self, String> {
+        let uid = std::fs::metadata("/proc/self")
+            .map(|m| m.uid())
+            .map_err(|e| format!("no /proc: {e}"))?;
+        if uid != 0 {
+            return Err(format!("not root (uid {uid})"));
+        }
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let backing = dir.path().join("disk.img");
+        let mut f = std::fs::File::create(&backing).map_err(|e| e.to_string())?;
+        f.set_len(LOOP_SIZE).map_err(|e| e.to_string())?;
+        f.write_all(fill).map_err(|e| e.to_string())?;
+        f.sync_all().map_err(|e| e.to_string())?;
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&backing)
+            .output()
+            .map_err(|e| format!("losetup not runnable: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "losetup failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        Ok(Self { dev, _dir: dir })
+    }
+
+    fn name(&self) -> String {
+        self.dev
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    fn read(&self, len: u64) -> Vec<u8> {
+        let mut dev = DirectDevice::open(&self.dev).expect("open O_DIRECT");
+        let mut out = Vec::with_capacity(len as usize);
+        let mut buf = AlignedBuf::new(1 << 20);
+        while (out.len() as u64) < len {
+            let n = dev
+                .read_at(buf.as_mut_slice(), out.len() as u64)
+                .expect("O_DIRECT read");
+            assert!(n > 0, "device ended early");
+            out.extend_from_slice(&buf.as_slice()[..n]);
+        }
+        out.truncate(len as usize);
+        out
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        match Command::new("losetup").arg("-d").arg(&self.dev).status() {
+            Ok(s) if s.success() => {}
+            other => eprintln!(
+                "WARNING: detaching {} failed: {other:?}",
+                self.dev.display()
+            ),
+        }
+    }
+}
+
+/// Pseudo-random bytes, none of them zero (incompressible: the compressed image is about as large).
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = vec![0u8; len.div_ceil(8) * 8];
+    for word in out.chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        word.copy_from_slice(&(x | 0x0101_0101_0101_0101).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Serves `body` over HTTP/1.1 on 127.0.0.1 at about `bytes_per_s`, so a stream lasts long enough to watch.
+fn slow_server(body: Vec<u8>, bytes_per_s: usize) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/image.zst", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut tcp) = stream else { return };
+            let mut reader = BufReader::new(&mut tcp);
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+            }
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nETag: \"v1\"\r\nAccept-Ranges: bytes\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            if tcp.write_all(head.as_bytes()).is_err() {
+                continue;
+            }
+            let chunk = (bytes_per_s / 20).max(1);
+            for part in body.chunks(chunk) {
+                if tcp.write_all(part).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = tcp.flush();
+        }
+    });
+    url
+}
+
+fn code(r: Result<Value, ClientError>) -> String {
+    match r {
+        Ok(v) => format!("OK {v}"),
+        Err(ClientError::Api { code, .. }) => code,
+        Err(e) => format!("transport: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently() -> TestResult {
+    let p = plane_with(Options {
+        fast: true,
+        ..Options::default()
+    })
+    .await;
+    let token = p.token(json!({"pool": "default", "uses": 1})).await;
+    let config = p.node_config("ramdisk");
+    let hook = Arc::new(
+        RamdiskCommands::new(
+            "/".into(),
+            Arc::new(bcd_ramdisk::diagnose::RealNvme),
+            Box::new(|kind, id, out| println!("command {kind} {id}: ok={}", out.is_ok())),
+        )
+        .with_stream_progress_interval(Duration::from_millis(200)),
+    );
+    let (joined_tx, joined_rx) = tokio::sync::oneshot::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let agent = tokio::spawn(async move {
+        agent::run(
+            config,
+            &token,
+            hook,
+            move |j| {
+                let _ = joined_tx.send(j.clone());
+            },
+            async move {
+                let _ = stop_rx.await;
+            },
+        )
+        .await
+    });
+    let joined = tokio::time::timeout(Duration::from_secs(30), joined_rx).await??;
+    let (node, spiffe) = (joined.node_id.clone(), joined.spiffe_id.clone());
+
+    // Refusals: not PID 1, so neither "all" disks nor kexec; every answer is signed and says why.
+    let row = run_command(&p, &node, "c-all", WIPE_KIND, json!({"disks": "all"})).await;
+    assert_eq!(row.0, "done", "{row:?}");
+    let e = error_of(&row);
+    assert!(e.contains("not PID 1") && e.contains("all"), "{e}");
+    assert_eq!(
+        verify(&p, &node, &spiffe, row.3).await,
+        bcd::session::ERROR_PAYLOAD_TYPE
+    );
+    let row = run_command(&p, &node, "c-kexec", KEXEC_KIND, json!({"target": "vda"})).await;
+    let e = error_of(&row);
+    assert!(e.contains("not PID 1") && e.contains("kexec"), "{e}");
+    let row = run_command(
+        &p,
+        &node,
+        "c-bad-args",
+        STREAM_KIND,
+        json!({"url": "http://127.0.0.1:9/x", "sha256": "00".repeat(32), "device": "loop0", "bogus": 1}),
+    )
+    .await;
+    let e = error_of(&row);
+    assert!(e.contains("unknown field `bogus`"), "{e}");
+    verify(&p, &node, &spiffe, row.3).await;
+    let row = run_command(
+        &p,
+        &node,
+        "c-bad-disk",
+        WIPE_KIND,
+        json!({"disks": ["../sda"]}),
+    )
+    .await;
+    let e = error_of(&row);
+    assert!(
+        e.contains("disks") && e.contains("not a device name"),
+        "{e}"
+    );
+
+    // The API: an operator queues a command and reads it back; a caller without the grant is refused.
+    let reader_key = bc_proto::token::Token::generate(bc_proto::token::TokenKind::ApiKey)?;
+    p.store
+        .upsert_principal(
+            "reader",
+            "root",
+            "can read nodes, not command them",
+            reader_key.id(),
+            &reader_key.secret().hash(),
+            &[bc_core::iam::Grant {
+                permission: "compute:nodes:get".into(),
+                scope: "pool/default".into(),
+            }],
+        )
+        .await?;
+    let api = format!("http://{}", p.running.api_addr.expect("api"));
+    let reader = ApiClient::new(&api, &reader_key.reveal());
+    let ask = |kind: &str, args: Value| json!({"node_id": node, "kind": kind, "args": args, "timeout_s": 300});
+    assert_eq!(
+        code(
+            reader
+                .call(
+                    "nodes",
+                    "command",
+                    ask(WIPE_KIND, json!({"disks": ["vda"]}))
+                )
+                .await
+        ),
+        "ACCESS_DENIED"
+    );
+    assert_eq!(
+        code(
+            p.admin
+                .call("nodes", "command", ask("Not A Kind", json!({})))
+                .await
+        ),
+        "INVALID_ARGUMENT"
+    );
+    assert_eq!(
+        code(
+            p.admin
+                .call("nodes", "command", ask(DIAGNOSE_KIND, json!([1])))
+                .await
+        ),
+        "INVALID_ARGUMENT"
+    );
+    let v = p
+        .admin
+        .call("nodes", "command", ask(DIAGNOSE_KIND, json!({})))
+        .await?;
+    let diag_id = v["id"].as_str().expect("id").to_string();
+    wait_finished(&p, &diag_id).await;
+    let got = reader
+        .call("commands", "get", json!({"id": diag_id}))
+        .await?;
+    assert_eq!(got["command"]["state"], "done", "{got}");
+    assert!(got["command"]["result"]["cpu"].is_object(), "{got}");
+    assert_eq!(
+        code(reader.call("commands", "get", json!({"id": "nope"})).await),
+        "NOT_FOUND"
+    );
+    let nobody_key = bc_proto::token::Token::generate(bc_proto::token::TokenKind::ApiKey)?;
+    p.store
+        .upsert_principal(
+            "nobody",
+            "root",
+            "no grants",
+            nobody_key.id(),
+            &nobody_key.secret().hash(),
+            &[],
+        )
+        .await?;
+    let nobody = ApiClient::new(&api, &nobody_key.reveal());
+    assert_eq!(
+        code(nobody.call("commands", "get", json!({"id": diag_id})).await),
+        "ACCESS_DENIED"
+    );
+
+    // Real block devices from here on.
+    let lo = match Loop::attach(&noise(8 << 20, 7)) {
+        Ok(l) => l,
+        Err(why) => {
+            println!("SKIP: ramdisk.wipe and ramdisk.stream on a loop device: {why}");
+            let _ = stop_tx.send(());
+            tokio::time::timeout(Duration::from_secs(10), agent).await???;
+            return Ok(());
+        }
+    };
+    let dev = lo.name();
+
+    // ramdisk.wipe through the API: signed evidence that says wiped, and the device reads back as zeros.
+    let v = p
+        .admin
+        .call("nodes", "command", ask(WIPE_KIND, json!({"disks": [dev]})))
+        .await?;
+    let wipe_id = v["id"].as_str().expect("id").to_string();
+    let row = wait_finished(&p, &wipe_id).await;
+    assert_eq!(row.0, "done", "{row:?}");
+    let result = row.1.clone().expect("result");
+    assert_eq!(result["wiped"], true, "{result}");
+    assert_eq!(result["failed"], json!([]), "{result}");
+    assert_eq!(result["devices"][0]["device"], dev.as_str(), "{result}");
+    assert_eq!(result["devices"][0]["wiped"], true, "{result}");
+    assert_eq!(
+        verify(&p, &node, &spiffe, row.3).await,
+        bcd_ramdisk::commands::WIPE_PAYLOAD_TYPE
+    );
+    assert!(
+        lo.read(LOOP_SIZE).iter().all(|&b| b == 0),
+        "the wiped loop device still holds data"
+    );
+    let got = p
+        .admin
+        .call("commands", "get", json!({"id": wipe_id}))
+        .await?;
+    assert_eq!(got["command"]["result"]["wiped"], true, "{got}");
+
+    // ramdisk.stream of a zstd image served at ~1 MiB/s (about 10 s): progress is stored while it runs, and a
+    // ramdisk.diagnose queued meanwhile finishes before the stream does.
+    let image = noise(10 << 20, 11);
+    let compressed = zstd::encode_all(image.as_slice(), 1)?;
+    let sha = hex::encode(bc_proto::sha256(&compressed));
+    let url = slow_server(compressed, 1 << 20);
+    p.store
+        .queue_command(
+            "c-stream",
+            &node,
+            STREAM_KIND,
+            &json!({"url": url, "sha256": sha, "device": dev}),
+            deadline_ms(),
+        )
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let progress = loop {
+        let row = command_row(&p, "c-stream").await;
+        assert!(
+            matches!(row.0.as_str(), "pending" | "sent"),
+            "the stream ended before any progress was stored: {row:?}"
+        );
+        if let Some(pr) = row.4 {
+            break pr;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no progress stored");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("progress while streaming: {progress}");
+    assert!(
+        progress["written"].is_u64() && progress["rate_bps"].is_u64(),
+        "{progress}"
+    );
+    assert!(progress.get("eta_s").is_some(), "{progress}");
+    let row = run_command(&p, &node, "c-diag-during", DIAGNOSE_KIND, json!({})).await;
+    assert_eq!(row.0, "done");
+    let stream_state = command_row(&p, "c-stream").await.0;
+    assert_eq!(
+        stream_state, "sent",
+        "ramdisk.diagnose should finish while the stream still runs (commands run concurrently)"
+    );
+    let got = p
+        .admin
+        .call("commands", "get", json!({"id": "c-stream"}))
+        .await?;
+    assert!(got["command"]["progress"]["written"].is_u64(), "{got}");
+    let row = wait_finished(&p, "c-stream").await;
+    assert_eq!(row.0, "done", "{row:?}");
+    let result = row.1.clone().expect("result");
+    assert!(result.get("error").is_none(), "{result}");
+    assert_eq!(result["digest"], sha.as_str(), "{result}");
+    assert_eq!(result["image_bytes"], image.len() as u64, "{result}");
+    assert_eq!(result["compression"], "Zstd", "{result}");
+    assert_eq!(
+        verify(&p, &node, &spiffe, row.3).await,
+        bcd_ramdisk::commands::STREAM_PAYLOAD_TYPE
+    );
+    assert!(
+        lo.read(image.len() as u64) == image,
+        "the device holds the image"
+    );
+
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(10), agent).await???;
+    Ok(())
+}
