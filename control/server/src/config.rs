@@ -94,6 +94,29 @@ pub struct ServeConfig {
     pub shard_lease: Option<std::time::Duration>,
 }
 
+impl ServeConfig {
+    /// `roles` on ephemeral loopback ports (API and gateway on 127.0.0.1:0, the gateway certificate for
+    /// `localhost`), the embedded database, default timings: the base of a control plane started in process (tests,
+    /// benchmarks), to be adjusted with struct update syntax.
+    pub fn loopback(state_dir: PathBuf, trust_domain: &str, roles: Roles) -> ServeConfig {
+        let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
+        ServeConfig {
+            state_dir,
+            database_url: None,
+            trust_domain: trust_domain.to_string(),
+            roles,
+            api_listen: any_port,
+            gateway_listen: any_port,
+            gateway_hosts: vec!["localhost".into()],
+            gateway_url: None,
+            session_timing: None,
+            lifecycle_timing: None,
+            leaf_lifetime: None,
+            shard_lease: None,
+        }
+    }
+}
+
 pub const DEFAULT_SHARD_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy)]

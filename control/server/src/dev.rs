@@ -87,18 +87,10 @@ pub async fn run(
     };
 
     let config = ServeConfig {
-        state_dir: data_dir.join("state"),
-        database_url: None,
-        trust_domain: opts.trust_domain.clone(),
-        roles: Roles::all(),
         api_listen: opts.api_listen,
         gateway_listen: opts.gateway_listen,
         gateway_hosts: vec!["localhost".into(), "127.0.0.1".into()],
-        gateway_url: None,
-        session_timing: None,
-        lifecycle_timing: None,
-        leaf_lifetime: None,
-        shard_lease: None,
+        ..ServeConfig::loopback(data_dir.join("state"), &opts.trust_domain, Roles::all())
     };
     let running = crate::start(&config, store.clone()).await?;
 

@@ -18,18 +18,8 @@ const H100: &str = "NVIDIA H100 80GB HBM3";
 
 fn config(dir: &std::path::Path, roles: Roles) -> ServeConfig {
     ServeConfig {
-        state_dir: dir.to_path_buf(),
-        database_url: None,
-        trust_domain: "test.bc".into(),
-        roles,
-        api_listen: "127.0.0.1:0".parse().expect("addr"),
-        gateway_listen: "127.0.0.1:0".parse().expect("addr"),
-        gateway_hosts: vec!["localhost".into()],
-        gateway_url: None,
-        session_timing: None,
-        lifecycle_timing: None,
-        leaf_lifetime: None,
         shard_lease: Some(Duration::from_secs(2)),
+        ..ServeConfig::loopback(dir.to_path_buf(), "test.bc", roles)
     }
 }
 

@@ -24,23 +24,14 @@ async fn site_grants_codes_and_cli() {
     let store = Store::new(db.pool.clone());
     store.ensure_root_tenant().await.expect("tenant");
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = ServeConfig {
-        state_dir: dir.path().join("state"),
-        database_url: None,
-        trust_domain: "test.bc".into(),
-        roles: Roles {
+    let config = ServeConfig::loopback(
+        dir.path().join("state"),
+        "test.bc",
+        Roles {
             api: true,
             ..Roles::default()
         },
-        api_listen: "127.0.0.1:0".parse().expect("addr"),
-        gateway_listen: "127.0.0.1:0".parse().expect("addr"),
-        gateway_hosts: vec!["localhost".into()],
-        gateway_url: None,
-        session_timing: None,
-        lifecycle_timing: None,
-        leaf_lifetime: None,
-        shard_lease: None,
-    };
+    );
     let running = bc_control::start(&config, store.clone())
         .await
         .expect("start");
