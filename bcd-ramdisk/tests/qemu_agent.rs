@@ -271,6 +271,15 @@ async fn queue(
         .map_err(|e| e.to_string())
 }
 
+/// (state, result, error, envelope, progress) of a command.
+type CommandRow = (
+    String,
+    Option<serde_json::Value>,
+    Option<String>,
+    Option<Vec<u8>>,
+    Option<serde_json::Value>,
+);
+
 /// A finished command's row.
 struct Finished {
     state: String,
@@ -288,13 +297,7 @@ async fn wait_finished(
 ) -> Result<Finished, String> {
     let mut last: Option<serde_json::Value> = None;
     loop {
-        let row: (
-            String,
-            Option<serde_json::Value>,
-            Option<String>,
-            Option<Vec<u8>>,
-            Option<serde_json::Value>,
-        ) = bc_store::sqlx::query_as(
+        let row: CommandRow = bc_store::sqlx::query_as(
             "SELECT state, result, error, envelope, progress FROM commands WHERE id = $1",
         )
         .bind(id)
@@ -431,16 +434,19 @@ async fn agent_streams_the_lab_os_and_kexecs_into_it_over_the_session() {
     println!("qemu run: {:?}", run.elapsed);
     let d = deploy.unwrap_or_else(|e| panic!("{e}\n{}", run.dump()));
     println!(
-        "online at {:.1} s; stream done at {:.1} s ({} progress rows seen, first {}); kexec answered at {:.1} s",
+        "online at {:.1} s; stream done at {:.1} s; kexec answered at {:.1} s; progress rows seen while streaming:",
         d.online_at.as_secs_f64(),
         d.stream_done_at.as_secs_f64(),
-        d.progress.len(),
-        d.progress
-            .first()
-            .map(|v| v.to_string())
-            .unwrap_or_default(),
         d.kexec_done_at.as_secs_f64(),
     );
+    for row in &d.progress {
+        println!("  {row}");
+    }
+    for line in run.log.lines().filter(|l| {
+        l.contains("bc-kexec") || l.contains("bc-report command") || l.contains("bc-report stream")
+    }) {
+        println!("console: {}", line.chars().take(300).collect::<String>());
+    }
     assert!(
         !run.timed_out,
         "the installed system did not power off\n{}",

@@ -302,15 +302,14 @@ struct Reports<'a> {
     every_ns: u64,
     written: AtomicU64,
     source_read: AtomicU64,
-    emit: Mutex<(ProgressMeter, &'a mut (dyn FnMut(&Progress) + Send))>,
+    emit: Mutex<(ProgressMeter, &'a mut ProgressFn<'a>)>,
 }
 
+/// The caller's progress callback, callable from either pipeline thread.
+type ProgressFn<'f> = dyn FnMut(&Progress) + Send + 'f;
+
 impl<'a> Reports<'a> {
-    fn new(
-        start: Instant,
-        meter: ProgressMeter,
-        callback: &'a mut (dyn FnMut(&Progress) + Send),
-    ) -> Reports<'a> {
+    fn new(start: Instant, meter: ProgressMeter, callback: &'a mut ProgressFn<'a>) -> Reports<'a> {
         Reports {
             start,
             next_due_ns: AtomicU64::new(0),
