@@ -77,6 +77,8 @@ pub struct RamdiskCommands {
     nvme: Arc<dyn NvmeAdmin + Send + Sync>,
     on_done: OnCommandDone,
     stream_progress_interval: Duration,
+    /// Staged kexecs waiting for their answer to leave, by command id.
+    handovers: std::sync::Mutex<std::collections::HashMap<String, std::sync::mpsc::Sender<()>>>,
 }
 
 impl RamdiskCommands {
@@ -91,6 +93,7 @@ impl RamdiskCommands {
             nvme,
             on_done,
             stream_progress_interval: Duration::from_secs(1),
+            handovers: std::sync::Mutex::default(),
         }
     }
 
@@ -135,7 +138,14 @@ impl RamdiskCommands {
             }
             RamdiskCommand::Kexec(args) => {
                 let r = commands::kexec(&args)?;
-                json(commands::KEXEC_PAYLOAD_TYPE, &r)
+                let out = json(commands::KEXEC_PAYLOAD_TYPE, &r)?;
+                // Staged: jump once the session has sent this answer (see `delivered`).
+                let (tx, rx) = std::sync::mpsc::channel();
+                if let Ok(mut h) = self.handovers.lock() {
+                    h.insert(command.id.clone(), tx);
+                }
+                commands::hand_over_once_delivered(rx);
+                Ok(out)
             }
         }
     }
@@ -166,6 +176,12 @@ impl CommandHook for RamdiskCommands {
         let out = self.execute(command, progress);
         (self.on_done)(&command.kind, &command.id, &out);
         out
+    }
+
+    fn delivered(&self, id: &str) {
+        if let Some(tx) = self.handovers.lock().ok().and_then(|mut h| h.remove(id)) {
+            let _ = tx.send(());
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 //! | `ramdisk.diagnose` | ignored | the diagnose report |
 //! | `ramdisk.wipe` | `{"disks": ["vda", "nvme0n1"]}` or `{"disks": "all"}` | per-device evidence, and which failed |
 //! | `ramdisk.stream` | `{"url", "sha256" or "sha512", "device"}` | the stream's report (digest, sizes, read-back) |
-//! | `ramdisk.kexec` | `{"target", "kernel"?, "initrd"?, "cmdline"?, "seed"?: {"join_token"}}` | `{"loaded": true, "reboot_in_ms"}`, then the hand-over |
+//! | `ramdisk.kexec` | `{"target", "kernel"?, "initrd"?, "cmdline"?, "seed"?: {"join_token"}}` | `{"loaded": true, "reboot_in_ms"}`, then the hand-over once the answer left |
 //!
 //! Safety: `"disks": "all"` and `ramdisk.kexec` run only when this process is PID 1, i.e. really the ramdisk; a
 //! test or operator process refuses them, so it can never wipe or kexec the host it runs on. A named device that is
@@ -31,8 +31,12 @@ pub const WIPE_PAYLOAD_TYPE: &str = "application/vnd.bettercompute.ramdisk-wipe+
 pub const STREAM_PAYLOAD_TYPE: &str = "application/vnd.bettercompute.ramdisk-stream+json";
 pub const KEXEC_PAYLOAD_TYPE: &str = "application/vnd.bettercompute.ramdisk-kexec+json";
 
-/// How long after answering `ramdisk.kexec` the machine jumps: time for the signed answer to reach the gateway.
+/// How long after the answer to `ramdisk.kexec` was handed to the session's HTTP/2 stream the machine jumps: time
+/// for the frame to cross the network and the gateway to store it.
 pub const KEXEC_DELAY: Duration = Duration::from_secs(2);
+/// How long the staged kernel waits for its answer to be handed to a session (one may be reconnecting) before it
+/// jumps anyway: the installed system joins with its seed regardless, the command then expires unanswered.
+pub const KEXEC_DELIVERY_WAIT: Duration = Duration::from_secs(60);
 
 /// A parsed ramdisk command.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -354,9 +358,8 @@ pub struct KexecResult {
     pub staged: actions::StagedView,
 }
 
-/// Runs `ramdisk.kexec`: only as PID 1; stages the installed kernel first and answers only once the kernel
-/// accepted it; the jump ([`actions::hand_over`], which reboots when kexec fails) follows [`KEXEC_DELAY`] later on
-/// its own thread, so the signed answer reaches the gateway first.
+/// Runs `ramdisk.kexec`: only as PID 1; stages the installed kernel and answers only once the kernel accepted it.
+/// The jump is the caller's: [`hand_over_once_delivered`] after the signed answer left for the gateway.
 pub fn kexec(args: &KexecArgs) -> Result<KexecResult, String> {
     refuse_unless_pid1(
         "ramdisk.kexec",
@@ -377,16 +380,34 @@ pub fn kexec(args: &KexecArgs) -> Result<KexecResult, String> {
         ));
     }
     crate::init::report("deploy", &staged);
-    std::thread::spawn(|| {
-        std::thread::sleep(KEXEC_DELAY);
-        let why = actions::hand_over(true);
-        crate::init::say(&why);
-    });
     Ok(KexecResult {
         loaded: true,
         reboot_in_ms: KEXEC_DELAY.as_millis() as u64,
         staged,
     })
+}
+
+/// On its own thread: waits until `delivered` fires (the session handed the signed answer to its stream) or
+/// [`KEXEC_DELIVERY_WAIT`] passed, then [`KEXEC_DELAY`] more, then jumps ([`actions::hand_over`], which reboots
+/// the firmware way when kexec fails).
+pub fn hand_over_once_delivered(delivered: std::sync::mpsc::Receiver<()>) {
+    std::thread::spawn(move || {
+        let waited = std::time::Instant::now();
+        match delivered.recv_timeout(KEXEC_DELIVERY_WAIT) {
+            Ok(()) => crate::init::say(&format!(
+                "bc-kexec: answer handed to the session after {} ms; jumping in {} ms",
+                waited.elapsed().as_millis(),
+                KEXEC_DELAY.as_millis()
+            )),
+            Err(_) => crate::init::say(&format!(
+                "bc-kexec: the answer reached no session within {} s; jumping anyway (the command will expire)",
+                KEXEC_DELIVERY_WAIT.as_secs()
+            )),
+        }
+        std::thread::sleep(KEXEC_DELAY);
+        let why = actions::hand_over(true);
+        crate::init::say(&why);
+    });
 }
 
 #[cfg(test)]

@@ -37,6 +37,9 @@ pub trait CommandHook: Send + Sync {
         command: &v1::Command,
         progress: &ProgressReporter,
     ) -> Result<CommandOutput, String>;
+    /// Called once the signed result of command `id` was handed to a live session's stream (again for each
+    /// resend). A command whose effect must follow its answer (the ramdisk's kexec) waits for this.
+    fn delivered(&self, _id: &str) {}
 }
 
 /// The payload type of a signed error result.

@@ -323,15 +323,29 @@ impl Daemon {
         loop {
             tokio::select! {
                 Some(out) = outbox.recv() => {
-                    let m = match out {
+                    let (m, result_id) = match out {
                         crate::commands::Outgoing::Result(r) => {
                             self.commands.sent(&r);
-                            v1::node_message::Msg::Result(r)
+                            let id = r.id.clone();
+                            (v1::node_message::Msg::Result(r), Some(id))
                         }
-                        crate::commands::Outgoing::Progress(p) => v1::node_message::Msg::Progress(p),
+                        crate::commands::Outgoing::Progress(p) => (v1::node_message::Msg::Progress(p), None),
                     };
                     if tx.send(msg(m)).await.is_err() {
                         return SessionEnd::Closed;
+                    }
+                    if let (Some(id), Some(hook)) = (result_id, &self.hook) {
+                        // Delivered once the transport took it from the queue (HTTP/2 framed it), not merely queued.
+                        let (tx, hook) = (tx.clone(), hook.clone());
+                        tokio::spawn(async move {
+                            let drained = tokio::time::Instant::now() + Duration::from_secs(5);
+                            while tx.capacity() < tx.max_capacity() && tokio::time::Instant::now() < drained && !tx.is_closed() {
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                            }
+                            if !tx.is_closed() {
+                                hook.delivered(&id);
+                            }
+                        });
                     }
                 }
                 _ = heartbeat.tick() => {

@@ -816,3 +816,114 @@ async fn acceptance_and_desired_state_travel_by_notification_not_by_polling() ->
     );
     Ok(())
 }
+
+/// The next `Command` on a raw session, skipping other messages; None when none comes within `secs`.
+async fn next_command(
+    rx: &mut tonic::Streaming<v1::GatewayMessage>,
+    secs: u64,
+) -> Option<v1::Command> {
+    tokio::time::timeout(Duration::from_secs(secs), async {
+        loop {
+            match rx.message().await {
+                Ok(Some(v1::GatewayMessage {
+                    msg: Some(v1::gateway_message::Msg::Command(c)),
+                })) => return Some(c),
+                Ok(Some(_)) => continue,
+                _ => return None,
+            }
+        }
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_whose_session_died_before_its_result_is_sent_again_and_finishes_once()
+-> TestResult {
+    let p = plane_with(Options {
+        controllers: false,
+        fast: true,
+        leaf_lifetime: None,
+    })
+    .await;
+    let mut node = joined_node(&p, "lossy", 2).await;
+    let (cert, key) = node_identity(&node);
+    // A session that takes the command and dies without answering (the daemon never got it, as far as the
+    // control plane can tell).
+    let (tx, mut rx) = raw_session(&p, cert.clone(), &key, &node.id).await?;
+    let deadline_ms = time::OffsetDateTime::now_utc().unix_timestamp() * 1000 + 120_000;
+    let args = json!({"expected_gpu_count": 2});
+    p.store
+        .queue_command("lost-1", &node.id, "diag.nvml", &args, deadline_ms)
+        .await?;
+    // A command whose deadline passes while its session is gone is not sent again (it expires).
+    p.store
+        .queue_command(
+            "lost-late",
+            &node.id,
+            "diag.nvml",
+            &args,
+            time::OffsetDateTime::now_utc().unix_timestamp() * 1000 + 1_500,
+        )
+        .await?;
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let c = next_command(&mut rx, 10)
+            .await
+            .ok_or("the first session got no command")?;
+        got.push(c.id);
+    }
+    got.sort();
+    assert_eq!(got, ["lost-1", "lost-late"]);
+    let first = p.store.command("lost-1").await?.ok_or("command row")?;
+    assert_eq!((first.state.as_str(), first.deliveries), ("sent", 1));
+    drop((tx, rx));
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+
+    // The daemon's session is a new epoch: the command is delivered again, runs once and finishes.
+    spawn_run(&p, &mut node, "lossy");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let done = loop {
+        let c = p.store.command("lost-1").await?.ok_or("command row")?;
+        if c.state != "sent" {
+            break c;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("lost-1 never finished: {c:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(done.state, "done", "{done:?}");
+    assert_eq!(
+        done.deliveries, 2,
+        "sent on the dead session and again on the new one"
+    );
+    assert_eq!(
+        done.result
+            .as_ref()
+            .map(|r| r["observed_gpu_count"].clone()),
+        Some(json!(2)),
+        "{done:?}"
+    );
+    let late = p.store.command("lost-late").await?.ok_or("command row")?;
+    assert_eq!(
+        late.deliveries, 1,
+        "past its deadline, not sent again: {late:?}"
+    );
+    assert!(late.result.is_none());
+
+    // Finished means finished: a later session (another epoch) gets neither command again, and the stored
+    // result is the one from the run above.
+    if let Some(mut c) = node.child.take() {
+        c.kill().await?;
+    }
+    let (_tx, mut rx) = raw_session(&p, cert, &key, &node.id).await?;
+    assert!(
+        next_command(&mut rx, 2).await.is_none(),
+        "a finished command is not delivered again"
+    );
+    let again = p.store.command("lost-1").await?.ok_or("command row")?;
+    assert_eq!((again.deliveries, again.finished_ms), (2, done.finished_ms));
+    Ok(())
+}

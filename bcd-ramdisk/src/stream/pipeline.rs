@@ -4,8 +4,9 @@
 //! and memory stays at `buffers × buffer_size` whatever the image size. Read-back works the same way with a reader
 //! thread feeding the hashing caller.
 
-use std::collections::VecDeque;
 use std::io::{self, BufRead, Cursor, Read};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::time::Instant;
 
@@ -17,8 +18,10 @@ use super::{
 };
 use crate::os::{AlignedBuf, DIRECT_ALIGN, round_up};
 
-/// Stream `source` onto `sink` as `spec` says; see the module docs. `progress` is called from this thread at most
-/// once per `spec.progress_interval`, and once more at the end of a successful stream.
+/// Stream `source` onto `sink` as `spec` says; see the module docs. `progress` is called at most once per
+/// `spec.progress_interval` — from this thread while it decompresses, or from the writer thread as it writes, so a
+/// report reflects the bytes on the device within an interval whatever the buffer size — and once more at the end
+/// of a successful stream.
 ///
 /// On failure the written range is zeroed (unless `spec.scrub_on_failure` is off) and the returned
 /// [`StreamFailure`] says so: a device is never left with a half-written image reported as good.
@@ -26,7 +29,7 @@ pub fn write_image<R: BufRead, S: BlockSink>(
     source: R,
     sink: &mut S,
     spec: &StreamSpec,
-    progress: &mut dyn FnMut(&Progress),
+    progress: &mut (dyn FnMut(&Progress) + Send),
 ) -> Result<StreamReport, StreamFailure> {
     let mut submitted = 0u64;
     match run(source, sink, spec, progress, &mut submitted) {
@@ -56,7 +59,7 @@ fn run<R: BufRead, S: BlockSink>(
     source: R,
     sink: &mut S,
     spec: &StreamSpec,
-    progress: &mut dyn FnMut(&Progress),
+    progress: &mut (dyn FnMut(&Progress) + Send),
     submitted: &mut u64,
 ) -> Result<StreamReport, StreamError> {
     let start = Instant::now();
@@ -93,12 +96,17 @@ fn run<R: BufRead, S: BlockSink>(
 
     let hash_image = !hash_compressed || spec.read_back;
     let image_hasher = hash_image.then(|| Hasher::new(spec.digest.algo));
-    let mut meter = ProgressMeter::new(
+    let reports = Reports::new(
         start,
-        spec.progress_interval,
-        spec.source_size,
-        spec.image_size,
+        ProgressMeter::new(
+            start,
+            spec.progress_interval,
+            spec.source_size,
+            spec.image_size,
+        ),
+        progress,
     );
+    let reports = &reports;
 
     // decoder --filled--> hasher --hashed--> writer --empty--> decoder: three stages work on different buffers.
     let (filled_tx, filled_rx) = sync_channel::<Filled>(spec.buffers);
@@ -109,26 +117,41 @@ fn run<R: BufRead, S: BlockSink>(
     let writer_sink = &mut *sink;
     let (decoded, image_digest) = std::thread::scope(|scope| {
         let hasher = scope.spawn(move || hash_loop(image_hasher, filled_rx, hashed_tx));
-        let writer = scope.spawn(move || write_loop(writer_sink, hashed_rx, empty_tx));
+        let writer = scope.spawn(move || write_loop(writer_sink, hashed_rx, empty_tx, reports));
         let mut pool: Vec<AlignedBuf> = (0..spec.buffers)
             .map(|_| AlignedBuf::new(spec.buffer_size))
             .collect();
-        let mut in_flight: VecDeque<u64> = VecDeque::new();
-        let mut written = 0u64;
+        // Image bytes decoded past the last aligned block of a buffer handed over early; they start the next one.
+        let mut carry: Vec<u8> = Vec::with_capacity(align as usize);
         let result = (|| -> Result<(), StreamError> {
             loop {
                 let mut buf = match pool.pop() {
                     Some(buf) => buf,
                     // The writer hung up: it failed, and its error is collected below.
                     None => match empty_rx.recv() {
-                        Ok(buf) => {
-                            written += in_flight.pop_front().unwrap_or(0);
-                            buf
-                        }
+                        Ok(buf) => buf,
                         Err(_) => return Ok(()),
                     },
                 };
-                let (filled, eof) = fill(&mut decoder, buf.as_mut_slice(), compression)?;
+                buf.as_mut_slice()[..carry.len()].copy_from_slice(&carry);
+                let from = carry.len();
+                carry.clear();
+                // A slow source hands over what it has (whole blocks) once a progress interval passed, so bytes
+                // reach the device, and the progress report, without waiting for a whole buffer.
+                let hand_over = Instant::now() + spec.progress_interval;
+                let (mut filled, eof) = fill(
+                    &mut decoder,
+                    buf.as_mut_slice(),
+                    from,
+                    (align as usize, hand_over),
+                    compression,
+                    reports,
+                )?;
+                if !eof && filled < buf.len() {
+                    let whole = filled - filled % align as usize;
+                    carry.extend_from_slice(&buf.as_slice()[whole..filled]);
+                    filled = whole;
+                }
                 image_len += filled as u64;
                 if let Some(expected) = spec.image_size
                     && image_len > expected
@@ -147,7 +170,6 @@ fn run<R: BufRead, S: BlockSink>(
                     buf.as_mut_slice()[filled..padded].fill(0);
                     let offset = *submitted;
                     *submitted += padded as u64;
-                    in_flight.push_back(padded as u64);
                     let job = Filled {
                         buf,
                         offset,
@@ -157,11 +179,6 @@ fn run<R: BufRead, S: BlockSink>(
                     if filled_tx.send(job).is_err() {
                         return Ok(());
                     }
-                }
-                if let Some(p) =
-                    meter.observe(Instant::now(), written, source_count(&decoder), false)
-                {
-                    progress(&p);
                 }
                 if eof {
                     return Ok(());
@@ -226,9 +243,7 @@ fn run<R: BufRead, S: BlockSink>(
     }
     let read_back_elapsed = read_back_start.elapsed();
 
-    if let Some(p) = meter.observe(Instant::now(), *submitted, counted.count, true) {
-        progress(&p);
-    }
+    reports.finish(*submitted, counted.count);
     info!(
         image_bytes = image_len,
         source_bytes = counted.count,
@@ -275,6 +290,86 @@ fn validate(spec: &StreamSpec, align: u64) -> Result<(), StreamError> {
     Ok(())
 }
 
+// === impl Reports ===
+
+/// Progress shared by the decoding thread (source bytes) and the writer thread (bytes on the device). Either may
+/// emit a report; the interval check in front is one clock read and an atomic load, so the hot loops pay nothing
+/// measurable, and the callback runs under a lock taken only when a report is due.
+struct Reports<'a> {
+    start: Instant,
+    /// Nanoseconds since `start` before which no report is due.
+    next_due_ns: AtomicU64,
+    every_ns: u64,
+    written: AtomicU64,
+    source_read: AtomicU64,
+    emit: Mutex<(ProgressMeter, &'a mut ProgressFn<'a>)>,
+}
+
+/// The caller's progress callback, callable from either pipeline thread.
+type ProgressFn<'f> = dyn FnMut(&Progress) + Send + 'f;
+
+impl<'a> Reports<'a> {
+    fn new(start: Instant, meter: ProgressMeter, callback: &'a mut ProgressFn<'a>) -> Reports<'a> {
+        Reports {
+            start,
+            next_due_ns: AtomicU64::new(0),
+            every_ns: u64::try_from(meter.interval().as_nanos()).unwrap_or(u64::MAX),
+            written: AtomicU64::new(0),
+            source_read: AtomicU64::new(0),
+            emit: Mutex::new((meter, callback)),
+        }
+    }
+
+    /// The writer put `n` more bytes on the device.
+    fn wrote(&self, n: u64) {
+        self.written.fetch_add(n, Ordering::Relaxed);
+        let _ = self.tick();
+    }
+
+    /// The decoder has consumed `total` source bytes; returns the time it read.
+    fn read(&self, total: u64) -> Instant {
+        self.source_read.store(total, Ordering::Relaxed);
+        self.tick()
+    }
+
+    fn tick(&self) -> Instant {
+        let now = Instant::now();
+        let at =
+            u64::try_from(now.saturating_duration_since(self.start).as_nanos()).unwrap_or(u64::MAX);
+        if at < self.next_due_ns.load(Ordering::Relaxed) {
+            return now;
+        }
+        // The other thread is reporting right now: this moment is covered.
+        let Ok(mut emit) = self.emit.try_lock() else {
+            return now;
+        };
+        if at < self.next_due_ns.load(Ordering::Relaxed) {
+            return now;
+        }
+        self.next_due_ns
+            .store(at.saturating_add(self.every_ns), Ordering::Relaxed);
+        let (meter, callback) = &mut *emit;
+        let (written, read) = (
+            self.written.load(Ordering::Relaxed),
+            self.source_read.load(Ordering::Relaxed),
+        );
+        if let Some(p) = meter.observe(now, written, read, false) {
+            callback(&p);
+        }
+        now
+    }
+
+    /// The final report of a successful stream.
+    fn finish(&self, written: u64, source_read: u64) {
+        if let Ok(mut emit) = self.emit.lock() {
+            let (meter, callback) = &mut *emit;
+            if let Some(p) = meter.observe(Instant::now(), written, source_read, true) {
+                callback(&p);
+            }
+        }
+    }
+}
+
 // === writer thread ===
 
 struct Filled {
@@ -308,12 +403,14 @@ fn write_loop<S: BlockSink>(
     sink: &mut S,
     full: Receiver<Filled>,
     empty: SyncSender<AlignedBuf>,
+    reports: &Reports<'_>,
 ) -> Result<(), StreamError> {
     for Filled {
         buf, offset, len, ..
     } in full
     {
         write_fully(sink, &buf.as_slice()[..len], offset)?;
+        reports.wrote(len as u64);
         // The decoder may have stopped taking buffers after a failure of its own.
         if empty.send(buf).is_err() {
             break;
@@ -431,17 +528,28 @@ fn source_count<R: BufRead>(decoder: &Decoder<Buffered<R>>) -> u64 {
     buffered.get_ref().1.count
 }
 
-/// Fill `buf` from the decoder; returns the bytes filled and whether the stream ended.
+/// Fill `buf` from the decoder, after the `from` bytes already there; returns the bytes filled and whether the
+/// stream ended. Returns early, with less than a full buffer, once `hand_over.1` has passed with at least one whole
+/// block (`hand_over.0` bytes) in it.
 fn fill<R: BufRead>(
     decoder: &mut Decoder<Buffered<R>>,
     buf: &mut [u8],
+    from: usize,
+    hand_over: (usize, Instant),
     compression: Compression,
+    reports: &Reports<'_>,
 ) -> Result<(usize, bool), StreamError> {
-    let mut filled = 0;
+    let mut filled = from;
     while filled < buf.len() {
         match decoder.read(&mut buf[filled..]) {
             Ok(0) => return Ok((filled, true)),
-            Ok(n) => filled += n,
+            Ok(n) => {
+                filled += n;
+                let now = reports.read(source_count(decoder));
+                if filled >= hand_over.0 && now >= hand_over.1 {
+                    return Ok((filled, false));
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(classify(e, compression)),
         }

@@ -461,3 +461,81 @@ proptest! {
         prop_assert_eq!(report.written_bytes % align as u64, 0);
     }
 }
+
+/// A source that yields `chunk` bytes every `every` (a slow download).
+struct Trickle<'a> {
+    data: &'a [u8],
+    at: usize,
+    chunk: usize,
+    every: std::time::Duration,
+}
+
+impl Read for Trickle<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.at >= self.data.len() {
+            return Ok(0);
+        }
+        std::thread::sleep(self.every);
+        let n = buf.len().min(self.chunk).min(self.data.len() - self.at);
+        buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+#[test]
+fn a_slow_source_reports_bytes_on_the_device_before_a_buffer_fills() {
+    // 768 KiB at about 4 MiB/s (≈ 190 ms) into a 4 MiB buffer: before, the only report with bytes written was
+    // the final one, as the image never filled a buffer.
+    let raw = image(768 << 10);
+    let compressed = compress(Compression::Zstd, &raw);
+    let mut spec = spec_for(
+        &compressed,
+        &raw,
+        DigestAlgo::Sha256,
+        DigestOver::Compressed,
+    );
+    spec.buffer_size = 4 << 20;
+    spec.buffers = 2;
+    spec.progress_interval = std::time::Duration::from_millis(20);
+    let source = io::BufReader::with_capacity(
+        4096,
+        Trickle {
+            data: &compressed,
+            at: 0,
+            chunk: 4096,
+            every: std::time::Duration::from_millis(1),
+        },
+    );
+    let mut sink = MemSink::new(1 << 20, 4096);
+    let start = std::time::Instant::now();
+    let mut reports = Vec::new();
+    let report = write_image(source, &mut sink, &spec, &mut |p| {
+        reports.push((start.elapsed(), p.clone()))
+    })
+    .expect("stream");
+    assert_eq!(report.image_bytes, raw.len() as u64);
+    assert_eq!(
+        &sink.data[..raw.len()],
+        &raw[..],
+        "carried tails land in order"
+    );
+    let (first_at, _) = reports.first().expect("reports");
+    assert!(
+        *first_at < std::time::Duration::from_millis(100),
+        "the first report comes at once: {first_at:?}"
+    );
+    let before_end: Vec<u64> = reports
+        .iter()
+        .filter(|(_, p)| !p.done)
+        .map(|(_, p)| p.written)
+        .collect();
+    assert!(
+        before_end.iter().any(|w| *w > 0 && *w < raw.len() as u64),
+        "bytes on the device are reported while the stream runs: {before_end:?}"
+    );
+    assert!(
+        reports.windows(2).all(|w| w[0].1.written <= w[1].1.written),
+        "written never goes back"
+    );
+}

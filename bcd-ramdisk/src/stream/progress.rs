@@ -69,6 +69,11 @@ impl ProgressMeter {
         }
     }
 
+    /// The least time between two reports.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
     /// A report if `interval` has passed since the last one (or `done`), else `None`.
     pub fn observe(
         &mut self,

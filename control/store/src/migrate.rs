@@ -52,6 +52,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "command_progress",
         sql: include_str!("../migrations/0008_command_progress.sql"),
     },
+    Migration {
+        version: 9,
+        name: "command_redelivery",
+        sql: include_str!("../migrations/0009_command_redelivery.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.

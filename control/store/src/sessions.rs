@@ -207,15 +207,21 @@ impl Store {
         Ok(())
     }
 
-    /// Claims pending commands for the given live sessions (marking them sent) and lists desired state newer than
-    /// what the node acknowledged, in one statement.
+    /// Claims commands for the given live sessions (marking them sent on that epoch) and lists desired state newer
+    /// than what the node acknowledged, in one statement. Delivery is at least once: besides pending commands, a
+    /// command `sent` on an older session of the node (which may have died before the daemon received it) and not
+    /// past its deadline is sent again on the current one. The daemon runs an id once and answers a repeat with
+    /// its stored result; the gateway acknowledges a repeated result of a finished command and changes nothing.
     pub async fn pending_for(&self, nodes: &[(String, i64)]) -> Result<Vec<Outgoing>, StoreError> {
         let ids: Vec<&str> = nodes.iter().map(|n| n.0.as_str()).collect();
         let epochs: Vec<i64> = nodes.iter().map(|n| n.1).collect();
         let rows = sqlx::query(
             "WITH x AS (SELECT * FROM unnest($1::text[], $2::bigint[]) AS x(id, epoch)), \
-             c AS (UPDATE commands c SET state = 'sent', sent_at = now() FROM nodes n, x \
-                   WHERE c.state = 'pending' AND c.node_id = n.id AND n.id = x.id AND n.session_epoch = x.epoch \
+             c AS (UPDATE commands c SET state = 'sent', sent_at = now(), sent_epoch = x.epoch, \
+                   deliveries = c.deliveries + 1 FROM nodes n, x \
+                   WHERE c.node_id = n.id AND n.id = x.id AND n.session_epoch = x.epoch \
+                   AND (c.state = 'pending' OR (c.state = 'sent' AND COALESCE(c.sent_epoch, 0) < x.epoch \
+                        AND c.deadline_at > now())) \
                    RETURNING c.node_id, c.id, c.kind, c.args, (extract(epoch FROM c.deadline_at) * 1000)::bigint AS ms) \
              SELECT true, node_id, id, kind, args, ms, NULL::bigint, NULL::jsonb FROM c \
              UNION ALL \
@@ -388,7 +394,7 @@ impl Store {
     /// One command as an operator sees it.
     pub async fn command(&self, id: &str) -> Result<Option<CommandView>, StoreError> {
         let row = sqlx::query(
-            "SELECT id, node_id, kind, args, state,              (extract(epoch FROM created_at) * 1000)::bigint,              (extract(epoch FROM sent_at) * 1000)::bigint,              (extract(epoch FROM deadline_at) * 1000)::bigint,              (extract(epoch FROM finished_at) * 1000)::bigint,              progress, (extract(epoch FROM progress_at) * 1000)::bigint, result, error              FROM commands WHERE id = $1",
+            "SELECT id, node_id, kind, args, state,              (extract(epoch FROM created_at) * 1000)::bigint,              (extract(epoch FROM sent_at) * 1000)::bigint,              (extract(epoch FROM deadline_at) * 1000)::bigint,              (extract(epoch FROM finished_at) * 1000)::bigint,              progress, (extract(epoch FROM progress_at) * 1000)::bigint, result, error, deliveries              FROM commands WHERE id = $1",
         )
         .bind(id)
         .fetch_optional(&self.pool)
@@ -407,6 +413,7 @@ impl Store {
             progress_ms: r.get(10),
             result: r.get(11),
             error: r.get(12),
+            deliveries: r.get(13),
         }))
     }
 }
@@ -430,6 +437,8 @@ pub struct CommandView {
     /// The signed result's payload (verified against the node's key).
     pub result: Option<serde_json::Value>,
     pub error: Option<String>,
+    /// How many times the command was sent to the node (more than once when a session was lost meanwhile).
+    pub deliveries: i32,
 }
 
 /// A finished acceptance-check command not yet acted on.

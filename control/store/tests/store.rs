@@ -175,3 +175,98 @@ async fn liveness_rewrites_a_row_only_when_last_seen_moved_and_names_sessions_to
     assert_eq!(all, vec!["node-2".to_string()]);
     assert!(mark > 0);
 }
+
+/// Command ids `pending_for` hands to the node's session at `epoch`.
+async fn sent_to(store: &Store, node: &str, epoch: i64) -> Vec<String> {
+    let mut ids: Vec<String> = store
+        .pending_for(&[(node.to_string(), epoch)])
+        .await
+        .expect("pending")
+        .into_iter()
+        .filter_map(|o| match o {
+            bc_store::sessions::Outgoing::Command { id, .. } => Some(id),
+            _ => None,
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test]
+async fn a_command_sent_on_a_lost_session_is_sent_again_on_the_next_epoch_until_it_finishes() {
+    let store = seeded(1).await;
+    store
+        .commit_joins("0123456789abcdef", "p1", &[candidate(1, "hk-1")])
+        .await
+        .expect("commit");
+    let epoch1 = store
+        .open_session("node-1")
+        .await
+        .expect("open")
+        .expect("opened")
+        .epoch;
+    let now_ms = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+    let args = serde_json::json!({});
+    for (id, deadline) in [("c-live", now_ms + 600_000), ("c-late", now_ms + 1_000)] {
+        store
+            .queue_command(id, "node-1", "diag.nvml", &args, deadline)
+            .await
+            .expect("queue");
+    }
+    assert_eq!(
+        sent_to(&store, "node-1", epoch1).await,
+        ["c-late", "c-live"]
+    );
+    // The same session is not sent them twice.
+    assert!(sent_to(&store, "node-1", epoch1).await.is_empty());
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    // The session died before any result: the next one gets the live command again, not the one past its
+    // deadline.
+    let epoch2 = store
+        .open_session("node-1")
+        .await
+        .expect("open")
+        .expect("opened")
+        .epoch;
+    assert_eq!(sent_to(&store, "node-1", epoch2).await, ["c-live"]);
+    assert!(sent_to(&store, "node-1", epoch2).await.is_empty());
+    let c = store.command("c-live").await.expect("read").expect("row");
+    assert_eq!((c.state.as_str(), c.deliveries), ("sent", 2));
+    // A stale epoch neither claims commands nor finishes them.
+    assert!(sent_to(&store, "node-1", epoch1).await.is_empty());
+    let result = serde_json::json!({"ok": true});
+    assert!(
+        !store
+            .finish_command("node-1", epoch1, "c-live", Ok(&result), b"env")
+            .await
+            .expect("finish")
+    );
+    assert!(
+        store
+            .finish_command("node-1", epoch2, "c-live", Ok(&result), b"env")
+            .await
+            .expect("finish")
+    );
+    // Finished: no later session gets it again, and a repeated result changes nothing.
+    let epoch3 = store
+        .open_session("node-1")
+        .await
+        .expect("open")
+        .expect("opened")
+        .epoch;
+    assert!(sent_to(&store, "node-1", epoch3).await.is_empty());
+    assert!(
+        !store
+            .finish_command("node-1", epoch3, "c-live", Ok(&result), b"env")
+            .await
+            .expect("finish")
+    );
+    assert!(
+        store
+            .command_finished("node-1", "c-live")
+            .await
+            .expect("finished")
+    );
+    let c = store.command("c-live").await.expect("read").expect("row");
+    assert_eq!((c.state.as_str(), c.deliveries), ("done", 2));
+}
