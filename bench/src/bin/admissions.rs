@@ -2,6 +2,10 @@
 //! store, two API processes and one scheduler process (real `better-compute serve` processes) on one embedded
 //! PostgreSQL. Phase 1 saturates (64 concurrent clients); phase 2 offers 1,000 admissions/s open-loop and reports
 //! latency percentiles. Statements per admission come from pg_stat_statements (BEGIN/COMMIT included).
+//! The database is fresh: nothing analyzes it after the warm-up, so the reservation tables were empty when every
+//! statement was prepared (the control plane's own statistics check must cope); the fleet is analyzed after seeding,
+//! as an existing fleet would be, unless `BC_SEED_ANALYZE=0`. `BC_EXPERIMENT_DB_SET` applies an `ALTER DATABASE …
+//! SET` clause before the processes start (e.g. `plan_cache_mode = force_custom_plan`), for experiments.
 //! There is no peer in the same run: the issue sets absolute targets (≥ 1,000/s, p99 < 25 ms).
 
 use anyhow::Context as _;
