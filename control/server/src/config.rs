@@ -92,6 +92,8 @@ pub struct ServeConfig {
     pub leaf_lifetime: Option<std::time::Duration>,
     /// Role membership and shard lease lifetime; None means [`DEFAULT_SHARD_LEASE`].
     pub shard_lease: Option<std::time::Duration>,
+    /// How often the scheduler rereads all free capacity (tests); None means [`crate::scheduler::FULL_RELOAD`].
+    pub capacity_reload: Option<std::time::Duration>,
 }
 
 pub const DEFAULT_SHARD_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
@@ -211,6 +213,7 @@ impl ServeConfigWire {
                     ));
                 }
             },
+            capacity_reload: None,
         })
     }
 }

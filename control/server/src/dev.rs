@@ -99,6 +99,7 @@ pub async fn run(
         lifecycle_timing: None,
         leaf_lifetime: None,
         shard_lease: None,
+        capacity_reload: None,
     };
     let running = crate::start(&config, store.clone()).await?;
 

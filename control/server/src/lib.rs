@@ -261,6 +261,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             store.clone(),
             worker.clone(),
             lease,
+            config.capacity_reload.unwrap_or(scheduler::FULL_RELOAD),
             stop_rx.clone(),
         ));
         tracing::info!(worker, "scheduler role: placer running");

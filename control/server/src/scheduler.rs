@@ -17,13 +17,15 @@ use tokio::time::Instant;
 
 pub const ROLE: &str = "scheduler";
 const BATCH: i64 = 512;
-const FULL_RELOAD: Duration = Duration::from_secs(30);
+/// How often all free capacity is read again (beside placement, see [`Refresh`]).
+pub const FULL_RELOAD: Duration = Duration::from_secs(30);
 const TICK: Duration = Duration::from_secs(1);
 
 pub async fn run(
     store: Store,
     worker_id: String,
     lease: Duration,
+    full_reload: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut notices = notify::listen(&store, &[PENDING_CHANNEL, CAPACITY_CHANNEL], stop.clone());
@@ -103,7 +105,7 @@ pub async fn run(
                     continue;
                 }
             }
-        } else if refresh.is_none() && loaded_at.is_some_and(|t| t.elapsed() > FULL_RELOAD) {
+        } else if refresh.is_none() && loaded_at.is_some_and(|t| t.elapsed() > full_reload) {
             refresh = Some(Refresh::start(&store));
         }
         if let Some(r) = refresh.take_if(|r| r.task.is_finished()) {

@@ -47,6 +47,7 @@ async fn grants_are_scoped_to_pools_and_errors_have_stable_codes() {
         lifecycle_timing: None,
         leaf_lifetime: None,
         shard_lease: None,
+        capacity_reload: None,
     };
     let running = bc_control::start(&config, store.clone())
         .await

@@ -30,6 +30,9 @@ fn config(dir: &std::path::Path, roles: Roles) -> ServeConfig {
         lifecycle_timing: None,
         leaf_lifetime: None,
         shard_lease: Some(Duration::from_secs(2)),
+        // The scheduler's background capacity refresh runs many times in every test, beside placements and
+        // releases: a refresh that lost a change shows as refused creates or unbooked capacity.
+        capacity_reload: Some(Duration::from_millis(100)),
     }
 }
 

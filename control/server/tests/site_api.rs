@@ -40,6 +40,7 @@ async fn site_grants_codes_and_cli() {
         lifecycle_timing: None,
         leaf_lifetime: None,
         shard_lease: None,
+        capacity_reload: None,
     };
     let running = bc_control::start(&config, store.clone())
         .await
