@@ -2,6 +2,10 @@
 //! store, two API processes and one scheduler process (real `better-compute serve` processes) on one embedded
 //! PostgreSQL. Phase 1 saturates (64 concurrent clients); phase 2 offers 1,000 admissions/s open-loop and reports
 //! latency percentiles. Statements per admission come from pg_stat_statements (BEGIN/COMMIT included).
+//! The database is fresh: nothing analyzes it after the warm-up, so the reservation tables were empty when every
+//! statement was prepared (the control plane's own statistics check must cope); the fleet is analyzed after seeding,
+//! as an existing fleet would be, unless `BC_SEED_ANALYZE=0`. `BC_EXPERIMENT_DB_SET` applies an `ALTER DATABASE …
+//! SET` clause before the processes start (e.g. `plan_cache_mode = force_custom_plan`), for experiments.
 //! There is no peer in the same run: the issue sets absolute targets (≥ 1,000/s, p99 < 25 ms).
 
 use anyhow::Context as _;
@@ -186,6 +190,26 @@ async fn top_statements(pool: &bc_store::sqlx::PgPool, admissions: usize) -> any
     Ok(())
 }
 
+/// Who analyzed the hot tables so far (the control plane's statistics check, or autovacuum) and the planner's row
+/// estimate against the live rows.
+async fn print_analyzes(pool: &bc_store::sqlx::PgPool, when: &str) -> anyhow::Result<()> {
+    let rows: Vec<(String, i64, i64, f32, i64)> = bc_store::sqlx::query_as(
+        "SELECT s.relname::text, s.analyze_count, s.autoanalyze_count, c.reltuples, s.n_live_tup \
+         FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid \
+         WHERE s.relname IN ('reservations', 'idempotency', 'work_queue', 'outbox') ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await?;
+    let parts: Vec<String> = rows
+        .iter()
+        .map(|(t, a, auto, est, live)| {
+            format!("{t} {a} ANALYZE + {auto} auto (estimate {est:.0}, live {live})")
+        })
+        .collect();
+    println!("statistics {when}: {}", parts.join("; "));
+    Ok(())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     bc_proto::install_crypto_provider();
@@ -199,11 +223,23 @@ async fn main() -> anyhow::Result<()> {
     let t = Instant::now();
     bc_store::testing::seed_gpu_nodes(&pool, "gpu", "n", NODES, GPUS, "NVIDIA H100 80GB HBM3")
         .await?;
-    bc_store::sqlx::query("ANALYZE").execute(&pool).await?;
+    // An existing fleet: its nodes and devices have statistics (autoanalyze saw them arrive). BC_SEED_ANALYZE=0
+    // skips it: a database whose fleet was loaded moments before the processes started.
+    let seed_analyze = std::env::var("BC_SEED_ANALYZE").as_deref() != Ok("0");
+    if seed_analyze {
+        bc_store::sqlx::query("ANALYZE").execute(&pool).await?;
+    }
     println!(
-        "store: {NODES} adopted nodes × {GPUS} GPUs seeded in {:.1} s (durable commits: fsync on)",
-        t.elapsed().as_secs_f64()
+        "store: {NODES} adopted nodes × {GPUS} GPUs seeded in {:.1} s (durable commits: fsync on); ANALYZE after \
+         seeding: {}; no ANALYZE after warm-up (reservations, idempotency, work_queue, outbox start empty)",
+        t.elapsed().as_secs_f64(),
+        if seed_analyze {
+            "yes"
+        } else {
+            "no (BC_SEED_ANALYZE=0)"
+        }
     );
+    print_analyzes(&pool, "after seeding").await?;
     let store = bc_store::Store::new(pool.clone());
     let key = bc_control::bootstrap_admin(&store).await?;
     bc_store::sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
@@ -211,6 +247,14 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("pg_stat_statements (needs shared_preload_libraries)")?;
 
+    if let Ok(set) = std::env::var("BC_EXPERIMENT_DB_SET") {
+        bc_store::sqlx::query(bc_store::sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE postgres SET {set}"
+        )))
+        .execute(&pool)
+        .await?;
+        println!("experiment: ALTER DATABASE postgres SET {set}");
+    }
     let (a1, u1) = serve(&bin, dir.path(), "api1", &url, "api")?;
     let (a2, u2) = serve(&bin, dir.path(), "api2", &url, "api")?;
     let (sc, _) = serve(&bin, dir.path(), "sched", &url, "scheduler")?;
@@ -225,13 +269,21 @@ async fn main() -> anyhow::Result<()> {
         .build()?;
     // Warm up: caches (principals, capacity), connections, plans.
     let next = Arc::new(AtomicUsize::new(0));
+    let t = Instant::now();
+    let mut lat = Vec::with_capacity(2000);
     for i in 0..2000 {
-        admit(&http, &urls[i % 2], &key, i).await?;
+        lat.push(admit(&http, &urls[i % 2], &key, i).await?);
     }
+    lat.sort();
+    println!(
+        "warm-up (1 client, the database's first admissions): 2000 in {:.1} s, p50 {:.1} ms, p99 {:.1} ms",
+        t.elapsed().as_secs_f64(),
+        percentile_ms(&lat, 0.50),
+        percentile_ms(&lat, 0.99)
+    );
     next.store(2000, Ordering::SeqCst);
-    // Steady state: statistics that know reservations exist, as autoanalyze (naptime 1 min) gives a running
-    // system. Without it the statements prepared against the empty table keep generic plans that scan it.
-    bc_store::sqlx::query("ANALYZE").execute(&pool).await?;
+    // No ANALYZE here: the system must hold its plans on tables that were empty when its statements were prepared.
+    print_analyzes(&pool, "after warm-up").await?;
 
     // Phase 1: saturated.
     bc_store::sqlx::query("SELECT pg_stat_statements_reset()")
@@ -320,6 +372,7 @@ async fn main() -> anyhow::Result<()> {
         "{booked} devices booked for {admitted} admissions"
     );
     println!("check: {booked} GPUs booked for {admitted} admissions, none twice");
+    print_analyzes(&pool, "at the end").await?;
     println!("admissions: {sat_rate:.0} admissions/s (paced 1000/s p99 {p99:.1} ms)");
     Ok(())
 }

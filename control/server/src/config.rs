@@ -92,6 +92,8 @@ pub struct ServeConfig {
     pub leaf_lifetime: Option<std::time::Duration>,
     /// Role membership and shard lease lifetime; None means [`DEFAULT_SHARD_LEASE`].
     pub shard_lease: Option<std::time::Duration>,
+    /// How often the scheduler rereads all free capacity (tests); None means [`crate::scheduler::FULL_RELOAD`].
+    pub capacity_reload: Option<std::time::Duration>,
 }
 
 impl ServeConfig {
@@ -113,6 +115,7 @@ impl ServeConfig {
             lifecycle_timing: None,
             leaf_lifetime: None,
             shard_lease: None,
+            capacity_reload: None,
         }
     }
 }
@@ -234,6 +237,7 @@ impl ServeConfigWire {
                     ));
                 }
             },
+            capacity_reload: None,
         })
     }
 }

@@ -24,6 +24,7 @@ pub mod session;
 pub mod site;
 pub mod site_api;
 pub mod site_cli;
+pub mod statistics;
 
 use crate::ca::Ca;
 use crate::config::ServeConfig;
@@ -260,9 +261,13 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             store.clone(),
             worker.clone(),
             lease,
+            config.capacity_reload.unwrap_or(scheduler::FULL_RELOAD),
             stop_rx.clone(),
         ));
         tracing::info!(worker, "scheduler role: placer running");
+    }
+    if config.roles.controllers || config.roles.scheduler {
+        tasks.spawn(statistics::run(store.clone(), stop_rx.clone()));
     }
     if config.roles.sinks {
         tracing::info!(

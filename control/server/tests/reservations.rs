@@ -19,6 +19,9 @@ const H100: &str = "NVIDIA H100 80GB HBM3";
 fn config(dir: &std::path::Path, roles: Roles) -> ServeConfig {
     ServeConfig {
         shard_lease: Some(Duration::from_secs(2)),
+        // The scheduler's background capacity refresh runs many times in every test, beside placements and
+        // releases: a refresh that lost a change shows as refused creates or unbooked capacity.
+        capacity_reload: Some(Duration::from_millis(100)),
         ..ServeConfig::loopback(dir.to_path_buf(), "test.bc", roles)
     }
 }

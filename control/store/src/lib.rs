@@ -16,6 +16,7 @@ pub mod pokes;
 pub mod reservations;
 pub mod sessions;
 pub mod sites;
+pub mod statistics;
 pub mod testing;
 pub mod work;
 
