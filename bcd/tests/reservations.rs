@@ -7,8 +7,7 @@ mod common;
 use common::*;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -23,41 +22,19 @@ impl Drop for Daemon {
 }
 
 fn run_bcd(p: &Plane, name: &str, fixture: &Path, cdi: &Path) -> Daemon {
-    let child = Command::new(env!("CARGO_BIN_EXE_bcd"))
-        .args(["--config", "/nonexistent", "--state-dir"])
-        .arg(p.dir.path().join(name))
-        .args(["run", "--gateway-url", &p.running.gateway_url])
-        .args(["--ca-pin", &p.running.ca_pin])
-        .args(["--join-public-key", &p.running.join_public_key])
-        .arg("--gpu-backend")
-        .arg(format!("fixture:{}", fixture.display()))
-        .arg("--hardware-root")
-        .arg(p.dir.path().join(format!("{name}-hw")))
-        .arg("--cdi-dir")
-        .arg(cdi)
-        .env("BCD_LOG", "info")
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn bcd run");
+    let child = common::bcd_run(
+        Path::new(env!("CARGO_BIN_EXE_bcd")),
+        p,
+        &p.dir.path().join(name),
+        fixture,
+        &p.dir.path().join(format!("{name}-hw")),
+    )
+    .arg("--cdi-dir")
+    .arg(cdi)
+    .kill_on_drop(true)
+    .spawn()
+    .expect("spawn bcd run");
     Daemon { child }
-}
-
-async fn wait_node(p: &Plane, id: &str, what: &str, f: impl Fn(&bc_store::nodes::NodeRow) -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let row = p.store.node(id).await.expect("read").expect("node");
-        if f(&row) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}: {} gen {}/{}",
-            row.state,
-            row.desired_generation,
-            row.acked_generation
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 fn cdi_devices(path: &Path) -> Option<Value> {
@@ -85,7 +62,7 @@ async fn a_booking_becomes_a_cdi_spec_of_exactly_the_booked_gpus_and_release_rem
     fake_hardware(&p.dir.path().join(format!("{name}-hw")), name)?;
     let cdi = p.dir.path().join("cdi");
     let _daemon = run_bcd(&p, name, &fixture, &cdi);
-    wait_node(&p, &node_id, "adoption", |n| {
+    wait_node(&p, &node_id, 60, "adoption", |n| {
         n.state == "adopted" && n.acked_generation == 1
     })
     .await;
@@ -122,7 +99,7 @@ async fn a_booking_becomes_a_cdi_spec_of_exactly_the_booked_gpus_and_release_rem
     assert_eq!(booked.len(), 3);
 
     // The node acknowledges generation 2 and its CDI spec lists exactly those GPUs.
-    wait_node(&p, &node_id, "booking ack", |n| n.acked_generation >= 2).await;
+    wait_node(&p, &node_id, 60, "booking ack", |n| n.acked_generation >= 2).await;
     let spec = cdi_devices(&cdi).ok_or("no CDI spec after the booking")?;
     assert_eq!(spec["kind"], bcd::cdi::KIND);
     let names: Vec<String> = spec["devices"]
@@ -162,7 +139,7 @@ async fn a_booking_becomes_a_cdi_spec_of_exactly_the_booked_gpus_and_release_rem
     p.admin
         .call("reservations", "release", json!({"id": id}))
         .await?;
-    wait_node(&p, &node_id, "release ack", |n| n.acked_generation >= 3).await;
+    wait_node(&p, &node_id, 60, "release ack", |n| n.acked_generation >= 3).await;
     assert!(
         cdi_devices(&cdi).is_none(),
         "spec still present after release: {:?}",

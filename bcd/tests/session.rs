@@ -53,56 +53,17 @@ fn spawn_run(p: &Plane, node: &mut Node, name: &str) {
 }
 
 fn run_command(p: &Plane, node: &Node, name: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_bcd"));
-    cmd.args(["--config", "/nonexistent", "--state-dir"])
-        .arg(&node.state)
-        .args([
-            "run",
-            "--gateway-url",
-            &p.running.gateway_url,
-            "--ca-pin",
-            &p.running.ca_pin,
-        ])
-        .args([
-            "--join-public-key",
-            &p.running.join_public_key,
-            "--gpu-backend",
-        ])
-        .arg(format!("fixture:{}", node.fixture.display()))
-        .arg("--hardware-root")
-        .arg(p.dir.path().join(format!("{name}-hw")))
-        .env("BCD_LOG", "info")
-        .env_remove("BCD_JOIN_TOKEN")
-        .env_remove("BCD_JOIN_TOKEN_FILE");
-    cmd
+    common::bcd_run(
+        Path::new(env!("CARGO_BIN_EXE_bcd")),
+        p,
+        &node.state,
+        &node.fixture,
+        &p.dir.path().join(format!("{name}-hw")),
+    )
 }
 
 async fn node_row(p: &Plane, id: &str) -> bc_store::nodes::NodeRow {
     p.store.node(id).await.expect("read").expect("node exists")
-}
-
-/// Polls until `f` holds for the node, or fails after `secs`.
-async fn wait_for(
-    p: &Plane,
-    id: &str,
-    secs: u64,
-    what: &str,
-    f: impl Fn(&bc_store::nodes::NodeRow) -> bool,
-) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        let row = node_row(p, id).await;
-        if f(&row) {
-            return;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!(
-                "timed out waiting for {what}: node is {} online={} gen={}/{} conditions={}",
-                row.state, row.online, row.desired_generation, row.acked_generation, row.conditions
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 fn fast() -> Options {
@@ -118,7 +79,7 @@ async fn join_run_inventory_diag_adopted_and_generation_one_acknowledged() -> Te
     let p = plane_with(fast()).await;
     let mut node = joined_node(&p, "gpu8", 8).await;
     spawn_run(&p, &mut node, "gpu8");
-    wait_for(&p, &node.id, 60, "adoption", |n| {
+    wait_node(&p, &node.id, 60, "adoption", |n| {
         n.state == "adopted" && n.acked_generation == 1
     })
     .await;
@@ -172,7 +133,7 @@ async fn a_dbe_fault_fails_the_node_and_clearing_it_recovers() -> TestResult {
     fixture["gpus"][3]["faults"] = json!(["dbe"]);
     std::fs::write(&node.fixture, fixture.to_string())?;
     spawn_run(&p, &mut node, "faulty");
-    wait_for(&p, &node.id, 60, "failure", |n| n.state == "failed").await;
+    wait_node(&p, &node.id, 60, "failure", |n| n.state == "failed").await;
     let row = node_row(&p, &node.id).await;
     let conditions = row.conditions.to_string();
     assert!(
@@ -190,7 +151,7 @@ async fn a_dbe_fault_fails_the_node_and_clearing_it_recovers() -> TestResult {
     // Clear the fault: the periodic re-check brings the node back.
     fixture["gpus"][3]["faults"] = json!([]);
     std::fs::write(&node.fixture, fixture.to_string())?;
-    wait_for(&p, &node.id, 60, "recovery", |n| {
+    wait_node(&p, &node.id, 60, "recovery", |n| {
         n.state == "adopted" && n.acked_generation == 1
     })
     .await;
@@ -364,11 +325,12 @@ async fn two_daemons_with_one_identity_only_the_newest_epoch_writes() -> TestRes
         "{closed}"
     );
     // Its writes are refused; the new session's are stored.
+    // Different sections, so a stored write of the old session could not hide under the new one's.
     let section = |n: &str| {
         let payload = format!("{{\"from\":\"{n}\"}}").into_bytes();
         v1::NodeMessage {
             msg: Some(v1::node_message::Msg::Inventory(v1::InventorySection {
-                name: "system".into(),
+                name: if n == "old" { "cpu" } else { "system" }.into(),
                 hash: bc_proto::sha256(&payload).to_vec(),
                 payload,
             })),
@@ -376,9 +338,19 @@ async fn two_daemons_with_one_identity_only_the_newest_epoch_writes() -> TestRes
     };
     let _ = old_tx.send(section("old")).await;
     new_tx.send(section("new")).await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let stored = p.store.inventory(&node.id).await?;
-    assert_eq!(stored.len(), 1);
+    // Wait for the new session's write (a loaded machine can take seconds), then check it is the only one: the
+    // old session's write, sent first, was refused rather than stored and then overwritten.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let stored = loop {
+        let stored = p.store.inventory(&node.id).await?;
+        if !stored.is_empty() || tokio::time::Instant::now() > deadline {
+            // The old session's write went out first; give it as long again to have landed, were it accepted.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            break p.store.inventory(&node.id).await?;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(stored.len(), 1, "{stored:?}");
     assert_eq!(stored[0].2, json!({"from": "new"}));
     Ok(())
 }
@@ -393,7 +365,7 @@ async fn gateway_restart_daemons_reconnect_by_themselves() -> TestResult {
     .await;
     let mut node = joined_node(&p, "steady", 2).await;
     spawn_run(&p, &mut node, "steady");
-    wait_for(&p, &node.id, 30, "first session", |n| {
+    wait_node(&p, &node.id, 30, "first session", |n| {
         n.online && n.session_epoch == 1
     })
     .await;
@@ -411,7 +383,7 @@ async fn gateway_restart_daemons_reconnect_by_themselves() -> TestResult {
         gateway,
     );
     p.running = bc_control::start(&again, p.store.clone()).await?;
-    wait_for(&p, &node.id, 90, "reconnect", |n| {
+    wait_node(&p, &node.id, 90, "reconnect", |n| {
         n.online && n.session_epoch == 2
     })
     .await;
@@ -599,7 +571,7 @@ async fn a_revoked_node_is_refused_in_the_tls_handshake_and_its_session_closed()
     // Positive control: the handshake completes and the gateway speaks HTTP/2.
     tls_probe(&p, cert.clone(), &key).await?;
     spawn_run(&p, &mut node, "revokee");
-    wait_for(&p, &node.id, 30, "session", |n| n.online).await;
+    wait_node(&p, &node.id, 30, "session", |n| n.online).await;
 
     // Revoked through the API of this process: the very next handshake is refused, and the live session is closed
     // with PERMISSION_DENIED, so the daemon stops (exit 4) instead of reconnecting.
@@ -638,7 +610,7 @@ async fn a_revoked_node_is_refused_in_the_tls_handshake_and_its_session_closed()
     let (cert, key) = node_identity(&elsewhere);
     tls_probe(&p, cert.clone(), &key).await?;
     spawn_run(&p, &mut elsewhere, "elsewhere");
-    wait_for(&p, &elsewhere.id, 30, "session", |n| n.online).await;
+    wait_node(&p, &elsewhere.id, 30, "session", |n| n.online).await;
     assert!(
         p.store
             .set_node_state(&elsewhere.id, "revoked", "test/other-process")
@@ -765,7 +737,7 @@ async fn an_expired_certificate_rejoins_by_reclaim_or_stops_asking_for_a_token()
         .kill_on_drop(true)
         .spawn()?;
     node.child = Some(child);
-    wait_for(&p, &node.id, 30, "the reclaimed node's session", |n| {
+    wait_node(&p, &node.id, 30, "the reclaimed node's session", |n| {
         n.online
     })
     .await;
@@ -805,7 +777,7 @@ async fn acceptance_and_desired_state_travel_by_notification_not_by_polling() ->
     .await;
     let mut node = joined_node(&p, "poked", 2).await;
     spawn_run(&p, &mut node, "poked");
-    wait_for(&p, &node.id, 30, "adoption without polling", |n| {
+    wait_node(&p, &node.id, 30, "adoption without polling", |n| {
         n.state == "adopted" && n.acked_generation == 1
     })
     .await;

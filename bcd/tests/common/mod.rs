@@ -233,3 +233,56 @@ pub fn fake_hardware(root: &Path, seed: &str) -> std::io::Result<()> {
     std::fs::write(root.join("proc/sys/kernel/hostname"), format!("{seed}\n"))?;
     Ok(())
 }
+
+/// `bcd run` for a node whose state is in `state`, against the plane's gateway, with the fixture GPU backend
+/// `fixture` and the fake hardware tree `hardware_root`; join tokens from the environment removed. `bcd` is the
+/// binary (`env!("CARGO_BIN_EXE_bcd")` in bcd's own tests).
+pub fn bcd_run(
+    bcd: &Path,
+    p: &Plane,
+    state: &Path,
+    fixture: &Path,
+    hardware_root: &Path,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(bcd);
+    cmd.args(["--config", "/nonexistent", "--state-dir"])
+        .arg(state)
+        .args(["run", "--gateway-url", &p.running.gateway_url])
+        .args(["--ca-pin", &p.running.ca_pin])
+        .args(["--join-public-key", &p.running.join_public_key])
+        .arg("--gpu-backend")
+        .arg(format!("fixture:{}", fixture.display()))
+        .arg("--hardware-root")
+        .arg(hardware_root)
+        .env("BCD_LOG", "info")
+        .env_remove("BCD_JOIN_TOKEN")
+        .env_remove("BCD_JOIN_TOKEN_FILE");
+    cmd
+}
+
+/// Polls the node's row until `f` holds for it, or fails after `secs` naming `what` and the row's state.
+pub async fn wait_node(
+    p: &Plane,
+    id: &str,
+    secs: u64,
+    what: &str,
+    f: impl Fn(&bc_store::nodes::NodeRow) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let row = p.store.node(id).await.expect("read").expect("node exists");
+        if f(&row) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}: node is {} online={} gen={}/{} conditions={}",
+            row.state,
+            row.online,
+            row.desired_generation,
+            row.acked_generation,
+            row.conditions
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
