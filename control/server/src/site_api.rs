@@ -177,7 +177,11 @@ struct BySiteId {
 
 /// Revokes a site: every agent of it is refused (at the TLS handshake once the gateways' revocation sets are
 /// refreshed, and by the site services at once), its unspent tokens are revoked and its boot lease released.
-async fn revoke_site(state: &ApiState, p: &Principal, req: BySiteId) -> Result<Json<Value>, ApiError> {
+async fn revoke_site(
+    state: &ApiState,
+    p: &Principal,
+    req: BySiteId,
+) -> Result<Json<Value>, ApiError> {
     check_site_id(&req.site)?;
     require(p, "compute:sites:revoke", &format!("site/{}", req.site))?;
     let done = state
