@@ -580,6 +580,17 @@ pub(crate) async fn refused_as_revoked(
     revoked_at_handshake(s) || (is_transport(s) && revoked_probe(url, tls).await)
 }
 
+/// Whether a failed connection attempt (`e`) was the gateway refusing this certificate at the TLS handshake as
+/// revoked: the alert in the error's chain, or else in the answer to one more handshake read by hand.
+pub(crate) fn connect_refused_as_revoked<'a>(
+    e: &(dyn std::error::Error + 'static),
+    url: &'a str,
+    tls: Arc<rustls::ClientConfig>,
+) -> impl Future<Output = bool> + Send + 'a {
+    let alert = revoked_at_handshake(e);
+    async move { alert || revoked_probe(url, tls).await }
+}
+
 /// Whether a fresh TLS connection to the gateway is answered with the `certificate_revoked` alert: the handshake,
 /// the HTTP/2 preface, then the first bytes the gateway sends (its SETTINGS, or the alert). Bounded by 10 s.
 async fn revoked_probe(url: &str, tls: Arc<rustls::ClientConfig>) -> bool {

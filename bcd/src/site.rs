@@ -99,6 +99,12 @@ impl Default for SiteAgentOptions {
     }
 }
 
+/// A check of the gateway's answer that must not hold up the lease loop (its deadline stops DHCP): false when it
+/// takes longer than `within`.
+async fn bounded(within: Duration, check: impl Future<Output = bool>) -> bool {
+    tokio::time::timeout(within, check).await.unwrap_or(false)
+}
+
 /// The agent's mTLS client configuration: its certificate and key, the control plane's trust bundle.
 fn tls_of(state: &StateDir) -> Result<Arc<rustls::ClientConfig>, SiteError> {
     let cert = state.certificate()?;
@@ -245,7 +251,17 @@ impl SiteAgent {
                         Ok(Ok(ch)) => {
                             client.insert(v1::site_service_client::SiteServiceClient::new(ch))
                         }
-                        Ok(Err(e)) if crate::session::revoked_at_handshake(&e) => {
+                        Ok(Err(e))
+                            if bounded(
+                                rpc_timeout,
+                                crate::session::connect_refused_as_revoked(
+                                    &e,
+                                    &identity.gateway_url,
+                                    tls.clone(),
+                                ),
+                            )
+                            .await =>
+                        {
                             self.stand_by(&table, None);
                             return Err(SiteError::Revoked {
                                 spiffe_id: identity.spiffe_id.clone(),
@@ -298,10 +314,9 @@ impl SiteAgent {
             let lease = match asked {
                 Ok(Ok(r)) => r.into_inner(),
                 Ok(Err(s))
-                    if crate::session::refused_as_revoked(
-                        &s,
-                        &identity.gateway_url,
-                        tls.clone(),
+                    if bounded(
+                        rpc_timeout,
+                        crate::session::refused_as_revoked(&s, &identity.gateway_url, tls.clone()),
                     )
                     .await =>
                 {

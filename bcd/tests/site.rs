@@ -1070,7 +1070,9 @@ async fn a_revoked_site_is_refused_at_the_handshake_and_by_the_broker() -> TestR
     let (table_tx, _table_rx) = watch::channel(Netboot::default());
     let running = tokio::spawn(async move { agent.run(table_tx, std::future::pending()).await });
     let mut v = view.clone();
-    tokio::time::timeout(Duration::from_secs(15), v.wait_for(|v| v.serving)).await??;
+    tokio::time::timeout(Duration::from_secs(15), v.wait_for(|v| v.serving))
+        .await
+        .map_err(|_| anyhow::anyhow!("the agent did not take the boot lease in 15 s"))??;
     // A connection opened before the revocation.
     let ch = bc_proto::channel::connect(&p.running.gateway_url, tls_of(&p, "rev-a")).await?;
     let ask = |ch: tonic::transport::Channel| async move {
@@ -1120,7 +1122,9 @@ async fn a_revoked_site_is_refused_at_the_handshake_and_by_the_broker() -> TestR
         other => panic!("expected a handshake refusal, got {other:?}"),
     }
     // The running agent (`bcd site run`) stops serving and ends with the refusal: exit status 4.
-    let ended = tokio::time::timeout(Duration::from_secs(20), running).await??;
+    let ended = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .map_err(|_| anyhow::anyhow!("the agent still runs 20 s after the revocation"))??;
     match ended {
         Err(e @ bcd::site::SiteError::Revoked { .. }) => {
             assert_eq!(e.exit_code(), bcd::session::EXIT_REFUSED);
