@@ -404,7 +404,19 @@ fn main() {
         eprintln!("bcd: error: {e:#}");
         let code = e
             .downcast_ref::<bcd::session::RunError>()
-            .map_or(1, bcd::session::RunError::exit_code);
+            .map(bcd::session::RunError::exit_code)
+            .or_else(|| {
+                #[cfg(feature = "site")]
+                {
+                    e.downcast_ref::<bcd::site::SiteError>()
+                        .map(bcd::site::SiteError::exit_code)
+                }
+                #[cfg(not(feature = "site"))]
+                {
+                    None
+                }
+            })
+            .unwrap_or(1);
         std::process::exit(code);
     }
 }

@@ -569,6 +569,28 @@ fn is_transport(s: &tonic::Status) -> bool {
     )
 }
 
+/// Whether the failure `s` of the first call on a fresh connection is the gateway refusing this certificate at the
+/// TLS handshake as revoked (TLS 1.3 reports a refused client certificate only after the handshake, so the call
+/// fails as a transport error; one more handshake, read by hand, tells a revocation from a network failure).
+pub(crate) async fn refused_as_revoked(
+    s: &tonic::Status,
+    url: &str,
+    tls: Arc<rustls::ClientConfig>,
+) -> bool {
+    revoked_at_handshake(s) || (is_transport(s) && revoked_probe(url, tls).await)
+}
+
+/// Whether a failed connection attempt (`e`) was the gateway refusing this certificate at the TLS handshake as
+/// revoked: the alert in the error's chain, or else in the answer to one more handshake read by hand.
+pub(crate) fn connect_refused_as_revoked<'a>(
+    e: &(dyn std::error::Error + 'static),
+    url: &'a str,
+    tls: Arc<rustls::ClientConfig>,
+) -> impl Future<Output = bool> + Send + 'a {
+    let alert = revoked_at_handshake(e);
+    async move { alert || revoked_probe(url, tls).await }
+}
+
 /// Whether a fresh TLS connection to the gateway is answered with the `certificate_revoked` alert: the handshake,
 /// the HTTP/2 preface, then the first bytes the gateway sends (its SETTINGS, or the alert). Bounded by 10 s.
 async fn revoked_probe(url: &str, tls: Arc<rustls::ClientConfig>) -> bool {
@@ -597,7 +619,7 @@ async fn revoked_probe(url: &str, tls: Arc<rustls::ClientConfig>) -> bool {
 }
 
 /// Whether an error's chain holds the TLS alert `certificate_revoked`.
-fn revoked_at_handshake(e: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn revoked_at_handshake(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
     while let Some(c) = cur {
         if let Some(tls) = c.downcast_ref::<rustls::Error>() {

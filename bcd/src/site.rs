@@ -46,6 +46,22 @@ pub enum SiteError {
     Expired { spiffe_id: String },
     #[error("TLS configuration: {0}")]
     Tls(String),
+    #[error(
+        "the gateway refused the certificate of {spiffe_id} at the TLS handshake: the site is revoked \
+         (`better-compute sites revoke`); enroll this host into another site with a new site token"
+    )]
+    Revoked { spiffe_id: String },
+}
+
+impl SiteError {
+    /// The process exit status for this error: [`crate::session::EXIT_REFUSED`] when the control plane refuses the
+    /// site (a service manager should not restart the agent), 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            SiteError::Revoked { .. } => crate::session::EXIT_REFUSED,
+            _ => 1,
+        }
+    }
 }
 
 /// What the agent knows about the boot lease, for logs, status and tests.
@@ -81,6 +97,12 @@ impl Default for SiteAgentOptions {
             cache_max_bytes: crate::artifact_cache::DEFAULT_MAX_BYTES,
         }
     }
+}
+
+/// A check of the gateway's answer that must not hold up the lease loop (its deadline stops DHCP): false when it
+/// takes longer than `within`.
+async fn bounded(within: Duration, check: impl Future<Output = bool>) -> bool {
+    tokio::time::timeout(within, check).await.unwrap_or(false)
 }
 
 /// The agent's mTLS client configuration: its certificate and key, the control plane's trust bundle.
@@ -229,6 +251,22 @@ impl SiteAgent {
                         Ok(Ok(ch)) => {
                             client.insert(v1::site_service_client::SiteServiceClient::new(ch))
                         }
+                        Ok(Err(e))
+                            if bounded(
+                                rpc_timeout,
+                                crate::session::connect_refused_as_revoked(
+                                    &e,
+                                    &identity.gateway_url,
+                                    tls.clone(),
+                                ),
+                            )
+                            .await =>
+                        {
+                            self.stand_by(&table, None);
+                            return Err(SiteError::Revoked {
+                                spiffe_id: identity.spiffe_id.clone(),
+                            });
+                        }
                         Ok(Err(e)) => {
                             wait = backoff.next_delay(rand::random::<f64>()).min(interval);
                             tracing::warn!(error = %crate::join::error_chain(&e), ?wait, "gateway unreachable");
@@ -275,9 +313,33 @@ impl SiteAgent {
             .await;
             let lease = match asked {
                 Ok(Ok(r)) => r.into_inner(),
+                Ok(Err(s))
+                    if bounded(
+                        rpc_timeout,
+                        crate::session::refused_as_revoked(&s, &identity.gateway_url, tls.clone()),
+                    )
+                    .await =>
+                {
+                    self.stand_by(&table, None);
+                    return Err(SiteError::Revoked {
+                        spiffe_id: identity.spiffe_id.clone(),
+                    });
+                }
                 Ok(Err(s)) => {
                     tracing::warn!(code = ?s.code(), error = s.message(), "boot lease request refused");
                     if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) {
+                        client = None;
+                    }
+                    // Refused by the control plane (a revoked site, before the gateway's revocation set caught up):
+                    // serve nothing, and reconnect so the next handshake says whether the site is revoked.
+                    if s.code() == tonic::Code::PermissionDenied {
+                        if deadline.take().is_some() {
+                            tracing::warn!(
+                                site_id = identity.node_id,
+                                "the control plane refused this agent: no longer answering DHCP"
+                            );
+                        }
+                        self.stand_by(&table, None);
                         client = None;
                     }
                     wait = backoff.next_delay(rand::random::<f64>()).min(interval);
@@ -502,25 +564,41 @@ pub async fn fetch_secret_in(
     let state = StateDir::open(state_dir).map_err(SiteError::from)?;
     let identity = site_identity(&state, state_dir)?;
     let tls = tls_of(&state)?;
-    let ch = channel::connect(&identity.gateway_url, tls)
-        .await
-        .map_err(|e| SecretFetchError::Connect {
-            url: identity.gateway_url.clone(),
-            message: crate::join::error_chain(&e),
-        })?;
+    let revoked = || {
+        SecretFetchError::Site(SiteError::Revoked {
+            spiffe_id: identity.spiffe_id.clone(),
+        })
+    };
+    let ch = match channel::connect(&identity.gateway_url, tls.clone()).await {
+        Ok(ch) => ch,
+        Err(e) if crate::session::revoked_at_handshake(&e) => return Err(revoked()),
+        Err(e) => {
+            return Err(SecretFetchError::Connect {
+                url: identity.gateway_url.clone(),
+                message: crate::join::error_chain(&e),
+            });
+        }
+    };
     let key = jwt_simple::prelude::EcdhEsA256KWDecryptionKey::generate();
-    let response = v1::secret_service_client::SecretServiceClient::new(ch)
+    let response = match v1::secret_service_client::SecretServiceClient::new(ch)
         .secret_request(v1::SecretRequestMessage {
             secret_ref: name.to_string(),
             recipient_jwk: key.encryption_key().to_jwk(),
         })
         .await
-        .map_err(|s| SecretFetchError::Refused {
-            name: name.to_string(),
-            code: s.code(),
-            message: s.message().to_string(),
-        })?
-        .into_inner();
+    {
+        Ok(r) => r.into_inner(),
+        Err(s) if crate::session::refused_as_revoked(&s, &identity.gateway_url, tls).await => {
+            return Err(revoked());
+        }
+        Err(s) => {
+            return Err(SecretFetchError::Refused {
+                name: name.to_string(),
+                code: s.code(),
+                message: s.message().to_string(),
+            });
+        }
+    };
     open_secret(&key, &response.jwe, name, &identity.node_id)
 }
 

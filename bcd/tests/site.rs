@@ -1,6 +1,6 @@
 //! Site agents against a real control plane (fresh PostgreSQL, mTLS on loopback): enrollment with `bcst_` site
 //! tokens, the boot lease (one agent answers DHCP, a standby takes over when the holder dies) and the secret broker
-//! (JWE to a per-request key, only for the agent's own site).
+//! (JWE to a per-request key, only for the agent's own site), and revocation of a site (refused at the handshake).
 
 mod common;
 
@@ -1002,5 +1002,156 @@ async fn the_cache_evicts_what_the_table_no_longer_references_when_over_its_cap(
     assert!(wait_machines(&agent, 2, Duration::from_secs(20)).await);
     agent.task.abort();
     agent.services.task.abort();
+    Ok(())
+}
+
+/// A TLS handshake with a site agent's certificate, then the HTTP/2 preface and the gateway's first bytes: what
+/// tells a completed handshake from one refused as revoked (TLS 1.3 delivers the alert after the client finishes).
+async fn handshake(p: &Plane, state: &str) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let addr = p.running.gateway_addr.ok_or("no gateway address")?;
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").map_err(|e| e.to_string())?;
+    let mut tls = tokio_rustls::TlsConnector::from(tls_of(p, state))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let mut buf = [0u8; 16];
+    match tokio::time::timeout(Duration::from_secs(5), tls.read(&mut buf)).await {
+        Ok(Ok(0)) => Err("closed".into()),
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("{e:?}")),
+        Err(_) => Err("no answer within 5 s".into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_site_is_refused_at_the_handshake_and_by_the_broker() -> TestResult {
+    let p = plane().await;
+    let revokee = site_token(&p, "rack-r", 3).await;
+    let other = site_token(&p, "rack-o", 1).await;
+    enroll(&p, "rev-a", &revokee).await?;
+    enroll(&p, "rev-b", &revokee).await?;
+    enroll(&p, "other", &other).await?;
+    let value = r#"{"username":"root","password":"pw"}"#;
+    for site in ["rack-r", "rack-o"] {
+        p.admin
+            .call(
+                "secrets",
+                "put",
+                json!({"site": site, "name": "bmc/1", "value": value}),
+            )
+            .await?;
+    }
+    p.admin
+        .call(
+            "machines",
+            "create",
+            json!({"mac": MAC, "site": "rack-r", "boot": {"kernel": "ramdisk/vmlinuz"}}),
+        )
+        .await?;
+    // Positive controls: the agent fetches its site's secret; a running agent holds the boot lease.
+    let got = bcd::site::fetch_secret(&p.node_config("rev-a"), "bmc/1").await?;
+    assert_eq!(got.as_str(), value);
+    handshake(&p, "rev-a").await.map_err(anyhow::Error::msg)?;
+    let agent = SiteAgent::new(
+        p.node_config("rev-b"),
+        SiteAgentOptions {
+            lease_ttl: Duration::from_secs(3),
+            ..Default::default()
+        },
+    );
+    let view = agent.view();
+    let (table_tx, _table_rx) = watch::channel(Netboot::default());
+    let running = tokio::spawn(async move { agent.run(table_tx, std::future::pending()).await });
+    let mut v = view.clone();
+    tokio::time::timeout(Duration::from_secs(15), v.wait_for(|v| v.serving))
+        .await
+        .map_err(|_| anyhow::anyhow!("the agent did not take the boot lease in 15 s"))??;
+    // A connection opened before the revocation.
+    let ch = bc_proto::channel::connect(&p.running.gateway_url, tls_of(&p, "rev-a")).await?;
+    let ask = |ch: tonic::transport::Channel| async move {
+        v1::secret_service_client::SecretServiceClient::new(ch)
+            .secret_request(v1::SecretRequestMessage {
+                secret_ref: "bmc/1".into(),
+                recipient_jwk: jwt_simple::prelude::EcdhEsA256KWDecryptionKey::generate()
+                    .encryption_key()
+                    .to_jwk(),
+            })
+            .await
+    };
+    ask(ch.clone()).await?;
+
+    // Revoked by another control-plane process (straight in the store: this process's API never saw it).
+    let done = p
+        .store
+        .revoke_site("rack-r", "test/other-process")
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("rack-r not found"))?;
+    assert!(done.newly && done.lease_released, "{done:?}");
+    assert_eq!(done.tokens_revoked, 1, "the token had a use left");
+    // Before the gateway's refresh, the services refuse the open connection's requests.
+    let e = ask(ch)
+        .await
+        .expect_err("a revoked site's request was answered");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("rack-r is revoked"), "{e:?}");
+    // Within the refresh interval (10 s), the handshake is refused.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(12);
+    let refusal = loop {
+        match handshake(&p, "rev-a").await {
+            Err(e) => break e,
+            Ok(()) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Ok(()) => panic!("a revoked site still completes the handshake after 12 s"),
+        }
+    };
+    assert!(refusal.contains("CertificateRevoked"), "{refusal}");
+    // The secret broker is out of reach, and bcd says why.
+    match bcd::site::fetch_secret(&p.node_config("rev-a"), "bmc/1").await {
+        Err(bcd::site::SecretFetchError::Site(e @ bcd::site::SiteError::Revoked { .. })) => {
+            assert_eq!(e.exit_code(), bcd::session::EXIT_REFUSED);
+            assert!(e.to_string().contains("site is revoked"), "{e}");
+        }
+        other => panic!("expected a handshake refusal, got {other:?}"),
+    }
+    // The running agent (`bcd site run`) stops serving and ends with the refusal: exit status 4.
+    let ended = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .map_err(|_| anyhow::anyhow!("the agent still runs 20 s after the revocation"))??;
+    match ended {
+        Err(e @ bcd::site::SiteError::Revoked { .. }) => {
+            assert_eq!(e.exit_code(), bcd::session::EXIT_REFUSED);
+            assert!(
+                e.to_string().contains("spiffe://test.bc/site/rack-r"),
+                "{e}"
+            );
+        }
+        other => panic!("expected the agent to stop as revoked, got {other:?}"),
+    }
+    assert!(!view.borrow().serving);
+    // The last token use enrolls no agent.
+    let e = enroll(&p, "rev-c", &revokee)
+        .await
+        .expect_err("a revoked site enrolled an agent");
+    assert!(e.to_string().contains("revoked"), "{e}");
+
+    // Through the API: idempotent.
+    let again = p
+        .admin
+        .call("sites", "revoke", json!({"site": "rack-r"}))
+        .await?;
+    assert_eq!(again["already_revoked"], true, "{again}");
+
+    // Another site is unaffected.
+    handshake(&p, "other").await.map_err(anyhow::Error::msg)?;
+    let got = bcd::site::fetch_secret(&p.node_config("other"), "bmc/1").await?;
+    assert_eq!(got.as_str(), value);
     Ok(())
 }

@@ -5,7 +5,8 @@
 //! Revocation is checked in the handshake: after the chain verifies, the leaf's SPIFFE ID is looked up in
 //! [`Revocations`], a set the control plane fills at start and keeps current (on its own tick, and at once when a
 //! revoke happens in the same process). A revoked identity gets the `certificate_revoked` alert; the lookup is one
-//! hash probe whatever the number of revoked identities.
+//! hash probe whatever the number of revoked identities. Sessions are never resumed, so every connection, even a
+//! reconnect of a client that held a session before its revocation, passes the check.
 
 use bc_proto::spiffe::SpiffeId;
 use rustls::client::danger::HandshakeSignatureValid;
@@ -158,6 +159,10 @@ pub fn server_config(
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain, key)?;
+    // No session resumption: a resumed TLS 1.3 session skips the client certificate and so the revocation check
+    // (an agent reconnecting with its cached session would outlive its revocation). Every connection verifies.
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
 }

@@ -207,7 +207,7 @@ async fn dispatch(
                 .await
                 .map(Json)
         }
-        ("site-tokens", _) | ("machines", _) | ("secrets", _) => {
+        ("sites", _) | ("site-tokens", _) | ("machines", _) | ("secrets", _) => {
             crate::site_api::dispatch(&state, &principal, &group, &method, body).await
         }
         ("artifacts", "list") => crate::artifacts::list(&state, &principal).await,

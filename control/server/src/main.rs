@@ -100,6 +100,13 @@ enum Command {
         #[command(subcommand)]
         command: NodeCommand,
     },
+    /// Sites (rack agents enrolled with site tokens): revoke.
+    Sites {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: bc_control::site_cli::SiteCommand,
+    },
     /// Site tokens (bcst_… for `bcd site enroll`): create, list, revoke.
     SiteTokens {
         #[command(flatten)]
@@ -430,6 +437,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     println!("revoked {id}");
                 }
             }
+        }
+        Command::Sites { api, command } => {
+            let client = ApiClient::new(&api.api_url, &api.api_key);
+            bc_control::site_cli::sites(&client, command).await?;
         }
         Command::SiteTokens { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);

@@ -459,15 +459,18 @@ impl SessionBackend for ControlSessions {
         since: Option<i64>,
     ) -> BoxFuture<'_, Result<(Vec<SpiffeId>, i64), Status>> {
         Box::pin(async move {
-            let (ids, next) = self
+            let revoked = self
                 .store
-                .revoked_nodes_since(since)
+                .revoked_identities_since(since)
                 .await
                 .map_err(unavailable)?;
-            let ids = ids
-                .iter()
-                .filter_map(|id| SpiffeId::new(&self.trust_domain, Role::Node, id).ok())
+            let nodes = revoked.nodes.iter().map(|id| (Role::Node, id));
+            let sites = revoked.sites.iter().map(|id| (Role::Site, id));
+            let ids = nodes
+                .chain(sites)
+                .filter_map(|(role, id)| SpiffeId::new(&self.trust_domain, role, id).ok())
                 .collect();
+            let next = revoked.watermark_ms;
             Ok((ids, next))
         })
     }

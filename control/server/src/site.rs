@@ -85,6 +85,11 @@ pub(crate) async fn enroll(
                 row.id
             )));
         }
+        EnrollCommit::SiteRevoked { site_id } => {
+            return Err(Status::permission_denied(format!(
+                "site {site_id} has been revoked (`better-compute sites revoke`); its tokens enroll no agent"
+            )));
+        }
     };
     let spiffe = SpiffeId::new(ca.trust_domain(), Role::Site, &site_id)
         .map(|s| s.to_string())
@@ -397,6 +402,30 @@ pub struct BootSpec {
     pub cmdline: String,
 }
 
+impl SiteBackend {
+    /// Refuses agents of a revoked site. The gateways refuse them at the TLS handshake once their revocation set
+    /// is refreshed; this covers requests on a connection opened before that (and the refresh interval itself).
+    async fn admit(&self, agent: &SiteAgent) -> Result<(), Status> {
+        let revoked = self
+            .store
+            .site_revoked(&agent.site_id)
+            .await
+            .map_err(|e| internal("reading the site", &e))?;
+        if revoked {
+            tracing::warn!(
+                site_id = agent.site_id,
+                agent = agent.agent_id,
+                "request of a revoked site refused"
+            );
+            return Err(Status::permission_denied(format!(
+                "site {} is revoked (`better-compute sites revoke`): enroll this host into another site with a new site token",
+                agent.site_id
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl SiteHandler for SiteBackend {
     fn boot_lease(
         &self,
@@ -404,12 +433,18 @@ impl SiteHandler for SiteBackend {
         request: v1::BootLeaseRequest,
     ) -> BoxFuture<'_, Result<v1::BootLeaseResponse, Status>> {
         let agent = agent.clone();
-        Box::pin(async move { self.lease(&agent, request).await })
+        Box::pin(async move {
+            self.admit(&agent).await?;
+            self.lease(&agent, request).await
+        })
     }
 
     fn netboot(&self, agent: &SiteAgent) -> BoxFuture<'_, Result<v1::NetbootResponse, Status>> {
         let agent = agent.clone();
-        Box::pin(async move { self.table(&agent).await })
+        Box::pin(async move {
+            self.admit(&agent).await?;
+            self.table(&agent).await
+        })
     }
 
     fn renew(
@@ -418,7 +453,10 @@ impl SiteHandler for SiteBackend {
         request: v1::RenewRequest,
     ) -> BoxFuture<'_, Result<v1::RenewResponse, Status>> {
         let agent = agent.clone();
-        Box::pin(async move { self.renew_cert(&agent, request).await })
+        Box::pin(async move {
+            self.admit(&agent).await?;
+            self.renew_cert(&agent, request).await
+        })
     }
 
     fn secret(
@@ -427,7 +465,10 @@ impl SiteHandler for SiteBackend {
         request: v1::SecretRequestMessage,
     ) -> BoxFuture<'_, Result<v1::SecretResponse, Status>> {
         let agent = agent.clone();
-        Box::pin(async move { self.secrets.answer(&self.store, &agent, request).await })
+        Box::pin(async move {
+            self.admit(&agent).await?;
+            self.secrets.answer(&self.store, &agent, request).await
+        })
     }
 
     fn artifact(
@@ -436,6 +477,9 @@ impl SiteHandler for SiteBackend {
         request: v1::ArtifactRequest,
     ) -> BoxFuture<'_, Result<ArtifactStream, Status>> {
         let agent = agent.clone();
-        Box::pin(async move { self.artifact_stream(&agent, request).await })
+        Box::pin(async move {
+            self.admit(&agent).await?;
+            self.artifact_stream(&agent, request).await
+        })
     }
 }

@@ -1,4 +1,4 @@
-//! API groups of sites: `site-tokens.create|list|revoke`, `machines.create|list|set-boot`, `secrets.put`. Each
+//! API groups of sites: `sites.revoke`, `site-tokens.create|list|revoke`, `machines.create|list|set-boot`, `secrets.put`. Each
 //! permission is `compute:<group>:<verb>` on scope `site/<id>`.
 
 use crate::api::{ApiError, ApiState, now_ms, parse, require};
@@ -19,6 +19,7 @@ pub(crate) async fn dispatch(
     body: Value,
 ) -> Result<Json<Value>, ApiError> {
     match (group, method) {
+        ("sites", "revoke") => revoke_site(state, p, parse(body)?).await,
         ("site-tokens", "create") => create_token(state, p, parse(body)?).await,
         ("site-tokens", "list") => list_tokens(state, p, parse(body)?).await,
         ("site-tokens", "revoke") => revoke_token(state, p, parse(body)?).await,
@@ -81,6 +82,15 @@ async fn create_token(
         "compute:site-tokens:create",
         &format!("site/{}", req.site),
     )?;
+    if state.store.site_revoked(&req.site).await? {
+        return Err(ApiError::new(
+            "FAILED_PRECONDITION",
+            format!(
+                "site {} is revoked and enrolls no agent: create a token for a new site id",
+                req.site
+            ),
+        ));
+    }
     if !(1..=1000).contains(&req.uses) {
         return Err(ApiError::invalid("uses must be between 1 and 1000"));
     }
@@ -157,6 +167,54 @@ async fn revoke_token(state: &ApiState, p: &Principal, req: ById) -> Result<Json
     )?;
     state.store.revoke_site_token(&req.id, &actor(p)).await?;
     Ok(Json(json!({"id": req.id, "revoked": true})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BySiteId {
+    site: String,
+}
+
+/// Revokes a site: every agent of it is refused (at the TLS handshake once the gateways' revocation sets are
+/// refreshed, and by the site services at once), its unspent tokens are revoked and its boot lease released.
+async fn revoke_site(
+    state: &ApiState,
+    p: &Principal,
+    req: BySiteId,
+) -> Result<Json<Value>, ApiError> {
+    check_site_id(&req.site)?;
+    require(p, "compute:sites:revoke", &format!("site/{}", req.site))?;
+    let done = state
+        .store
+        .revoke_site(&req.site, &actor(p))
+        .await?
+        .ok_or_else(|| {
+            ApiError::new(
+                "NOT_FOUND",
+                format!(
+                    "site {:?} not found: sites are created by `site-tokens create`",
+                    req.site
+                ),
+            )
+        })?;
+    // This process's gateway refuses the site's agents from their next handshake; gateways in other processes read
+    // the revocation on their own interval.
+    if let Some(sessions) = &state.sessions
+        && let Ok(id) = bc_proto::spiffe::SpiffeId::new(
+            state.ca.trust_domain(),
+            bc_proto::spiffe::Role::Site,
+            &req.site,
+        )
+    {
+        sessions.revoke([id]);
+    }
+    Ok(Json(json!({
+        "site": req.site,
+        "revoked": true,
+        "already_revoked": !done.newly,
+        "tokens_revoked": done.tokens_revoked,
+        "lease_released": done.lease_released,
+    })))
 }
 
 /// A MAC in canonical form (lowercase, colons), or an INVALID_ARGUMENT naming the expected form.

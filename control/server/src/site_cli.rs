@@ -1,8 +1,40 @@
-//! Operator commands of sites: `better-compute site-tokens|machines|secrets|artifacts …`, thin calls of the API.
+//! Operator commands of sites: `better-compute sites|site-tokens|machines|secrets|artifacts …`, thin calls of the API.
 
 use crate::client::ApiClient;
 use clap::Subcommand;
 use serde_json::{Value, json};
+
+#[derive(Subcommand)]
+pub enum SiteCommand {
+    /// Revoke a site: every agent of it is refused at the gateways' TLS handshake (within their refresh interval,
+    /// 10 s) and by the site services at once; its unspent tokens are revoked and its boot lease released. Revoking
+    /// again changes nothing.
+    Revoke { site: String },
+}
+
+pub async fn sites(client: &ApiClient, command: SiteCommand) -> anyhow::Result<()> {
+    match command {
+        SiteCommand::Revoke { site } => {
+            let v = client
+                .call("sites", "revoke", json!({"site": site}))
+                .await?;
+            if v["already_revoked"].as_bool().unwrap_or(false) {
+                println!("site {site} was already revoked");
+            } else {
+                println!(
+                    "revoked site {site} ({} unspent token(s) revoked, boot lease {})",
+                    v["tokens_revoked"],
+                    if v["lease_released"].as_bool().unwrap_or(false) {
+                        "released"
+                    } else {
+                        "not held"
+                    }
+                );
+            }
+        }
+    }
+    Ok(())
+}
 
 #[derive(Subcommand)]
 pub enum SiteTokenCommand {

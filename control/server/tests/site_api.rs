@@ -1,5 +1,6 @@
 //! The site API groups against a real PostgreSQL: grants scoped to `site/<id>`, stable codes, MAC canonical form,
-//! a MAC cannot be moved to another site by create, and the `better-compute site-tokens` and `artifacts` CLI.
+//! a MAC cannot be moved to another site by create, and the `better-compute sites`, `site-tokens` and `artifacts`
+//! CLI.
 
 use bc_control::client::{ApiClient, ClientError};
 use bc_control::config::{Roles, ServeConfig};
@@ -338,6 +339,97 @@ async fn site_grants_codes_and_cli() {
                 .await
         ),
         "INVALID_ARGUMENT"
+    );
+
+    // Revoking a site: scoped like the other site methods, NOT_FOUND for an unknown site, idempotent, audited once;
+    // its unspent tokens are revoked and it takes no new token.
+    assert_eq!(
+        code(ops.call("sites", "revoke", json!({"site": "r2"})).await),
+        "ACCESS_DENIED"
+    );
+    assert_eq!(
+        code(
+            ops.call("sites", "revoke", json!({"site": "nowhere"}))
+                .await
+        ),
+        "ACCESS_DENIED"
+    );
+    assert_eq!(
+        code(
+            admin
+                .call("sites", "revoke", json!({"site": "nowhere"}))
+                .await
+        ),
+        "NOT_FOUND"
+    );
+    assert_eq!(
+        code(admin.call("sites", "revoke", json!({"site": "a/b"})).await),
+        "INVALID_ARGUMENT"
+    );
+    let unspent = |site: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .list_site_tokens(Some(site))
+                .await
+                .expect("tokens")
+                .iter()
+                .filter(|t| !t.revoked)
+                .count()
+        }
+    };
+    assert!(unspent("r1").await > 0);
+    let revoke = cli(&["sites", "revoke", "r1"])
+        .env("BC_API_KEY", key.reveal())
+        .output()
+        .await
+        .expect("run cli");
+    let o = String::from_utf8_lossy(&revoke.stdout);
+    assert!(
+        revoke.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoke.stderr)
+    );
+    assert!(o.contains("revoked site r1"), "{o}");
+    assert_eq!(unspent("r1").await, 0);
+    assert!(
+        unspent("r2").await > 0,
+        "another site's tokens are untouched"
+    );
+    let again = cli(&["sites", "revoke", "r1"])
+        .output()
+        .await
+        .expect("run cli");
+    assert!(again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("already revoked"),
+        "{}",
+        String::from_utf8_lossy(&again.stdout)
+    );
+    let events: i64 = bc_store::sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE action = 'site.revoked' AND subject = 'site/r1'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("audit");
+    assert_eq!(events, 1);
+    assert_eq!(
+        code(
+            admin
+                .call("site-tokens", "create", json!({"site": "r1"}))
+                .await
+        ),
+        "FAILED_PRECONDITION"
+    );
+    let missing = cli(&["sites", "revoke", "nowhere"])
+        .output()
+        .await
+        .expect("run cli");
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("not found"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
     );
     running.shutdown().await;
 }

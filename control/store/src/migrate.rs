@@ -57,6 +57,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "command_redelivery",
         sql: include_str!("../migrations/0009_command_redelivery.sql"),
     },
+    Migration {
+        version: 10,
+        name: "site_revocation",
+        sql: include_str!("../migrations/0010_site_revocation.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.

@@ -44,6 +44,15 @@ pub enum JoinCommit {
     },
 }
 
+/// What [`Store::revoked_identities_since`] found: revoked node ids and revoked site ids (each a SPIFFE identity
+/// the gateways refuse at the handshake), and the watermark to pass next time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RevokedIdentities {
+    pub nodes: Vec<String>,
+    pub sites: Vec<String>,
+    pub watermark_ms: i64,
+}
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct NodeRow {
     pub id: String,
@@ -323,21 +332,28 @@ impl Store {
         Ok(())
     }
 
-    /// Nodes revoked since `since_ms` (all revoked nodes when None), and the watermark for the next call (the
-    /// database's clock now). Rows are matched with a minute of overlap, so a revocation whose transaction began
-    /// before the previous read but committed after it is still found. One statement.
-    pub async fn revoked_nodes_since(
+    /// Identities revoked since `since_ms` (all of them when None): nodes and sites, and the watermark for the next
+    /// call (the database's clock now). Rows are matched with a minute of overlap, so a revocation whose transaction
+    /// began before the previous read but committed after it is still found. One statement.
+    pub async fn revoked_identities_since(
         &self,
         since_ms: Option<i64>,
-    ) -> Result<(Vec<String>, i64), StoreError> {
+    ) -> Result<RevokedIdentities, StoreError> {
         let row = sqlx::query(
-            "SELECT (extract(epoch FROM now()) * 1000)::bigint, ARRAY(SELECT id FROM nodes WHERE state = 'revoked' \
-             AND ($1::bigint IS NULL OR updated_at > to_timestamp(($1 - 60000) / 1000.0)))",
+            "SELECT (extract(epoch FROM now()) * 1000)::bigint, \
+             ARRAY(SELECT id FROM nodes WHERE state = 'revoked' \
+                   AND ($1::bigint IS NULL OR updated_at > to_timestamp(($1 - 60000) / 1000.0))), \
+             ARRAY(SELECT id FROM sites WHERE revoked_at IS NOT NULL \
+                   AND ($1::bigint IS NULL OR revoked_at > to_timestamp(($1 - 60000) / 1000.0)))",
         )
         .bind(since_ms)
         .fetch_one(&self.pool)
         .await?;
-        Ok((row.get(1), row.get(0)))
+        Ok(RevokedIdentities {
+            nodes: row.get(1),
+            sites: row.get(2),
+            watermark_ms: row.get(0),
+        })
     }
 
     pub async fn node(&self, id: &str) -> Result<Option<NodeRow>, StoreError> {

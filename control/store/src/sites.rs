@@ -43,6 +43,21 @@ pub enum EnrollCommit {
     Revoked,
     Expired,
     Unknown,
+    /// The token's site was revoked (`sites revoke`): none of its tokens enrolls, not even a replay.
+    SiteRevoked {
+        site_id: String,
+    },
+}
+
+/// What `sites revoke` did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SiteRevocation {
+    /// False when the site was already revoked (nothing changed).
+    pub newly: bool,
+    /// Unspent site tokens revoked now.
+    pub tokens_revoked: u64,
+    /// Whether a boot lease was held and is released now.
+    pub lease_released: bool,
 }
 
 /// The boot lease as one agent sees it after asking.
@@ -171,6 +186,78 @@ impl Store {
         Ok(true)
     }
 
+    /// Revokes a site: marks it revoked, revokes its unspent tokens and releases its boot lease, in one
+    /// transaction under the site's row lock, with an audit event. The gateways then refuse every agent of the site
+    /// (see [`Store::revoked_identities_since`]). Revoking again changes nothing and writes no event. `None` when no
+    /// such site exists.
+    pub async fn revoke_site(
+        &self,
+        site: &str,
+        actor: &str,
+    ) -> Result<Option<SiteRevocation>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let Some(row) =
+            sqlx::query("SELECT revoked_at IS NOT NULL FROM sites WHERE id = $1 FOR UPDATE")
+                .bind(site)
+                .fetch_optional(&mut *tx)
+                .await?
+        else {
+            return Ok(None);
+        };
+        if row.get::<bool, _>(0) {
+            return Ok(Some(SiteRevocation {
+                newly: false,
+                tokens_revoked: 0,
+                lease_released: false,
+            }));
+        }
+        sqlx::query("UPDATE sites SET revoked_at = now() WHERE id = $1")
+            .bind(site)
+            .execute(&mut *tx)
+            .await?;
+        let tokens_revoked = sqlx::query(
+            "UPDATE site_tokens SET revoked_at = now() \
+             WHERE site_id = $1 AND revoked_at IS NULL AND uses_left > 0 AND expires_at > now()",
+        )
+        .bind(site)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let lease_released = sqlx::query(
+            "UPDATE boot_leases SET expires_at = now() - interval '1 millisecond', updated_at = now() \
+             WHERE site_id = $1 AND expires_at > now()",
+        )
+        .bind(site)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            > 0;
+        audit(
+            &mut tx,
+            actor,
+            "site.revoked",
+            &format!("site/{site}"),
+            serde_json::json!({"tokens_revoked": tokens_revoked, "lease_released": lease_released}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Some(SiteRevocation {
+            newly: true,
+            tokens_revoked,
+            lease_released,
+        }))
+    }
+
+    /// Whether `site` exists and is revoked.
+    pub async fn site_revoked(&self, site: &str) -> Result<bool, StoreError> {
+        let revoked: Option<bool> =
+            sqlx::query_scalar("SELECT revoked_at IS NOT NULL FROM sites WHERE id = $1")
+                .bind(site)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(revoked.unwrap_or(false))
+    }
+
     /// Spends one use of site token `token_id` on the agent key `key_hash`, under the token's row lock. A retry
     /// within 10 minutes with a key this token enrolled is a replay (no use spent) whatever the token's state now,
     /// so a crash between commit and the agent storing its certificate never strands it (as for joins).
@@ -183,8 +270,9 @@ impl Store {
     ) -> Result<EnrollCommit, StoreError> {
         let mut tx = self.pool.begin().await?;
         let Some(row) = sqlx::query(
-            "SELECT site_id, uses_left, revoked_at IS NOT NULL, expires_at <= now() FROM site_tokens \
-             WHERE id = $1 FOR UPDATE",
+            "SELECT t.site_id, t.uses_left, t.revoked_at IS NOT NULL, t.expires_at <= now(), \
+                    s.revoked_at IS NOT NULL \
+             FROM site_tokens t JOIN sites s ON s.id = t.site_id WHERE t.id = $1 FOR UPDATE OF t",
         )
         .bind(token_id)
         .fetch_optional(&mut *tx)
@@ -194,6 +282,9 @@ impl Store {
         };
         let (site_id, uses_left, revoked, expired): (String, i32, bool, bool) =
             (row.get(0), row.get(1), row.get(2), row.get(3));
+        if row.get::<bool, _>(4) {
+            return Ok(EnrollCommit::SiteRevoked { site_id });
+        }
         let replay = sqlx::query(
             "UPDATE site_agents SET cert_serial = $3, cert_not_after = $4 \
              WHERE site_id = $1 AND key_hash = $2 AND site_token_id = $5 \

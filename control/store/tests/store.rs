@@ -171,9 +171,10 @@ async fn liveness_rewrites_a_row_only_when_last_seen_moved_and_names_sessions_to
         .expect("liveness");
     assert_eq!(close.len(), 2, "{close:?}");
     // The revocation reaches a reader once, by watermark.
-    let (all, mark) = store.revoked_nodes_since(None).await.expect("revoked");
-    assert_eq!(all, vec!["node-2".to_string()]);
-    assert!(mark > 0);
+    let revoked = store.revoked_identities_since(None).await.expect("revoked");
+    assert_eq!(revoked.nodes, vec!["node-2".to_string()]);
+    assert!(revoked.sites.is_empty(), "{revoked:?}");
+    assert!(revoked.watermark_ms > 0);
 }
 
 /// Command ids `pending_for` hands to the node's session at `epoch`.
