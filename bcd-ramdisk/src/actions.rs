@@ -154,6 +154,9 @@ pub struct StreamView {
 pub struct StreamOptions {
     pub progress_interval: Duration,
     pub on_progress: Box<dyn FnMut(&Progress) + Send>,
+    /// The CAs an `https` image server must chain to (the control plane's trust bundle from join in agent mode,
+    /// plus any the command names). Empty: `https` is refused, never fetched unverified.
+    pub trust: Vec<rustls::pki_types::CertificateDer<'static>>,
 }
 
 impl Default for StreamOptions {
@@ -161,6 +164,7 @@ impl Default for StreamOptions {
         Self {
             progress_interval: Duration::from_secs(1),
             on_progress: Box::new(|_| {}),
+            trust: Vec::new(),
         }
     }
 }
@@ -190,15 +194,22 @@ pub fn stream_with(
     };
     let digest = ExpectedDigest::from_hex(algo, DigestOver::Compressed, hex_digest)
         .map_err(|e| e.to_string())?;
-    if url.scheme() == "https" {
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in &options.trust {
+        roots
+            .add(ca.clone())
+            .map_err(|e| format!("a trusted CA certificate is unusable: {e}"))?;
+    }
+    if url.scheme() == "https" && roots.is_empty() {
         return Err(
-            "https image URLs need the control plane's CA, which arrives with join (not built yet); use http in a lab"
+            "https image URLs need trusted CAs: in agent mode the control plane's (from join) and any `ca_pem` the \
+             command carries; bc.action=stream on the kernel command line fetches http only"
                 .into(),
         );
     }
     let sink = DirectDevice::open(device).map_err(|e| chain(&e))?;
     let policy = FetchPolicy::default();
-    let http = client(rustls::RootCertStore::empty(), &policy).map_err(|e| chain(&e))?;
+    let http = client(roots, &policy).map_err(|e| chain(&e))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

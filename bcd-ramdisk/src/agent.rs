@@ -77,6 +77,8 @@ pub struct RamdiskCommands {
     nvme: Arc<dyn NvmeAdmin + Send + Sync>,
     on_done: OnCommandDone,
     stream_progress_interval: Duration,
+    /// The node's state directory, whose trust bundle (from join) https image servers must chain to.
+    state_dir: Option<PathBuf>,
     /// Staged kexecs waiting for their answer to leave, by command id.
     handovers: std::sync::Mutex<std::collections::HashMap<String, std::sync::mpsc::Sender<()>>>,
 }
@@ -93,8 +95,15 @@ impl RamdiskCommands {
             nvme,
             on_done,
             stream_progress_interval: Duration::from_secs(1),
+            state_dir: None,
             handovers: std::sync::Mutex::default(),
         }
+    }
+
+    /// Trust the CAs of the join's trust bundle in `state_dir` for https image URLs.
+    pub fn with_state_dir(mut self, state_dir: PathBuf) -> Self {
+        self.state_dir = Some(state_dir);
+        self
     }
 
     /// How often a stream reports progress (1 s; the session still sends at most its own rate per command).
@@ -129,9 +138,17 @@ impl RamdiskCommands {
             }
             RamdiskCommand::Stream(args) => {
                 let p = progress.clone();
+                // The bundle is read per command: a renewal or rejoin may have replaced it.
+                let trust = match &self.state_dir {
+                    Some(dir) => bcd::state::StateDir::open(dir)
+                        .and_then(|s| s.trust_bundle())
+                        .map_err(|e| format!("the control plane's trust bundle: {e}"))?,
+                    None => Vec::new(),
+                };
                 let view = commands::stream(
                     &args,
                     self.stream_progress_interval,
+                    trust,
                     Box::new(move |v| p.report(v)),
                 )?;
                 json(commands::STREAM_PAYLOAD_TYPE, &view)
@@ -243,28 +260,31 @@ pub fn run_pid1(params: &RamdiskParams) -> Result<(), String> {
         config_from_params(params, Path::new(STATE_DIR)).map_err(|e| crate::actions::chain(&e))?;
     bc_proto::install_crypto_provider();
     let rt = bc_proto::runtime::build(Some(2)).map_err(|e| format!("starting the runtime: {e}"))?;
-    let hook = Arc::new(RamdiskCommands::new(
-        PathBuf::from("/"),
-        Arc::new(diagnose::RealNvme),
-        Box::new(|kind, id, out| {
-            #[derive(Serialize)]
-            struct Done<'a> {
-                kind: &'a str,
-                id: &'a str,
-                ok: bool,
-                error: Option<&'a str>,
-            }
-            crate::init::report(
-                "command",
-                &Done {
-                    kind,
-                    id,
-                    ok: out.is_ok(),
-                    error: out.as_ref().err().map(String::as_str),
-                },
-            );
-        }),
-    ));
+    let hook = Arc::new(
+        RamdiskCommands::new(
+            PathBuf::from("/"),
+            Arc::new(diagnose::RealNvme),
+            Box::new(|kind, id, out| {
+                #[derive(Serialize)]
+                struct Done<'a> {
+                    kind: &'a str,
+                    id: &'a str,
+                    ok: bool,
+                    error: Option<&'a str>,
+                }
+                crate::init::report(
+                    "command",
+                    &Done {
+                        kind,
+                        id,
+                        ok: out.is_ok(),
+                        error: out.as_ref().err().map(String::as_str),
+                    },
+                );
+            }),
+        )
+        .with_state_dir(config.state_dir.clone()),
+    );
     let result = rt.block_on(run(
         config,
         &token.0,

@@ -96,12 +96,31 @@ impl TryFrom<serde_json::Value> for Disks {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamArgs {
-    /// `http://…` (https needs the control plane's CA, not carried yet).
+    /// `http://…` or `https://…`; https servers must chain to the control plane's CA (from join) or `ca_pem`.
     pub url: String,
     pub sha256: Option<String>,
     pub sha512: Option<String>,
     /// The block device to write (`vda`, `nvme0n1`).
     pub device: String,
+    /// Extra CA certificates (PEM) to trust for this download, e.g. an internal mirror's. The command is signed by
+    /// the control plane's session, so this is the control plane vouching for the mirror.
+    pub ca_pem: Option<String>,
+}
+
+/// The certificates of a PEM text (at least one, at most 16, nothing else but whitespace between them).
+pub fn parse_ca_pem(pem: &str) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    if pem.len() > 256 * 1024 {
+        return Err("larger than 256 KiB".into());
+    }
+    let certs = rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("not PEM certificates: {e}"))?;
+    match certs.len() {
+        0 => Err("no CERTIFICATE block".into()),
+        n if n > 16 => Err(format!("{n} certificates; at most 16")),
+        _ => Ok(certs),
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -183,14 +202,14 @@ pub fn parse(kind: &str, args: &[u8]) -> Result<RamdiskCommand, String> {
             let a: StreamArgs = de(kind, args)?;
             let bad = |field: &str, why: String| format!("{kind} arguments: {field}: {why}");
             let url = reqwest::Url::parse(&a.url).map_err(|e| bad("url", e.to_string()))?;
-            if url.scheme() != "http" {
+            if !matches!(url.scheme(), "http" | "https") {
                 return Err(bad(
                     "url",
-                    format!(
-                        "scheme {:?}: only http is supported (https needs the control plane's CA, not carried yet)",
-                        url.scheme()
-                    ),
+                    format!("scheme {:?}: only http and https", url.scheme()),
                 ));
+            }
+            if let Some(pem) = &a.ca_pem {
+                parse_ca_pem(pem).map_err(|e| bad("ca_pem", e))?;
             }
             match (&a.sha256, &a.sha512) {
                 (Some(h), None) => {
@@ -314,6 +333,7 @@ pub fn wipe(
 pub fn stream(
     args: &StreamArgs,
     interval: Duration,
+    trust: Vec<rustls::pki_types::CertificateDer<'static>>,
     progress: Box<dyn Fn(serde_json::Value) + Send>,
 ) -> Result<actions::StreamView, String> {
     let caps = crate::wipe::probe_device(&args.device)
@@ -331,7 +351,12 @@ pub fn stream(
         (None, None) => return Err("no digest".into()),
     };
     let device = Path::new("/dev").join(&args.device);
+    let mut trust = trust;
+    if let Some(pem) = &args.ca_pem {
+        trust.extend(parse_ca_pem(pem).map_err(|e| format!("ca_pem: {e}"))?);
+    }
     let options = StreamOptions {
+        trust,
         progress_interval: interval,
         on_progress: Box::new(move |p| {
             progress(serde_json::json!({

@@ -5,7 +5,8 @@
 //! - (with a loop device) wipes it on a command an operator queued through the HTTP API, with signed evidence, and
 //!   the device reads back as zeros; then streams a zstd image from a slow local HTTP server onto it, with progress
 //!   stored while it runs, and answers a `ramdisk.diagnose` queued meanwhile before the stream ends (commands run
-//!   concurrently);
+//!   concurrently); then streams over https: refused from a server the node does not trust (the join's bundle holds
+//!   only the control plane's CA), written from one whose CA the command carries in `ca_pem`;
 //! - the API refuses a caller without the grant.
 
 #[path = "../../bcd/tests/common/mod.rs"]
@@ -224,6 +225,58 @@ fn slow_server(body: Vec<u8>, bytes_per_s: usize) -> String {
     url
 }
 
+/// Serves `body` over HTTPS on 127.0.0.1 with a fresh self-signed certificate; returns the URL and the
+/// certificate's PEM (the CA a client must trust).
+fn tls_server(body: Vec<u8>) -> (String, String) {
+    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])
+        .expect("self-signed cert");
+    let pem = certified.cert.pem();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
+    let config = Arc::new(
+        rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![certified.cert.der().clone()], key)
+        .expect("server config"),
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("https://{}/image.zst", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(tcp) = stream else { return };
+            let Ok(conn) = rustls::ServerConnection::new(config.clone()) else {
+                continue;
+            };
+            let mut tls = rustls::StreamOwned::new(conn, tcp);
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            // A client that refuses the certificate ends the handshake here: read fails, next connection.
+            while !head.ends_with(b"\r\n\r\n") {
+                match std::io::Read::read(&mut tls, &mut byte) {
+                    Ok(1) => head.push(byte[0]),
+                    _ => break,
+                }
+            }
+            if !head.ends_with(b"\r\n\r\n") {
+                continue;
+            }
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nETag: \"v1\"\r\nAccept-Ranges: bytes\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = tls.write_all(response.as_bytes());
+            let _ = tls.write_all(&body);
+            let _ = tls.flush();
+            tls.conn.send_close_notify();
+            let _ = tls.flush();
+        }
+    });
+    (url, pem)
+}
+
 fn code(r: Result<Value, ClientError>) -> String {
     match r {
         Ok(v) => format!("OK {v}"),
@@ -247,7 +300,8 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
             Arc::new(bcd_ramdisk::diagnose::RealNvme),
             Box::new(|kind, id, out| println!("command {kind} {id}: ok={}", out.is_ok())),
         )
-        .with_stream_progress_interval(Duration::from_millis(200)),
+        .with_stream_progress_interval(Duration::from_millis(200))
+        .with_state_dir(config.state_dir.clone()),
     );
     let (joined_tx, joined_rx) = tokio::sync::oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -482,6 +536,52 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
     assert!(
         lo.read(image.len() as u64) == image,
         "the device holds the image"
+    );
+
+    // https: a server chained to nothing the node trusts is refused (nothing is written), the same server is
+    // trusted once the command carries its CA, and a `ca_pem` that is not PEM is refused naming the field.
+    let image = noise(1 << 20, 13);
+    let compressed = zstd::encode_all(image.as_slice(), 1)?;
+    let sha = hex::encode(bc_proto::sha256(&compressed));
+    let (url, ca_pem) = tls_server(compressed);
+    let row = run_command(
+        &p,
+        &node,
+        "c-https-untrusted",
+        STREAM_KIND,
+        json!({"url": url, "sha256": sha, "device": dev}),
+    )
+    .await;
+    let e = error_of(&row);
+    assert!(
+        e.to_lowercase().contains("certificate") || e.contains("UnknownIssuer"),
+        "an untrusted https server is refused for its certificate: {e}"
+    );
+    let row = run_command(
+        &p,
+        &node,
+        "c-https-bad-ca",
+        STREAM_KIND,
+        json!({"url": url, "sha256": sha, "device": dev, "ca_pem": "not a certificate"}),
+    )
+    .await;
+    let e = error_of(&row);
+    assert!(e.contains("ca_pem"), "{e}");
+    let row = run_command(
+        &p,
+        &node,
+        "c-https",
+        STREAM_KIND,
+        json!({"url": url, "sha256": sha, "device": dev, "ca_pem": ca_pem}),
+    )
+    .await;
+    assert_eq!(row.0, "done", "{row:?}");
+    let result = row.1.clone().expect("result");
+    assert!(result.get("error").is_none(), "{result}");
+    assert_eq!(result["digest"], sha.as_str(), "{result}");
+    assert!(
+        lo.read(image.len() as u64) == image,
+        "the device holds the https image"
     );
 
     let _ = stop_tx.send(());

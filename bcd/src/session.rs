@@ -572,6 +572,8 @@ fn is_transport(s: &tonic::Status) -> bool {
 /// Whether the failure `s` of the first call on a fresh connection is the gateway refusing this certificate at the
 /// TLS handshake as revoked (TLS 1.3 reports a refused client certificate only after the handshake, so the call
 /// fails as a transport error; one more handshake, read by hand, tells a revocation from a network failure).
+/// Used by the site agent (feature `site`).
+#[cfg_attr(not(feature = "site"), allow(dead_code))]
 pub(crate) async fn refused_as_revoked(
     s: &tonic::Status,
     url: &str,
@@ -582,6 +584,7 @@ pub(crate) async fn refused_as_revoked(
 
 /// Whether a failed connection attempt (`e`) was the gateway refusing this certificate at the TLS handshake as
 /// revoked: the alert in the error's chain, or else in the answer to one more handshake read by hand.
+#[cfg_attr(not(feature = "site"), allow(dead_code))]
 pub(crate) fn connect_refused_as_revoked<'a>(
     e: &(dyn std::error::Error + 'static),
     url: &'a str,
