@@ -25,7 +25,8 @@ struct Overrides {
     gateway_url: Option<String>,
     #[arg(long)]
     ca_pin: Option<String>,
-    #[arg(long)]
+    /// JoinService's HPKE public key (base64url). It may begin with `-`, so a value is taken as given.
+    #[arg(long, allow_hyphen_values = true)]
     join_public_key: Option<String>,
     /// nvml, none, or fixture:<path>.
     #[arg(long)]
@@ -620,4 +621,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_join_key_that_begins_with_a_hyphen_is_taken_as_the_value() {
+        // base64url keys begin with '-' one time in 64; clap took them for a flag (a CI run failed on one).
+        for argv in [
+            vec!["bcd", "run", "--join-public-key", "-Tk0x"],
+            vec!["bcd", "join", "--join-public-key", "-Tk0x", "bcjt_x.y"],
+        ] {
+            let cli = Cli::try_parse_from(&argv);
+            assert!(
+                cli.is_ok(),
+                "{argv:?}: {:?}",
+                cli.err().map(|e| e.to_string())
+            );
+        }
+    }
 }
