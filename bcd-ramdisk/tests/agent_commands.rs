@@ -11,11 +11,9 @@
 
 #[path = "../../bcd/tests/common/mod.rs"]
 mod common;
+mod loopback;
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,9 +21,8 @@ use bc_control::client::{ApiClient, ClientError};
 use bcd_ramdisk::agent::{
     self, DIAGNOSE_KIND, KEXEC_KIND, RamdiskCommands, STREAM_KIND, WIPE_KIND,
 };
-use bcd_ramdisk::os::{AlignedBuf, DirectDevice};
-use bcd_ramdisk::stream::BlockSink as _;
 use common::{Options, TestResult, plane_with};
+use loopback::Loop;
 use serde_json::{Value, json};
 
 /// (state, result, error, envelope, progress).
@@ -104,78 +101,6 @@ fn error_of(row: &Row) -> String {
 }
 
 // === loop device and HTTP server ===
-
-const LOOP_SIZE: u64 = 64 << 20;
-
-/// An attached loop device, detached on drop (also when the test panics).
-struct Loop {
-    dev: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Loop {
-    fn attach(fill: &[u8]) -> Result<Self, String> {
-        let uid = std::fs::metadata("/proc/self")
-            .map(|m| m.uid())
-            .map_err(|e| format!("no /proc: {e}"))?;
-        if uid != 0 {
-            return Err(format!("not root (uid {uid})"));
-        }
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let backing = dir.path().join("disk.img");
-        let mut f = std::fs::File::create(&backing).map_err(|e| e.to_string())?;
-        f.set_len(LOOP_SIZE).map_err(|e| e.to_string())?;
-        f.write_all(fill).map_err(|e| e.to_string())?;
-        f.sync_all().map_err(|e| e.to_string())?;
-        let out = Command::new("losetup")
-            .args(["-f", "--show"])
-            .arg(&backing)
-            .output()
-            .map_err(|e| format!("losetup not runnable: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "losetup failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        Ok(Self { dev, _dir: dir })
-    }
-
-    fn name(&self) -> String {
-        self.dev
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    }
-
-    fn read(&self, len: u64) -> Vec<u8> {
-        let mut dev = DirectDevice::open(&self.dev).expect("open O_DIRECT");
-        let mut out = Vec::with_capacity(len as usize);
-        let mut buf = AlignedBuf::new(1 << 20);
-        while (out.len() as u64) < len {
-            let n = dev
-                .read_at(buf.as_mut_slice(), out.len() as u64)
-                .expect("O_DIRECT read");
-            assert!(n > 0, "device ended early");
-            out.extend_from_slice(&buf.as_slice()[..n]);
-        }
-        out.truncate(len as usize);
-        out
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        match Command::new("losetup").arg("-d").arg(&self.dev).status() {
-            Ok(s) if s.success() => {}
-            other => eprintln!(
-                "WARNING: detaching {} failed: {other:?}",
-                self.dev.display()
-            ),
-        }
-    }
-}
 
 /// Pseudo-random bytes, none of them zero (incompressible: the compressed image is about as large).
 fn noise(len: usize, seed: u64) -> Vec<u8> {
@@ -438,7 +363,7 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
     );
 
     // Real block devices from here on.
-    let lo = match Loop::attach(&noise(8 << 20, 7)) {
+    let lo = match Loop::attach(Some(&noise(8 << 20, 7))) {
         Ok(l) => l,
         Err(why) => {
             println!("SKIP: ramdisk.wipe and ramdisk.stream on a loop device: {why}");
@@ -467,7 +392,7 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
         bcd_ramdisk::commands::WIPE_PAYLOAD_TYPE
     );
     assert!(
-        lo.read(LOOP_SIZE).iter().all(|&b| b == 0),
+        lo.read(loopback::SIZE).iter().all(|&b| b == 0),
         "the wiped loop device still holds data"
     );
     let got = p

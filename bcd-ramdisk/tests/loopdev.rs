@@ -1,9 +1,7 @@
 //! Real block devices: loop devices over sparse files in a temp dir. Each test skips with a printed reason when it
 //! cannot attach a loop device (not root, no loop driver, no losetup); the device is always detached by a guard.
 
-use std::io::Write;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use bcd_ramdisk::os::{AlignedBuf, DirectDevice};
@@ -14,67 +12,8 @@ use bcd_ramdisk::wipe::{
     AttemptResult, WipeMethod, WipeOutcome, WipePolicy, execute, plan, plan_with, probe_sysfs,
 };
 
-const SIZE: u64 = 64 << 20;
-
-/// An attached loop device, detached on drop (also when the test panics).
-struct Loop {
-    dev: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Loop {
-    /// Attach a sparse file filled with `fill` (if any), or say why not.
-    fn attach(fill: Option<&[u8]>) -> Result<Self, String> {
-        let uid = std::fs::metadata("/proc/self")
-            .map(|m| m.uid())
-            .map_err(|e| format!("no /proc: {e}"))?;
-        if uid != 0 {
-            return Err(format!("not root (uid {uid})"));
-        }
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let backing = dir.path().join("disk.img");
-        let mut f = std::fs::File::create(&backing).map_err(|e| e.to_string())?;
-        f.set_len(SIZE).map_err(|e| e.to_string())?;
-        if let Some(data) = fill {
-            f.write_all(data).map_err(|e| e.to_string())?;
-        }
-        f.sync_all().map_err(|e| e.to_string())?;
-        let out = Command::new("losetup")
-            .args(["-f", "--show"])
-            .arg(&backing)
-            .output()
-            .map_err(|e| format!("losetup not runnable: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "losetup failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        Ok(Self { dev, _dir: dir })
-    }
-
-    fn sysfs(&self) -> PathBuf {
-        let name = self
-            .dev
-            .file_name()
-            .map(|n| n.to_os_string())
-            .unwrap_or_default();
-        Path::new("/sys/class/block").join(name)
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        match Command::new("losetup").arg("-d").arg(&self.dev).status() {
-            Ok(s) if s.success() => {}
-            other => eprintln!(
-                "WARNING: detaching {} failed: {other:?}",
-                self.dev.display()
-            ),
-        }
-    }
-}
+mod loopback;
+use loopback::{Loop, SIZE};
 
 macro_rules! attach_or_skip {
     ($fill:expr) => {
