@@ -1,7 +1,10 @@
 //! The connection to one BMC: TLS, authentication (a Redfish session with logout, or Basic when the BMC has no
 //! session to give), the per-BMC concurrency limit, and the retry budget for "busy" answers (409, 429, 503 and
-//! busy message ids) with capped exponential backoff and jitter, honouring `Retry-After`.
+//! busy message ids) with capped exponential backoff and jitter, honouring `Retry-After`. Documents are decoded
+//! leniently ([`super::decode`]); collections are read to their last page ([`super::listing`]), with `$expand`
+//! where the service advertises it.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,8 +15,10 @@ use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
 use super::credentials::Credentials;
+use super::decode::{self, DecodeError, FieldWarning};
 use super::error::RedfishError;
-use super::models::{Collection, ErrorBody, Manager, ServiceRoot};
+use super::listing::{Listed, Listing};
+use super::models::{Collection, ErrorBody, Manager, Member, ServiceRoot};
 use super::quirks::{self, BASE_BUSY_IDS, BmcIdentity, Quirks};
 use super::tls::{TlsTrust, client_config};
 
@@ -67,6 +72,8 @@ pub struct BmcOptions {
     pub power_apply_time: Option<Duration>,
     /// Between read-backs.
     pub poll_interval: Duration,
+    /// Read collections with `$expand` when the service root advertises it (`ProtocolFeaturesSupported`).
+    pub use_expand: bool,
 }
 
 impl Default for BmcOptions {
@@ -81,6 +88,7 @@ impl Default for BmcOptions {
             boot_readback: Duration::from_secs(5),
             power_apply_time: None,
             poll_interval: Duration::from_secs(1),
+            use_expand: true,
         }
     }
 }
@@ -138,6 +146,42 @@ pub struct Bmc {
     quirks: &'static Quirks,
     /// Why Basic auth is used, when a session was tried and failed.
     basic_reason: Option<String>,
+    /// The `$expand` query for collections, when the service advertises one and it was not refused.
+    expand: Option<&'static str>,
+    expand_refused: AtomicBool,
+    /// The identity mark that selected the quirks.
+    recognised_by: Option<String>,
+    /// HTTP requests sent (every attempt, logins and logouts included).
+    requests: AtomicU64,
+}
+
+/// A decoded resource with its ETag and the properties that needed repair.
+#[derive(Debug, Clone)]
+pub struct Fetched<T> {
+    pub value: T,
+    pub etag: Option<String>,
+    pub warnings: Vec<FieldWarning>,
+    pub raw: Value,
+}
+
+/// The `$expand` form to use, from `ProtocolFeaturesSupported.ExpandQuery`: one level of the members, without the
+/// `Links` section (`.`), or everything (`*`) where only that is offered.
+fn expand_query(root: &ServiceRoot) -> Option<&'static str> {
+    let q = root.protocol_features_supported.as_ref()?.expand_query.as_ref()?;
+    let levels = q.levels == Some(true);
+    match (q.no_links == Some(true), q.expand_all == Some(true), levels) {
+        (true, _, true) => Some("$expand=.($levels=1)"),
+        (true, _, false) => Some("$expand=."),
+        (false, true, true) => Some("$expand=*($levels=1)"),
+        (false, true, false) => Some("$expand=*"),
+        _ => None,
+    }
+}
+
+/// A login refusal that means "no session left to give" rather than "who are you".
+fn out_of_sessions(reply: &Reply) -> bool {
+    matches!(reply.status.as_u16(), 429 | 503)
+        || reply.has_message_id(&["SessionLimitExceeded", "ServiceTemporarilyUnavailable"])
 }
 
 /// The rustls error inside a failed request, when the TLS handshake was refused (a wrong pin, an unknown CA):
@@ -238,9 +282,16 @@ impl Bmc {
             identity: BmcIdentity::default(),
             quirks: &quirks::GENERIC,
             basic_reason: None,
+            expand: None,
+            expand_refused: AtomicBool::new(false),
+            recognised_by: None,
+            requests: AtomicU64::new(0),
         };
         // The service root is readable without authentication (DSP0266); Basic is sent anyway, which BMCs ignore.
         let (root, _) = bmc.get::<ServiceRoot>("/redfish/v1").await?;
+        if bmc.opts.use_expand {
+            bmc.expand = expand_query(&root);
+        }
         bmc.root = root;
         bmc.login().await?;
         bmc.identify().await;
@@ -276,6 +327,17 @@ impl Bmc {
     /// Why Basic is in use when a session was tried first.
     pub fn basic_reason(&self) -> Option<&str> {
         self.basic_reason.as_deref()
+    }
+
+    /// HTTP requests sent to the BMC so far (every attempt, login and logout included).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// The `$expand` query used for collections, if any.
+    pub fn expand(&self) -> Option<&'static str> {
+        self.expand
+            .filter(|_| !self.expand_refused.load(Ordering::Relaxed))
     }
 
     fn sessions_path(&self) -> Option<String> {
@@ -359,11 +421,23 @@ impl Bmc {
             .send_raw(Method::GET, &probe, None, None, false)
             .await?;
         match reply.status.as_u16() {
-            401 | 403 if failed_login.is_some() => Err(RedfishError::NoSession {
+            // Out of sessions, and Basic refused too: both said.
+            401 | 403 if failed_login.is_some_and(out_of_sessions) => Err(RedfishError::NoSession {
                 url,
                 status,
                 message,
                 basic: format!("was rejected too (HTTP {})", reply.status.as_u16()),
+            }),
+            // The login failed for another reason (a 400 or 500 for a wrong password, a read-only service) and
+            // Basic with the same credentials is refused: the credentials are what is wrong.
+            401 | 403 if failed_login.is_some() => Err(RedfishError::AuthRejected {
+                url,
+                status: reply.status.as_u16(),
+                message: Some(format!(
+                    "the session login answered HTTP {status}{}, and Basic auth with the same credentials HTTP {}",
+                    message.map(|m| format!(" ({m})")).unwrap_or_default(),
+                    reply.status.as_u16()
+                )),
             }),
             401 | 403 => Err(RedfishError::AuthRejected {
                 url: self.url(&probe),
@@ -379,24 +453,41 @@ impl Bmc {
         }
     }
 
-    /// Best-effort identification for the quirk table: never fails the connection.
+    /// Best-effort identification for the quirk table from every mark the BMC leaves: the service root's `Vendor`,
+    /// `Product`, `Oem` keys and UUID (BMCs older than `Vendor` write their own MAC there), and the first manager's
+    /// `Manufacturer`, `Model` and `Oem` keys. Never fails the connection.
     async fn identify(&mut self) {
-        let mut parts: Vec<String> = Vec::new();
-        parts.extend(self.root.vendor.clone());
-        parts.extend(self.root.product.clone());
+        let mut marks: Vec<(&'static str, String)> = Vec::new();
+        marks.extend(self.root.vendor.clone().map(|v| ("Vendor", v)));
+        marks.extend(self.root.product.clone().map(|v| ("Product", v)));
         if let Some(Value::Object(oem)) = &self.root.oem {
-            parts.extend(oem.keys().cloned());
+            marks.extend(oem.keys().map(|k| ("Oem key", k.clone())));
         }
+        marks.extend(self.root.uuid.clone().map(|u| ("UUID", u)));
         if let Some(managers) = self.root.managers.clone()
             && let Ok((collection, _)) = self.get::<Collection>(&managers.odata_id).await
             && let Some(first) = collection.members.first()
             && let Ok((manager, _)) = self.get::<Manager>(&first.odata_id).await
         {
-            parts.extend(manager.manufacturer);
-            parts.extend(manager.model);
+            marks.extend(manager.manufacturer.map(|v| ("Manager Manufacturer", v)));
+            marks.extend(manager.model.map(|v| ("Manager Model", v)));
+            if let Some(Value::Object(oem)) = &manager.oem {
+                marks.extend(oem.keys().map(|k| ("Manager Oem key", k.clone())));
+            }
         }
-        self.identity = BmcIdentity::new(parts.iter().map(String::as_str));
-        self.quirks = quirks::lookup(&self.identity);
+        self.identity = BmcIdentity::from_marks(marks);
+        let (q, mark) = quirks::recognise(&self.identity);
+        self.quirks = q;
+        self.recognised_by = mark;
+    }
+
+    /// The vendor as the BMC states it (`Vendor`), else as recognised and by which mark, else `not stated`.
+    pub fn vendor_line(&self) -> String {
+        match (&self.root.vendor, &self.recognised_by) {
+            (Some(v), _) if !v.trim().is_empty() => v.clone(),
+            (_, Some(mark)) => format!("{} (no Vendor; recognised by {mark})", self.quirks.vendor),
+            _ => "not stated".into(),
+        }
     }
 
     pub(crate) fn url(&self, path: &str) -> String {
@@ -437,6 +528,7 @@ impl Bmc {
         if let Some(body) = body {
             req = req.json(body);
         }
+        self.requests.fetch_add(1, Ordering::Relaxed);
         let resp = req
             .send()
             .await
@@ -576,32 +668,119 @@ impl Bmc {
         }
     }
 
-    /// GET and decode; also returns the ETag (header, else `@odata.etag`).
+    /// GET and decode leniently; also returns the ETag (header, else `@odata.etag`). Repaired properties are
+    /// logged; [`Bmc::fetch`] returns them.
     pub async fn get<T: DeserializeOwned>(
         &self,
         path: &str,
     ) -> Result<(T, Option<String>), RedfishError> {
+        let f = self.fetch::<T>(path).await?;
+        for w in &f.warnings {
+            warn!(bmc = %self.base, path, warning = %w, "odd property in a BMC document");
+        }
+        Ok((f.value, f.etag))
+    }
+
+    /// GET and decode leniently, with the repairs the document needed.
+    pub async fn fetch<T: DeserializeOwned>(&self, path: &str) -> Result<Fetched<T>, RedfishError> {
         let reply = self.send(Method::GET, path, None, None, &[]).await?;
         let reply = self.expect_ok(Method::GET, path, reply)?;
-        let value: T =
-            serde_json::from_slice(&reply.body).map_err(|source| RedfishError::Decode {
+        let d = decode::decode::<T>(&reply.body).map_err(|e| self.decode_error::<T>(path, e))?;
+        let etag = reply.etag.clone().or_else(|| {
+            d.raw
+                .get("@odata.etag")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        });
+        Ok(Fetched {
+            value: d.value,
+            etag,
+            warnings: d.warnings,
+            raw: d.raw,
+        })
+    }
+
+    pub(crate) fn decode_error<T>(&self, path: &str, e: DecodeError) -> RedfishError {
+        match e {
+            DecodeError::ErrorBody(message) => RedfishError::ErrorBody {
+                url: self.url(path),
+                message,
+            },
+            source => RedfishError::Decode {
                 url: self.url(path),
                 what: std::any::type_name::<T>()
                     .rsplit("::")
                     .next()
                     .unwrap_or("resource"),
                 source,
-            })?;
-        let etag = reply.etag.clone().or_else(|| {
-            serde_json::from_slice::<Value>(&reply.body)
-                .ok()
-                .and_then(|v| {
-                    v.get("@odata.etag")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                })
-        });
-        Ok((value, etag))
+            },
+        }
+    }
+
+    /// Every member of a collection, all pages (`Members@odata.nextLink`), with `$expand` where the service offers
+    /// it. Fails only when the first page cannot be read; a later page that fails leaves the list incomplete
+    /// (`Listed::complete`), with a warning.
+    pub async fn list(&self, collection: &str) -> Result<Listed, RedfishError> {
+        let mut listing = Listing::new(collection);
+        let first = match self.expand() {
+            Some(q) => {
+                let sep = if collection.contains('?') { '&' } else { '?' };
+                let expanded = format!("{collection}{sep}{q}");
+                match self.fetch::<Collection>(&expanded).await {
+                    Ok(page) => Some((expanded, page)),
+                    // A service that advertises $expand but refuses it: read without, from now on.
+                    Err(e) if e.status().is_some_and(|s| (400..500).contains(&s) || s == 501) => {
+                        warn!(bmc = %self.base, collection, error = %e, "$expand refused; reading collections without it");
+                        self.expand_refused.store(true, Ordering::Relaxed);
+                        None
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            None => None,
+        };
+        let (mut page_path, mut page) = match first {
+            Some(p) => p,
+            None => (collection.to_owned(), self.fetch::<Collection>(collection).await?),
+        };
+        loop {
+            let Some(next) = listing.page(&page_path, page.value, &page.warnings) else {
+                break;
+            };
+            match self.fetch::<Collection>(&next).await {
+                Ok(p) => {
+                    page_path = next;
+                    page = p;
+                }
+                Err(e) => {
+                    listing.failed(&next, &e.to_string());
+                    break;
+                }
+            }
+        }
+        Ok(listing.into_listed())
+    }
+
+    /// One member: the inlined body when `$expand` gave it, else a GET.
+    pub async fn member<T: DeserializeOwned>(&self, m: &Member) -> Result<Fetched<T>, RedfishError> {
+        if m.is_expanded() {
+            let mut body = m.body.clone();
+            body.insert("@odata.id".into(), Value::String(m.odata_id.clone()));
+            let d = decode::decode_value::<T>(Value::Object(body))
+                .map_err(|e| self.decode_error::<T>(&m.odata_id, e))?;
+            let etag = d
+                .raw
+                .get("@odata.etag")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            return Ok(Fetched {
+                value: d.value,
+                etag,
+                warnings: d.warnings,
+                raw: d.raw,
+            });
+        }
+        self.fetch::<T>(&m.odata_id).await
     }
 
     /// Turns a non-2xx reply into the operator-facing error.
@@ -643,6 +822,7 @@ impl Bmc {
             return Ok(());
         };
         let url = self.url(&location);
+        self.requests.fetch_add(1, Ordering::Relaxed);
         let resp = self
             .http
             .delete(&url)

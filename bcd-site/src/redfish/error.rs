@@ -92,15 +92,54 @@ pub enum RedfishError {
         basic: String,
     },
 
-    #[error("{url}: the BMC answered with undecodable {what}")]
+    #[error("{url}: the BMC answered with an undecodable {what}")]
     Decode {
         url: String,
         what: &'static str,
         #[source]
-        source: serde_json::Error,
+        source: super::decode::DecodeError,
     },
 
-    #[error("{what} not found on the BMC at {url}")]
+    /// A 2xx answer whose body is a Redfish error (`{"error": …}`), not the resource.
+    #[error("{url}: the BMC answered with an error instead of the resource: {message}")]
+    ErrorBody { url: String, message: String },
+
+    #[error(
+        "{url}: the BMC has {} systems ({}); name one with --system <Id or @odata.id>",
+        ids.len(),
+        ids.join(", ")
+    )]
+    SeveralSystems { url: String, ids: Vec<String> },
+
+    #[error(
+        "{url}: the systems could not all be listed ({why}); refusing to pick a system from an incomplete list: name one with --system <Id or @odata.id>"
+    )]
+    SystemsIncomplete { url: String, why: String },
+
+    #[error(
+        "{url}: the BMC lists no system with Id or @odata.id {wanted:?} (it has: {})",
+        have.join(", ")
+    )]
+    NoSuchSystem {
+        url: String,
+        wanted: String,
+        have: Vec<String>,
+    },
+
+    #[error(
+        "{system}: the system exposes no {what}, so the BMC cannot take a one-time boot override there; nothing was sent"
+    )]
+    NoBootOverride { system: String, what: &'static str },
+
+    #[error(
+        "{system}: the system advertises no #ComputerSystem.Reset action; the power action {action} was not sent"
+    )]
+    NoResetAction { system: String, action: String },
+
+    #[error("interrupted: the operation was stopped before it finished ({state})")]
+    Interrupted { state: String },
+
+    #[error("{url}: not found on the BMC (HTTP 404 for {what})")]
     NotFound { url: String, what: String },
 
     #[error(
@@ -155,6 +194,7 @@ impl RedfishError {
             | RedfishError::Busy { status, .. }
             | RedfishError::AuthRejected { status, .. }
             | RedfishError::NoSession { status, .. } => Some(*status),
+            RedfishError::NotFound { .. } => Some(404),
             _ => None,
         }
     }

@@ -11,19 +11,97 @@
 
 mod client;
 mod credentials;
+pub mod decode;
 mod error;
 mod inventory;
+pub mod listing;
 pub mod models;
 mod ops;
 pub mod quirks;
+mod summary;
 pub mod tls;
 
-pub use client::{Bmc, BmcOptions, RetryPolicy};
+pub use client::{Bmc, BmcOptions, Fetched, RetryPolicy};
 pub use credentials::{Credentials, CredentialsFormatError, SECRET_FORMAT};
 pub use error::{ObservedBoot, RedfishError};
-pub use inventory::{Inventory, SystemInventory};
+pub use inventory::{Gpu, Inventory, OtherInterface, SystemInventory, valid_mac};
 pub use ops::{BootOverride, BootTarget, PowerAction, PowerOutcome};
 pub use tls::TlsTrust;
+
+/// What one call does once connected.
+#[derive(Debug, Clone, Copy)]
+pub enum Operation {
+    Inspect,
+    Power(PowerAction),
+    BootOnce(BootTarget),
+}
+
+/// How one call ended.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Inventory(Box<Inventory>),
+    Power(PowerOutcome),
+    Boot(BootOverride),
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Inventory(inv) => write!(f, "{inv}"),
+            Outcome::Power(p) => writeln!(f, "{p}"),
+            Outcome::Boot(b) => writeln!(f, "{b}"),
+        }
+    }
+}
+
+/// How long a login already under way may finish after an interrupt, so that its session can be logged out.
+const LOGIN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Connects, carries out `op` on `system` (or the only system), logs out. When `shutdown` completes first (SIGINT,
+/// SIGTERM), the operation is dropped, the session is logged out all the same and the result is
+/// [`RedfishError::Interrupted`]; a login under way gets [`LOGIN_GRACE`] to finish so its session can be closed.
+pub async fn run(
+    url: &str,
+    creds: Credentials,
+    opts: BmcOptions,
+    system: Option<&str>,
+    op: Operation,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<Outcome, RedfishError> {
+    tokio::pin!(shutdown);
+    let connect = Bmc::connect(url, creds, opts);
+    tokio::pin!(connect);
+    let bmc = tokio::select! {
+        r = &mut connect => r?,
+        () = &mut shutdown => {
+            if let Ok(Ok(bmc)) = tokio::time::timeout(LOGIN_GRACE, connect).await {
+                let _ = bmc.close().await;
+            }
+            return Err(RedfishError::Interrupted { state: "while connecting; no session left open".into() });
+        }
+    };
+    let work = async {
+        match op {
+            Operation::Inspect => bmc.inventory().await.map(|i| Outcome::Inventory(Box::new(i))),
+            Operation::Power(action) => {
+                let path = bmc.system_path(system).await?;
+                bmc.power(&path, action).await.map(Outcome::Power)
+            }
+            Operation::BootOnce(target) => {
+                let path = bmc.system_path(system).await?;
+                bmc.boot_once(&path, target).await.map(Outcome::Boot)
+            }
+        }
+    };
+    let result = tokio::select! {
+        r = work => r,
+        () = &mut shutdown => Err(RedfishError::Interrupted {
+            state: format!("session {}", match bmc.auth_kind() { "session" => "logged out", _ => "not used (Basic auth)" }),
+        }),
+    };
+    let _ = bmc.close().await;
+    result
+}
 
 /// `inspect`: connect, read the inventory, log out. `Display` the result for the operator.
 pub async fn inspect(
@@ -31,10 +109,10 @@ pub async fn inspect(
     creds: Credentials,
     opts: BmcOptions,
 ) -> Result<Inventory, RedfishError> {
-    let bmc = Bmc::connect(url, creds, opts).await?;
-    let result = bmc.inventory().await;
-    let _ = bmc.close().await;
-    result
+    match run(url, creds, opts, None, Operation::Inspect, std::future::pending()).await? {
+        Outcome::Inventory(inv) => Ok(*inv),
+        _ => unreachable!("inspect returns an inventory"),
+    }
 }
 
 /// `power`: connect, apply `action` to `system` (or the only system), log out.
@@ -45,14 +123,10 @@ pub async fn power(
     system: Option<&str>,
     action: PowerAction,
 ) -> Result<PowerOutcome, RedfishError> {
-    let bmc = Bmc::connect(url, creds, opts).await?;
-    let result = async {
-        let path = bmc.system_path(system).await?;
-        bmc.power(&path, action).await
+    match run(url, creds, opts, system, Operation::Power(action), std::future::pending()).await? {
+        Outcome::Power(p) => Ok(p),
+        _ => unreachable!("power returns a power outcome"),
     }
-    .await;
-    let _ = bmc.close().await;
-    result
 }
 
 /// `boot-once`: connect, set the one-time boot override of `system` (or the only system) and read it back, log out.
@@ -63,12 +137,8 @@ pub async fn boot_once(
     system: Option<&str>,
     target: BootTarget,
 ) -> Result<BootOverride, RedfishError> {
-    let bmc = Bmc::connect(url, creds, opts).await?;
-    let result = async {
-        let path = bmc.system_path(system).await?;
-        bmc.boot_once(&path, target).await
+    match run(url, creds, opts, system, Operation::BootOnce(target), std::future::pending()).await? {
+        Outcome::Boot(b) => Ok(b),
+        _ => unreachable!("boot-once returns a boot override"),
     }
-    .await;
-    let _ = bmc.close().await;
-    result
 }

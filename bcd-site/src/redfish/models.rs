@@ -30,16 +30,53 @@ pub struct Status {
     pub health: Option<String>,
 }
 
+/// A collection member: a link, or with `$expand` the member itself (`body` holds its other properties).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Member {
+    #[serde(rename = "@odata.id", default)]
+    pub odata_id: String,
+    #[serde(flatten)]
+    pub body: serde_json::Map<String, Value>,
+}
+
+impl Member {
+    /// The member was inlined (`$expand`): it has properties beyond the `@odata.*` annotations.
+    pub fn is_expanded(&self) -> bool {
+        self.body.keys().any(|k| !k.starts_with("@odata."))
+    }
+}
+
 /// Any resource collection.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Collection {
     #[serde(rename = "Members", deserialize_with = "nullable")]
-    pub members: Vec<Link>,
+    pub members: Vec<Member>,
     #[serde(rename = "Members@odata.count")]
     pub count: Option<u64>,
     #[serde(rename = "Members@odata.nextLink")]
     pub next_link: Option<String>,
+}
+
+/// `ProtocolFeaturesSupported.ExpandQuery` of the service root (DSP0266 `$expand`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ExpandQuery {
+    /// `$expand=*`
+    pub expand_all: Option<bool>,
+    /// `($levels=n)`
+    pub levels: Option<bool>,
+    /// `$expand=~`
+    pub links: Option<bool>,
+    /// `$expand=.`
+    pub no_links: Option<bool>,
+    pub max_levels: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ProtocolFeaturesSupported {
+    pub expand_query: Option<ExpandQuery>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,6 +102,7 @@ pub struct ServiceRoot {
     pub chassis: Option<Link>,
     pub session_service: Option<Link>,
     pub links: ServiceRootLinks,
+    pub protocol_features_supported: Option<ProtocolFeaturesSupported>,
     /// Vendor extensions; only the key names are used (an `Hpe`, `Dell`, `Supermicro` or `Ami` key names the
     /// vendor on BMCs older than the `Vendor` property).
     pub oem: Option<Value>,
@@ -162,6 +200,8 @@ pub struct ComputerSystem {
     pub actions: SystemActions,
     pub links: SystemLinks,
     pub status: Option<Status>,
+    /// Vendor extensions (HPE's `Oem.Hpe.Links.PCIDevices`).
+    pub oem: Option<Value>,
 }
 
 /// A Manager (the BMC itself).
@@ -175,6 +215,18 @@ pub struct Manager {
     pub model: Option<String>,
     pub firmware_version: Option<String>,
     pub status: Option<Status>,
+    /// Vendor extensions; only the key names are used, to identify the vendor.
+    pub oem: Option<Value>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ChassisLinks {
+    /// Drives of the chassis (where a BMC has no Storage on the system).
+    #[serde(deserialize_with = "nullable")]
+    pub drives: Vec<Link>,
+    #[serde(deserialize_with = "nullable")]
+    pub computer_systems: Vec<Link>,
 }
 
 /// A Chassis.
@@ -189,7 +241,12 @@ pub struct Chassis {
     pub serial_number: Option<String>,
     #[serde(rename = "PCIeDevices")]
     pub pcie_devices: Option<Link>,
+    /// Chassis ≥ 1.14: a collection of the chassis' drives.
+    pub drives: Option<Link>,
+    pub links: ChassisLinks,
     pub status: Option<Status>,
+    /// Vendor extensions (HPE's `Oem.Hpe.Links.Devices`).
+    pub oem: Option<Value>,
 }
 
 /// A Processor: CPUs, and GPUs/FPGAs/accelerators (`ProcessorType`).
@@ -265,12 +322,26 @@ pub struct SimpleStorage {
     pub devices: Vec<Drive>,
 }
 
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct Vlan {
+    #[serde(rename = "VLANEnable")]
+    pub vlan_enable: Option<bool>,
+    #[serde(rename = "VLANId")]
+    pub vlan_id: Option<u64>,
+}
+
 /// An EthernetInterface of a system.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase", default)]
 pub struct EthernetInterface {
     pub id: Option<String>,
     pub name: Option<String>,
+    pub description: Option<String>,
+    /// `Physical` or `Virtual` (EthernetInterface ≥ 1.6).
+    pub ethernet_interface_type: Option<String>,
+    #[serde(rename = "VLAN")]
+    pub vlan: Option<Vlan>,
     #[serde(rename = "MACAddress")]
     pub mac_address: Option<String>,
     #[serde(rename = "PermanentMACAddress")]
@@ -305,6 +376,39 @@ pub struct PcieDevice {
     #[serde(rename = "PCIeInterface")]
     pub pcie_interface: Option<PcieInterface>,
     pub status: Option<Status>,
+}
+
+/// HPE iLO's `HpeServerDevice` (`Chassis/<id>/Devices/<n>`): cards and GPUs, with the PCI functions they are.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct HpeDevice {
+    pub id: Option<String>,
+    pub name: Option<String>,
+    /// `GPU`, `LOM/NIC`, `Smart Storage`, `Unknown`, …
+    pub device_type: Option<String>,
+    pub manufacturer: Option<String>,
+    pub part_number: Option<String>,
+    pub serial_number: Option<String>,
+    pub location: Option<String>,
+    #[serde(deserialize_with = "nullable")]
+    pub device_instances: Vec<Link>,
+    pub status: Option<Status>,
+}
+
+/// HPE iLO's `HpePciDevice` (`Systems/<id>/PCIDevices/<n>`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct HpePciDevice {
+    pub id: Option<String>,
+    pub name: Option<String>,
+    pub device_type: Option<String>,
+    /// PCI base class (3 display controller, 0x12 processing accelerator, 0xff empty slot).
+    pub class_code: Option<u64>,
+    pub subclass_code: Option<u64>,
+    pub structured_name: Option<String>,
+    pub location_string: Option<String>,
+    pub vendor_id: Option<u64>,
+    pub device_id: Option<u64>,
 }
 
 /// `@Redfish.ActionInfo` of a reset action.
@@ -386,7 +490,8 @@ impl ErrorBody {
     }
 }
 
-/// Decodes every model from the same bytes; the fuzz target's entry point. Never panics.
+/// Decodes every model from the same bytes, strictly and leniently ([`super::decode`]); the fuzz target's entry
+/// point. Never panics.
 pub fn decode_all(data: &[u8]) {
     fn one<T: serde::de::DeserializeOwned>(data: &[u8]) {
         let _ = serde_json::from_slice::<T>(data);
@@ -405,6 +510,25 @@ pub fn decode_all(data: &[u8]) {
     one::<EthernetInterface>(data);
     one::<PcieDevice>(data);
     one::<ActionInfo>(data);
+    one::<HpeDevice>(data);
+    one::<HpePciDevice>(data);
+    fn lenient<T: serde::de::DeserializeOwned>(data: &[u8]) {
+        let _ = super::decode::decode::<T>(data);
+    }
+    lenient::<ServiceRoot>(data);
+    lenient::<Collection>(data);
+    lenient::<ComputerSystem>(data);
+    lenient::<Manager>(data);
+    lenient::<Chassis>(data);
+    lenient::<Processor>(data);
+    lenient::<Memory>(data);
+    lenient::<Storage>(data);
+    lenient::<Drive>(data);
+    lenient::<SimpleStorage>(data);
+    lenient::<EthernetInterface>(data);
+    lenient::<PcieDevice>(data);
+    lenient::<HpeDevice>(data);
+    lenient::<HpePciDevice>(data);
     if let Ok(e) = serde_json::from_slice::<ErrorBody>(data) {
         let _ = e.summary();
         let _ = e.message_ids().count();

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{Map, Value, json};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::client::Bmc;
 use super::error::{ObservedBoot, RedfishError};
-use super::models::{ActionInfo, Collection, ComputerSystem};
+use super::listing::{Listed, normalize};
+use super::models::{ActionInfo, ComputerSystem};
 use super::quirks::{IfMatch, OverrideMode};
 
 /// What the operator wants of the power.
@@ -99,6 +100,24 @@ pub enum PowerOutcome {
     Accepted { reset_type: String },
 }
 
+impl fmt::Display for PowerOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PowerOutcome::AlreadyInState(state) => {
+                write!(f, "power already {state}: nothing to do")
+            }
+            PowerOutcome::Applied {
+                reset_type,
+                power_state,
+            } => write!(f, "Reset {reset_type} applied: PowerState reads {power_state}"),
+            PowerOutcome::Accepted { reset_type } => write!(
+                f,
+                "Reset {reset_type} accepted (a restart has no steady PowerState to read back)"
+            ),
+        }
+    }
+}
+
 /// The one-time boot targets a netboot needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BootTarget {
@@ -134,43 +153,93 @@ pub struct BootOverride {
     pub mode: Option<String>,
 }
 
+impl fmt::Display for BootOverride {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "one-time boot override read back: Target={}, Enabled={}",
+            self.target, self.enabled
+        )?;
+        if let Some(mode) = &self.mode {
+            write!(f, ", Mode={mode}")?;
+        }
+        Ok(())
+    }
+}
+
+fn last_segment(path: &str) -> &str {
+    let p = path.split('?').next().unwrap_or(path).trim_end_matches('/');
+    p.rsplit('/').next().unwrap_or(p)
+}
+
 fn or_unset(v: &Option<String>) -> String {
     v.clone().unwrap_or_else(|| "(absent)".into())
 }
 
 impl Bmc {
-    /// The systems' paths (`/redfish/v1/Systems/<id>`).
-    pub async fn systems(&self) -> Result<Vec<String>, RedfishError> {
-        let path = self
-            .service_root()
-            .systems
-            .as_ref()
-            .map_or("/redfish/v1/Systems".to_owned(), |l| l.odata_id.clone());
-        let (collection, _) = self.get::<Collection>(&path).await?;
-        Ok(collection.members.into_iter().map(|l| l.odata_id).collect())
+    /// The systems, all pages. A BMC without a Systems collection (a chassis manager, a switch) has none.
+    pub async fn systems(&self) -> Result<Listed, RedfishError> {
+        let Some(link) = self.service_root().systems.as_ref() else {
+            return Ok(Listed {
+                collection: String::new(),
+                complete: true,
+                ..Listed::default()
+            });
+        };
+        self.list(&link.odata_id).await
     }
 
-    /// The path of system `id` (its Id or last path segment), or of the only system when `id` is `None`.
-    pub async fn system_path(&self, id: Option<&str>) -> Result<String, RedfishError> {
-        let systems = self.systems().await?;
-        let found = match id {
-            Some(id) => systems
-                .iter()
-                .find(|p| p.trim_end_matches('/').rsplit('/').next() == Some(id)),
-            None if systems.len() == 1 => systems.first(),
-            None => {
-                return Err(RedfishError::NotFound {
-                    url: self.base_url().to_owned(),
-                    what: format!(
-                        "a single system (the BMC has {}: name one of {systems:?})",
-                        systems.len()
-                    ),
-                });
-            }
+    /// The path of the system `wanted` names (its Id, the last segment of its path, or its full `@odata.id`), or
+    /// of the only system when `wanted` is `None`. With several systems and no name, or a list that could not be
+    /// read to its end, nothing is picked: the error lists the Ids to choose from.
+    pub async fn system_path(&self, wanted: Option<&str>) -> Result<String, RedfishError> {
+        let listed = self.systems().await?;
+        let url = self.base_url().to_owned();
+        let ids: Vec<String> = listed
+            .members
+            .iter()
+            .map(|m| last_segment(&m.odata_id).to_owned())
+            .collect();
+        let incomplete = || RedfishError::SystemsIncomplete {
+            url: url.clone(),
+            why: listed.warnings.join("; "),
         };
-        found.cloned().ok_or_else(|| RedfishError::NotFound {
-            url: self.base_url().to_owned(),
-            what: format!("system {} (systems: {systems:?})", id.unwrap_or("")),
+        let Some(wanted) = wanted.map(str::trim).filter(|w| !w.is_empty()) else {
+            if !listed.complete {
+                return Err(incomplete());
+            }
+            return match listed.members.as_slice() {
+                [only] => Ok(only.odata_id.clone()),
+                [] => Err(RedfishError::NoSuchSystem {
+                    url,
+                    wanted: "(the only system)".into(),
+                    have: Vec::new(),
+                }),
+                _ => Err(RedfishError::SeveralSystems { url, ids }),
+            };
+        };
+        let wanted_path = normalize(wanted);
+        if let Some(m) = listed.members.iter().find(|m| {
+            normalize(&m.odata_id) == wanted_path
+                || last_segment(&m.odata_id) == wanted.trim_matches('/')
+        }) {
+            return Ok(m.odata_id.clone());
+        }
+        // An Id that differs from the path's last segment: read the systems' Ids.
+        for m in &listed.members {
+            if let Ok(f) = self.member::<ComputerSystem>(m).await
+                && f.value.id.as_deref() == Some(wanted)
+            {
+                return Ok(m.odata_id.clone());
+            }
+        }
+        if !listed.complete {
+            return Err(incomplete());
+        }
+        Err(RedfishError::NoSuchSystem {
+            url,
+            wanted: wanted.to_owned(),
+            have: ids,
         })
     }
 
@@ -187,7 +256,13 @@ impl Bmc {
         {
             return Ok(PowerOutcome::AlreadyInState(current));
         }
-        let reset = sys.actions.reset.clone().unwrap_or_default();
+        // Never POST a reset the system does not advertise.
+        let Some(reset) = sys.actions.reset.clone() else {
+            return Err(RedfishError::NoResetAction {
+                system: system.to_owned(),
+                action: action.to_string(),
+            });
+        };
         let mut allowed = reset.allowed.clone().unwrap_or_default();
         if allowed.is_empty()
             && let Some(info) = &reset.action_info
@@ -287,7 +362,19 @@ impl Bmc {
     ) -> Result<BootOverride, RedfishError> {
         let wanted = target.as_redfish();
         let (sys, etag) = self.get::<ComputerSystem>(system).await?;
-        let boot = sys.boot.clone().unwrap_or_default();
+        // Never PATCH a boot override into a system that has no place for it.
+        let Some(boot) = sys.boot.clone() else {
+            return Err(RedfishError::NoBootOverride {
+                system: system.to_owned(),
+                what: "Boot object",
+            });
+        };
+        if boot.boot_source_override_target.is_none() && boot.allowed_targets.is_none() {
+            return Err(RedfishError::NoBootOverride {
+                system: system.to_owned(),
+                what: "Boot.BootSourceOverrideTarget property",
+            });
+        }
         if let Some(allowed) = &boot.allowed_targets
             && !allowed.is_empty()
             && !allowed.iter().any(|a| a == wanted)
@@ -301,8 +388,14 @@ impl Bmc {
         let mut fields = Map::new();
         fields.insert("BootSourceOverrideTarget".into(), wanted.into());
         fields.insert("BootSourceOverrideEnabled".into(), "Once".into());
+        let already_uefi = boot
+            .boot_source_override_mode
+            .as_deref()
+            .is_some_and(|m| m.eq_ignore_ascii_case("UEFI"));
         let mode = match (self.quirks().override_mode, target) {
             (OverrideMode::Forbidden, _) => None,
+            // The system reads UEFI already: nothing to change (unless the vendor reverts an omitted mode).
+            (OverrideMode::Omit, BootTarget::UefiHttp) if already_uefi => None,
             (_, BootTarget::UefiHttp) => Some("UEFI".to_owned()),
             (OverrideMode::Send, BootTarget::Pxe) => {
                 Some(match boot.boot_source_override_mode.as_deref() {
@@ -312,11 +405,33 @@ impl Bmc {
             }
             (OverrideMode::Omit, BootTarget::Pxe) => None,
         };
-        if let Some(mode) = &mode {
-            fields.insert("BootSourceOverrideMode".into(), mode.clone().into());
+        let body_of = |fields: &Map<String, Value>| {
+            Value::Object(Map::from_iter([(
+                "Boot".to_owned(),
+                Value::Object(fields.clone()),
+            )]))
+        };
+        let mut mode = mode;
+        if let Some(m) = &mode {
+            let mut with_mode = fields.clone();
+            with_mode.insert("BootSourceOverrideMode".into(), m.clone().into());
+            match self
+                .patch_with_etag(system, &body_of(&with_mode), etag.clone())
+                .await
+            {
+                Ok(()) => {}
+                // Some BMCs take the mode as read-only and refuse the whole PATCH (400): once more without it.
+                Err(e) if e.status() == Some(400) => {
+                    warn!(bmc = %self.base_url(), system, error = %e, "boot override refused with BootSourceOverrideMode; retrying without it");
+                    mode = None;
+                    self.patch_with_etag(system, &body_of(&fields), etag).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            self.patch_with_etag(system, &body_of(&fields), etag)
+                .await?;
         }
-        let body = Value::Object(Map::from_iter([("Boot".to_owned(), Value::Object(fields))]));
-        self.patch_with_etag(system, &body, etag).await?;
 
         let budget = self.opts.boot_readback;
         let started = tokio::time::Instant::now();

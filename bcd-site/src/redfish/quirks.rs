@@ -1,9 +1,11 @@
 //! The vendor quirk table: what differs between BMCs, kept as data. Each entry says what it works around and where
 //! that behaviour is publicly documented or reported; the client consults [`Quirks`] and has no vendor `if`s.
 //!
-//! The vendor is identified from the service root (`Vendor`, or the key of its `Oem` object on BMCs that predate
-//! `Vendor`) and the first manager's `Manufacturer`/`Model`; the first entry whose needle occurs (case-insensitive)
-//! wins, and [`GENERIC`] applies when none does. Entries were written from vendor documentation and public bug
+//! The vendor is identified from every mark a BMC leaves: the service root's `Vendor` and `Product`, the keys of its
+//! `Oem` object (BMCs that predate `Vendor`, such as Supermicro's Redfish 1.0-1.9 firmware), its UUID (Supermicro
+//! writes `00000000-0000-0000-0000-<BMC MAC>` there, so the MAC's IEEE OUI names the maker), and the first manager's
+//! `Manufacturer`, `Model` and `Oem` keys; the first entry whose needle occurs (case-insensitive, whole words) wins,
+//! and [`GENERIC`] applies when none does. Entries were written from vendor documentation and public bug
 //! reports, not verified here on the hardware; correct them when a real BMC disagrees.
 
 use std::time::Duration;
@@ -33,6 +35,8 @@ pub enum IfMatch {
 pub struct Quirks {
     /// Short name for logs and the inventory summary.
     pub name: &'static str,
+    /// The vendor as an operator names it, for the inventory's vendor line when the BMC states none.
+    pub vendor: &'static str,
     pub override_mode: OverrideMode,
     pub if_match: IfMatch,
     /// Message ids (substring match) on a 4xx/5xx that mean "busy, try again later", in addition to 409/503/429 and
@@ -56,6 +60,7 @@ pub const BASE_BUSY_IDS: &[&str] = &[
 /// The standard behaviour, for BMCs not in the table (and OpenBMC, sushy-tools, the DMTF mockups).
 pub const GENERIC: Quirks = Quirks {
     name: "generic",
+    vendor: "not stated",
     override_mode: OverrideMode::Omit,
     if_match: IfMatch::WhenKnown,
     busy_message_ids: &[],
@@ -82,6 +87,7 @@ pub static TABLE: &[QuirkEntry] = &[
         needles: &["dell", "idrac"],
         quirks: Quirks {
             name: "dell-idrac",
+            vendor: "Dell",
             override_mode: OverrideMode::Omit,
             if_match: IfMatch::WhenKnown,
             busy_message_ids: &[],
@@ -101,6 +107,7 @@ pub static TABLE: &[QuirkEntry] = &[
         needles: &["hpe", "hewlett", "ilo"],
         quirks: Quirks {
             name: "hpe-ilo",
+            vendor: "HPE",
             override_mode: OverrideMode::Forbidden,
             if_match: IfMatch::WhenKnown,
             busy_message_ids: &[],
@@ -121,6 +128,7 @@ pub static TABLE: &[QuirkEntry] = &[
         needles: &["supermicro"],
         quirks: Quirks {
             name: "supermicro",
+            vendor: "Supermicro",
             override_mode: OverrideMode::Send,
             if_match: IfMatch::Always,
             busy_message_ids: &[],
@@ -141,6 +149,7 @@ pub static TABLE: &[QuirkEntry] = &[
         needles: &["ami", "american megatrends", "megarac"],
         quirks: Quirks {
             name: "ami-megarac",
+            vendor: "AMI",
             override_mode: OverrideMode::Send,
             if_match: IfMatch::Always,
             busy_message_ids: &[],
@@ -151,42 +160,86 @@ pub static TABLE: &[QuirkEntry] = &[
     },
 ];
 
-/// The identity strings a BMC offers, lowercased and joined.
+/// IEEE OUIs of BMC makers that put the BMC's MAC into the service root UUID (`00000000-0000-0000-0000-<MAC>`),
+/// with the needle they stand for. Super Micro Computer: 00:25:90, 0C:C4:7A, AC:1F:6B, 3C:EC:EF.
+const UUID_OUIS: &[(&str, &str)] = &[
+    ("002590", "supermicro"),
+    ("0cc47a", "supermicro"),
+    ("ac1f6b", "supermicro"),
+    ("3cecef", "supermicro"),
+];
+
+/// The identity marks a BMC offers: `(where, value)`, e.g. `("Oem key", "Supermicro")`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BmcIdentity(String);
+pub struct BmcIdentity {
+    marks: Vec<(&'static str, String)>,
+}
 
 impl BmcIdentity {
+    /// Marks without their origin (tests, and callers that only have strings).
     pub fn new<'a>(parts: impl IntoIterator<Item = &'a str>) -> Self {
-        BmcIdentity(
-            parts
-                .into_iter()
-                .map(str::to_ascii_lowercase)
-                .collect::<Vec<_>>()
-                .join(" | "),
-        )
+        BmcIdentity::from_marks(parts.into_iter().map(|p| ("mark", p.to_owned())))
     }
 
-    pub fn as_str(&self) -> &str {
-        &self.0
+    pub fn from_marks(marks: impl IntoIterator<Item = (&'static str, String)>) -> Self {
+        BmcIdentity {
+            marks: marks.into_iter().filter(|(_, v)| !v.trim().is_empty()).collect(),
+        }
+    }
+
+    /// The marks, lowercased and joined (for logs).
+    pub fn as_str(&self) -> String {
+        self.marks
+            .iter()
+            .map(|(_, v)| v.to_ascii_lowercase())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    }
+
+    pub fn marks(&self) -> &[(&'static str, String)] {
+        &self.marks
     }
 }
 
-/// The quirks for a BMC: the first matching table entry, else [`GENERIC`]. Needles match whole words so that
-/// `ami` does not match `Dynamic`.
-pub fn lookup(identity: &BmcIdentity) -> &'static Quirks {
-    let words: Vec<&str> = identity
-        .as_str()
-        .split(|c: char| !c.is_ascii_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .collect();
-    let hit = |needle: &str| {
-        let parts: Vec<&str> = needle.split(' ').collect();
-        words.windows(parts.len()).any(|w| w == parts.as_slice())
-    };
-    TABLE
+/// The needle a UUID of the `00000000-0000-0000-0000-<MAC>` form stands for.
+fn uuid_needle(uuid: &str) -> Option<&'static str> {
+    let mac = uuid.trim().to_ascii_lowercase();
+    let mac = mac.strip_prefix("00000000-0000-0000-0000-")?;
+    if mac.len() != 12 || !mac.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    UUID_OUIS
         .iter()
-        .find(|e| e.needles.iter().any(|n| hit(n)))
-        .map_or(&GENERIC, |e| &e.quirks)
+        .find(|(oui, _)| mac.starts_with(oui))
+        .map(|(_, needle)| *needle)
+}
+
+/// The quirks for a BMC and the mark that selected them (`Oem key "Supermicro"`), or [`GENERIC`] and `None`.
+/// Needles match whole words so that `ami` does not match `Dynamic`.
+pub fn recognise(identity: &BmcIdentity) -> (&'static Quirks, Option<String>) {
+    for entry in TABLE {
+        for (origin, value) in &identity.marks {
+            let lower = value.to_ascii_lowercase();
+            let words: Vec<&str> = lower
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .filter(|w| !w.is_empty())
+                .collect();
+            let from_uuid = (*origin == "UUID").then(|| uuid_needle(value)).flatten();
+            let hit = entry.needles.iter().any(|needle| {
+                let parts: Vec<&str> = needle.split(' ').collect();
+                from_uuid == Some(*needle) || words.windows(parts.len()).any(|w| w == parts.as_slice())
+            });
+            if hit {
+                return (&entry.quirks, Some(format!("{origin} {value:?}")));
+            }
+        }
+    }
+    (&GENERIC, None)
+}
+
+/// The quirks for a BMC: the first matching table entry, else [`GENERIC`].
+pub fn lookup(identity: &BmcIdentity) -> &'static Quirks {
+    recognise(identity).0
 }
 
 #[cfg(test)]
@@ -207,5 +260,23 @@ mod tests {
         assert_eq!(name(&["American Megatrends"]), "ami-megarac");
         assert_eq!(name(&["Contoso", "Dynamic BMC"]), "generic");
         assert_eq!(name(&[]), "generic");
+    }
+
+    #[test]
+    fn identifies_by_oem_key_manager_and_uuid_without_a_vendor() {
+        let id = |marks: &[(&'static str, &str)]| {
+            recognise(&BmcIdentity::from_marks(
+                marks.iter().map(|(o, v)| (*o, (*v).to_owned())),
+            ))
+        };
+        let (q, mark) = id(&[("UUID", "00000000-0000-0000-0000-0CC47A847624")]);
+        assert_eq!(q.name, "supermicro");
+        assert_eq!(mark.as_deref(), Some("UUID \"00000000-0000-0000-0000-0CC47A847624\""));
+        assert_eq!(id(&[("Oem key", "Supermicro")]).0.name, "supermicro");
+        assert_eq!(id(&[("Manager Model", "iLO 5")]).0.name, "hpe-ilo");
+        assert_eq!(id(&[("Manager Oem key", "Dell")]).0.name, "dell-idrac");
+        // A UUID that is not a MAC, or another maker's MAC, says nothing.
+        assert_eq!(id(&[("UUID", "0CC47A84-7624-0000-0000-000000000000")]).0.name, "generic");
+        assert_eq!(id(&[("UUID", "00000000-0000-0000-0000-B42E99BADE15")]).0.name, "generic");
     }
 }
