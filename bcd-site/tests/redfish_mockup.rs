@@ -61,25 +61,35 @@ async fn reads_the_dmtf_rackmount_inventory() -> Result<()> {
             .is_some_and(|a| a.iter().any(|t| t == "ForceOff"))
     );
 
-    assert_eq!(sys.cpus().count(), 2);
+    // CPU2's socket reads `Status.State: Absent`: not a component.
+    assert_eq!(sys.cpus().count(), 1);
     assert_eq!(sys.gpus().count(), 0);
-    assert_eq!(sys.processors.len(), 3, "CPU1, CPU2 and the FPGA");
-    assert_eq!(sys.memory.len(), 4);
-    assert_eq!(sys.memory_mib(), 3 * 32768, "DIMM4 has no capacity");
+    assert_eq!(
+        sys.processors.len(),
+        2,
+        "CPU1 and the FPGA (CPU2 is Absent)"
+    );
+    assert_eq!(sys.absent.get("CPU sockets"), Some(&1));
+    // DIMM4 is an empty slot (Absent): three modules.
+    assert_eq!(sys.memory.len(), 3);
+    assert_eq!(sys.memory_mib(), 3 * 32768);
+    assert_eq!(sys.absent.get("DIMM slots"), Some(&1));
     assert_eq!(
         sys.drives.len(),
         2,
         "SimpleStorage devices that are not Absent"
     );
-    assert_eq!(sys.nics.len(), 4);
+    // Two NIC ports; VLAN1 (a VLAN) and ToManager (the host interface) are not NICs.
+    assert_eq!(sys.nics.len(), 2);
+    assert_eq!(sys.other_interfaces.len(), 2);
     assert!(
         sys.nics
             .iter()
             .any(|n| n.mac_address.as_deref() == Some("12:44:6A:3B:04:11"))
     );
-    assert!(summary.contains("cpus: 2"), "{summary}");
+    assert!(summary.contains("cpus: 1"), "{summary}");
     assert!(summary.contains("other processor FPGA1"), "{summary}");
-    assert!(summary.contains("memory: 4 modules, 96 GiB"), "{summary}");
+    assert!(summary.contains("memory: 3 modules, 96 GiB"), "{summary}");
 
     // UefiHttp is not among the mockup's allowed targets: refused before any PATCH, naming what is allowed.
     let err = bmc

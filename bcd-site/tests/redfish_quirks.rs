@@ -347,15 +347,19 @@ async fn vendor_quirks_shape_payloads_and_answers() -> Result<()> {
     );
     bmc.close().await?;
 
-    // Supermicro: BootSourceOverrideMode always sent; HPE: never, even for UEFI HTTP; generic: only for UEFI HTTP.
-    for (vendor, target, mode_sent) in [
-        (Some("Supermicro"), BootTarget::Pxe, true),
-        (Some("HPE"), BootTarget::UefiHttp, false),
-        (None, BootTarget::Pxe, false),
-        (None, BootTarget::UefiHttp, true),
+    // Supermicro: BootSourceOverrideMode always sent; HPE: never, even for UEFI HTTP; generic: only for UEFI HTTP,
+    // and not when the system already reads UEFI.
+    for (vendor, target, current_mode, mode_sent) in [
+        (Some("Supermicro"), BootTarget::Pxe, "UEFI", true),
+        (Some("Supermicro"), BootTarget::UefiHttp, "UEFI", true),
+        (Some("HPE"), BootTarget::UefiHttp, "Legacy", false),
+        (None, BootTarget::Pxe, "UEFI", false),
+        (None, BootTarget::UefiHttp, "Legacy", true),
+        (None, BootTarget::UefiHttp, "UEFI", false),
     ] {
         let (srv, state) = fake_bmc(FakeState {
             vendor: vendor.map(String::from),
+            boot_mode: current_mode.into(),
             ..FakeState::default()
         })
         .await?;
@@ -371,7 +375,7 @@ async fn vendor_quirks_shape_payloads_and_answers() -> Result<()> {
             assert_eq!(
                 patch.contains("BootSourceOverrideMode"),
                 mode_sent,
-                "{vendor:?} {target:?}: {patch}"
+                "{vendor:?} {target:?} from {current_mode}: {patch}"
             );
         }
         bmc.close().await?;

@@ -167,7 +167,11 @@ pub struct Fetched<T> {
 /// The `$expand` form to use, from `ProtocolFeaturesSupported.ExpandQuery`: one level of the members, without the
 /// `Links` section (`.`), or everything (`*`) where only that is offered.
 fn expand_query(root: &ServiceRoot) -> Option<&'static str> {
-    let q = root.protocol_features_supported.as_ref()?.expand_query.as_ref()?;
+    let q = root
+        .protocol_features_supported
+        .as_ref()?
+        .expand_query
+        .as_ref()?;
     let levels = q.levels == Some(true);
     match (q.no_links == Some(true), q.expand_all == Some(true), levels) {
         (true, _, true) => Some("$expand=.($levels=1)"),
@@ -422,12 +426,14 @@ impl Bmc {
             .await?;
         match reply.status.as_u16() {
             // Out of sessions, and Basic refused too: both said.
-            401 | 403 if failed_login.is_some_and(out_of_sessions) => Err(RedfishError::NoSession {
-                url,
-                status,
-                message,
-                basic: format!("was rejected too (HTTP {})", reply.status.as_u16()),
-            }),
+            401 | 403 if failed_login.is_some_and(out_of_sessions) => {
+                Err(RedfishError::NoSession {
+                    url,
+                    status,
+                    message,
+                    basic: format!("was rejected too (HTTP {})", reply.status.as_u16()),
+                })
+            }
             // The login failed for another reason (a 400 or 500 for a wrong password, a read-only service) and
             // Basic with the same credentials is refused: the credentials are what is wrong.
             401 | 403 if failed_login.is_some() => Err(RedfishError::AuthRejected {
@@ -729,7 +735,10 @@ impl Bmc {
                 match self.fetch::<Collection>(&expanded).await {
                     Ok(page) => Some((expanded, page)),
                     // A service that advertises $expand but refuses it: read without, from now on.
-                    Err(e) if e.status().is_some_and(|s| (400..500).contains(&s) || s == 501) => {
+                    Err(e)
+                        if e.status()
+                            .is_some_and(|s| (400..500).contains(&s) || s == 501) =>
+                    {
                         warn!(bmc = %self.base, collection, error = %e, "$expand refused; reading collections without it");
                         self.expand_refused.store(true, Ordering::Relaxed);
                         None
@@ -741,7 +750,10 @@ impl Bmc {
         };
         let (mut page_path, mut page) = match first {
             Some(p) => p,
-            None => (collection.to_owned(), self.fetch::<Collection>(collection).await?),
+            None => (
+                collection.to_owned(),
+                self.fetch::<Collection>(collection).await?,
+            ),
         };
         loop {
             let Some(next) = listing.page(&page_path, page.value, &page.warnings) else {
@@ -762,7 +774,10 @@ impl Bmc {
     }
 
     /// One member: the inlined body when `$expand` gave it, else a GET.
-    pub async fn member<T: DeserializeOwned>(&self, m: &Member) -> Result<Fetched<T>, RedfishError> {
+    pub async fn member<T: DeserializeOwned>(
+        &self,
+        m: &Member,
+    ) -> Result<Fetched<T>, RedfishError> {
         if m.is_expanded() {
             let mut body = m.body.clone();
             body.insert("@odata.id".into(), Value::String(m.odata_id.clone()));

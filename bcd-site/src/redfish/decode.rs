@@ -71,7 +71,8 @@ fn kind(v: &Value) -> &'static str {
 
 /// Parses `data` as one JSON object and decodes it leniently. Never panics.
 pub fn decode<T: DeserializeOwned>(data: &[u8]) -> Result<Decoded<T>, DecodeError> {
-    let raw: Value = serde_json::from_slice(data).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+    let raw: Value =
+        serde_json::from_slice(data).map_err(|e| DecodeError::NotJson(e.to_string()))?;
     decode_value(raw)
 }
 
@@ -105,7 +106,9 @@ pub fn decode_value<T: DeserializeOwned>(raw: Value) -> Result<Decoded<T>, Decod
         let already = warnings
             .iter()
             .any(|w: &FieldWarning| w.field == field && w.action != "ignored");
-        let wants_integer = ["expected u", "expected i"].iter().any(|w| reason.contains(w));
+        let wants_integer = ["expected u", "expected i"]
+            .iter()
+            .any(|w| reason.contains(w));
         let action = repair(&mut doc, &path, already, wants_integer);
         let Some(action) = action else {
             return Err(DecodeError::Unrepairable(format!("{field}: {reason}")));
@@ -126,10 +129,7 @@ fn error_body(map: &Map<String, Value>) -> Option<String> {
         return None;
     }
     let body: ErrorBody = serde_json::from_value(Value::Object(map.clone())).unwrap_or_default();
-    Some(
-        body.summary()
-            .unwrap_or_else(|| "no message".to_owned()),
-    )
+    Some(body.summary().unwrap_or_else(|| "no message".to_owned()))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,7 +161,11 @@ fn render(path: &[Segment]) -> String {
             Segment::Index(i) => out.push_str(&format!("[{i}]")),
         }
     }
-    if out.is_empty() { "(document)".into() } else { out }
+    if out.is_empty() {
+        "(document)".into()
+    } else {
+        out
+    }
 }
 
 /// Repairs the value at `path`: converted when the intent is plain and this is the first try, else removed. Returns
@@ -259,12 +263,16 @@ mod tests {
         assert_eq!(d.value.status, None);
         let shown: Vec<String> = d.warnings.iter().map(ToString::to_string).collect();
         assert!(
-            shown.iter().any(|w| w.starts_with("field TotalCores: invalid type: string \"64\"")
-                && w.ends_with("read as 64")),
+            shown.iter().any(
+                |w| w.starts_with("field TotalCores: invalid type: string \"64\"")
+                    && w.ends_with("read as 64")
+            ),
             "{shown:?}"
         );
         assert!(
-            shown.iter().any(|w| w.starts_with("field Status:") && w.ends_with("ignored")),
+            shown
+                .iter()
+                .any(|w| w.starts_with("field Status:") && w.ends_with("ignored")),
             "{shown:?}"
         );
     }
@@ -276,11 +284,19 @@ mod tests {
         )
         .expect("decodes");
         assert_eq!(d.value.count, Some(2));
-        let ids: Vec<&str> = d.value.members.iter().map(|m| m.odata_id.as_str()).collect();
+        let ids: Vec<&str> = d
+            .value
+            .members
+            .iter()
+            .map(|m| m.odata_id.as_str())
+            .collect();
         assert_eq!(ids, ["/a", "/b"]);
         assert_eq!(d.warnings.len(), 2, "{:?}", d.warnings);
         let fields: Vec<&str> = d.warnings.iter().map(|w| w.field.as_str()).collect();
-        assert!(fields.contains(&"Members[1]") && fields.contains(&"Members@odata.count"), "{fields:?}");
+        assert!(
+            fields.contains(&"Members[1]") && fields.contains(&"Members@odata.count"),
+            "{fields:?}"
+        );
     }
 
     #[test]
@@ -325,6 +341,9 @@ mod tests {
         assert_eq!(ps.model.as_deref(), Some("7"));
         assert!(d.value.boot.is_some());
         let fields: Vec<&str> = d.warnings.iter().map(|w| w.field.as_str()).collect();
-        assert!(fields.contains(&"Boot.BootSourceOverrideTarget"), "{fields:?}");
+        assert!(
+            fields.contains(&"Boot.BootSourceOverrideTarget"),
+            "{fields:?}"
+        );
     }
 }

@@ -3,8 +3,9 @@
 //! `Status.State` is `Absent` is not a component, a link listed twice is one component, and a member that cannot be
 //! read is a warning, never a component. Components are found where vendors put them:
 //! - GPUs: processors with `ProcessorType` GPU; where there are none, HPE iLO's `Chassis/<id>/Devices` entries of
-//!   `DeviceType` GPU whose PCI function is a display controller or processing accelerator (so an HGX baseboard or
-//!   an NVSwitch that iLO also types GPU is not counted as one).
+//!   `DeviceType` GPU whose PCI function (`DeviceInstances`, in `Systems/<id>/PCIDevices`) is a display controller
+//!   or processing accelerator, or of a class not reported (so an NVSwitch, a bridge, or an HGX baseboard with no
+//!   PCI function, all of which iLO also types GPU, are not counted).
 //! - PCIe devices: the system's `PCIeDevices` and its chassis' collections; where both are empty, HPE's
 //!   `Systems/<id>/PCIDevices` (empty slots, PCI class 0xff, left out).
 //! - Drives: Storage (drive links), else the chassis' `Links.Drives` or `Drives` collection, else SimpleStorage.
@@ -250,7 +251,10 @@ impl Bmc {
             ..SystemInventory::default()
         };
         match &system.processors {
-            Some(l) => match self.try_members::<Processor>("processors", &l.odata_id, warnings).await {
+            Some(l) => match self
+                .try_members::<Processor>("processors", &l.odata_id, warnings)
+                .await
+            {
                 Some(items) => {
                     for (_, p) in items {
                         if absent(&p.status) {
@@ -265,7 +269,10 @@ impl Bmc {
             None => s.processors_from_summary = system.processor_summary.is_some(),
         }
         match &system.memory {
-            Some(l) => match self.try_members::<Memory>("memory", &l.odata_id, warnings).await {
+            Some(l) => match self
+                .try_members::<Memory>("memory", &l.odata_id, warnings)
+                .await
+            {
                 Some(items) => {
                     for (_, m) in items {
                         if absent(&m.status) {
@@ -309,27 +316,21 @@ impl Bmc {
             n.mac_address = None;
         }
         let text = |v: &Option<String>| v.as_deref().unwrap_or_default().to_ascii_lowercase();
-        let (name, id, desc) = (text(&n.name), text(&n.id), text(&n.description));
-        let virtual_kind = n
+        let (name, id) = (text(&n.name), text(&n.id));
+        let typed_virtual = n
             .ethernet_interface_type
             .as_deref()
-            .is_some_and(|t| t.eq_ignore_ascii_case("Virtual"))
-            || [&name, &id, &desc]
-                .iter()
-                .any(|t| t.contains("host interface") || t.contains("hostinterface"));
-        let vlan = n
-            .vlan
-            .as_ref()
-            .is_some_and(|v| v.vlan_enable == Some(true) && v.vlan_id.is_some_and(|i| i > 0))
-            && n.mac_address.is_none()
-            || id.contains("vlan")
-            || name.contains("vlan");
+            .is_some_and(|t| t.eq_ignore_ascii_case("Virtual"));
+        let vlan_enabled = n.vlan.as_ref().is_some_and(|v| v.vlan_enable == Some(true));
+        let vlan = typed_virtual && vlan_enabled || id.contains("vlan") || name.contains("vlan");
+        let host_interface =
+            n.links.host_interface.is_some() || name.contains("host interface") || typed_virtual;
         if absent(&n.status) {
             s.count_absent("NIC ports");
-        } else if virtual_kind {
-            s.other_interfaces.push(OtherInterface::Virtual(n));
         } else if vlan {
             s.other_interfaces.push(OtherInterface::Vlan(n));
+        } else if host_interface {
+            s.other_interfaces.push(OtherInterface::Virtual(n));
         } else {
             s.nics.push(n);
         }
@@ -345,7 +346,9 @@ impl Bmc {
         let mut links: Vec<Link> = Vec::new();
         let mut storage_read = false;
         if let Some(l) = &system.storage
-            && let Some(items) = self.try_members::<Storage>("storage", &l.odata_id, warnings).await
+            && let Some(items) = self
+                .try_members::<Storage>("storage", &l.odata_id, warnings)
+                .await
         {
             storage_read = true;
             for (_, st) in items {
@@ -472,6 +475,7 @@ impl Bmc {
 
         // HPE iLO: PCI functions of the system, and devices (cards, GPUs) of the chassis.
         let mut pci_class: BTreeMap<String, Option<u64>> = BTreeMap::new();
+        let standard_empty = s.pcie_devices.is_empty();
         if let Some(l) = oem_link(&system.oem, &["Hpe", "Links", "PCIDevices"]) {
             for (p, d) in self
                 .read_members::<HpePciDevice>("HPE PCI devices", &l, warnings)
@@ -479,7 +483,7 @@ impl Bmc {
             {
                 pci_class.insert(normalize(&p), d.class_code);
                 let empty = d.class_code == Some(0xff);
-                if s.pcie_devices.is_empty() && !empty {
+                if standard_empty && !empty {
                     s.pcie_devices.push(PcieDevice {
                         id: d.id.clone(),
                         name: d.name.clone(),
@@ -525,14 +529,18 @@ impl Bmc {
                 if !typed_gpu || absent(&d.status) {
                     continue;
                 }
-                // The PCI class of its functions: 3 display, 0x12 accelerator. Unknown counts as a GPU.
+                // A GPU is a PCI function: of class 3 (display) or 0x12 (accelerator), or of a class not known
+                // here. A device typed GPU with no PCI function (an HGX baseboard) is not one.
                 let classes: Vec<Option<u64>> = d
                     .device_instances
                     .iter()
                     .filter_map(|i| pci_class.get(&normalize(&i.odata_id)).copied())
                     .collect();
-                let gpu_class = classes.is_empty()
-                    || classes.iter().any(|c| c.is_none_or(|c| c == 3 || c == 0x12));
+                let gpu_class = !d.device_instances.is_empty()
+                    && (classes.is_empty()
+                        || classes
+                            .iter()
+                            .any(|c| c.is_none_or(|c| c == 3 || c == 0x12)));
                 if gpu_class {
                     s.gpus.push(Gpu {
                         id: d.id.clone(),

@@ -24,7 +24,11 @@ pub fn normalize(path: &str) -> String {
     }
     let (path_part, query) = p.split_once('?').map_or((p, None), |(a, b)| (a, Some(b)));
     let trimmed = path_part.trim_end_matches('/');
-    let mut out = if trimmed.is_empty() { "/".to_owned() } else { trimmed.to_owned() };
+    let mut out = if trimmed.is_empty() {
+        "/".to_owned()
+    } else {
+        trimmed.to_owned()
+    };
     if let Some(q) = query {
         out.push('?');
         out.push_str(q);
@@ -72,7 +76,12 @@ impl Listing {
     }
 
     /// Adds one decoded page (with the warnings its decode produced); returns the page to fetch next.
-    pub fn page(&mut self, page: &str, collection: Collection, warnings: &[FieldWarning]) -> Option<String> {
+    pub fn page(
+        &mut self,
+        page: &str,
+        collection: Collection,
+        warnings: &[FieldWarning],
+    ) -> Option<String> {
         if self.done {
             return None;
         }
@@ -92,9 +101,10 @@ impl Listing {
             }
             let key = normalize(&m.odata_id);
             if !self.seen_members.insert(key) {
-                self.listed
-                    .warnings
-                    .push(format!("{page}: member {} is listed more than once; counted once", m.odata_id));
+                self.listed.warnings.push(format!(
+                    "{page}: member {} is listed more than once; counted once",
+                    m.odata_id
+                ));
                 continue;
             }
             self.listed.members.push(m);
@@ -174,7 +184,15 @@ mod tests {
     #[test]
     fn follows_pages_dedups_and_checks_the_count() {
         let mut l = Listing::new("/redfish/v1/Systems");
-        let next = l.page("/redfish/v1/Systems", page(&["/s/1", "/s/2/"], Some(4), Some("/redfish/v1/Systems?$skip=2")), &[]);
+        let next = l.page(
+            "/redfish/v1/Systems",
+            page(
+                &["/s/1", "/s/2/"],
+                Some(4),
+                Some("/redfish/v1/Systems?$skip=2"),
+            ),
+            &[],
+        );
         assert_eq!(next.as_deref(), Some("/redfish/v1/Systems?$skip=2"));
         let next = l.page("p2", page(&["/s/2", "/s/3"], None, None), &[]);
         assert_eq!(next, None);
@@ -193,7 +211,11 @@ mod tests {
         assert_eq!(l.page("/c", page(&["/a"], None, Some("/c/")), &[]), None);
         let listed = l.into_listed();
         assert!(!listed.complete);
-        assert!(listed.warnings[0].contains("points back"), "{:?}", listed.warnings);
+        assert!(
+            listed.warnings[0].contains("points back"),
+            "{:?}",
+            listed.warnings
+        );
 
         let mut l = Listing::new("/c");
         let next = l.page("/c", page(&["/a"], Some(2), Some("/c?page=2")), &[]);

@@ -82,7 +82,10 @@ pub async fn run(
     };
     let work = async {
         match op {
-            Operation::Inspect => bmc.inventory().await.map(|i| Outcome::Inventory(Box::new(i))),
+            Operation::Inspect => bmc
+                .inventory()
+                .await
+                .map(|i| Outcome::Inventory(Box::new(i))),
             Operation::Power(action) => {
                 let path = bmc.system_path(system).await?;
                 bmc.power(&path, action).await.map(Outcome::Power)
@@ -109,7 +112,16 @@ pub async fn inspect(
     creds: Credentials,
     opts: BmcOptions,
 ) -> Result<Inventory, RedfishError> {
-    match run(url, creds, opts, None, Operation::Inspect, std::future::pending()).await? {
+    match run(
+        url,
+        creds,
+        opts,
+        None,
+        Operation::Inspect,
+        std::future::pending(),
+    )
+    .await?
+    {
         Outcome::Inventory(inv) => Ok(*inv),
         _ => unreachable!("inspect returns an inventory"),
     }
@@ -123,7 +135,16 @@ pub async fn power(
     system: Option<&str>,
     action: PowerAction,
 ) -> Result<PowerOutcome, RedfishError> {
-    match run(url, creds, opts, system, Operation::Power(action), std::future::pending()).await? {
+    match run(
+        url,
+        creds,
+        opts,
+        system,
+        Operation::Power(action),
+        std::future::pending(),
+    )
+    .await?
+    {
         Outcome::Power(p) => Ok(p),
         _ => unreachable!("power returns a power outcome"),
     }
@@ -137,7 +158,16 @@ pub async fn boot_once(
     system: Option<&str>,
     target: BootTarget,
 ) -> Result<BootOverride, RedfishError> {
-    match run(url, creds, opts, system, Operation::BootOnce(target), std::future::pending()).await? {
+    match run(
+        url,
+        creds,
+        opts,
+        system,
+        Operation::BootOnce(target),
+        std::future::pending(),
+    )
+    .await?
+    {
         Outcome::Boot(b) => Ok(b),
         _ => unreachable!("boot-once returns a boot override"),
     }

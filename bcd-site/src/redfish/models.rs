@@ -331,6 +331,13 @@ pub struct Vlan {
     pub vlan_id: Option<u64>,
 }
 
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct EthernetInterfaceLinks {
+    /// Set on the host's end of the Redfish host interface (EthernetInterface ≥ 1.6).
+    pub host_interface: Option<Link>,
+}
+
 /// An EthernetInterface of a system.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase", default)]
@@ -342,6 +349,7 @@ pub struct EthernetInterface {
     pub ethernet_interface_type: Option<String>,
     #[serde(rename = "VLAN")]
     pub vlan: Option<Vlan>,
+    pub links: EthernetInterfaceLinks,
     #[serde(rename = "MACAddress")]
     pub mac_address: Option<String>,
     #[serde(rename = "PermanentMACAddress")]

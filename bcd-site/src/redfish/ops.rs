@@ -109,7 +109,10 @@ impl fmt::Display for PowerOutcome {
             PowerOutcome::Applied {
                 reset_type,
                 power_state,
-            } => write!(f, "Reset {reset_type} applied: PowerState reads {power_state}"),
+            } => write!(
+                f,
+                "Reset {reset_type} applied: PowerState reads {power_state}"
+            ),
             PowerOutcome::Accepted { reset_type } => write!(
                 f,
                 "Reset {reset_type} accepted (a restart has no steady PowerState to read back)"
@@ -424,7 +427,8 @@ impl Bmc {
                 Err(e) if e.status() == Some(400) => {
                     warn!(bmc = %self.base_url(), system, error = %e, "boot override refused with BootSourceOverrideMode; retrying without it");
                     mode = None;
-                    self.patch_with_etag(system, &body_of(&fields), etag).await?;
+                    self.patch_with_etag(system, &body_of(&fields), etag)
+                        .await?;
                 }
                 Err(e) => return Err(e),
             }

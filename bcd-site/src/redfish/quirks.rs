@@ -183,7 +183,10 @@ impl BmcIdentity {
 
     pub fn from_marks(marks: impl IntoIterator<Item = (&'static str, String)>) -> Self {
         BmcIdentity {
-            marks: marks.into_iter().filter(|(_, v)| !v.trim().is_empty()).collect(),
+            marks: marks
+                .into_iter()
+                .filter(|(_, v)| !v.trim().is_empty())
+                .collect(),
         }
     }
 
@@ -227,7 +230,8 @@ pub fn recognise(identity: &BmcIdentity) -> (&'static Quirks, Option<String>) {
             let from_uuid = (*origin == "UUID").then(|| uuid_needle(value)).flatten();
             let hit = entry.needles.iter().any(|needle| {
                 let parts: Vec<&str> = needle.split(' ').collect();
-                from_uuid == Some(*needle) || words.windows(parts.len()).any(|w| w == parts.as_slice())
+                from_uuid == Some(*needle)
+                    || words.windows(parts.len()).any(|w| w == parts.as_slice())
             });
             if hit {
                 return (&entry.quirks, Some(format!("{origin} {value:?}")));
@@ -271,12 +275,25 @@ mod tests {
         };
         let (q, mark) = id(&[("UUID", "00000000-0000-0000-0000-0CC47A847624")]);
         assert_eq!(q.name, "supermicro");
-        assert_eq!(mark.as_deref(), Some("UUID \"00000000-0000-0000-0000-0CC47A847624\""));
+        assert_eq!(
+            mark.as_deref(),
+            Some("UUID \"00000000-0000-0000-0000-0CC47A847624\"")
+        );
         assert_eq!(id(&[("Oem key", "Supermicro")]).0.name, "supermicro");
         assert_eq!(id(&[("Manager Model", "iLO 5")]).0.name, "hpe-ilo");
         assert_eq!(id(&[("Manager Oem key", "Dell")]).0.name, "dell-idrac");
         // A UUID that is not a MAC, or another maker's MAC, says nothing.
-        assert_eq!(id(&[("UUID", "0CC47A84-7624-0000-0000-000000000000")]).0.name, "generic");
-        assert_eq!(id(&[("UUID", "00000000-0000-0000-0000-B42E99BADE15")]).0.name, "generic");
+        assert_eq!(
+            id(&[("UUID", "0CC47A84-7624-0000-0000-000000000000")])
+                .0
+                .name,
+            "generic"
+        );
+        assert_eq!(
+            id(&[("UUID", "00000000-0000-0000-0000-B42E99BADE15")])
+                .0
+                .name,
+            "generic"
+        );
     }
 }

@@ -7,7 +7,10 @@ use super::inventory::{Inventory, OtherInterface};
 use super::models::{Processor, Status};
 
 fn s(v: &Option<String>) -> &str {
-    v.as_deref().map(str::trim).filter(|v| !v.is_empty()).unwrap_or("?")
+    v.as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .unwrap_or("?")
 }
 
 fn health(st: &Option<Status>) -> &str {
@@ -48,7 +51,10 @@ impl fmt::Display for Inventory {
             )?;
         }
         if self.systems.is_empty() {
-            writeln!(f, "no systems (a chassis or enclosure manager, or a switch)")?;
+            writeln!(
+                f,
+                "no systems (a chassis or enclosure manager, or a switch)"
+            )?;
         }
         for sys in &self.systems {
             let x = &sys.system;

@@ -15,6 +15,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+pub mod corpus;
+
 /// A server on 127.0.0.1:0 that stops when dropped.
 pub struct Served {
     pub url: String,
@@ -107,6 +109,14 @@ pub struct FakeState {
     pub stale_patches_left: u32,
     /// Delay for every GET of the system, to observe concurrency.
     pub get_delay: Duration,
+    /// A wrong password at login is answered 400 (as some BMCs do) rather than 401.
+    pub bad_login_400: bool,
+    /// `BootSourceOverrideMode` is read-only: a PATCH carrying it is refused with 400.
+    pub mode_read_only: bool,
+    /// The system has no `Boot` object.
+    pub no_boot: bool,
+    /// The system advertises no `#ComputerSystem.Reset`.
+    pub no_reset: bool,
     pub in_flight: usize,
     pub max_in_flight: usize,
     /// `METHOD path [If-Match] [body]` per request.
@@ -138,6 +148,10 @@ impl Default for FakeState {
             etag: 1,
             stale_patches_left: 0,
             get_delay: Duration::ZERO,
+            bad_login_400: false,
+            mode_read_only: false,
+            no_boot: false,
+            no_reset: false,
             in_flight: 0,
             max_in_flight: 0,
             log: Vec::new(),
@@ -228,7 +242,11 @@ async fn fake_handler(
         }
         if json_body["UserName"] != USER || json_body["Password"] != PASS {
             return error(
-                StatusCode::UNAUTHORIZED,
+                if st.bad_login_400 {
+                    StatusCode::BAD_REQUEST
+                } else {
+                    StatusCode::UNAUTHORIZED
+                },
                 "Base.1.8.NoValidSession",
                 "invalid credentials",
             );
@@ -300,7 +318,7 @@ async fn fake_handler(
             tokio::time::sleep(delay).await;
             let mut st = lock(&s);
             st.in_flight -= 1;
-            let body = json!({
+            let mut body = json!({
                 "@odata.id": "/redfish/v1/Systems/1", "Id": "1", "Manufacturer": st.vendor,
                 "PowerState": st.reported_power.clone().unwrap_or_else(|| st.power.clone()),
                 "Boot": {"BootSourceOverrideTarget": st.boot_target, "BootSourceOverrideEnabled": st.boot_enabled,
@@ -309,6 +327,12 @@ async fn fake_handler(
                 "Actions": {"#ComputerSystem.Reset": {"target": "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset",
                     "ResetType@Redfish.AllowableValues": st.allowed_resets}}
             });
+            if st.no_boot {
+                body.as_object_mut().map(|o| o.remove("Boot"));
+            }
+            if st.no_reset {
+                body["Actions"] = json!({});
+            }
             let etag = format!("W/\"{}\"", st.etag);
             if st.send_etag {
                 ([(header::ETAG, etag)], axum::Json(body)).into_response()
@@ -335,6 +359,13 @@ async fn fake_handler(
                     );
                 }
                 _ => {}
+            }
+            if st.mode_read_only && json_body["Boot"].get("BootSourceOverrideMode").is_some() {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "Base.1.8.PropertyNotWritable",
+                    "The property BootSourceOverrideMode is a read only property and cannot be assigned a value.",
+                );
             }
             if st.stale_patches_left > 0 {
                 st.stale_patches_left -= 1;
