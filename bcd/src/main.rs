@@ -133,7 +133,8 @@ enum SiteCommand {
         /// Pin the BMC's certificate: sha256:<hex SHA-256 of its DER certificate>.
         #[arg(long)]
         pin: Option<String>,
-        /// The system to act on (default: the only one).
+        /// The system to act on: its Id or its full @odata.id. Required when the BMC has several systems (the
+        /// error lists them); without it, power and boot-once act only on a BMC with exactly one system.
         #[arg(long)]
         system: Option<String>,
         #[command(subcommand)]
@@ -171,18 +172,13 @@ async fn redfish(
 ) -> anyhow::Result<()> {
     use bcd_site::redfish;
     // Parsed before the credentials are fetched: a typo costs no secret delivery.
-    enum Op {
-        Inspect,
-        Power(redfish::PowerAction),
-        BootOnce(redfish::BootTarget),
-    }
     let op = match action {
-        RedfishAction::Inspect => Op::Inspect,
+        RedfishAction::Inspect => redfish::Operation::Inspect,
         RedfishAction::Power { action } => {
-            Op::Power(action.parse().map_err(|e: String| anyhow::anyhow!(e))?)
+            redfish::Operation::Power(action.parse().map_err(|e: String| anyhow::anyhow!(e))?)
         }
         RedfishAction::BootOnce { target } => {
-            Op::BootOnce(target.parse().map_err(|e: String| anyhow::anyhow!(e))?)
+            redfish::Operation::BootOnce(target.parse().map_err(|e: String| anyhow::anyhow!(e))?)
         }
     };
     let mut opts = redfish::BmcOptions::default();
@@ -221,18 +217,28 @@ async fn redfish(
             )
         }
     };
-    // The credentials move into the one operation and are wiped when it ends.
-    let result = match op {
-        Op::Inspect => redfish::inspect(url, creds, opts)
-            .await
-            .map(|inv| print!("{inv}")),
-        Op::Power(a) => redfish::power(url, creds, opts, system.as_deref(), a)
-            .await
-            .map(|o| println!("{o:?}")),
-        Op::BootOnce(t) => redfish::boot_once(url, creds, opts, system.as_deref(), t)
-            .await
-            .map(|o| println!("{o:?}")),
+    // The credentials move into the one operation and are wiped when it ends. SIGINT or SIGTERM stops the
+    // operation and logs the BMC session out before exiting (status 130).
+    let shutdown = async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = async {
+                match term.as_mut() {
+                    Some(t) => { t.recv().await; }
+                    None => std::future::pending::<()>().await,
+                }
+            } => {}
+        }
     };
+    let result = redfish::run(url, creds, opts, system.as_deref(), op, shutdown)
+        .await
+        .map(|outcome| print!("{outcome}"));
+    if let Err(e @ redfish::RedfishError::Interrupted { .. }) = &result {
+        eprintln!("bcd site redfish: {e}");
+        std::process::exit(130);
+    }
     match (result, secret) {
         (Ok(()), _) => Ok(()),
         (Err(e @ redfish::RedfishError::AuthRejected { .. }), Some((name, site))) => {

@@ -394,3 +394,122 @@ fn secret_and_password_env_exclude_each_other() {
     );
     assert!(err.contains("--secret"), "{err}");
 }
+
+/// A BMC with sessions whose Systems collection never answers in time: enough to interrupt `bcd site redfish`
+/// mid-inspect. Records every request line; a session is open from its POST until its DELETE.
+async fn slow_session_bmc()
+-> anyhow::Result<(String, std::sync::Arc<std::sync::Mutex<Vec<String>>>)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log2 = log.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let log = log2.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let mut chunk = [0u8; 4096];
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match conn.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap_or(0))
+                        })
+                        .unwrap_or(0);
+                    while buf.len() < end + 4 + len {
+                        match conn.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..end + 4 + len);
+                    let line = head.lines().next().unwrap_or_default().to_owned();
+                    log.lock().map(|mut l| l.push(line.clone())).ok();
+                    let mut parts = line.split(' ');
+                    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+                    let (status, extra, body) = match (method, path.trim_end_matches('/')) {
+                        ("GET", "/redfish/v1") => ("200 OK", String::new(), r#"{"@odata.id":"/redfish/v1","RedfishVersion":"1.15.0","Systems":{"@odata.id":"/redfish/v1/Systems"},"SessionService":{"@odata.id":"/redfish/v1/SessionService"},"Links":{"Sessions":{"@odata.id":"/redfish/v1/SessionService/Sessions"}}}"#.to_owned()),
+                        ("POST", "/redfish/v1/SessionService/Sessions") => ("201 Created", "X-Auth-Token: t1\r\nLocation: /redfish/v1/SessionService/Sessions/1\r\n".to_owned(), r#"{"@odata.id":"/redfish/v1/SessionService/Sessions/1"}"#.to_owned()),
+                        ("DELETE", _) => ("204 No Content", String::new(), String::new()),
+                        ("GET", "/redfish/v1/Systems") => {
+                            tokio::time::sleep(Duration::from_secs(60)).await;
+                            ("200 OK", String::new(), r#"{"Members":[]}"#.to_owned())
+                        }
+                        _ => ("404 Not Found", String::new(), r#"{"error":{"code":"Base.1.8.ResourceMissingAtURI","message":"no such resource"}}"#.to_owned()),
+                    };
+                    let resp = format!(
+                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}\r\n{body}",
+                        body.len()
+                    );
+                    if conn.write_all(resp.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok((url, log))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_and_sigterm_log_the_session_out() -> anyhow::Result<()> {
+    for signal in ["INT", "TERM"] {
+        let (url, log) = slow_session_bmc().await?;
+        let mut child = Command::new(BIN)
+            .args(["site", "redfish", &url, "--user", "admin", "inspect"])
+            .env("BMC_PASSWORD", "pw")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        // Wait until the session is open and the inventory is under way.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !log
+            .lock()
+            .map(|l| l.iter().any(|x| x.starts_with("GET /redfish/v1/Systems")))
+            .unwrap_or(false)
+        {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "bcd never reached the systems: {:?}",
+                log.lock().map(|l| l.clone())
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -{signal}");
+        let out = tokio::task::spawn_blocking(move || {
+            let r = child.wait_with_output();
+            r
+        })
+        .await??;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        println!(
+            "SIG{signal}: exit {:?}, stderr tail: {:?}",
+            out.status.code(),
+            stderr.lines().last()
+        );
+        assert_eq!(out.status.code(), Some(130), "{stderr}");
+        assert!(stderr.contains("interrupted"), "{stderr}");
+        let lines = log.lock().map(|l| l.clone()).unwrap_or_default();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("DELETE /redfish/v1/SessionService/Sessions/1")),
+            "SIG{signal}: the session was not logged out: {lines:?}"
+        );
+    }
+    Ok(())
+}
