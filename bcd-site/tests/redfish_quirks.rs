@@ -473,3 +473,63 @@ async fn accepted_but_not_applied_power_change_is_an_error() -> Result<()> {
     bmc.close().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn boot_once_http_retries_without_the_mode_after_a_400() -> Result<()> {
+    // Generic BMC, system reads Legacy: the mode is sent for UEFI HTTP, refused as read-only (400), then sent
+    // again without it.
+    let (srv, state) = fake_bmc(FakeState {
+        boot_mode: "Legacy".into(),
+        mode_read_only: true,
+        ..FakeState::default()
+    })
+    .await?;
+    let bmc = Bmc::connect(&srv.url, creds(), opts()).await?;
+    let set = bmc
+        .boot_once("/redfish/v1/Systems/1", BootTarget::UefiHttp)
+        .await?;
+    assert_eq!(set.target, "UefiHttp");
+    let st = state.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+    let patches: Vec<&String> = st.log.iter().filter(|l| l.starts_with("PATCH")).collect();
+    assert_eq!(patches.len(), 2, "{patches:?}");
+    assert!(patches[0].contains("BootSourceOverrideMode"), "{}", patches[0]);
+    assert!(!patches[1].contains("BootSourceOverrideMode"), "{}", patches[1]);
+    drop(st);
+    bmc.close().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn nothing_is_sent_that_the_system_does_not_advertise() -> Result<()> {
+    let (srv, state) = fake_bmc(FakeState {
+        no_boot: true,
+        no_reset: true,
+        ..FakeState::default()
+    })
+    .await?;
+    let bmc = Bmc::connect(&srv.url, creds(), opts()).await?;
+    let err = bmc
+        .boot_once("/redfish/v1/Systems/1", BootTarget::Pxe)
+        .await
+        .err()
+        .context("no Boot object")?;
+    assert!(matches!(err, RedfishError::NoBootOverride { .. }), "{err}");
+    assert!(err.to_string().contains("nothing was sent"), "{err}");
+    let err = bmc
+        .power("/redfish/v1/Systems/1", PowerAction::On)
+        .await
+        .err()
+        .context("no Reset action")?;
+    assert!(matches!(err, RedfishError::NoResetAction { .. }), "{err}");
+    let st = state.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+    assert!(
+        !st.log
+            .iter()
+            .any(|l| l.starts_with("PATCH") || l.starts_with("POST /redfish/v1/Systems")),
+        "{:?}",
+        st.log
+    );
+    drop(st);
+    bmc.close().await?;
+    Ok(())
+}
