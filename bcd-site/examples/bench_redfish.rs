@@ -53,7 +53,9 @@ async fn main() -> Result<()> {
             .position(|a| a == name)
             .and_then(|i| args.get(i + 1).cloned())
     };
-    let rounds: usize = arg("--rounds").map_or(Ok(5), |r| r.parse()).context("--rounds")?;
+    let rounds: usize = arg("--rounds")
+        .map_or(Ok(5), |r| r.parse())
+        .context("--rounds")?;
     let sushy = arg("--sushy-python");
     let peer_script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/bench_redfish_sushy.py");

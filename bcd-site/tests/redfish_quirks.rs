@@ -489,12 +489,21 @@ async fn boot_once_http_retries_without_the_mode_after_a_400() -> Result<()> {
         .boot_once("/redfish/v1/Systems/1", BootTarget::UefiHttp)
         .await?;
     assert_eq!(set.target, "UefiHttp");
-    let st = state.lock().map_err(|_| anyhow::anyhow!("lock"))?;
-    let patches: Vec<&String> = st.log.iter().filter(|l| l.starts_with("PATCH")).collect();
-    assert_eq!(patches.len(), 2, "{patches:?}");
-    assert!(patches[0].contains("BootSourceOverrideMode"), "{}", patches[0]);
-    assert!(!patches[1].contains("BootSourceOverrideMode"), "{}", patches[1]);
-    drop(st);
+    {
+        let st = state.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+        let patches: Vec<&String> = st.log.iter().filter(|l| l.starts_with("PATCH")).collect();
+        assert_eq!(patches.len(), 2, "{patches:?}");
+        assert!(
+            patches[0].contains("BootSourceOverrideMode"),
+            "{}",
+            patches[0]
+        );
+        assert!(
+            !patches[1].contains("BootSourceOverrideMode"),
+            "{}",
+            patches[1]
+        );
+    }
     bmc.close().await?;
     Ok(())
 }
@@ -521,15 +530,16 @@ async fn nothing_is_sent_that_the_system_does_not_advertise() -> Result<()> {
         .err()
         .context("no Reset action")?;
     assert!(matches!(err, RedfishError::NoResetAction { .. }), "{err}");
-    let st = state.lock().map_err(|_| anyhow::anyhow!("lock"))?;
-    assert!(
-        !st.log
-            .iter()
-            .any(|l| l.starts_with("PATCH") || l.starts_with("POST /redfish/v1/Systems")),
-        "{:?}",
-        st.log
-    );
-    drop(st);
+    {
+        let st = state.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+        assert!(
+            !st.log
+                .iter()
+                .any(|l| l.starts_with("PATCH") || l.starts_with("POST /redfish/v1/Systems")),
+            "{:?}",
+            st.log
+        );
+    }
     bmc.close().await?;
     Ok(())
 }

@@ -755,10 +755,7 @@ impl Bmc {
                 self.fetch::<Collection>(collection).await?,
             ),
         };
-        loop {
-            let Some(next) = listing.page(&page_path, page.value, &page.warnings) else {
-                break;
-            };
+        while let Some(next) = listing.page(&page_path, page.value, &page.warnings) {
             match self.fetch::<Collection>(&next).await {
                 Ok(p) => {
                     page_path = next;
