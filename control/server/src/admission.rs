@@ -3,7 +3,7 @@
 //! request under its idempotency key; the scheduler's placer books it (tx 2) and notifies; the call waits for
 //! that decision, bounded, and answers with the reservation.
 
-use crate::api::{ApiError, ApiState, require};
+use crate::api::{ApiCode, ApiError, ApiState, require};
 use bc_core::reservation::{ReservationRequest, tenant_allowed, valid_id};
 use bc_store::iam::Principal;
 use bc_store::reservations::{Admission, Reservation};
@@ -150,14 +150,13 @@ impl Admitter {
         ask: Ask,
         rx: oneshot::Receiver<Result<Admission, bc_store::StoreError>>,
     ) -> Result<Admission, ApiError> {
-        self.tx
-            .send(ask)
-            .await
-            .map_err(|_| ApiError::new("UNAVAILABLE", "admission is shutting down; retry"))?;
+        self.tx.send(ask).await.map_err(|_| {
+            ApiError::new(ApiCode::Unavailable, "admission is shutting down; retry")
+        })?;
         match rx.await {
             Ok(r) => r.map_err(ApiError::from),
             Err(_) => Err(ApiError::new(
-                "UNAVAILABLE",
+                ApiCode::Unavailable,
                 "admission was interrupted; retry with the same idempotency key",
             )),
         }
@@ -169,7 +168,7 @@ fn body_tenant_check(p: &Principal, tenant: &str) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(ApiError::new(
-            "ACCESS_DENIED",
+            ApiCode::AccessDenied,
             format!(
                 "principal {} belongs to tenant {} and cannot act in tenant {tenant}",
                 p.id, p.tenant_id
@@ -181,7 +180,12 @@ fn body_tenant_check(p: &Principal, tenant: &str) -> Result<(), ApiError> {
 pub async fn create(state: &ApiState, p: &Principal, body: Value) -> Result<Value, ApiError> {
     let mut body = match body {
         Value::Object(m) => m,
-        _ => return Err(ApiError::new("INVALID_ARGUMENT", "body must be an object")),
+        _ => {
+            return Err(ApiError::new(
+                ApiCode::InvalidArgument,
+                "body must be an object",
+            ));
+        }
     };
     let key = match body.remove("idempotency_key") {
         None | Some(Value::Null) => None,
@@ -192,15 +196,15 @@ pub async fn create(state: &ApiState, p: &Principal, body: Value) -> Result<Valu
         }
         Some(_) => {
             return Err(ApiError::new(
-                "INVALID_ARGUMENT",
+                ApiCode::InvalidArgument,
                 "idempotency_key must be 1 to 128 printable ASCII characters",
             ));
         }
     };
     let req: ReservationRequest = serde_json::from_value(Value::Object(body))
-        .map_err(|e| ApiError::new("INVALID_ARGUMENT", format!("request body: {e}")))?;
+        .map_err(|e| ApiError::new(ApiCode::InvalidArgument, format!("request body: {e}")))?;
     req.validate()
-        .map_err(|e| ApiError::new("INVALID_ARGUMENT", e.to_string()))?;
+        .map_err(|e| ApiError::new(ApiCode::InvalidArgument, e.to_string()))?;
     // Before any database access: the tenant boundary, then the grant.
     body_tenant_check(p, &req.tenant)?;
     require(
@@ -210,15 +214,19 @@ pub async fn create(state: &ApiState, p: &Principal, body: Value) -> Result<Valu
     )?;
     let id = format!("rsv-{}", uuid::Uuid::now_v7().simple());
     let key = key.unwrap_or_else(|| id.clone());
-    let decisions = state
-        .decisions
-        .clone()
-        .ok_or_else(|| ApiError::new("UNAVAILABLE", "this process does not admit reservations"))?;
+    let decisions = state.decisions.clone().ok_or_else(|| {
+        ApiError::new(
+            ApiCode::Unavailable,
+            "this process does not admit reservations",
+        )
+    })?;
     let waiter = decisions.wait(&id);
-    let admitter = state
-        .admitter
-        .clone()
-        .ok_or_else(|| ApiError::new("UNAVAILABLE", "this process does not admit reservations"))?;
+    let admitter = state.admitter.clone().ok_or_else(|| {
+        ApiError::new(
+            ApiCode::Unavailable,
+            "this process does not admit reservations",
+        )
+    })?;
     let (reply, rx) = oneshot::channel();
     let ask = Ask {
         id: id.clone(),
@@ -247,7 +255,7 @@ pub async fn create(state: &ApiState, p: &Principal, body: Value) -> Result<Valu
             decisions.forget(&id);
             if body_hash != req.body_hash() {
                 return Err(ApiError::new(
-                    "CONFLICT",
+                    ApiCode::Conflict,
                     format!(
                         "idempotency key {key:?} was used for a different request (reservation {}); use a new key",
                         reservation.id
@@ -276,11 +284,9 @@ async fn await_decision(
         _ => {
             decisions.forget(id);
             // Missed or slow: read what is there (possibly still pending; `get` follows it).
-            state
-                .store
-                .reservation(id)
-                .await?
-                .ok_or_else(|| ApiError::new("NOT_FOUND", format!("reservation {id:?} not found")))
+            state.store.reservation(id).await?.ok_or_else(|| {
+                ApiError::new(ApiCode::NotFound, format!("reservation {id:?} not found"))
+            })
         }
     }
 }
@@ -289,7 +295,7 @@ async fn await_decision(
 fn answer(r: Reservation) -> Result<Value, ApiError> {
     if r.state == "failed" {
         return Err(ApiError::new(
-            "UNAVAILABLE",
+            ApiCode::Unavailable,
             format!(
                 "reservation {} was not placed: {}; retry later, ask for fewer GPUs, or use a new idempotency key",
                 r.id,
@@ -312,7 +318,7 @@ async fn visible(
     id: &str,
     verb: &str,
 ) -> Result<Reservation, ApiError> {
-    let not_found = || ApiError::new("NOT_FOUND", format!("reservation {id:?} not found"));
+    let not_found = || ApiError::new(ApiCode::NotFound, format!("reservation {id:?} not found"));
     let r = state.store.reservation(id).await?.ok_or_else(not_found)?;
     // Another tenant's reservation does not exist as far as this caller can tell.
     if !tenant_allowed(&p.tenant_id, p.tenant_is_root, &r.tenant) {
@@ -372,7 +378,7 @@ pub async fn release(state: &ApiState, p: &Principal, req: ById) -> Result<Value
     {
         Some(r) => Ok(json!({ "reservation": r })),
         None => Err(ApiError::new(
-            "CONFLICT",
+            ApiCode::Conflict,
             format!("reservation {} has already ended ({})", r.id, r.state),
         )),
     }
@@ -394,14 +400,14 @@ pub async fn create_tenant(
 ) -> Result<Value, ApiError> {
     if !p.tenant_is_root {
         return Err(ApiError::new(
-            "ACCESS_DENIED",
+            ApiCode::AccessDenied,
             "only the root tenant creates tenants",
         ));
     }
     require(p, "compute:tenants:create", &format!("tenant/{}", req.id))?;
     if !valid_id(&req.id) {
         return Err(ApiError::new(
-            "INVALID_ARGUMENT",
+            ApiCode::InvalidArgument,
             "id must be letters, digits, '-' or '_' (at most 64)",
         ));
     }
@@ -433,22 +439,41 @@ pub async fn create_principal(
     )?;
     if !valid_id(&req.id) {
         return Err(ApiError::new(
-            "INVALID_ARGUMENT",
+            ApiCode::InvalidArgument,
             "id must be letters, digits, '-' or '_' (at most 64)",
         ));
+    }
+    for (i, g) in req.grants.iter().enumerate() {
+        if !valid_pattern(&g.permission) || !valid_pattern(&g.scope) {
+            return Err(ApiError::invalid(format!(
+                "grants[{i}]: permission and scope must be 1 to 256 visible ASCII characters (e.g. \
+                 compute:nodes:get on pool/gpu-a)"
+            )));
+        }
     }
     // A non-root caller may hand out only grants scoped to its own tenant.
     if !p.tenant_is_root {
         let own = format!("tenant/{}", req.tenant);
         if let Some(g) = req.grants.iter().find(|g| g.scope != own) {
             return Err(ApiError::new(
-                "ACCESS_DENIED",
+                ApiCode::AccessDenied,
                 format!("grant scope {:?} is outside tenant {}", g.scope, req.tenant),
             ));
         }
     }
+    // Nobody hands out what it does not hold: each grant must be covered by one of the caller's own.
+    if let Some(g) = bc_core::iam::first_uncovered(&p.grants, &req.grants) {
+        return Err(ApiError::new(
+            ApiCode::AccessDenied,
+            format!(
+                "principal {} cannot grant {} on {}: none of its own grants covers it (a principal grants only \
+                 what it holds); ask a principal that holds it, or grant something narrower",
+                p.id, g.permission, g.scope
+            ),
+        ));
+    }
     let key = bc_proto::token::Token::generate(bc_proto::token::TokenKind::ApiKey)
-        .map_err(|_| ApiError::new("UNAVAILABLE", "no randomness"))?;
+        .map_err(|_| ApiError::new(ApiCode::Unavailable, "no randomness"))?;
     let name = req.name.unwrap_or_else(|| req.id.clone());
     state
         .store
@@ -462,6 +487,11 @@ pub async fn create_principal(
         )
         .await?;
     Ok(json!({"id": req.id, "tenant": req.tenant, "api_key": key.reveal()}))
+}
+
+/// A grant's permission or scope as stored: 1 to 256 visible ASCII characters.
+fn valid_pattern(s: &str) -> bool {
+    (1..=256).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// Shared handle type for ApiState.

@@ -8,7 +8,7 @@
 //!
 //! A machine's boot names an artifact as `sha256:<hex>` in `kernel` or `initrd`.
 
-use crate::api::{ApiError, ApiState, require};
+use crate::api::{ApiCode, ApiError, ApiState, require};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
@@ -72,7 +72,7 @@ impl ArtifactDir {
         let io = |what: &str, e: std::io::Error| {
             tracing::error!(error = %e, "{what}");
             ApiError::new(
-                "UNAVAILABLE",
+                ApiCode::Unavailable,
                 format!(
                     "{what} in the control plane's state directory failed; the control plane logged why"
                 ),
@@ -224,7 +224,7 @@ pub(crate) async fn check_references(
         }
         if state.store.artifact(sha).await?.is_none() {
             return Err(ApiError::new(
-                "NOT_FOUND",
+                ApiCode::NotFound,
                 format!(
                     "{field}: no artifact {sha}: upload it first with `better-compute artifacts put <file>`"
                 ),

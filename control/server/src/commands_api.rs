@@ -3,7 +3,7 @@
 //! node's pool: queueing needs `compute:nodes:command` (an operator permission, like `compute:nodes:drain`),
 //! reading needs `compute:nodes:get`.
 
-use crate::api::{ApiError, ApiState, now_ms, require};
+use crate::api::{ApiCode, ApiError, ApiState, now_ms, require};
 use axum::Json;
 use bc_store::iam::Principal;
 use serde::Deserialize;
@@ -77,10 +77,12 @@ pub(crate) async fn queue(
     req: QueueCommand,
 ) -> Result<Json<Value>, ApiError> {
     check(&req)?;
-    let node =
-        state.store.node(&req.node_id).await?.ok_or_else(|| {
-            ApiError::new("NOT_FOUND", format!("node {:?} not found", req.node_id))
-        })?;
+    let node = state.store.node(&req.node_id).await?.ok_or_else(|| {
+        ApiError::new(
+            ApiCode::NotFound,
+            format!("node {:?} not found", req.node_id),
+        )
+    })?;
     require(
         p,
         "compute:nodes:command",
@@ -88,7 +90,7 @@ pub(crate) async fn queue(
     )?;
     if node.state == "revoked" {
         return Err(ApiError::new(
-            "CONFLICT",
+            ApiCode::Conflict,
             format!("node {} is revoked; it can run no command", node.id),
         ));
     }
@@ -133,7 +135,7 @@ pub(crate) async fn get(
     p: &Principal,
     req: ById,
 ) -> Result<Json<Value>, ApiError> {
-    let not_found = || ApiError::new("NOT_FOUND", format!("command {:?} not found", req.id));
+    let not_found = || ApiError::new(ApiCode::NotFound, format!("command {:?} not found", req.id));
     let command = state.store.command(&req.id).await?.ok_or_else(not_found)?;
     let node = state
         .store

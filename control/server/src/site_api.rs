@@ -1,7 +1,7 @@
 //! API groups of sites: `sites.revoke`, `site-tokens.create|list|revoke`, `machines.create|list|set-boot`, `secrets.put`. Each
 //! permission is `compute:<group>:<verb>` on scope `site/<id>`.
 
-use crate::api::{ApiError, ApiState, now_ms, parse, require};
+use crate::api::{ApiCode, ApiError, ApiState, now_ms, parse, require};
 use crate::site::BootSpec;
 use axum::Json;
 use bc_core::iam::allows;
@@ -28,7 +28,7 @@ pub(crate) async fn dispatch(
         ("machines", "set-boot") => set_boot(state, p, parse(body)?).await,
         ("secrets", "put") => put_secret(state, p, parse(body)?).await,
         _ => Err(ApiError::new(
-            "NOT_FOUND",
+            ApiCode::NotFound,
             format!("no method {group}.{method}"),
         )),
     }
@@ -84,7 +84,7 @@ async fn create_token(
     )?;
     if state.store.site_revoked(&req.site).await? {
         return Err(ApiError::new(
-            "FAILED_PRECONDITION",
+            ApiCode::FailedPrecondition,
             format!(
                 "site {} is revoked and enrolls no agent: create a token for a new site id",
                 req.site
@@ -100,7 +100,7 @@ async fn create_token(
         ));
     }
     let token = Token::generate(TokenKind::Site)
-        .map_err(|_| ApiError::new("UNAVAILABLE", "no randomness"))?;
+        .map_err(|_| ApiError::new(ApiCode::Unavailable, "no randomness"))?;
     let expires_at_ms = now_ms() + req.ttl_seconds * 1000;
     state
         .store
@@ -156,10 +156,12 @@ struct ById {
 }
 
 async fn revoke_token(state: &ApiState, p: &Principal, req: ById) -> Result<Json<Value>, ApiError> {
-    let token =
-        state.store.site_token(&req.id).await?.ok_or_else(|| {
-            ApiError::new("NOT_FOUND", format!("site token {:?} not found", req.id))
-        })?;
+    let token = state.store.site_token(&req.id).await?.ok_or_else(|| {
+        ApiError::new(
+            ApiCode::NotFound,
+            format!("site token {:?} not found", req.id),
+        )
+    })?;
     require(
         p,
         "compute:site-tokens:revoke",
@@ -190,7 +192,7 @@ async fn revoke_site(
         .await?
         .ok_or_else(|| {
             ApiError::new(
-                "NOT_FOUND",
+                ApiCode::NotFound,
                 format!(
                     "site {:?} not found: sites are created by `site-tokens create`",
                     req.site
@@ -277,7 +279,7 @@ async fn create_machine(
         && existing.site_id != req.site
     {
         return Err(ApiError::new(
-            "CONFLICT",
+            ApiCode::Conflict,
             format!(
                 "machine {mac} belongs to site {}; change its boot with machines.set-boot, or remove it there first",
                 existing.site_id
@@ -335,7 +337,7 @@ async fn set_boot(state: &ApiState, p: &Principal, req: SetBoot) -> Result<Json<
         .map(|m| m.site_id)
         .ok_or_else(|| {
             ApiError::new(
-                "NOT_FOUND",
+                ApiCode::NotFound,
                 format!("machine {mac} not found: create it with machines.create"),
             )
         })?;
