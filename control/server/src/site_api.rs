@@ -275,15 +275,20 @@ async fn create_machine(
     check_site_id(&req.site)?;
     require(p, "compute:machines:create", &format!("site/{}", req.site))?;
     let mac = canonical_mac(&req.mac)?;
-    if let Some(existing) = state.store.machine(&mac).await?
-        && existing.site_id != req.site
-    {
+    if let Some(existing) = state.store.machine(&mac).await? {
         return Err(ApiError::new(
             ApiCode::Conflict,
-            format!(
-                "machine {mac} belongs to site {}; change its boot with machines.set-boot, or remove it there first",
-                existing.site_id
-            ),
+            if existing.site_id == req.site {
+                format!(
+                    "machine {mac} already exists in site {}; change its boot with machines.set-boot",
+                    req.site
+                )
+            } else {
+                format!(
+                    "machine {mac} belongs to site {}; change its boot with machines.set-boot, or remove it there first",
+                    existing.site_id
+                )
+            },
         ));
     }
     let boot = check_boot(&req.boot)?;
@@ -295,7 +300,7 @@ async fn create_machine(
         site_id: req.site,
         boot,
     };
-    state.store.upsert_machine(&row, &actor(p)).await?;
+    state.store.create_machine(&row, &actor(p)).await?;
     Ok(Json(json!({ "machine": row })))
 }
 

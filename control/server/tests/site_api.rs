@@ -433,3 +433,87 @@ async fn site_grants_codes_and_cli() {
     );
     running.shutdown().await;
 }
+
+/// Issue 10 item 15: `machines.create` on a MAC that exists (in any spelling) is CONFLICT and changes nothing: its
+/// boot is kept until `machines.set-boot` changes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creating_an_existing_machine_is_a_conflict_that_keeps_its_boot() {
+    bc_proto::install_crypto_provider();
+    let db = test_db().await;
+    let store = Store::new(db.pool.clone());
+    store.ensure_root_tenant().await.expect("tenant");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ServeConfig::loopback(
+        dir.path().join("state"),
+        "test.bc",
+        Roles {
+            api: true,
+            ..Roles::default()
+        },
+    );
+    let running = bc_control::start(&config, store.clone())
+        .await
+        .expect("start");
+    let url = format!("http://{}", running.api_addr.expect("api"));
+    let admin = ApiClient::new(
+        &url,
+        &bc_control::bootstrap_admin(&store).await.expect("admin"),
+    );
+    for site in ["r1", "r2"] {
+        admin
+            .call("site-tokens", "create", json!({"site": site}))
+            .await
+            .expect("site");
+    }
+    let boot = json!({"kernel": "ramdisk/vmlinuz", "initrd": "ramdisk/initrd", "cmdline": "console=ttyS0"});
+    admin
+        .call(
+            "machines",
+            "create",
+            json!({"mac": "52:54:00:aa:bb:01", "site": "r1", "boot": boot}),
+        )
+        .await
+        .expect("create");
+    let boot_of = || async {
+        let v = admin
+            .call("machines", "list", json!({}))
+            .await
+            .expect("list");
+        assert_eq!(v["machines"].as_array().map(Vec::len), Some(1), "{v}");
+        v["machines"][0]["boot"].clone()
+    };
+    for (what, body) in [
+        ("no boot", json!({"mac": "52:54:00:aa:bb:01", "site": "r1"})),
+        (
+            "another boot",
+            json!({"mac": "52:54:00:aa:bb:01", "site": "r1", "boot": {"kernel": "other"}}),
+        ),
+        (
+            "another spelling",
+            json!({"mac": "52-54-00-AA-BB-01", "site": "r1"}),
+        ),
+        (
+            "another site",
+            json!({"mac": "52:54:00:aa:bb:01", "site": "r2"}),
+        ),
+    ] {
+        match admin.call("machines", "create", body).await {
+            Err(ClientError::Api { code, message }) => {
+                assert_eq!(code, "CONFLICT", "{what}: {message}");
+                assert!(message.contains("set-boot"), "{what}: {message}");
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+        assert_eq!(boot_of().await, boot, "{what} changed the boot");
+    }
+    admin
+        .call(
+            "machines",
+            "set-boot",
+            json!({"mac": "52:54:00:aa:bb:01", "boot": null}),
+        )
+        .await
+        .expect("set-boot");
+    assert_eq!(boot_of().await, json!(null));
+    running.shutdown().await;
+}

@@ -451,8 +451,9 @@ impl Store {
 
     // === impl machines ===
 
-    /// Creates a machine of `site`, or moves an existing MAC to it, with its boot spec.
-    pub async fn upsert_machine(&self, m: &MachineRow, actor: &str) -> Result<(), StoreError> {
+    /// Creates a machine of `site` with its boot spec. A MAC that already exists is CONFLICT (naming its site):
+    /// its boot changes only through [`Store::set_machine_boot`], never as a side effect of a create.
+    pub async fn create_machine(&self, m: &MachineRow, actor: &str) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         let site_exists: bool =
             sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM sites WHERE id = $1)")
@@ -465,19 +466,31 @@ impl Store {
                 id: m.site_id.clone(),
             });
         }
-        sqlx::query(
-            "INSERT INTO machines (mac, site_id, boot) VALUES ($1, $2, $3) ON CONFLICT (mac) DO UPDATE SET \
-             site_id = EXCLUDED.site_id, boot = EXCLUDED.boot, updated_at = now()",
+        let created = sqlx::query(
+            "INSERT INTO machines (mac, site_id, boot) VALUES ($1, $2, $3) ON CONFLICT (mac) DO NOTHING",
         )
         .bind(&m.mac)
         .bind(&m.site_id)
         .bind(&m.boot)
         .execute(&mut *tx)
-        .await?;
+        .await?
+        .rows_affected();
+        if created == 0 {
+            let site: Option<String> =
+                sqlx::query_scalar("SELECT site_id FROM machines WHERE mac = $1")
+                    .bind(&m.mac)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            return Err(StoreError::Conflict(format!(
+                "machine {} already exists (site {}); change its boot with machines.set-boot",
+                m.mac,
+                site.unwrap_or_default()
+            )));
+        }
         audit(
             &mut tx,
             actor,
-            "machine.set",
+            "machine.create",
             &format!("machine/{}", m.mac),
             serde_json::json!({"site": m.site_id, "boot": m.boot}),
         )
