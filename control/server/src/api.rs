@@ -12,6 +12,7 @@ use bc_proto::token::{Token, TokenKind};
 use bc_store::Store;
 use bc_store::iam::Principal;
 use bc_store::join_tokens::NewJoinToken;
+use bc_store::reservations::NodeStateChange;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -425,8 +426,15 @@ async fn dispatch(
         ("artifacts", "list") => crate::artifacts::list(&state, &principal).await,
         ("nodes", "list") => list_nodes(&state, &principal).await,
         ("nodes", "get") => get_node(&state, &principal, parse(body)?).await,
-        ("nodes", "drain") => set_node_state(&state, &principal, parse(body)?, "draining").await,
-        ("nodes", "revoke") => set_node_state(&state, &principal, parse(body)?, "revoked").await,
+        ("nodes", "drain") => {
+            set_node_state(&state, &principal, parse(body)?, NodeVerb::Drain).await
+        }
+        ("nodes", "undrain") => {
+            set_node_state(&state, &principal, parse(body)?, NodeVerb::Undrain).await
+        }
+        ("nodes", "revoke") => {
+            set_node_state(&state, &principal, parse(body)?, NodeVerb::Revoke).await
+        }
         ("nodes", "command") => crate::commands_api::queue(&state, &principal, parse(body)?).await,
         ("commands", "get") => crate::commands_api::get(&state, &principal, parse(body)?).await,
         ("system", "stats") => {
@@ -616,36 +624,77 @@ async fn get_node(state: &ApiState, p: &Principal, req: ById) -> Result<Json<Val
     Ok(Json(json!({ "node": node, "inventory": inventory })))
 }
 
+/// The operator verbs on a node's state: `nodes.drain` (adopted → draining: no new bookings from the moment the
+/// call returns; existing ones stay), `nodes.undrain` (draining → adopted), `nodes.revoke` (refused from now on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodeVerb {
+    Drain,
+    Undrain,
+    Revoke,
+}
+
+impl NodeVerb {
+    fn name(self) -> &'static str {
+        match self {
+            NodeVerb::Drain => "drain",
+            NodeVerb::Undrain => "undrain",
+            NodeVerb::Revoke => "revoke",
+        }
+    }
+
+    /// (states the verb applies to, the state it sets)
+    fn transition(self) -> (&'static [&'static str], &'static str) {
+        match self {
+            NodeVerb::Drain => (&["adopted"], "draining"),
+            NodeVerb::Undrain => (&["draining"], "adopted"),
+            NodeVerb::Revoke => (&["adopting", "adopted", "draining", "failed"], "revoked"),
+        }
+    }
+}
+
 async fn set_node_state(
     state: &ApiState,
     p: &Principal,
     req: ById,
-    to: &str,
+    verb: NodeVerb,
 ) -> Result<Json<Value>, ApiError> {
     let node = state
         .store
         .node(&req.id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("node {:?} not found", req.id)))?;
-    let verb = if to == "revoked" { "revoke" } else { "drain" };
     require(
         p,
-        &format!("compute:nodes:{verb}"),
+        &format!("compute:nodes:{}", verb.name()),
         &format!("pool/{}", node.pool_id),
     )?;
-    if !state
+    let (from, to) = verb.transition();
+    let change = state
         .store
-        .set_node_state(&node.id, to, &format!("principal/{}", p.id))
-        .await?
-    {
-        return Err(ApiError::new(
-            ApiCode::Conflict,
-            format!("node {} is revoked; nothing to change", node.id),
-        ));
-    }
+        .set_node_schedulable(&node.id, from, to, &format!("principal/{}", p.id))
+        .await?;
+    let changed = match change {
+        NodeStateChange::Changed { .. } => true,
+        NodeStateChange::Unchanged => false,
+        NodeStateChange::Refused { state: current } => {
+            let why = match (verb, current.as_str()) {
+                (_, "revoked") => format!("node {} is revoked; nothing to change", node.id),
+                (NodeVerb::Drain, s) => format!(
+                    "node {} is {s}: only an adopted node can be drained (a {s} node takes no bookings); drain it \
+                     once it is adopted",
+                    node.id
+                ),
+                (_, s) => format!(
+                    "node {} is {s}, not draining: undrain returns a drained node to adopted",
+                    node.id
+                ),
+            };
+            return Err(ApiError::new(ApiCode::Conflict, why));
+        }
+    };
     // This process's gateway refuses the node from its next handshake and closes its session now; gateways in other
     // processes read the revocation on their own interval.
-    if to == "revoked"
+    if verb == NodeVerb::Revoke
         && let Some(sessions) = &state.sessions
         && let Ok(id) = bc_proto::spiffe::SpiffeId::new(
             state.ca.trust_domain(),
@@ -655,7 +704,9 @@ async fn set_node_state(
     {
         sessions.revoke([id]);
     }
-    Ok(Json(json!({"id": node.id, "state": to})))
+    Ok(Json(
+        json!({"id": node.id, "state": to, "changed": changed}),
+    ))
 }
 
 pub(crate) fn now_ms() -> i64 {

@@ -93,7 +93,7 @@ enum Command {
         #[command(subcommand)]
         command: CommandsCommand,
     },
-    /// Nodes: list, show, drain, revoke, command.
+    /// Nodes: list, show, drain, undrain, revoke, command.
     Nodes {
         #[command(flatten)]
         api: ApiArgs,
@@ -210,8 +210,10 @@ enum NodeCommand {
     List,
     /// One node: state, conditions, GPUs, inventory, last seen.
     Show { id: String },
-    /// Stop handing out this node's GPUs.
+    /// Stop handing out this node's GPUs: once this returns no new booking lands on it (existing ones stay).
     Drain { id: String },
+    /// Hand out a drained node's GPUs again.
+    Undrain { id: String },
     /// Refuse this node's identity from now on (its session is closed within a liveness interval).
     Revoke { id: String },
     /// Queue a command for the node's daemon (e.g. ramdisk.wipe, ramdisk.stream, ramdisk.diagnose); prints its id.
@@ -590,7 +592,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 NodeCommand::Drain { id } => {
                     client.call("nodes", "drain", json!({"id": id})).await?;
-                    println!("draining {id}");
+                    println!("draining {id}: no new bookings; existing ones stay until released");
+                }
+                NodeCommand::Undrain { id } => {
+                    client.call("nodes", "undrain", json!({"id": id})).await?;
+                    println!("undrained {id}: its free GPUs are bookable again");
                 }
                 NodeCommand::Revoke { id } => {
                     client.call("nodes", "revoke", json!({"id": id})).await?;

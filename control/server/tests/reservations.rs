@@ -16,12 +16,14 @@ use std::time::Duration;
 
 const H100: &str = "NVIDIA H100 80GB HBM3";
 
-fn config(dir: &std::path::Path, roles: Roles) -> ServeConfig {
+/// The scheduler's background capacity refresh runs many times in every test, beside placements and releases: a
+/// refresh that lost a change shows as refused creates or unbooked capacity.
+const FAST_RELOAD: Duration = Duration::from_millis(100);
+
+fn config(dir: &std::path::Path, roles: Roles, capacity_reload: Duration) -> ServeConfig {
     ServeConfig {
         shard_lease: Some(Duration::from_secs(2)),
-        // The scheduler's background capacity refresh runs many times in every test, beside placements and
-        // releases: a refresh that lost a change shows as refused creates or unbooked capacity.
-        capacity_reload: Some(Duration::from_millis(100)),
+        capacity_reload: Some(capacity_reload),
         ..ServeConfig::loopback(dir.to_path_buf(), "test.bc", roles)
     }
 }
@@ -48,6 +50,11 @@ struct Fleet {
 /// An API-only process on a pool that counts every connection it hands out, and a second "process" (same test
 /// binary, separate roles and pool) running the scheduler and the controllers.
 async fn fleet(nodes: i32, gpus: i32) -> Fleet {
+    fleet_with(nodes, gpus, FAST_RELOAD).await
+}
+
+/// Like [`fleet`], with the scheduler's periodic full capacity reload every `capacity_reload`.
+async fn fleet_with(nodes: i32, gpus: i32, capacity_reload: Duration) -> Fleet {
     bc_proto::install_crypto_provider();
     let db = test_db().await;
     let store = Store::new(db.pool.clone());
@@ -79,6 +86,7 @@ async fn fleet(nodes: i32, gpus: i32) -> Fleet {
                 api: true,
                 ..Roles::default()
             },
+            capacity_reload,
         ),
         Store::new(counted),
     )
@@ -92,6 +100,7 @@ async fn fleet(nodes: i32, gpus: i32) -> Fleet {
                 controllers: true,
                 ..Roles::default()
             },
+            capacity_reload,
         ),
         store.clone(),
     )
@@ -419,5 +428,109 @@ async fn release_frees_and_expiry_runs_without_notifications() {
     .await
     .expect("audit");
     assert_eq!(audits, 1);
+    f.stop().await;
+}
+
+/// Issue 10 item 14: once `nodes.drain` returns, no admission places on the node, even with the scheduler's periodic
+/// full reload far away (the default 30 s); `nodes.undrain` makes its GPUs bookable again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_node_takes_no_booking_from_the_moment_drain_returns() {
+    let f = fleet_with(2, 4, Duration::from_secs(30)).await;
+    // Warm the scheduler's capacity view with both nodes in it.
+    let warm = f
+        .admin
+        .call(
+            "reservations",
+            "create",
+            json!({"tenant": "root", "gpus": 1, "duration_s": 600}),
+        )
+        .await
+        .expect("warm");
+    let warm_id = warm["reservation"]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    f.admin
+        .call("reservations", "release", json!({"id": warm_id}))
+        .await
+        .expect("release");
+    let drained = "n-1";
+    let d = f
+        .admin
+        .call("nodes", "drain", json!({"id": drained}))
+        .await
+        .expect("drain");
+    assert_eq!(d["state"], "draining", "{d}");
+    // At once, more single-GPU admissions than the other node holds, concurrently.
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..6 {
+        let c = f.admin.clone();
+        set.spawn(async move {
+            c.call(
+                "reservations",
+                "create",
+                json!({"tenant": "root", "gpus": 1, "duration_s": 600, "idempotency_key": format!("d{i}")}),
+            )
+            .await
+        });
+    }
+    let results = set.join_all().await;
+    let mut placed = 0;
+    for r in &results {
+        match r {
+            Ok(v) => {
+                let nodes = &v["reservation"]["nodes"];
+                assert_eq!(v["reservation"]["state"], "placed", "{v}");
+                assert!(
+                    !nodes.as_array().into_iter().flatten().any(|n| n == drained),
+                    "placed on the drained node: {v}"
+                );
+                placed += 1;
+            }
+            Err(e) => assert_eq!(code(r), "UNAVAILABLE", "{e}"),
+        }
+    }
+    assert_eq!(
+        placed, 4,
+        "the other node's 4 GPUs, and no more: {results:?}"
+    );
+    let on_drained: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM devices WHERE node_id = $1 AND reservation_id IS NOT NULL",
+    )
+    .bind(drained)
+    .fetch_one(f.store.pool())
+    .await
+    .expect("count");
+    assert_eq!(on_drained, 0);
+    // Draining again, or undraining an adopted node, changes nothing.
+    let again = f
+        .admin
+        .call("nodes", "drain", json!({"id": drained}))
+        .await
+        .expect("drain again");
+    assert_eq!(again["changed"], false);
+    let adopted = f
+        .admin
+        .call("nodes", "undrain", json!({"id": "n-2"}))
+        .await
+        .expect("undrain an adopted node");
+    assert_eq!(adopted["changed"], false);
+    // Undrain: the next admission lands on it at once (the other node is full).
+    let u = f
+        .admin
+        .call("nodes", "undrain", json!({"id": drained}))
+        .await
+        .expect("undrain");
+    assert_eq!(u["state"], "adopted", "{u}");
+    let r = f
+        .admin
+        .call(
+            "reservations",
+            "create",
+            json!({"tenant": "root", "gpus": 1, "duration_s": 600}),
+        )
+        .await
+        .expect("placed after undrain");
+    assert_eq!(r["reservation"]["nodes"], json!([drained]), "{r}");
     f.stop().await;
 }

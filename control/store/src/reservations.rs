@@ -350,10 +350,15 @@ impl Store {
         let booked: Vec<(String, String)> = if dev_ids.is_empty() {
             Vec::new()
         } else {
+            // Only on nodes still `adopted`, read under FOR KEY SHARE: a drain (or revoke) locks the node FOR UPDATE
+            // (see `set_node_schedulable`), so it waits for this transaction and this statement, if it comes
+            // later, waits for the drain and then sees the new state. Devices of a node that left `adopted` are not
+            // booked, and their reservation is retried with fresh capacity.
             sqlx::query_as(
                 "WITH want AS (SELECT * FROM unnest($1::text[], $2::text[]) AS w(dev, res)), \
-                 free AS (SELECT d.id FROM devices d JOIN want ON d.id = want.dev \
-                          WHERE d.reservation_id IS NULL AND d.present FOR UPDATE OF d SKIP LOCKED) \
+                 free AS (SELECT d.id FROM devices d JOIN want ON d.id = want.dev JOIN nodes n ON n.id = d.node_id \
+                          WHERE d.reservation_id IS NULL AND d.present AND n.state = 'adopted' \
+                          FOR UPDATE OF d SKIP LOCKED FOR KEY SHARE OF n) \
                  UPDATE devices d SET reservation_id = want.res FROM want, free \
                  WHERE d.id = want.dev AND d.id = free.id RETURNING d.id, want.res",
             )
@@ -493,6 +498,67 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+}
+
+/// What [`Store::set_node_schedulable`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeStateChange {
+    /// The node moved from `from` to the new state.
+    Changed { from: String },
+    /// The node was already in the new state; nothing changed.
+    Unchanged,
+    /// The node is in a state the verb does not apply to; nothing changed.
+    Refused { state: String },
+}
+
+impl Store {
+    // === impl drains ===
+
+    /// Moves a node to `to` if it is in one of `from` (drain: adopted → draining; undrain: draining → adopted;
+    /// revoke: any but revoked → revoked), fenced against the placer: the node row is locked FOR UPDATE, which
+    /// waits for every placement transaction that read the node as bookable (they hold it FOR KEY SHARE, see
+    /// [`Store::commit_placements`]), and no later placement books on it unless it is `adopted`. The schedulers
+    /// hear the capacity change at commit. Once this returns, no booking is committed on a node that left
+    /// `adopted`. NotFound when there is no such node.
+    pub async fn set_node_schedulable(
+        &self,
+        node_id: &str,
+        from: &[&str],
+        to: &str,
+        actor: &str,
+    ) -> Result<NodeStateChange, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let state: String = sqlx::query_scalar("SELECT state FROM nodes WHERE id = $1 FOR UPDATE")
+            .bind(node_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or_else(|| StoreError::NotFound {
+                what: "node",
+                id: node_id.to_string(),
+            })?;
+        if state == to {
+            return Ok(NodeStateChange::Unchanged);
+        }
+        if !from.contains(&state.as_str()) {
+            return Ok(NodeStateChange::Refused { state });
+        }
+        sqlx::query("UPDATE nodes SET state = $2, updated_at = now() WHERE id = $1")
+            .bind(node_id)
+            .bind(to)
+            .execute(&mut *tx)
+            .await?;
+        audit(
+            &mut tx,
+            actor,
+            &format!("node.{to}"),
+            &format!("node/{node_id}"),
+            serde_json::json!({"from": state}),
+        )
+        .await?;
+        notify_ids(&mut tx, CAPACITY_CHANNEL, &[node_id.to_string()]).await?;
+        tx.commit().await?;
+        Ok(NodeStateChange::Changed { from: state })
     }
 }
 

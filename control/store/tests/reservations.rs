@@ -1,0 +1,187 @@
+//! Reservation queries against a real PostgreSQL: the placer's booking is fenced against drains (a node that left
+//! `adopted` is never booked, and a drain waits for a placement that read the node as bookable).
+
+use bc_store::Store;
+use bc_store::reservations::{Decision, NewReservation, NodeStateChange};
+use bc_store::testing::{seed_gpu_nodes, test_db};
+use std::time::Duration;
+
+const MODEL: &str = "NVIDIA H100 80GB HBM3";
+
+async fn admit(store: &Store, id: &str) {
+    let request = serde_json::json!({"tenant": "root", "gpus": 1, "duration_s": 60});
+    store
+        .admit_reservation(NewReservation {
+            id,
+            principal_id: "admin",
+            key: id,
+            body_hash: "h",
+            tenant: "root",
+            request: &request,
+            duration_s: 60,
+        })
+        .await
+        .expect("admit");
+}
+
+fn place_on(id: &str, node: &str) -> Decision {
+    Decision::Place {
+        id: id.to_string(),
+        devices: vec![(
+            format!("{node}/gpu/GPU-{node}-0"),
+            node.to_string(),
+            serde_json::json!({"node": node, "uuid": format!("GPU-{node}-0"), "index": 0, "model": MODEL}),
+        )],
+        duration_s: 60,
+    }
+}
+
+fn all_shards() -> Vec<i16> {
+    (0..256).collect()
+}
+
+/// Issue 10 item 14: a placement decided on a stale view (the node was drained after the placer read capacity) is
+/// not booked: it comes back for a retry, the reservation stays pending and the node's devices stay free. After
+/// undrain the same decision books.
+#[tokio::test]
+async fn a_placement_on_a_node_that_left_adopted_is_retried_not_booked() {
+    let db = test_db().await;
+    let store = Store::new(db.pool.clone());
+    seed_gpu_nodes(&db.pool, "gpu", "n", 2, 2, MODEL)
+        .await
+        .expect("seed");
+    admit(&store, "rsv-1").await;
+    let (tx, pending) = store.claim_pending(&all_shards(), 10).await.expect("claim");
+    assert_eq!(pending.len(), 1);
+    // The drain lands between the placer's read of capacity and its commit.
+    let drained = store
+        .set_node_schedulable("n-1", &["adopted"], "draining", "test")
+        .await
+        .expect("drain");
+    assert_eq!(
+        drained,
+        NodeStateChange::Changed {
+            from: "adopted".into()
+        }
+    );
+    let retry = store
+        .commit_placements(tx, &[place_on("rsv-1", "n-1")])
+        .await
+        .expect("commit");
+    assert_eq!(retry, vec!["rsv-1".to_string()]);
+    let booked: i64 = bc_store::sqlx::query_scalar(
+        "SELECT count(*) FROM devices WHERE reservation_id IS NOT NULL",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("count");
+    assert_eq!(booked, 0);
+    let r = store
+        .reservation("rsv-1")
+        .await
+        .expect("read")
+        .expect("row");
+    assert_eq!(r.state, "pending");
+    assert!(
+        store
+            .free_devices(None)
+            .await
+            .expect("free")
+            .iter()
+            .all(|d| d.node_id != "n-1"),
+        "a draining node offers no capacity"
+    );
+
+    // Undrain: bookable again.
+    assert_eq!(
+        store
+            .set_node_schedulable("n-1", &["draining"], "adopted", "test")
+            .await
+            .expect("undrain"),
+        NodeStateChange::Changed {
+            from: "draining".into()
+        }
+    );
+    let (tx, _) = store.claim_pending(&all_shards(), 10).await.expect("claim");
+    let retry = store
+        .commit_placements(tx, &[place_on("rsv-1", "n-1")])
+        .await
+        .expect("commit");
+    assert!(retry.is_empty());
+    let r = store
+        .reservation("rsv-1")
+        .await
+        .expect("read")
+        .expect("row");
+    assert_eq!(r.state, "placed");
+    assert_eq!(r.nodes, vec!["n-1".to_string()]);
+
+    // Verbs on a state they do not apply to change nothing.
+    assert_eq!(
+        store
+            .set_node_schedulable("n-2", &["draining"], "adopted", "test")
+            .await
+            .expect("undrain adopted"),
+        NodeStateChange::Unchanged
+    );
+    store
+        .set_node_schedulable("n-2", &["adopted"], "revoked", "test")
+        .await
+        .expect("revoke");
+    assert_eq!(
+        store
+            .set_node_schedulable("n-2", &["adopted"], "draining", "test")
+            .await
+            .expect("drain revoked"),
+        NodeStateChange::Refused {
+            state: "revoked".into()
+        }
+    );
+    assert!(matches!(
+        store
+            .set_node_schedulable("nope", &["adopted"], "draining", "test")
+            .await,
+        Err(bc_store::StoreError::NotFound { .. })
+    ));
+}
+
+/// A drain waits for a placement transaction that read the node as bookable (FOR KEY SHARE against the drain's FOR
+/// UPDATE), so whatever that placement books is committed before the drain returns, never after.
+#[tokio::test]
+async fn a_drain_waits_for_a_placement_in_flight_on_the_node() {
+    let db = test_db().await;
+    let store = Store::new(db.pool.clone());
+    seed_gpu_nodes(&db.pool, "gpu", "n", 1, 1, MODEL)
+        .await
+        .expect("seed");
+    let mut placing = db.pool.begin().await.expect("begin");
+    bc_store::sqlx::query("SELECT 1 FROM nodes WHERE id = 'n-1' FOR KEY SHARE")
+        .execute(&mut *placing)
+        .await
+        .expect("key share");
+    let drain = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .set_node_schedulable("n-1", &["adopted"], "draining", "test")
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !drain.is_finished(),
+        "the drain did not wait for the placement"
+    );
+    placing.commit().await.expect("commit");
+    let done = tokio::time::timeout(Duration::from_secs(10), drain)
+        .await
+        .expect("drain finishes once the placement commits")
+        .expect("task")
+        .expect("drain");
+    assert_eq!(
+        done,
+        NodeStateChange::Changed {
+            from: "adopted".into()
+        }
+    );
+}
