@@ -96,6 +96,22 @@ pub struct Daemon {
     boot_id: String,
     /// Running and recently finished commands, and the outbox their results wait in between sessions.
     commands: crate::commands::Commands,
+    /// The desired state this daemon could not apply, retried with backoff until it applies or a newer one comes.
+    retry: Option<DesiredRetry>,
+}
+
+/// First and longest wait between attempts to apply a desired state that failed (full jitter in between).
+pub const DESIRED_RETRY_BASE: Duration = Duration::from_secs(1);
+pub const DESIRED_RETRY_CAP: Duration = Duration::from_secs(30);
+
+/// A desired state that failed to apply (a read-only CDI directory, a GPU missing for a booking): the daemon tries
+/// again with backoff, telling the gateway only when the reason changes and when it finally applies.
+struct DesiredRetry {
+    desired: v1::DesiredState,
+    /// The reason last acknowledged.
+    reason: String,
+    backoff: Backoff,
+    due: tokio::time::Instant,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -120,6 +136,7 @@ impl Daemon {
             known: HashMap::new(),
             boot_id,
             commands: crate::commands::Commands::new(),
+            retry: None,
         }
     }
 
@@ -321,7 +338,13 @@ impl Daemon {
         let outbox = self.commands.outbox();
         let mut outbox = outbox.lock().await;
         loop {
+            let retry_due = self.retry.as_ref().map(|r| r.due);
             tokio::select! {
+                _ = tokio::time::sleep_until(retry_due.unwrap_or_else(tokio::time::Instant::now)), if retry_due.is_some() => {
+                    if self.retry_desired(&tx, &state).await.is_err() {
+                        return SessionEnd::Closed;
+                    }
+                }
                 Some(out) = outbox.recv() => {
                     let (m, result_id) = match out {
                         crate::commands::Outgoing::Result(r) => {
@@ -432,17 +455,26 @@ impl Daemon {
                 }
             }
             Msg::DesiredState(d) => {
-                let (outcome, message) = match self.apply_desired(state, &d) {
-                    Ok(()) => ("applied", String::new()),
-                    Err(e) => ("failed", e),
-                };
-                tracing::info!(generation = d.generation, outcome, "desired state");
-                let ack = v1::DesiredStateAck {
-                    generation: d.generation,
-                    outcome: outcome.into(),
-                    message,
-                };
-                let _ = tx.send(msg(v1::node_message::Msg::Ack(ack))).await;
+                // A newer generation (or the same one again, on a new session) replaces any retry.
+                self.retry = None;
+                match self.apply_desired(state, &d) {
+                    Ok(()) => {
+                        tracing::info!(generation = d.generation, "desired state applied");
+                        let _ = ack(tx, d.generation, None).await;
+                    }
+                    Err(reason) => {
+                        let mut backoff = Backoff::new(DESIRED_RETRY_BASE, DESIRED_RETRY_CAP);
+                        let wait = backoff.next_delay(rand::random::<f64>());
+                        tracing::warn!(generation = d.generation, %reason, ?wait, "desired state failed; retrying");
+                        let _ = ack(tx, d.generation, Some(&reason)).await;
+                        self.retry = Some(DesiredRetry {
+                            desired: d,
+                            reason,
+                            backoff,
+                            due: tokio::time::Instant::now() + wait,
+                        });
+                    }
+                }
             }
             Msg::Command(c) => {
                 let ctx = crate::commands::CommandContext {
@@ -460,6 +492,41 @@ impl Daemon {
             ),
         }
         None
+    }
+
+    /// Tries the failed desired state again: acknowledges `applied` once it applies, a failure only when its
+    /// reason changed, and otherwise waits longer (backoff with full jitter, capped at [`DESIRED_RETRY_CAP`]). Err
+    /// when the session's outbound queue is closed.
+    async fn retry_desired(
+        &mut self,
+        tx: &mpsc::Sender<v1::NodeMessage>,
+        state: &StateDir,
+    ) -> Result<(), ()> {
+        let Some(mut r) = self.retry.take() else {
+            return Ok(());
+        };
+        match self.apply_desired(state, &r.desired) {
+            Ok(()) => {
+                tracing::info!(
+                    generation = r.desired.generation,
+                    "desired state applied on retry"
+                );
+                ack(tx, r.desired.generation, None).await
+            }
+            Err(reason) => {
+                let wait = r.backoff.next_delay(rand::random::<f64>());
+                tracing::warn!(generation = r.desired.generation, %reason, ?wait, "desired state still fails");
+                let sent = if reason != r.reason {
+                    ack(tx, r.desired.generation, Some(&reason)).await
+                } else {
+                    Ok(())
+                };
+                r.reason = reason;
+                r.due = tokio::time::Instant::now() + wait;
+                self.retry = Some(r);
+                sent
+            }
+        }
     }
 
     fn sections(&self, names: &[String]) -> Vec<crate::inventory::Section> {
@@ -537,6 +604,27 @@ pub(crate) fn store_renewal(
     state
         .store_join(&r.cert_der, &bundle, identity)
         .map_err(|e| e.to_string())
+}
+
+/// Acknowledges desired generation `generation`: applied, or failed for `reason`.
+async fn ack(
+    tx: &mpsc::Sender<v1::NodeMessage>,
+    generation: u64,
+    reason: Option<&str>,
+) -> Result<(), ()> {
+    let ack = v1::DesiredStateAck {
+        generation,
+        outcome: if reason.is_some() {
+            "failed"
+        } else {
+            "applied"
+        }
+        .into(),
+        message: reason.unwrap_or_default().to_string(),
+    };
+    tx.send(msg(v1::node_message::Msg::Ack(ack)))
+        .await
+        .map_err(|_| ())
 }
 
 fn msg(m: v1::node_message::Msg) -> v1::NodeMessage {
@@ -665,14 +753,8 @@ impl Daemon {
             None => Vec::new(),
         };
         let cdi = crate::cdi::render(&bookings, &local).map_err(|e| e.to_string())?;
-        crate::cdi::apply(&self.config.cdi_dir, cdi.as_ref()).map_err(|e| {
-            format!(
-                "{e}: {}",
-                std::error::Error::source(&e)
-                    .map(|s| s.to_string())
-                    .unwrap_or_default()
-            )
-        })?;
+        crate::cdi::apply(&self.config.cdi_dir, cdi.as_ref())
+            .map_err(|e| crate::join::error_chain(&e))?;
         let doc = serde_json::json!({"generation": d.generation, "spec": spec});
         state
             .write_file("desired.json", doc.to_string().as_bytes(), 0o600)

@@ -102,9 +102,71 @@ pub enum ReservationState {
     Expired,
 }
 
+/// How far a placed reservation's booking has reached a node (or, summed up, all of its nodes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Delivery {
+    /// Published as the node's desired state; the node has not applied it yet.
+    Pending,
+    /// The node applied a generation carrying the booking: its CDI spec names the booked GPUs.
+    Applied,
+    /// The node reported that it could not apply a generation carrying the booking, and has applied none since
+    /// (it retries; the node's reason says what to fix).
+    Failed,
+}
+
+/// A node's share of a booking first carried by desired generation `carried_by`, where the node has applied up to
+/// generation `applied` and last reported a failure for generation `failed` (0: none).
+pub fn node_delivery(carried_by: i64, applied: i64, failed: i64) -> Delivery {
+    if applied >= carried_by {
+        Delivery::Applied
+    } else if failed >= carried_by {
+        Delivery::Failed
+    } else {
+        Delivery::Pending
+    }
+}
+
+/// A reservation's delivery from its nodes' shares: failed if any node failed, else pending while any has not
+/// applied it, else applied.
+pub fn delivery(nodes: impl IntoIterator<Item = Delivery>) -> Delivery {
+    nodes
+        .into_iter()
+        .fold(Delivery::Applied, |sum, d| match (sum, d) {
+            (Delivery::Failed, _) | (_, Delivery::Failed) => Delivery::Failed,
+            (Delivery::Pending, _) | (_, Delivery::Pending) => Delivery::Pending,
+            _ => Delivery::Applied,
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_booking_is_delivered_once_its_generation_or_a_newer_one_is_applied() {
+        use Delivery::*;
+        // (carried by, applied, failed) -> delivery
+        for (carried, applied, failed, want) in [
+            (5, 4, 0, Pending),
+            (5, 5, 0, Applied),
+            (5, 7, 6, Applied),
+            (5, 4, 5, Failed),
+            (5, 4, 6, Failed),
+            (5, 4, 4, Pending),
+            (5, 6, 5, Applied),
+        ] {
+            assert_eq!(
+                node_delivery(carried, applied, failed),
+                want,
+                "carried by {carried}, applied {applied}, failed {failed}"
+            );
+        }
+        assert_eq!(delivery([Applied, Applied]), Applied);
+        assert_eq!(delivery([Applied, Pending]), Pending);
+        assert_eq!(delivery([Pending, Failed, Applied]), Failed);
+        assert_eq!(delivery([]), Applied);
+    }
 
     fn req() -> ReservationRequest {
         ReservationRequest {

@@ -333,7 +333,39 @@ async fn visible(
 }
 
 pub async fn get(state: &ApiState, p: &Principal, req: ById) -> Result<Value, ApiError> {
-    Ok(json!({ "reservation": visible(state, p, &req.id, "get").await? }))
+    let r = visible(state, p, &req.id, "get").await?;
+    let mut shown = with_delivery(state, vec![r]).await?;
+    Ok(json!({ "reservation": shown.pop() }))
+}
+
+/// Reservations as operators see them: a placed one carries `delivery`, how far its booking has reached its nodes
+/// (`state`: pending, applied or failed, and per node the generation carrying it, its state and, while it fails,
+/// the node's reason).
+async fn with_delivery(state: &ApiState, rows: Vec<Reservation>) -> Result<Vec<Value>, ApiError> {
+    let placed: Vec<String> = rows
+        .iter()
+        .filter(|r| r.state == "placed")
+        .map(|r| r.id.clone())
+        .collect();
+    let mut deliveries = if placed.is_empty() {
+        HashMap::new()
+    } else {
+        state.store.deliveries(&placed).await?
+    };
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let nodes = deliveries.remove(&r.id);
+            let mut v = serde_json::to_value(r).unwrap_or_default();
+            if let Some(nodes) = nodes {
+                v["delivery"] = json!({
+                    "state": bc_core::reservation::delivery(nodes.iter().map(|n| n.state)),
+                    "nodes": nodes,
+                });
+            }
+            v
+        })
+        .collect())
 }
 
 #[derive(Deserialize)]
@@ -366,7 +398,7 @@ pub async fn list(state: &ApiState, p: &Principal, req: List) -> Result<Value, A
             )
         })
         .collect();
-    Ok(json!({ "reservations": rows }))
+    Ok(json!({ "reservations": with_delivery(state, rows).await? }))
 }
 
 pub async fn release(state: &ApiState, p: &Principal, req: ById) -> Result<Value, ApiError> {

@@ -590,6 +590,39 @@ async fn revoke_join_token(
     Ok(Json(json!({"id": req.id, "revoked": true})))
 }
 
+/// Nodes as operators see them: with `desired_state` (desired and applied generations, and while the node cannot
+/// apply it, the failed generation, the node's reason and since when) and that failure among its `conditions`.
+async fn with_desired_state(
+    state: &ApiState,
+    nodes: Vec<bc_store::nodes::NodeRow>,
+) -> Result<Vec<Value>, ApiError> {
+    let ids: Vec<String> = nodes.iter().map(|n| n.id.clone()).collect();
+    let mut status = state.store.desired_status(&ids).await?;
+    Ok(nodes
+        .into_iter()
+        .map(|n| {
+            let s = status.remove(&n.id);
+            let mut v = serde_json::to_value(n).unwrap_or_default();
+            if let Some(s) = s {
+                if let Some(c) = s.condition()
+                    && let Some(conditions) = v["conditions"].as_array_mut()
+                {
+                    conditions.push(Value::String(c));
+                }
+                v["desired_state"] = json!({
+                    "generation": s.desired_generation,
+                    "applied_generation": s.applied_generation,
+                    "failing": s.failing(),
+                    "failed_generation": s.failed_generation,
+                    "message": if s.failing() { s.message.clone() } else { None },
+                    "failing_since_ms": s.failing_since_ms,
+                });
+            }
+            v
+        })
+        .collect())
+}
+
 async fn list_nodes(state: &ApiState, p: &Principal) -> Result<Json<Value>, ApiError> {
     let nodes: Vec<_> = state
         .store
@@ -604,7 +637,9 @@ async fn list_nodes(state: &ApiState, p: &Principal) -> Result<Json<Value>, ApiE
             )
         })
         .collect();
-    Ok(Json(json!({ "nodes": nodes })))
+    Ok(Json(
+        json!({ "nodes": with_desired_state(state, nodes).await? }),
+    ))
 }
 
 async fn get_node(state: &ApiState, p: &Principal, req: ById) -> Result<Json<Value>, ApiError> {
@@ -621,7 +656,8 @@ async fn get_node(state: &ApiState, p: &Principal, req: ById) -> Result<Json<Val
         .into_iter()
         .map(|(name, _, payload)| (name, payload))
         .collect();
-    Ok(Json(json!({ "node": node, "inventory": inventory })))
+    let mut shown = with_desired_state(state, vec![node]).await?;
+    Ok(Json(json!({ "node": shown.pop(), "inventory": inventory })))
 }
 
 /// The operator verbs on a node's state: `nodes.drain` (adopted → draining: no new bookings from the moment the

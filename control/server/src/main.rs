@@ -517,7 +517,30 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     let v = client
                         .call("reservations", "get", json!({ "id": id }))
                         .await?;
-                    println!("{}", serde_json::to_string_pretty(&v["reservation"])?);
+                    let r = &v["reservation"];
+                    print(r);
+                    if let Some(e) = r["error"].as_str() {
+                        println!("error: {e}");
+                    }
+                    if !r["delivery"].is_null() {
+                        println!(
+                            "delivery: {}",
+                            r["delivery"]["state"].as_str().unwrap_or_default()
+                        );
+                    }
+                    for n in r["delivery"]["nodes"].as_array().into_iter().flatten() {
+                        println!(
+                            "  node {} generation {}: {}{}",
+                            n["node"].as_str().unwrap_or_default(),
+                            n["generation"],
+                            n["state"].as_str().unwrap_or_default(),
+                            n["message"]
+                                .as_str()
+                                .map(|m| format!(": {m}"))
+                                .unwrap_or_default()
+                        );
+                    }
+                    println!("{}", serde_json::to_string_pretty(r)?);
                 }
                 ReservationCommand::Release { id } => {
                     let v = client
@@ -570,8 +593,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         n["online"], n["last_seen_ms"], n["session_epoch"]
                     );
                     println!(
-                        "desired generation {}  acknowledged {}",
-                        n["desired_generation"], n["acked_generation"]
+                        "desired generation {}  applied {}{}",
+                        n["desired_generation"],
+                        n["acked_generation"],
+                        if n["desired_state"]["failing"] == true {
+                            format!(
+                                "  generation {} FAILED to apply (see the condition)",
+                                n["desired_state"]["failed_generation"]
+                            )
+                        } else {
+                            String::new()
+                        }
                     );
                     for c in n["conditions"].as_array().into_iter().flatten() {
                         println!("condition: {}", c.as_str().unwrap_or_default());

@@ -39,6 +39,17 @@ fn stale(s: &SessionRef) -> Status {
     ))
 }
 
+/// A failed acknowledgement's reason: the node's message (and what `outcome` was, when it is neither `applied`
+/// nor `failed`). The store bounds it and strips what PostgreSQL cannot keep.
+fn ack_reason(ack: &v1::DesiredStateAck) -> String {
+    match (ack.outcome.as_str(), ack.message.trim()) {
+        ("applied", _) => String::new(),
+        ("failed", "") => "the node reported a failure without a reason".to_string(),
+        ("failed", m) => m.to_string(),
+        (other, m) => format!("the node reported outcome {other:?}: {m}"),
+    }
+}
+
 fn epoch(s: &SessionRef) -> i64 {
     i64::try_from(s.epoch).unwrap_or(i64::MAX)
 }
@@ -377,18 +388,24 @@ impl SessionBackend for ControlSessions {
         let s = s.clone();
         Box::pin(async move {
             let generation = i64::try_from(ack.generation).unwrap_or(i64::MAX);
+            let applied = ack.outcome == "applied";
+            let message = ack_reason(&ack);
             let ok = self
                 .store
-                .ack_desired(&s.node_id, epoch(&s), generation, &ack.outcome)
+                .ack_desired(&s.node_id, epoch(&s), generation, applied, &message)
                 .await
                 .map_err(unavailable)?;
             if ok {
-                tracing::info!(
-                    node_id = s.node_id,
-                    generation,
-                    outcome = ack.outcome,
-                    "desired state acknowledged"
-                );
+                if applied {
+                    tracing::info!(node_id = s.node_id, generation, "desired state applied");
+                } else {
+                    tracing::warn!(
+                        node_id = s.node_id,
+                        generation,
+                        reason = message,
+                        "the node could not apply its desired state"
+                    );
+                }
                 Ok(())
             } else {
                 Err(stale(&s))

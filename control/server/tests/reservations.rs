@@ -534,3 +534,65 @@ async fn a_drained_node_takes_no_booking_from_the_moment_drain_returns() {
     assert_eq!(r["reservation"]["nodes"], json!([drained]), "{r}");
     f.stop().await;
 }
+
+/// Issue 10 items 12 and 14 at the CLI: `reservations show` and `nodes show` print a node's failure to apply a
+/// booking (with its reason); `nodes drain` and `nodes undrain` work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_shows_a_failed_delivery_and_drains_and_undrains() {
+    let f = fleet(1, 2).await;
+    let r = f
+        .admin
+        .call(
+            "reservations",
+            "create",
+            json!({"tenant": "root", "gpus": 1, "duration_s": 600}),
+        )
+        .await
+        .expect("create");
+    let id = r["reservation"]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // The node's session acknowledges generation 2 (the booking) as failed.
+    sqlx::query("UPDATE nodes SET session_epoch = 1 WHERE id = 'n-1'")
+        .execute(f.store.pool())
+        .await
+        .expect("epoch");
+    let reason = "writing /etc/cdi/bettercompute.io-gpu.json: Read-only file system (os error 30)";
+    assert!(
+        f.store
+            .ack_desired("n-1", 1, 2, false, reason)
+            .await
+            .expect("ack")
+    );
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute"))
+            .args(args)
+            .env("BC_API_URL", &f.url)
+            .env("BC_API_KEY", f.admin.key())
+            .output()
+            .expect("run cli");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shown = cli(&["reservations", "show", &id]);
+    assert!(shown.contains("delivery: failed"), "{shown}");
+    assert!(
+        shown.contains(&format!("node n-1 generation 2: failed: {reason}")),
+        "{shown}"
+    );
+    let node = cli(&["nodes", "show", "n-1"]);
+    assert!(node.contains("generation 2 FAILED to apply"), "{node}");
+    assert!(
+        node.contains("condition: desired state generation 2 could not be applied")
+            && node.contains(reason),
+        "{node}"
+    );
+    assert!(cli(&["nodes", "drain", "n-1"]).contains("draining n-1"));
+    assert!(cli(&["nodes", "undrain", "n-1"]).contains("undrained n-1"));
+    f.stop().await;
+}

@@ -62,6 +62,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "site_revocation",
         sql: include_str!("../migrations/0010_site_revocation.sql"),
     },
+    Migration {
+        version: 12,
+        name: "desired_state_failures",
+        sql: include_str!("../migrations/0012_desired_state_failures.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.

@@ -424,19 +424,22 @@ impl Store {
             t
         };
         let decided: Vec<String> = placed_ids.iter().chain(&failed_ids).cloned().collect();
-        // One statement: placements and failures, expiry work, the nodes' desired state with outbox rows, and the
-        // notifications (outbox written, decisions for the waiting API calls).
+        // One statement: the nodes' desired state with outbox rows, placements (each remembering the generation
+        // that carries it to each of its nodes) and failures, expiry work, and the notifications (outbox written,
+        // decisions for the waiting API calls).
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "WITH p AS (SELECT * FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::float8[]) AS p(id, nodes, gpus, secs)), \
+             {publish}, \
              placed AS (UPDATE reservations r SET state = 'placed', \
                   node_ids = ARRAY(SELECT jsonb_array_elements_text(p.nodes)), gpus = p.gpus, placed_at = now(), \
-                  expires_at = now() + make_interval(secs => p.secs) \
+                  expires_at = now() + make_interval(secs => p.secs), \
+                  generations = (SELECT COALESCE(jsonb_object_agg(n.id, n.desired_generation), '{{}}') FROM n \
+                    WHERE n.id IN (SELECT jsonb_array_elements_text(p.nodes))) \
                 FROM p WHERE r.id = p.id RETURNING r.id, r.expires_at), \
              q AS (INSERT INTO work_queue (kind, subject, run_at) SELECT 'reservation.expire', id, expires_at FROM placed \
                 ON CONFLICT (kind, subject) DO UPDATE SET run_at = EXCLUDED.run_at), \
              f AS (UPDATE reservations r SET state = 'failed', error = f.error, ended_at = now() \
                 FROM unnest($5::text[], $6::text[]) AS f(id, error) WHERE r.id = f.id RETURNING r.id), \
-             {publish}, \
              d AS (SELECT pg_notify($9, c) FROM unnest($10::text[]) AS c) \
              SELECT (SELECT count(*) FROM placed), (SELECT count(*) FROM f), (SELECT count(*) FROM w), \
                     (SELECT count(*) FROM d)",

@@ -131,22 +131,36 @@ impl Store {
             .collect())
     }
 
-    /// Records a desired-state acknowledgement; false when the session is stale.
+    /// Records a desired-state acknowledgement; false when the session is stale. `applied` advances the node's
+    /// acknowledged (applied) generation; a failure records `message` as the node's reason and leaves the
+    /// acknowledged generation where it is, so the generation is sent again on the node's next session (a failure
+    /// of a generation older than one already applied changes nothing).
     pub async fn ack_desired(
         &self,
         node_id: &str,
         epoch: i64,
         generation: i64,
-        outcome: &str,
+        applied: bool,
+        message: &str,
     ) -> Result<bool, StoreError> {
+        let message = bounded_reason(message);
         let n = sqlx::query(
-            "UPDATE nodes SET acked_generation = GREATEST(acked_generation, $3), ack_outcome = $4, updated_at = now() \
+            "UPDATE nodes SET \
+               acked_generation = CASE WHEN $4 THEN GREATEST(acked_generation, $3) ELSE acked_generation END, \
+               failed_generation = CASE WHEN NOT $4 AND $3 > acked_generation \
+                 THEN GREATEST(failed_generation, $3) ELSE failed_generation END, \
+               ack_message = CASE WHEN NOT $4 AND $3 > acked_generation THEN $5 ELSE ack_message END, \
+               ack_failed_at = CASE WHEN NOT $4 AND $3 > acked_generation \
+                 THEN (CASE WHEN failed_generation > acked_generation THEN ack_failed_at ELSE now() END) \
+                 ELSE ack_failed_at END, \
+               ack_outcome = CASE WHEN $4 THEN 'applied' ELSE 'failed' END, updated_at = now() \
              WHERE id = $1 AND session_epoch = $2 AND desired_generation >= $3",
         )
         .bind(node_id)
         .bind(epoch)
         .bind(generation)
-        .bind(outcome)
+        .bind(applied)
+        .bind(&message)
         .execute(&self.pool)
         .await?
         .rows_affected();
@@ -610,4 +624,21 @@ impl Store {
         tx.commit().await?;
         Ok(n == 1)
     }
+}
+
+/// The largest failure reason kept from a node (daemons send a sentence or two).
+pub const MAX_ACK_REASON_BYTES: usize = 2048;
+
+/// A node's failure reason as stored: NUL characters (which PostgreSQL cannot keep) replaced, at most
+/// [`MAX_ACK_REASON_BYTES`] bytes (cut at a character boundary).
+fn bounded_reason(message: &str) -> String {
+    let mut reason = message.replace('\0', "\u{fffd}");
+    if reason.len() > MAX_ACK_REASON_BYTES {
+        let mut end = MAX_ACK_REASON_BYTES;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+    }
+    reason
 }

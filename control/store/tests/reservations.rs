@@ -1,6 +1,8 @@
 //! Reservation queries against a real PostgreSQL: the placer's booking is fenced against drains (a node that left
-//! `adopted` is never booked, and a drain waits for a placement that read the node as bookable).
+//! `adopted` is never booked, and a drain waits for a placement that read the node as bookable), and a node's
+//! failed desired-state acknowledgements reach the node's status and the reservations they carry.
 
+use bc_core::reservation::Delivery;
 use bc_store::Store;
 use bc_store::reservations::{Decision, NewReservation, NodeStateChange};
 use bc_store::testing::{seed_gpu_nodes, test_db};
@@ -184,4 +186,141 @@ async fn a_drain_waits_for_a_placement_in_flight_on_the_node() {
             from: "adopted".into()
         }
     );
+}
+
+/// Issue 10 item 12: a failed acknowledgement records the node's reason and does not count as applied (so the
+/// generation is sent again on the next session); the reservations it carries show it failed with that reason
+/// until the node applies that generation or a newer one. Stale failures change nothing; reasons are bounded and
+/// a NUL from the node cannot break the write.
+#[tokio::test]
+async fn a_failed_acknowledgement_reaches_the_node_and_the_reservations_it_carries() {
+    let db = test_db().await;
+    let store = Store::new(db.pool.clone());
+    seed_gpu_nodes(&db.pool, "gpu", "n", 1, 2, MODEL)
+        .await
+        .expect("seed");
+    bc_store::sqlx::query("UPDATE nodes SET session_epoch = 1")
+        .execute(&db.pool)
+        .await
+        .expect("epoch");
+    assert!(
+        store
+            .ack_desired("n-1", 1, 1, true, "")
+            .await
+            .expect("ack 1")
+    );
+    admit(&store, "rsv-1").await;
+    let (tx, _) = store.claim_pending(&all_shards(), 10).await.expect("claim");
+    assert!(
+        store
+            .commit_placements(tx, &[place_on("rsv-1", "n-1")])
+            .await
+            .expect("place")
+            .is_empty()
+    );
+    let ids = vec!["rsv-1".to_string()];
+    let nodes = vec!["n-1".to_string()];
+    let delivered = |store: Store| async move {
+        store
+            .deliveries(&["rsv-1".to_string()])
+            .await
+            .expect("deliveries")["rsv-1"][0]
+            .clone()
+    };
+    let d = delivered(store.clone()).await;
+    assert_eq!((d.generation, d.state), (2, Delivery::Pending), "{d:?}");
+
+    // The node cannot apply generation 2.
+    let long = format!(
+        "writing /etc/cdi/x.json: Read-only file system\0{}",
+        "é".repeat(3000)
+    );
+    assert!(
+        store
+            .ack_desired("n-1", 1, 2, false, &long)
+            .await
+            .expect("ack failed")
+    );
+    let status = store.desired_status(&nodes).await.expect("status")["n-1"].clone();
+    assert!(status.failing(), "{status:?}");
+    assert_eq!(
+        (status.applied_generation, status.failed_generation),
+        (1, 2)
+    );
+    let reason = status.message.clone().unwrap_or_default();
+    assert!(
+        reason.starts_with("writing /etc/cdi/x.json: Read-only file system\u{fffd}"),
+        "{reason}"
+    );
+    assert!(reason.len() <= bc_store::sessions::MAX_ACK_REASON_BYTES);
+    let since = status.failing_since_ms.expect("failing since");
+    assert!(
+        status
+            .condition()
+            .is_some_and(|c| c.contains("generation 2") && c.contains("Read-only"))
+    );
+    let d = delivered(store.clone()).await;
+    assert_eq!(d.state, Delivery::Failed);
+    assert_eq!(d.message.as_deref(), Some(reason.as_str()));
+    // Not applied: the pull of waiting messages still offers generation 2.
+    let out = store
+        .pending_for(&[("n-1".to_string(), 1)])
+        .await
+        .expect("pending");
+    assert!(
+        out.iter().any(|o| matches!(
+            o,
+            bc_store::sessions::Outgoing::Desired { generation: 2, .. }
+        )),
+        "generation 2 is not offered again: {out:?}"
+    );
+
+    // A later failure with another reason: the reason follows, the run of failures keeps its start.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        store
+            .ack_desired("n-1", 1, 2, false, "another reason")
+            .await
+            .expect("again")
+    );
+    let status = store.desired_status(&nodes).await.expect("status")["n-1"].clone();
+    assert_eq!(status.message.as_deref(), Some("another reason"));
+    assert_eq!(status.failing_since_ms, Some(since));
+
+    // A stale session's acknowledgement is refused.
+    assert!(
+        !store
+            .ack_desired("n-1", 0, 2, true, "")
+            .await
+            .expect("stale")
+    );
+
+    // Applied: the node and the reservation clear; a late failure of an older generation changes nothing.
+    assert!(
+        store
+            .ack_desired("n-1", 1, 2, true, "")
+            .await
+            .expect("applied")
+    );
+    let status = store.desired_status(&nodes).await.expect("status")["n-1"].clone();
+    assert!(
+        !status.failing() && status.condition().is_none(),
+        "{status:?}"
+    );
+    assert_eq!(status.failing_since_ms, None);
+    let d = delivered(store.clone()).await;
+    assert_eq!((d.state, d.message), (Delivery::Applied, None));
+    assert!(
+        store
+            .ack_desired("n-1", 1, 1, false, "late")
+            .await
+            .expect("late")
+    );
+    assert!(!store.desired_status(&nodes).await.expect("status")["n-1"].failing());
+    // Released reservations have no delivery.
+    store
+        .end_reservation("rsv-1", "released", "test")
+        .await
+        .expect("release");
+    assert!(store.deliveries(&ids).await.expect("deliveries").is_empty());
 }
