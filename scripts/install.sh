@@ -37,6 +37,15 @@ DESTDIR=${DESTDIR:-}
 [ -n "$gateway_url" ] || die "--gateway-url is required"
 case "$ca_pin" in sha256:????????????????????????????????????????????????????????????????) ;; *) die "--ca-pin must be sha256:<64 hex>" ;; esac
 [ -n "$join_key" ] || die "--join-public-key is required"
+# Where bcd writes the CDI spec of the node's bookings: the unit's sandbox must leave it writable (ReadWritePaths).
+cdi_path=${cdi_dir:-/etc/cdi}
+case "$cdi_path" in
+  /*) ;;
+  *) die "--cdi-dir must be an absolute path (the systemd unit makes it writable by path)" ;;
+esac
+case "$cdi_path" in
+  *[[:space:]]*) die "--cdi-dir must not contain whitespace (systemd's ReadWritePaths= splits on it)" ;;
+esac
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT INT TERM
@@ -54,6 +63,8 @@ fi
 
 install -d -m 0755 "$DESTDIR/usr/local/bin" "$DESTDIR/etc/bcd" "$DESTDIR/etc/systemd/system"
 install -d -m 0700 "$DESTDIR/var/lib/bcd"
+# ReadWritePaths= needs the directory to exist, or systemd refuses to start the unit (226/NAMESPACE).
+install -d -m 0755 "$DESTDIR$cdi_path"
 install -m 0755 "$stage/bcd" "$DESTDIR/usr/local/bin/bcd"
 
 {
@@ -84,8 +95,13 @@ RestartPreventExitStatus=3 4
 StateDirectory=bcd
 StateDirectoryMode=0700
 NoNewPrivileges=yes
+# ProtectSystem=full makes /usr, /boot, /efi and /etc read-only; bcd writes only its state directory (StateDirectory)
+# and the CDI spec of its bookings, which must stay writable.
 ProtectSystem=full
 ProtectHome=yes
+UNIT
+echo "ReadWritePaths=$cdi_path" >> "$stage/bcd.service"
+cat >> "$stage/bcd.service" <<'UNIT'
 
 [Install]
 WantedBy=multi-user.target
