@@ -466,7 +466,7 @@ async fn slow_session_bmc()
 async fn sigint_and_sigterm_log_the_session_out() -> anyhow::Result<()> {
     for signal in ["INT", "TERM"] {
         let (url, log) = slow_session_bmc().await?;
-        let mut child = Command::new(BIN)
+        let child = Command::new(BIN)
             .args(["site", "redfish", &url, "--user", "admin", "inspect"])
             .env("BMC_PASSWORD", "pw")
             .stdout(Stdio::piped())
@@ -490,11 +490,7 @@ async fn sigint_and_sigterm_log_the_session_out() -> anyhow::Result<()> {
             .args([&format!("-{signal}"), &child.id().to_string()])
             .status()?;
         anyhow::ensure!(status.success(), "kill -{signal}");
-        let out = tokio::task::spawn_blocking(move || {
-            let r = child.wait_with_output();
-            r
-        })
-        .await??;
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
         let stderr = String::from_utf8_lossy(&out.stderr);
         println!(
             "SIG{signal}: exit {:?}, stderr tail: {:?}",
