@@ -302,7 +302,9 @@ impl Telemetry {
             let timestamp_ms = unix_millis();
             let reg = registry.clone();
             // Collectors make blocking calls (NVML, procfs): off the async workers.
-            let families = match tokio::task::spawn_blocking(move || reg.collect()).await {
+            let families = match tokio::task::spawn_blocking(move || reg.collect(timestamp_ms))
+                .await
+            {
                 Ok(f) => f,
                 Err(e) => {
                     tracing::warn!(error = %e, "telemetry collection failed; skipping this sample");

@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Something that adds families at each collection (a GPU sampler, a bridge to counters kept elsewhere).
+/// Something that adds families at each collection (a GPU sampler, a bridge to counters kept elsewhere). `at_ms` is
+/// the snapshot's time (Unix milliseconds): time is an input, so a collector never needs the clock.
 pub trait Collector: Send + Sync {
-    fn collect(&self, out: &mut Vec<Family>);
+    fn collect(&self, at_ms: i64, out: &mut Vec<Family>);
 }
 
 /// Latency buckets in seconds suited to API calls and BMC operations (1 ms … 60 s).
@@ -210,7 +211,7 @@ impl Registry {
     }
 
     /// Every family: the registry's own, then each collector's.
-    pub fn collect(&self) -> Vec<Family> {
+    pub fn collect(&self, at_ms: i64) -> Vec<Family> {
         let mut out = Vec::new();
         let fams: Vec<Arc<FamilyCells>> = lock(&self.families).clone();
         for f in fams {
@@ -218,7 +219,7 @@ impl Registry {
         }
         let collectors: Vec<Arc<dyn Collector>> = lock(&self.collectors).clone();
         for c in collectors {
-            c.collect(&mut out);
+            c.collect(at_ms, &mut out);
         }
         out
     }
@@ -340,7 +341,7 @@ mod tests {
         h.with(&[("method", "a")]).observe(5.0);
         let s = crate::model::Snapshot {
             timestamp_ms: 0,
-            families: r.collect(),
+            families: r.collect(0),
         };
         assert_eq!(s.value("bc_requests_total", &[("method", "a")]), Some(4.0));
         assert_eq!(s.value("bc_depth", &[]), Some(2.5));
