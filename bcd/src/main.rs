@@ -320,7 +320,12 @@ async fn site_serve(path: &Path) -> anyhow::Result<()> {
 
 /// `bcd site run`: the site services, fed by the control plane while this agent holds the boot lease.
 #[cfg(feature = "site")]
-async fn site_run(path: &Path, agent: bcd::config::Config, lease_ttl: u64) -> anyhow::Result<()> {
+async fn site_run(
+    path: &Path,
+    agent_path: &Path,
+    agent: bcd::config::Config,
+    lease_ttl: u64,
+) -> anyhow::Result<()> {
     use bcd_site::serve;
     let config = serve::SiteConfig::from_file(path)?;
     if !config.netboot.is_empty() {
@@ -329,6 +334,11 @@ async fn site_run(path: &Path, agent: bcd::config::Config, lease_ttl: u64) -> an
             "[[machine]] entries are ignored by `bcd site run`: the control plane's table is served"
         );
     }
+    let counters = serve::SiteCounters::default();
+    #[cfg(feature = "telemetry")]
+    let telemetry = bcd::telemetry::build_site(agent_path, &agent, counters.clone()).await?;
+    #[cfg(not(feature = "telemetry"))]
+    let _ = agent_path;
     let site_agent = bcd::site::SiteAgent::new(
         agent,
         bcd::site::SiteAgentOptions {
@@ -346,11 +356,13 @@ async fn site_run(path: &Path, agent: bcd::config::Config, lease_ttl: u64) -> an
     let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    #[cfg(feature = "telemetry")]
+    let telemetry = telemetry.map(|t| tokio::spawn(t.run(wait_stop(stop_rx.clone()))));
     let services = serve::run(
         &config,
         bound,
         table_rx,
-        serve::SiteCounters::default(),
+        counters,
         None,
         wait_stop(stop_rx.clone()),
     );
@@ -369,6 +381,10 @@ async fn site_run(path: &Path, agent: bcd::config::Config, lease_ttl: u64) -> an
             _ = wait_stop(stop_rx.clone()) => {}
         }
     });
+    #[cfg(feature = "telemetry")]
+    if let Some(t) = telemetry {
+        let _ = t.await;
+    }
     agent_result?;
     served.with_context(|| format!("serving {}", path.display()))
 }
@@ -576,7 +592,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let path = cli
                 .config
                 .unwrap_or_else(|| PathBuf::from("/etc/bcd/site.toml"));
-            site_run(&path, agent, lease_ttl).await?
+            site_run(&path, &agent_config, agent, lease_ttl).await?
         }
         #[cfg(feature = "site")]
         Command::Site {

@@ -13,6 +13,7 @@ mod client;
 mod credentials;
 mod error;
 mod inventory;
+pub mod metrics;
 pub mod models;
 mod ops;
 pub mod quirks;
@@ -31,10 +32,13 @@ pub async fn inspect(
     creds: Credentials,
     opts: BmcOptions,
 ) -> Result<Inventory, RedfishError> {
-    let bmc = Bmc::connect(url, creds, opts).await?;
-    let result = bmc.inventory().await;
-    let _ = bmc.close().await;
-    result
+    metrics::timed("inspect", async {
+        let bmc = Bmc::connect(url, creds, opts).await?;
+        let result = bmc.inventory().await;
+        let _ = bmc.close().await;
+        result
+    })
+    .await
 }
 
 /// `power`: connect, apply `action` to `system` (or the only system), log out.
@@ -45,14 +49,17 @@ pub async fn power(
     system: Option<&str>,
     action: PowerAction,
 ) -> Result<PowerOutcome, RedfishError> {
-    let bmc = Bmc::connect(url, creds, opts).await?;
-    let result = async {
-        let path = bmc.system_path(system).await?;
-        bmc.power(&path, action).await
-    }
-    .await;
-    let _ = bmc.close().await;
-    result
+    metrics::timed("power", async {
+        let bmc = Bmc::connect(url, creds, opts).await?;
+        let result = async {
+            let path = bmc.system_path(system).await?;
+            bmc.power(&path, action).await
+        }
+        .await;
+        let _ = bmc.close().await;
+        result
+    })
+    .await
 }
 
 /// `boot-once`: connect, set the one-time boot override of `system` (or the only system) and read it back, log out.
@@ -63,12 +70,15 @@ pub async fn boot_once(
     system: Option<&str>,
     target: BootTarget,
 ) -> Result<BootOverride, RedfishError> {
-    let bmc = Bmc::connect(url, creds, opts).await?;
-    let result = async {
-        let path = bmc.system_path(system).await?;
-        bmc.boot_once(&path, target).await
-    }
-    .await;
-    let _ = bmc.close().await;
-    result
+    metrics::timed("boot_once", async {
+        let bmc = Bmc::connect(url, creds, opts).await?;
+        let result = async {
+            let path = bmc.system_path(system).await?;
+            bmc.boot_once(&path, target).await
+        }
+        .await;
+        let _ = bmc.close().await;
+        result
+    })
+    .await
 }

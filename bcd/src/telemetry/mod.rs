@@ -6,6 +6,8 @@
 
 pub mod gpu;
 pub mod host;
+#[cfg(feature = "site")]
+pub mod site;
 
 use crate::gpu::GpuBackend;
 use bc_telemetry::registry::CounterVec;
@@ -94,6 +96,34 @@ pub enum TelemetryStartError {
     Invalid(#[from] bc_telemetry::config::TelemetryConfigError),
     #[error("starting telemetry")]
     Start(#[from] bc_telemetry::TelemetryError),
+}
+
+/// The pipeline for a site agent (`bcd site run`): the boot services' and BMC counters plus the host, when
+/// `agent_config` has a `[telemetry]` table.
+#[cfg(feature = "site")]
+pub async fn build_site(
+    agent_config: &Path,
+    config: &crate::config::Config,
+    counters: bcd_site::serve::SiteCounters,
+) -> Result<Option<bc_telemetry::Telemetry>, TelemetryStartError> {
+    let Some(wire) = crate::config::telemetry_from_file(agent_config)? else {
+        return Ok(None);
+    };
+    let t = wire.validate(
+        &agent_config.display().to_string(),
+        config.state_dir.join("telemetry"),
+    )?;
+    let registry = Registry::new();
+    let host = NodeSampler::new(&registry, None, &config.hardware_root, &config.state_dir);
+    let origin = bc_telemetry::Origin {
+        service: "bcd-site".into(),
+        instance: host.hostname.clone(),
+    };
+    registry.register(Arc::new(site::SiteSampler { counters }));
+    registry.register(Arc::new(host));
+    Ok(Some(
+        bc_telemetry::Telemetry::new(t, registry, origin).await?,
+    ))
 }
 
 /// The pipeline for this node, when `config_path` has a `[telemetry]` table; `None` when it has none.
