@@ -670,10 +670,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 let _ = rx.wait_for(|s| *s).await;
             };
             #[cfg(feature = "telemetry")]
-            let telemetry = match bcd::telemetry::build(&config_path, &config, gpu.clone()).await? {
-                Some(t) => Some(tokio::spawn(t.run(stopped(stop_rx.clone())))),
-                None => None,
-            };
+            let telemetry = bcd::telemetry::build(&config_path, &config, gpu.clone())
+                .await?
+                .map(|t| tokio::spawn(t.run(stopped(stop_rx.clone()))));
             let signal = bc_proto::runtime::shutdown_signal();
             let signal_tx = stop_tx.clone();
             let watcher = tokio::spawn(async move {

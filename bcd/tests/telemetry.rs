@@ -495,11 +495,11 @@ async fn mig_has_no_util_series_and_carries_instance_labels_ended_series_go_stal
     assert_eq!(ids, (7..14).map(|i| i.to_string()).collect());
     assert!(fb.iter().all(|(l, _)| l["GPU_I_PROFILE"] == "1g.10gb"));
     assert!(
-        prom.samples("DCGM_FI_DEV_FB_USED{instance=\"node-mig\",gpu=\"0\"}")
+        !prom
+            .samples("DCGM_FI_DEV_FB_USED{instance=\"node-mig\",gpu=\"0\"}")
             .await?[0]
             .0
-            .get("GPU_I_ID")
-            .is_none()
+            .contains_key("GPU_I_ID")
     );
     // The missing GPU had samples, and is gone from an instant query now: the stale marker ended its series.
     assert!(

@@ -47,7 +47,10 @@ fn self_cpu_s() -> f64 {
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 struct Kill(Child);
@@ -68,11 +71,19 @@ struct Prometheus {
 impl Prometheus {
     async fn start() -> anyhow::Result<Prometheus> {
         let dir = tempfile::tempdir()?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         std::fs::write(dir.path().join("p.yml"), "global:\n  scrape_interval: 1h\n")?;
         let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", dir.path().join("p.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("p.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .arg("--web.enable-remote-write-receiver")
             .stdout(Stdio::null())
@@ -85,7 +96,10 @@ impl Prometheus {
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !reqwest::get(format!("{}/-/ready", p.url)).await.is_ok_and(|r| r.status().is_success()) {
+        while !reqwest::get(format!("{}/-/ready", p.url))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
             if Instant::now() > deadline {
                 bail!("prometheus not ready after 30 s");
             }
@@ -97,11 +111,21 @@ impl Prometheus {
     async fn scalar(&self, q: &str) -> anyhow::Result<Option<f64>> {
         let enc: String = q
             .bytes()
-            .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+            .map(|b| {
+                if b.is_ascii_alphanumeric() {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
             .collect();
-        let v: serde_json::Value =
-            reqwest::get(format!("{}/api/v1/query?query={enc}", self.url)).await?.json().await?;
-        Ok(v["data"]["result"][0]["value"][1].as_str().and_then(|s| s.parse().ok()))
+        let v: serde_json::Value = reqwest::get(format!("{}/api/v1/query?query={enc}", self.url))
+            .await?
+            .json()
+            .await?;
+        Ok(v["data"]["result"][0]["value"][1]
+            .as_str()
+            .and_then(|s| s.parse().ok()))
     }
 }
 
@@ -138,7 +162,10 @@ async fn start_daemon(
     let path = state.join("bcd.toml");
     std::fs::write(&path, cfg)?;
     let token: serde_json::Value = reqwest::Client::new()
-        .post(format!("{}/api/compute/join-tokens/create", dev.env["BC_API_URL"]))
+        .post(format!(
+            "{}/api/compute/join-tokens/create",
+            dev.env["BC_API_URL"]
+        ))
         .bearer_auth(&dev.env["BC_API_KEY"])
         .json(&serde_json::json!({"pool": "default", "uses": 1, "ttl_seconds": 3600}))
         .send()
@@ -149,10 +176,16 @@ async fn start_daemon(
         .arg("--config")
         .arg(&path)
         .arg("join")
-        .env("BCD_JOIN_TOKEN", token["token"].as_str().unwrap_or_default())
+        .env(
+            "BCD_JOIN_TOKEN",
+            token["token"].as_str().unwrap_or_default(),
+        )
         .output()?;
     if !join.status.success() {
-        bail!("bcd join ({name}) failed: {}", String::from_utf8_lossy(&join.stderr));
+        bail!(
+            "bcd join ({name}) failed: {}",
+            String::from_utf8_lossy(&join.stderr)
+        );
     }
     let child = Command::new(bin.join("bcd"))
         .arg("--config")
@@ -171,14 +204,29 @@ async fn start_daemon(
 fn batch(n: usize, ts: i64) -> Vec<u8> {
     let mut f = Family::new("bench_series", Kind::Gauge, "1", "synthetic");
     for i in 0..n {
-        f.push(Labels::new().with("gpu", (i % 8).to_string()).with("series", i.to_string()), (i as i64 + ts) as f64);
+        f.push(
+            Labels::new()
+                .with("gpu", (i % 8).to_string())
+                .with("series", i.to_string()),
+            (i as i64 + ts) as f64,
+        );
     }
     let mut book = bc_telemetry::budget::SeriesBook::new(n);
-    let a = book.admit(bc_telemetry::Snapshot { timestamp_ms: ts, families: vec![f] }, &[]);
+    let a = book.admit(
+        bc_telemetry::Snapshot {
+            timestamp_ms: ts,
+            families: vec![f],
+        },
+        &[],
+    );
     bc_telemetry::remote_write::encode(&bc_telemetry::remote_write::request(&a))
 }
 
-async fn push_ceiling(prom: &Prometheus, series: usize, batches: usize) -> anyhow::Result<(f64, f64)> {
+async fn push_ceiling(
+    prom: &Prometheus,
+    series: usize,
+    batches: usize,
+) -> anyhow::Result<(f64, f64)> {
     let dir = tempfile::tempdir()?;
     let (q, _) = bc_telemetry::queue::DiskQueue::open(dir.path(), 4 << 30)?;
     let registry = Registry::new();
@@ -218,7 +266,10 @@ async fn push_ceiling(prom: &Prometheus, series: usize, batches: usize) -> anyho
     task.await?;
     let sent = out.counters.sent.get() as f64;
     if out.counters.rejected.get() > 0 {
-        bail!("Prometheus refused {} samples in the push test", out.counters.rejected.get());
+        bail!(
+            "Prometheus refused {} samples in the push test",
+            out.counters.rejected.get()
+        );
     }
     Ok((sent / secs, cpu / (sent / 1e6)))
 }
@@ -226,8 +277,12 @@ async fn push_ceiling(prom: &Prometheus, series: usize, batches: usize) -> anyho
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     bc_proto::install_crypto_provider();
-    let bin = PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
-    let window: u64 = std::env::var("BC_TELEMETRY_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
+    let bin =
+        PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
+    let window: u64 = std::env::var("BC_TELEMETRY_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
     let data = tempfile::tempdir()?;
     let prom = Prometheus::start().await?;
     let write_url = format!("{}/api/v1/write", prom.url);
@@ -236,7 +291,18 @@ async fn main() -> anyhow::Result<()> {
     std::fs::write(&fixture, bcd::gpu::fixture::synthetic(8, "bench"))?;
     let mut daemons = Vec::new();
     for (name, interval) in [("none", None), ("1s", Some("1s")), ("10s", Some("10s"))] {
-        daemons.push(start_daemon(&bin, &dev, data.path(), &fixture, name, interval, &write_url).await?);
+        daemons.push(
+            start_daemon(
+                &bin,
+                &dev,
+                data.path(),
+                &fixture,
+                name,
+                interval,
+                &write_url,
+            )
+            .await?,
+        );
     }
     // Warm-up: sessions up, inventories sent, the first samples pushed.
     tokio::time::sleep(Duration::from_secs(15)).await;
@@ -246,11 +312,15 @@ async fn main() -> anyhow::Result<()> {
     let mut delays = Vec::new();
     let mut last_ts = 0.0;
     while t0.elapsed() < Duration::from_secs(window) {
-        if let Some(ts) = prom.scalar("timestamp(DCGM_FI_DEV_GPU_TEMP{instance=\"bench-1s\",gpu=\"0\"})").await?
+        if let Some(ts) = prom
+            .scalar("timestamp(DCGM_FI_DEV_GPU_TEMP{instance=\"bench-1s\",gpu=\"0\"})")
+            .await?
             && ts > last_ts
         {
             if last_ts > 0.0 {
-                delays.push(Duration::from_millis((now_ms() - (ts * 1000.0) as i64).max(0) as u64));
+                delays.push(Duration::from_millis(
+                    (now_ms() - (ts * 1000.0) as i64).max(0) as u64,
+                ));
             }
             last_ts = ts;
         }
@@ -270,9 +340,17 @@ async fn main() -> anyhow::Result<()> {
             bail!("bcd {} exited during the run: {status}", d.name);
         }
     }
-    let series_1s = prom.scalar("count({instance=\"bench-1s\"})").await?.unwrap_or(0.0);
-    let series_10s = prom.scalar("count({instance=\"bench-10s\"})").await?.unwrap_or(0.0);
-    println!("bcd run on 8 fixture GPUs, {secs:.0} s window, side by side (CPU in % of one core, RSS max):");
+    let series_1s = prom
+        .scalar("count({instance=\"bench-1s\"})")
+        .await?
+        .unwrap_or(0.0);
+    let series_10s = prom
+        .scalar("count({instance=\"bench-10s\"})")
+        .await?
+        .unwrap_or(0.0);
+    println!(
+        "bcd run on 8 fixture GPUs, {secs:.0} s window, side by side (CPU in % of one core, RSS max):"
+    );
     for (i, d) in daemons.iter().enumerate() {
         println!(
             "  {:<5} CPU {:>6.3} %  RSS {:>6.1} MiB  (vs none: {:+.3} % CPU, {:+.1} MiB)",
@@ -284,7 +362,9 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     println!("  goals: < 1 % of a core at 1 s, < 8 MiB extra RSS");
-    println!("series per sample: {series_1s} (1 s node), {series_10s} (10 s node); the 1 s node pushes {series_1s} samples/s");
+    println!(
+        "series per sample: {series_1s} (1 s node), {series_10s} (10 s node); the 1 s node pushes {series_1s} samples/s"
+    );
     delays.sort();
     println!(
         "sample to queryable (1 s node, Prometheus polled every 50 ms): p50 {:.0} ms, p90 {:.0} ms, max {:.0} ms over {} samples",
