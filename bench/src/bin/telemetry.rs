@@ -138,13 +138,18 @@ async fn start_daemon(
     bin: &Path,
     dev: &Dev,
     dir: &Path,
-    fixture: &Path,
     name: &'static str,
     interval: Option<&str>,
     write_url: &str,
 ) -> anyhow::Result<Daemon> {
     let state = dir.join(name);
     std::fs::create_dir_all(&state)?;
+    // Eight GPUs with serials of their own: each daemon is a distinct machine to the join's hardware key.
+    let fixture = state.join("gpus.json");
+    std::fs::write(
+        &fixture,
+        bcd::gpu::fixture::synthetic(8, &format!("bench{name}")),
+    )?;
     let mut cfg = format!(
         "gateway_url = \"{}\"\nca_pin = \"{}\"\njoin_public_key = \"{}\"\nstate_dir = \"{}\"\ngpu_backend = \"fixture:{}\"\ncdi_dir = \"{}\"\n",
         dev.env["BC_GATEWAY_URL"],
@@ -287,22 +292,9 @@ async fn main() -> anyhow::Result<()> {
     let prom = Prometheus::start().await?;
     let write_url = format!("{}/api/v1/write", prom.url);
     let dev = Dev::start(&bin, &data.path().join("dev"), "127.0.0.1:0")?;
-    let fixture = data.path().join("gpus.json");
-    std::fs::write(&fixture, bcd::gpu::fixture::synthetic(8, "bench"))?;
     let mut daemons = Vec::new();
     for (name, interval) in [("none", None), ("1s", Some("1s")), ("10s", Some("10s"))] {
-        daemons.push(
-            start_daemon(
-                &bin,
-                &dev,
-                data.path(),
-                &fixture,
-                name,
-                interval,
-                &write_url,
-            )
-            .await?,
-        );
+        daemons.push(start_daemon(&bin, &dev, data.path(), name, interval, &write_url).await?);
     }
     // Warm-up: sessions up, inventories sent, the first samples pushed.
     tokio::time::sleep(Duration::from_secs(15)).await;
