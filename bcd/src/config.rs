@@ -1,5 +1,8 @@
 //! `bcd` configuration (`/etc/bcd/bcd.toml`, written by the install script): where the gateway is and what to
 //! trust before the node holds a trust bundle. Command-line flags override the file.
+//!
+//! The optional `[telemetry]` table is read on its own ([`telemetry_from_file`], bc-telemetry's wire struct) so a
+//! bcd built without telemetry (the ramdisk's) still reads a bcd.toml that has one.
 
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -19,6 +22,38 @@ pub struct ConfigWire {
     pub hardware_root: Option<PathBuf>,
     /// Where the Container Device Interface spec of this node's bookings is written; default `/etc/cdi`.
     pub cdi_dir: Option<PathBuf>,
+}
+
+/// The table of bcd.toml that configures telemetry.
+pub const TELEMETRY_TABLE: &str = "telemetry";
+
+/// The `[telemetry]` table of `path`, when the file has one (a missing file has none).
+#[cfg(feature = "telemetry")]
+pub fn telemetry_from_file(
+    path: &Path,
+) -> Result<Option<bc_telemetry::TelemetryWire>, ConfigError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let parse = |e: String| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e,
+    };
+    let mut table: toml::Table = toml::from_str(&text).map_err(|e| parse(e.to_string()))?;
+    match table.remove(TELEMETRY_TABLE) {
+        None => Ok(None),
+        Some(t) => t
+            .try_into()
+            .map(Some)
+            .map_err(|e: toml::de::Error| parse(format!("[telemetry]: {e}"))),
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -63,10 +98,17 @@ impl ConfigWire {
             path: path.to_path_buf(),
             source,
         })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
-        })
+        })?;
+        table.remove(TELEMETRY_TABLE);
+        table
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })
     }
 
     pub fn overlay(self, over: ConfigWire) -> ConfigWire {
@@ -147,6 +189,28 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/bcd.toml");
         let c = ConfigWire::from_file(&path)?.validate(&path.display().to_string())?;
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/bcd"));
+        Ok(())
+    }
+
+    #[cfg(feature = "telemetry")]
+    #[test]
+    fn shipped_telemetry_example_parses_both_ways() -> Result<(), Box<dyn std::error::Error>> {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/bcd-telemetry.toml");
+        let c = ConfigWire::from_file(&path)?.validate(&path.display().to_string())?;
+        let t = telemetry_from_file(&path)?
+            .ok_or("the example has a [telemetry] table")?
+            .validate(&path.display().to_string(), c.state_dir.join("telemetry"))?;
+        assert_eq!(t.interval, std::time::Duration::from_secs(10));
+        assert!(t.remote_write.is_some() && t.otlp.is_some() && t.metrics_listen.is_some());
+        assert_eq!(telemetry_from_file(&path.with_file_name("bcd.toml"))?, None);
+        let bad = tempfile::NamedTempFile::new()?;
+        std::fs::write(bad.path(), "[telemetry]\nintervall = \"1s\"\n")?;
+        let e = telemetry_from_file(bad.path())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("intervall"), "{e}");
         Ok(())
     }
 

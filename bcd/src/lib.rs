@@ -3,7 +3,9 @@
 //! It owns the node side of identity: the node key and state directory ([`state`]), configuration pinned by the
 //! install script ([`config`]), hardware claims from DMI, sysfs and the GPU backend ([`hardware`], [`gpu`]) and
 //! `bcd join` ([`join`]). GPU access goes through the [`gpu::GpuBackend`] trait: NVML (feature `nvml`) or a JSON
-//! fixture. With default features off (as the ramdisk builds it) it has no NVML and no site code.
+//! fixture. [`telemetry`] (feature `telemetry`) samples GPUs and the host for bc-telemetry's exporters, beside the
+//! session and never through it. With default features off (as the ramdisk builds it) it has no NVML, no site code
+//! and no telemetry.
 //! Start with [`join::join`].
 
 #[cfg(feature = "site")]
@@ -20,3 +22,5 @@ pub mod session;
 #[cfg(feature = "site")]
 pub mod site;
 pub mod state;
+#[cfg(feature = "telemetry")]
+pub mod telemetry;

@@ -62,7 +62,18 @@ enum Command {
         #[command(subcommand)]
         command: SiteCommand,
     },
-    /// Run the daemon: the session with the gateway (reconnects by itself).
+    /// Sample and export telemetry only, as configured in bcd.toml's [telemetry] table (no session): to check the
+    /// configuration, or on a host that runs bcd only as its exporter. `bcd run` does the same beside the session.
+    #[cfg(feature = "telemetry")]
+    Telemetry {
+        /// Print one sample in the Prometheus text format to stdout and exit (nothing is sent).
+        #[arg(long)]
+        once: bool,
+        #[command(flatten)]
+        overrides: Overrides,
+    },
+    /// Run the daemon: the session with the gateway (reconnects by itself), and telemetry when bcd.toml has a
+    /// [telemetry] table.
     ///
     /// Exits 3 when the node needs a join token (its certificate expired while it was offline and no token was
     /// given), 4 when the control plane refuses it (revoked).
@@ -315,7 +326,12 @@ async fn site_serve(path: &Path) -> anyhow::Result<()> {
 
 /// `bcd site run`: the site services, fed by the control plane while this agent holds the boot lease.
 #[cfg(feature = "site")]
-async fn site_run(path: &Path, agent: bcd::config::Config, lease_ttl: u64) -> anyhow::Result<()> {
+async fn site_run(
+    path: &Path,
+    agent_path: &Path,
+    agent: bcd::config::Config,
+    lease_ttl: u64,
+) -> anyhow::Result<()> {
     use bcd_site::serve;
     let config = serve::SiteConfig::from_file(path)?;
     if !config.netboot.is_empty() {
@@ -324,6 +340,11 @@ async fn site_run(path: &Path, agent: bcd::config::Config, lease_ttl: u64) -> an
             "[[machine]] entries are ignored by `bcd site run`: the control plane's table is served"
         );
     }
+    let counters = serve::SiteCounters::default();
+    #[cfg(feature = "telemetry")]
+    let telemetry = bcd::telemetry::build_site(agent_path, &agent, counters.clone()).await?;
+    #[cfg(not(feature = "telemetry"))]
+    let _ = agent_path;
     let site_agent = bcd::site::SiteAgent::new(
         agent,
         bcd::site::SiteAgentOptions {
@@ -341,11 +362,13 @@ async fn site_run(path: &Path, agent: bcd::config::Config, lease_ttl: u64) -> an
     let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    #[cfg(feature = "telemetry")]
+    let telemetry = telemetry.map(|t| tokio::spawn(t.run(wait_stop(stop_rx.clone()))));
     let services = serve::run(
         &config,
         bound,
         table_rx,
-        serve::SiteCounters::default(),
+        counters,
         None,
         wait_stop(stop_rx.clone()),
     );
@@ -364,8 +387,33 @@ async fn site_run(path: &Path, agent: bcd::config::Config, lease_ttl: u64) -> an
             _ = wait_stop(stop_rx.clone()) => {}
         }
     });
+    #[cfg(feature = "telemetry")]
+    if let Some(t) = telemetry {
+        let _ = t.await;
+    }
     agent_result?;
     served.with_context(|| format!("serving {}", path.display()))
+}
+
+/// `bcd telemetry` needs no gateway: fill the connection settings with inert values where neither the file nor the
+/// command line gives them, so a telemetry-only bcd.toml validates.
+#[cfg(feature = "telemetry")]
+fn telemetry_placeholders(path: &Path, o: &mut Overrides) -> anyhow::Result<()> {
+    let base = if path.exists() {
+        ConfigWire::from_file(path)?
+    } else {
+        ConfigWire::default()
+    };
+    if base.gateway_url.is_none() && o.gateway_url.is_none() {
+        o.gateway_url = Some("https://127.0.0.1:1".into());
+    }
+    if base.ca_pin.is_none() && o.ca_pin.is_none() {
+        o.ca_pin = Some(format!("sha256:{}", "0".repeat(64)));
+    }
+    if base.join_public_key.is_none() && o.join_public_key.is_none() {
+        o.join_public_key = Some(bc_proto::seal::generate_join_keypair().1.encode());
+    }
+    Ok(())
 }
 
 fn load_config(
@@ -550,7 +598,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let path = cli
                 .config
                 .unwrap_or_else(|| PathBuf::from("/etc/bcd/site.toml"));
-            site_run(&path, agent, lease_ttl).await?
+            site_run(&path, &agent_config, agent, lease_ttl).await?
         }
         #[cfg(feature = "site")]
         Command::Site {
@@ -612,7 +660,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 ),
                 (None, None) => None,
             };
-            let config = load_config(&bcd_config(cli.config), cli.state_dir, overrides)?;
+            let config_path = bcd_config(cli.config);
+            let config = load_config(&config_path, cli.state_dir, overrides)?;
             let gpu: Option<std::sync::Arc<dyn bcd::gpu::GpuBackend>> =
                 match bcd::gpu::open(&config.gpu_backend) {
                     Ok(b) => Some(std::sync::Arc::from(b)),
@@ -621,9 +670,72 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         None
                     }
                 };
+            // Telemetry runs beside the session and outlives its reconnects; it stops with the daemon.
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            #[cfg(feature = "telemetry")]
+            let telemetry = bcd::telemetry::build(&config_path, &config, gpu.clone())
+                .await?
+                .map(|t| tokio::spawn(t.run(stopped(stop_rx.clone()))));
+            let signal = bc_proto::runtime::shutdown_signal();
+            let signal_tx = stop_tx.clone();
+            let watcher = tokio::spawn(async move {
+                signal.await;
+                let _ = signal_tx.send(true);
+            });
             let mut daemon = bcd::session::Daemon::new(config, gpu);
             daemon.rejoin_token = rejoin_token;
-            daemon.run(bc_proto::runtime::shutdown_signal()).await?;
+            let result = daemon.run(stopped(stop_rx.clone())).await;
+            let _ = stop_tx.send(true);
+            watcher.abort();
+            #[cfg(feature = "telemetry")]
+            if let Some(t) = telemetry {
+                let _ = t.await;
+            }
+            result?;
+        }
+        #[cfg(feature = "telemetry")]
+        Command::Telemetry { once, overrides } => {
+            let config_path = bcd_config(cli.config);
+            let mut overrides = overrides;
+            // The gateway settings are not needed to export; placeholders keep validation happy when absent.
+            telemetry_placeholders(&config_path, &mut overrides)?;
+            let config = load_config(&config_path, cli.state_dir, overrides)?;
+            let gpu: Option<std::sync::Arc<dyn bcd::gpu::GpuBackend>> =
+                match bcd::gpu::open(&config.gpu_backend) {
+                    Ok(b) => Some(std::sync::Arc::from(b)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no GPU backend: no GPU metrics");
+                        None
+                    }
+                };
+            if once {
+                let registry = bc_telemetry::Registry::new();
+                let sampler = bcd::telemetry::NodeSampler::new(
+                    &registry,
+                    gpu,
+                    &config.hardware_root,
+                    &config.state_dir,
+                );
+                registry.register(std::sync::Arc::new(sampler));
+                let at_ms = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
+                let mut out = String::new();
+                bc_telemetry::exposition::render(&registry.collect(at_ms as i64), &mut out);
+                print!("{out}");
+                return Ok(());
+            }
+            let Some(t) = bcd::telemetry::build(&config_path, &config, gpu).await? else {
+                anyhow::bail!(
+                    "{} has no [telemetry] table: add one (docs/telemetry.md) or use --once to print a sample",
+                    config_path.display()
+                );
+            };
+            if let Some(addr) = t.metrics_addr() {
+                tracing::info!(%addr, "serving /metrics");
+            }
+            t.run(bc_proto::runtime::shutdown_signal()).await;
         }
     }
     Ok(())

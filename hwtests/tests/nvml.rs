@@ -142,3 +142,71 @@ fn nvml_health_and_diag_on_real_gpus() -> Result<()> {
     assert_eq!(again.len(), gpus.len());
     Ok(())
 }
+
+/// Telemetry's NVML path (`GpuBackend::sample`): every GPU sampled, identity matching the listing, no reading a
+/// query error, utilisation absent exactly where MIG is on, and the framebuffer adding up to at most the board's.
+#[test]
+fn nvml_telemetry_sample_on_real_gpus() -> Result<()> {
+    let backend = match NvmlBackend::init() {
+        Ok(b) => b,
+        Err(e) => return skip(format!("nvml telemetry: no NVIDIA driver ({e})")),
+    };
+    let gpus = backend.gpus()?;
+    if gpus.is_empty() {
+        return skip("nvml telemetry: the NVIDIA driver loaded but shows no GPU".into());
+    }
+    let started = Instant::now();
+    let samples = backend.sample(0)?;
+    let took = started.elapsed();
+    assert_eq!(samples.len(), gpus.len());
+    for (s, g) in samples.iter().zip(&gpus) {
+        assert_eq!((s.index, s.uuid.as_str()), (g.index, g.uuid.as_str()));
+        let errors: Vec<String> = [
+            ("gpu_util_pct", s.gpu_util_pct.clone().map(u64::from)),
+            ("power_mw", s.power_mw.clone().map(u64::from)),
+            ("temperature_c", s.temperature_c.clone().map(u64::from)),
+            ("sm_clock_mhz", s.sm_clock_mhz.clone().map(u64::from)),
+            ("fb_used_mib", s.fb_used_mib.clone()),
+            ("energy_mj", s.energy_mj.clone()),
+        ]
+        .into_iter()
+        .filter_map(|(n, r)| match r {
+            Reading::Error(e) => Some(format!("{n}: {e}")),
+            _ => None,
+        })
+        .collect();
+        assert!(errors.is_empty(), "GPU {}: {errors:?}", s.index);
+        if s.mig_enabled {
+            assert_eq!(s.gpu_util_pct, Reading::NotSupported);
+            assert!(!s.mig.is_empty(), "MIG on but no GPU instance listed");
+        }
+        if let (Reading::Value(u), Reading::Value(f)) = (&s.fb_used_mib, &s.fb_free_mib) {
+            assert!(
+                u + f <= g.memory_mib + 1,
+                "GPU {}: used {u} + free {f} > {} MiB",
+                s.index,
+                g.memory_mib
+            );
+        }
+        println!(
+            "  {} util {:?} fb {:?}/{:?} MiB power {:?} mW temp {:?} C sm {:?} MHz energy {:?} mJ mig {} ({} instances) processes {:?}",
+            s.index,
+            s.gpu_util_pct,
+            s.fb_used_mib,
+            s.fb_free_mib,
+            s.power_mw,
+            s.temperature_c,
+            s.sm_clock_mhz,
+            s.energy_mj,
+            s.mig_enabled,
+            s.mig.len(),
+            s.processes.value().map(Vec::len)
+        );
+    }
+    assert!(
+        took < Duration::from_secs(2),
+        "sampling {} GPUs took {took:?}",
+        gpus.len()
+    );
+    Ok(())
+}

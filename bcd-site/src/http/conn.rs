@@ -31,7 +31,7 @@ pub(super) struct Shared {
     pub artifacts: ServeRoot,
     pub loaders: ServeRoot,
     pub config: HttpConfig,
-    pub counters: HttpCounters,
+    pub counters: std::sync::Arc<HttpCounters>,
 }
 
 /// The parts of a request head this server uses.

@@ -180,6 +180,14 @@ pub struct BootHttp {
 
 impl BootHttp {
     pub fn new(config: HttpConfig) -> Result<Self, DirError> {
+        Self::with_counters(config, Arc::default())
+    }
+
+    /// Like [`BootHttp::new`], counting into `counters` (shared with the caller, e.g. for telemetry).
+    pub fn with_counters(
+        config: HttpConfig,
+        counters: Arc<HttpCounters>,
+    ) -> Result<Self, DirError> {
         let open = |what, path: &PathBuf| {
             ServeRoot::new(path).map_err(|e| DirError {
                 what,
@@ -194,7 +202,7 @@ impl BootHttp {
                 artifacts,
                 loaders,
                 config,
-                counters: HttpCounters::default(),
+                counters,
             }),
         })
     }

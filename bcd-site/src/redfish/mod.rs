@@ -15,6 +15,7 @@ pub mod decode;
 mod error;
 mod inventory;
 pub mod listing;
+pub mod metrics;
 pub mod models;
 mod ops;
 pub mod quirks;
@@ -61,6 +62,22 @@ const LOGIN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// SIGTERM), the operation is dropped, the session is logged out all the same and the result is
 /// [`RedfishError::Interrupted`]; a login under way gets [`LOGIN_GRACE`] to finish so its session can be closed.
 pub async fn run(
+    url: &str,
+    creds: Credentials,
+    opts: BmcOptions,
+    system: Option<&str>,
+    op: Operation,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<Outcome, RedfishError> {
+    let name = match op {
+        Operation::Inspect => "inspect",
+        Operation::Power(_) => "power",
+        Operation::BootOnce(_) => "boot_once",
+    };
+    metrics::timed(name, run_counted(url, creds, opts, system, op, shutdown)).await
+}
+
+async fn run_counted(
     url: &str,
     creds: Credentials,
     opts: BmcOptions,

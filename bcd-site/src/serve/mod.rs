@@ -148,11 +148,12 @@ pub async fn bind(config: &SiteConfig) -> Result<Bound, ServeError> {
     })
 }
 
-/// Counters of the three services, shared with the caller (tests, a future status endpoint).
+/// Counters of the three services, shared with the caller (tests, telemetry).
 #[derive(Debug, Default, Clone)]
 pub struct SiteCounters {
     pub dhcp: Arc<DhcpCounters>,
     pub tftp: Arc<TftpCounters>,
+    pub http: Arc<http::HttpCounters>,
 }
 
 /// Serves until `shutdown` completes, then stops all three services and logs the final counters.
@@ -178,7 +179,10 @@ pub async fn run(
             source: e.source,
         })?;
     }
-    let http = BootHttp::new(HttpConfig::new(&config.artifacts, &config.tftp_root))?;
+    let http = BootHttp::with_counters(
+        HttpConfig::new(&config.artifacts, &config.tftp_root),
+        counters.http.clone(),
+    )?;
     for file in [&config.loaders.bios, &config.loaders.x64_uefi] {
         if !config.tftp_root.join(file).is_file() {
             warn!(root = %config.tftp_root.display(), file, "loader missing from the TFTP root: clients asking for it will fail");

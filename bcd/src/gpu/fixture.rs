@@ -4,11 +4,17 @@
 //! A GPU without faults is a healthy H100-like board; each fault (see [`Fault`]) changes the health it reports and
 //! `missing` hides it. Unknown fields and unknown faults are refused so a typo is not silently ignored. The file is
 //! re-read on every query, so a test can inject or clear a fault under a running daemon. See docs/gpu.md.
+//!
+//! Telemetry values vary with time: [`FixtureGpu::sample`] is a pure function of the sample time (and the GPU's
+//! index, faults and `processes`), so a test recomputes exactly what was served at any timestamp a database
+//! returns. `mig_enabled` turns the GPU into seven `1g.10gb` instances (GPU instance ids 7–13) without
+//! utilisation fields, as NVML reports a MIG-enabled GPU.
 
 use super::fault::{Fault, HealthField};
 use super::health::{
     GpuHealth, MigState, NvLinkState, PcieLink, Reading, RetiredPages, RowRemap, throttle,
 };
+use super::sample::{GpuProcess, GpuSample, MigInstance};
 use super::{GpuBackend, GpuError, GpuInfo};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -40,6 +46,16 @@ pub struct FixtureGpu {
     pub faults: Vec<Fault>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_supported: Vec<HealthField>,
+    /// Processes using the GPU, as NVML would list them (telemetry labels them with the booking's reservation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<FixtureProcess>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FixtureProcess {
+    pub pid: u32,
+    pub used_mib: u64,
 }
 
 /// Number of NVLinks of a fixture GPU (an H100 SXM has 18).
@@ -69,6 +85,11 @@ impl FixtureFile {
     /// The health a backend would observe.
     pub fn health(&self) -> Vec<GpuHealth> {
         self.visible().map(FixtureGpu::health).collect()
+    }
+
+    /// The telemetry sample a backend would read at `at_ms`.
+    pub fn sample(&self, at_ms: i64) -> Vec<GpuSample> {
+        self.visible().map(|g| g.sample(at_ms)).collect()
     }
 
     /// Sets the faults of the GPU with `index`; false when there is none.
@@ -197,6 +218,105 @@ impl FixtureGpu {
     }
 }
 
+/// Framebuffer of one `1g.10gb` MIG instance, MiB.
+pub const MIG_INSTANCE_MIB: u64 = 9856;
+/// Framebuffer the driver keeps for itself, MiB (used + free + this = total, as on a real board).
+pub const FB_RESERVED_MIB: u64 = 512;
+const DEFAULT_MEMORY_MIB: u64 = 81559;
+
+/// The fixture's utilisation at `at_ms`: a sawtooth 0–100 % stepping once a second, offset per GPU.
+pub fn utilization_at(index: u32, at_ms: i64) -> u32 {
+    (at_ms.div_euclid(1000).rem_euclid(101) as u32 + 13 * index) % 101
+}
+
+impl FixtureGpu {
+    /// The telemetry this GPU serves at `at_ms` (pure: see the module docs).
+    pub fn sample(&self, at_ms: i64) -> GpuSample {
+        let health = self.health();
+        let util = utilization_at(self.index, at_ms);
+        let total = if self.memory_mib == 0 {
+            DEFAULT_MEMORY_MIB
+        } else {
+            self.memory_mib
+        };
+        let used = (total - FB_RESERVED_MIB) * u64::from(util) / 100;
+        let at = u64::try_from(at_ms).unwrap_or(0);
+        let mig_enabled = self.faults.contains(&Fault::MigEnabled);
+        let power = match health.power_draw_mw {
+            Reading::Value(p) if p > POWER_LIMIT_MW => Reading::Value(p),
+            Reading::Value(p) => Reading::Value(p + util * 5_000),
+            other => other,
+        };
+        let temperature = match health.temperature_c {
+            Reading::Value(t) if t > SLOWDOWN_C => Reading::Value(t),
+            Reading::Value(t) => Reading::Value(t + util / 10),
+            other => other,
+        };
+        let last_xid = match &health.xid_errors {
+            Reading::Value(x) => Reading::Value(x.iter().copied().max().unwrap_or(0)),
+            other => other.clone().map(|_| 0),
+        };
+        let (gpu_util, mem_util) = if mig_enabled {
+            (Reading::NotSupported, Reading::NotSupported)
+        } else {
+            (Reading::Value(util), Reading::Value(util / 2))
+        };
+        let mig = if mig_enabled {
+            (7..14u32)
+                .map(|gi| {
+                    let u = utilization_at(self.index + gi, at_ms);
+                    let used = MIG_INSTANCE_MIB * u64::from(u) / 100;
+                    MigInstance {
+                        gpu_instance_id: gi,
+                        profile: "1g.10gb".into(),
+                        fb_used_mib: Reading::Value(used),
+                        fb_free_mib: Reading::Value(MIG_INSTANCE_MIB - used),
+                    }
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let processes = self
+            .processes
+            .iter()
+            .map(|p| GpuProcess {
+                pid: p.pid,
+                used_mib: Some(p.used_mib),
+                sm_util_pct: (!mig_enabled).then_some(util),
+            })
+            .collect();
+        GpuSample {
+            index: self.index,
+            uuid: self.uuid.clone(),
+            model: self.model.clone(),
+            pci_bus_id: self.pci_bus_id.clone(),
+            minor: Some(self.index),
+            gpu_util_pct: gpu_util,
+            mem_copy_util_pct: mem_util,
+            fb_used_mib: Reading::Value(used),
+            fb_free_mib: Reading::Value(total - FB_RESERVED_MIB - used),
+            power_mw: power,
+            // 72 W idle for as long as the Unix epoch: large, exact in an f64, and only ever growing.
+            energy_mj: Reading::Value(at.saturating_mul(72)),
+            temperature_c: temperature,
+            sm_clock_mhz: Reading::Value(345 + util * 16),
+            mem_clock_mhz: Reading::Value(2619),
+            last_xid,
+            // One replay every ten minutes of wall-clock time.
+            pcie_replay: Reading::Value(at / 600_000),
+            ecc_sbe_volatile: Reading::Value(0),
+            ecc_dbe_volatile: health.ecc_dbe_volatile,
+            ecc_sbe_aggregate: Reading::Value(0),
+            ecc_dbe_aggregate: health.ecc_dbe_aggregate,
+            row_remap: health.row_remap,
+            mig_enabled,
+            mig,
+            processes: Reading::Value(processes),
+        }
+    }
+}
+
 // === impl FixtureBackend ===
 
 pub struct FixtureBackend {
@@ -236,6 +356,10 @@ impl GpuBackend for FixtureBackend {
 
     fn health(&self) -> Result<Vec<GpuHealth>, GpuError> {
         Ok(self.read()?.health())
+    }
+
+    fn sample(&self, at_ms: i64) -> Result<Vec<GpuSample>, GpuError> {
+        Ok(self.read()?.sample(at_ms))
     }
 }
 
@@ -313,6 +437,31 @@ mod tests {
                 .is_err()
         );
         assert!(parse(r#"{"gpus":[],"extra":1}"#).is_err());
+    }
+
+    #[test]
+    fn samples_vary_with_time_and_mig_has_no_utilisation() {
+        let mut f = fixture(2);
+        let a = f.sample(1_000_000);
+        let b = f.sample(1_005_000);
+        assert_ne!(a[0].gpu_util_pct, b[0].gpu_util_pct);
+        assert_eq!(
+            a[0].gpu_util_pct,
+            Reading::Value(utilization_at(0, 1_000_000))
+        );
+        assert_eq!(f.sample(1_000_000), a, "a pure function of time");
+        let (Reading::Value(used), Reading::Value(free)) = (&a[1].fb_used_mib, &a[1].fb_free_mib)
+        else {
+            panic!("fb readings")
+        };
+        assert_eq!(used + free + FB_RESERVED_MIB, 81559);
+        f.set_faults(1, vec![Fault::MigEnabled]);
+        let m = &f.sample(1_000_000)[1];
+        assert!(m.mig_enabled);
+        assert_eq!(m.gpu_util_pct, Reading::NotSupported);
+        assert_eq!(m.mem_copy_util_pct, Reading::NotSupported);
+        assert_eq!(m.mig.len(), 7);
+        assert!(m.mig.iter().all(|i| i.profile == "1g.10gb"));
     }
 
     #[test]

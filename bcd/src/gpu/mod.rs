@@ -1,15 +1,18 @@
 //! GPU access behind a trait: [`nvml::NvmlBackend`] on real nodes (feature `nvml`, library loaded at run time) and
 //! [`fixture::FixtureBackend`] (a JSON file) for tests and demos on machines without GPUs. [`GpuBackend::gpus`]
 //! lists GPUs for inventory and join claims; [`GpuBackend::health`] observes what `diag.nvml` judges
-//! ([`health::GpuHealth`]).
+//! ([`health::GpuHealth`]); [`GpuBackend::sample`] reads what telemetry exports every interval
+//! ([`sample::GpuSample`]).
 
 pub mod fault;
 pub mod fixture;
 pub mod health;
 #[cfg(feature = "nvml")]
 pub mod nvml;
+pub mod sample;
 
 pub use health::{GpuHealth, Reading};
+pub use sample::{GpuProcess, GpuSample, MigInstance};
 
 use serde::{Deserialize, Serialize};
 
@@ -58,6 +61,19 @@ pub trait GpuBackend: Send + Sync {
             .gpus()?
             .into_iter()
             .map(|g| GpuHealth::unobserved(g.index, g.uuid, g.pci_bus_id, &reason))
+            .collect())
+    }
+
+    /// One telemetry sample of every visible GPU. `at_ms` is the sample's time (Unix milliseconds): a real GPU
+    /// ignores it, the fixture computes its time-varying values from it so a test knows what was served. A
+    /// backend that samples nothing reports identity with every reading `not_collected`.
+    fn sample(&self, at_ms: i64) -> Result<Vec<GpuSample>, GpuError> {
+        let _ = at_ms;
+        let reason = format!("the {} backend samples no GPU telemetry", self.name());
+        Ok(self
+            .gpus()?
+            .iter()
+            .map(|g| GpuSample::unobserved(g, &reason))
             .collect())
     }
 }
