@@ -6,6 +6,9 @@
 //! fixture. [`telemetry`] (feature `telemetry`) samples GPUs and the host for bc-telemetry's exporters, beside the
 //! session and never through it. With default features off (as the ramdisk builds it) it has no NVML, no site code
 //! and no telemetry.
+//! [`vmm`] runs the node's VPS instances (QEMU over QMP; feature `vmm`, which needs `site`): without the feature
+//! only its pure parts are built (the desired-spec parser, the planner, the seed renderer, VFIO logic), and a
+//! desired state listing instances is refused.
 //! Start with [`join::join`].
 
 #[cfg(feature = "site")]
@@ -22,5 +25,6 @@ pub mod session;
 #[cfg(feature = "site")]
 pub mod site;
 pub mod state;
+pub mod vmm;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;
