@@ -1,6 +1,6 @@
 //! Boot HTTP over real sockets: iPXE scripts (golden files), loaders and artifacts with Range/HEAD, path escapes,
 //! keep-alive and pipelining, fetched with reqwest and with the `curl` binary (skipped with a printed reason when
-//! curl is absent). Regenerate the script goldens with `UPDATE_GOLDEN=1 cargo test -p bcd-site --test boot_http`.
+//! curl is absent). Regenerate the script goldens with `BC_UPDATE_GOLDEN=1 cargo test -p bcd-site --test boot_http`.
 
 use std::fs;
 use std::net::SocketAddr;
@@ -113,12 +113,7 @@ impl Server {
 
 fn golden(name: &str, actual: &str) -> Result<()> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/{name}"));
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        fs::write(&path, actual)?;
-    }
-    let expected = fs::read_to_string(&path)
-        .with_context(|| format!("reading {} (UPDATE_GOLDEN=1 creates it)", path.display()))?;
-    assert_eq!(actual, expected, "golden {name} differs");
+    bc_testkit::assert_golden(path, actual);
     Ok(())
 }
 
@@ -336,10 +331,7 @@ fn curl(args: &[&str]) -> Result<Option<(String, Vec<u8>)>> {
         .output()
     {
         Ok(out) => out,
-        Err(e) => {
-            println!("SKIP: curl not runnable ({e})");
-            return Ok(None);
-        }
+        Err(e) => bc_testkit::skip!("curl not runnable ({e})"),
     };
     if !out.status.success() {
         bail!("curl {args:?}: {}", String::from_utf8_lossy(&out.stderr));

@@ -2,7 +2,7 @@
 //!
 //! Requests are built the way the firmware builds them, encoded to bytes and decoded through
 //! `bcd_site::dhcp::wire::decode`, so the golden path is the server's path. Regenerate the goldens with
-//! `UPDATE_GOLDEN=1 cargo test -p bcd-site --test dhcp_decide` and review the diff like code.
+//! `BC_UPDATE_GOLDEN=1 cargo test -p bcd-site --test dhcp_decide` and review the diff like code.
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -141,17 +141,7 @@ fn golden_with(name: &str, port: ListenPort, req: &Req, server: &ServerInfo) -> 
     encode(&reply.message, &mut wire)?;
     let rendered = format!("# destination {:?}\n{}", reply.destination, render(&wire)?);
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/{name}.txt"));
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, &rendered).with_context(|| format!("writing {}", path.display()))?;
-    }
-    let expected = std::fs::read_to_string(&path)
-        .with_context(|| format!("reading {} (UPDATE_GOLDEN=1 creates it)", path.display()))?;
-    assert_eq!(
-        rendered,
-        expected,
-        "{name}: reply differs from {}",
-        path.display()
-    );
+    bc_testkit::assert_golden(path, &rendered);
     Ok(())
 }
 

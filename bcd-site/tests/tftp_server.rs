@@ -121,7 +121,7 @@ fn have(tool: &str) -> bool {
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !found {
-        println!("SKIPPED: `{tool}` is not installed (apt-get install -y tftp-hpa curl)");
+        bc_testkit::skip!("`{tool}` is not installed (apt-get install -y tftp-hpa curl)");
     }
     found
 }

@@ -13,7 +13,8 @@
 //!
 //! Needs root, iproute2, qemu-system-x86, ipxe-qemu, ipxe, ovmf, dnsmasq and the artifacts of
 //! `images/build-pxe-lab` (run here when missing; the kernel download needs apt once). Anything absent prints
-//! `SKIP: <reason>` and returns (a skip is not a pass); `BC_HWTESTS_REQUIRE_LAB=1` turns a skip into a failure.
+//! `SKIP: <test>: <reason>` (bc_testkit::skip!) and returns (a skip is not a pass); `BC_HWTESTS_REQUIRE_LAB=1`
+//! turns a skip into a failure.
 //! Namespaces are named after this process's PID and deleted, and every child killed by PID, on every exit path.
 //! QEMU runs under TCG (`-accel tcg`; LAB-NOTES: this host's KVM cannot boot a stock kernel); `BC_LAB_ACCEL=kvm`
 //! overrides. `bcd` is `BCD_BIN`, else built here with `cargo build -p bcd`.
@@ -47,8 +48,7 @@ fn skip(reason: impl std::fmt::Display) -> Result<()> {
     if std::env::var_os("BC_HWTESTS_REQUIRE_LAB").is_some_and(|v| v == "1") {
         bail!("BC_HWTESTS_REQUIRE_LAB=1 but {reason}");
     }
-    println!("SKIP: {reason}");
-    Ok(())
+    bc_testkit::skip!("{reason}");
 }
 
 fn have(cmd: &str) -> bool {
