@@ -8,9 +8,9 @@
 //!     console → it powers itself off, read back as `Off`; the override still reads Pxe/Continuous (the next reset
 //!     would netboot again); restoring the disk (Hdd, Continuous) is read back, and the next power-on boots the disk
 //!     (its boot sector's marker on the serial, no new script from bcd site); power off, read back, and libvirt agrees.
+//! (c) A domain whose NIC is on the isolated bridge, PXE override set and powered on: its iPXE asks for DHCP and
+//!     neither dnsmasq nor bcd site sees its MAC, although bcd site's table would answer it.
 //! (b) OVMF (q35) domain: the same PXE boot through UEFI, to the marker and its own power-off.
-//! (c) A domain whose NIC is on the isolated bridge, PXE override set and powered on: its iPXE tries DHCP and
-//!     neither dnsmasq nor bcd site ever sees its MAC, although bcd site's table would answer it.
 //! (d) Basic auth (bcrypt cost 4): the wrong password is rejected, the right one works.
 //! Per-step timings are printed. A second test kills a `metal-lab up` with SIGKILL and checks that `metal-lab
 //! down` tears its lab down by the names and PIDs of its manifest.
@@ -318,7 +318,7 @@ async fn flow(
         .filter_map(|m| m.odata_id.rsplit('/').next().map(str::to_owned))
         .collect();
     uuids.sort();
-    let mut want = vec![bios.uuid.clone(), uuid_of(uefi), uuid_of(isolated)];
+    let mut want = vec![bios.uuid.clone(), uefi.uuid.clone(), isolated.uuid.clone()];
     want.sort();
     if uuids != want {
         bail!("sushy lists systems {uuids:?}, the lab defined {want:?}");
@@ -434,40 +434,31 @@ async fn flow(
         t,
     );
 
-    // (b) OVMF, with (c) the isolated domain netbooting at the same time.
-    let usys = bmc.system_path(Some(&uefi.uuid)).await?;
+    // (c) The isolated domain: its iPXE asks for DHCP where nothing answers. Powered off once it has asked and
+    // had a few seconds for any answer, so that the OVMF boot after it has both CPUs.
     let isys = bmc.system_path(Some(&isolated.uuid)).await?;
     let t = Instant::now();
-    set_pxe(&bmc, &usys, uefi, v).await?;
     set_pxe(&bmc, &isys, isolated, v).await?;
-    steps.done("uefi + isolated: PXE override set (Continuous)", t);
-    let t = Instant::now();
     let mut iconsole = Watcher::new(isolated.serial.clone(), t);
     let mut idhcp = Watcher::new(v.dnsmasq_log.to_owned(), t);
     let mut isite = Watcher::new(v.bcd_log.to_owned(), t);
     bmc.power(&isys, PowerAction::On).await?;
-    steps.done("isolated: Reset On", t);
-    pxe_boot(&bmc, &usys, uefi, v, &mut steps).await?;
-    bmc.restore_disk_boot(&usys).await?;
-    // The isolated domain had the whole UEFI boot to get an address; make sure its iPXE really tried.
-    while t.elapsed() < Duration::from_secs(90)
-        && !iconsole.has("iPXE had tried DHCP (looked for after the uefi boot)")
-    {
-        iconsole.poll(&[(
-            "iPXE had tried DHCP (looked for after the uefi boot)",
-            &["Configuring (net0", isolated.mac.as_str()],
-        )]);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    steps.done("isolated: PXE override set (Continuous), Reset On", t);
+    let asked = "iPXE asked for DHCP";
+    while t.elapsed() < Duration::from_secs(90) && !iconsole.has(asked) {
+        iconsole.poll(&[(asked, &["Configuring (net0", isolated.mac.as_str()])]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    idhcp.poll(&[("seen", &[isolated.mac.as_str()])]);
-    isite.poll(&[("seen", &[isolated.mac.as_str()])]);
-    steps.seen("isolated", &[&iconsole]);
-    if !iconsole.has("iPXE had tried DHCP (looked for after the uefi boot)") {
+    if !iconsole.has(asked) {
         bail!(
             "isolated: its iPXE never tried DHCP:\n{}",
             bc_hwtests::watch::tail(&isolated.serial, 15)
         );
     }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    idhcp.poll(&[("seen", &[isolated.mac.as_str()])]);
+    isite.poll(&[("seen", &[isolated.mac.as_str()])]);
+    steps.seen("isolated", &[&iconsole]);
     if idhcp.has("seen") || isite.has("seen") {
         bail!("isolated: its MAC reached the boot segment (dnsmasq or bcd site saw it)");
     }
@@ -475,16 +466,20 @@ async fn flow(
     bmc.power(&isys, PowerAction::Off).await?;
     bmc.restore_disk_boot(&isys).await?;
     steps.done(
-        "isolated: iPXE tried DHCP, neither dnsmasq nor bcd site saw its MAC; ForceOff, disk restored",
+        "isolated: 4 s after its DHCP request neither dnsmasq nor bcd site had seen its MAC; ForceOff, disk restored",
         t,
     );
+
+    // (b) OVMF.
+    let usys = bmc.system_path(Some(&uefi.uuid)).await?;
+    let t = Instant::now();
+    set_pxe(&bmc, &usys, uefi, v).await?;
+    steps.done("uefi: PXE override set (Continuous)", t);
+    pxe_boot(&bmc, &usys, uefi, v, &mut steps).await?;
+    bmc.restore_disk_boot(&usys).await?;
     bmc.close().await?;
     println!("metal_lab: BMC requests {}", bmc.requests());
     Ok(())
-}
-
-fn uuid_of(d: &Domain) -> String {
-    d.uuid.clone()
 }
 
 #[test]
