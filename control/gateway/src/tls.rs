@@ -25,13 +25,18 @@ pub enum TlsError {
     Verifier(String),
 }
 
-/// Revoked workload identities (SPIFFE IDs). Cloning shares the set; updates are seen by the next handshake.
+/// Revoked workload identities (SPIFFE IDs) and revoked keys. Cloning shares the sets; updates are seen by the next
+/// handshake.
 ///
 /// Keyed by identity rather than by certificate serial: revoking a node must refuse every certificate it holds,
 /// including earlier ones superseded by renewal but not yet expired, and the store records only the latest serial.
+/// Likewise a node key a reclaim superseded (the node lives on with a new key) is refused by key, whatever
+/// certificate of it is presented.
 #[derive(Clone, Default)]
 pub struct Revocations {
     inner: Arc<RwLock<HashSet<SpiffeId>>>,
+    /// SHA-256 of the SubjectPublicKeyInfo of revoked keys.
+    keys: Arc<RwLock<HashSet<[u8; 32]>>>,
 }
 
 impl std::fmt::Debug for Revocations {
@@ -51,6 +56,42 @@ impl Revocations {
         ids.into_iter()
             .filter(|id| set.insert(id.clone()))
             .collect()
+    }
+
+    /// Adds revoked keys (SHA-256 of their SubjectPublicKeyInfo); returns how many were not known yet.
+    pub fn extend_keys(&self, keys: impl IntoIterator<Item = [u8; 32]>) -> usize {
+        let Ok(mut set) = self.keys.write() else {
+            return 0;
+        };
+        keys.into_iter().filter(|k| set.insert(*k)).count()
+    }
+
+    /// Revoked keys known.
+    pub fn keys_len(&self) -> usize {
+        self.keys.read().map(|s| s.len()).unwrap_or(0)
+    }
+
+    /// Why a client certificate is refused: its identity is revoked, or the key it certifies is. Unparseable
+    /// certificates are not refused here (the chain was already verified; the services refuse what they cannot
+    /// read). The key is only looked at when some key is revoked.
+    pub fn refusal(&self, cert_der: &[u8]) -> Option<String> {
+        if let Some(id) = self.revoked_identity(cert_der) {
+            return Some(format!("identity {id} revoked"));
+        }
+        let any_key = self.keys.read().map(|s| !s.is_empty()).unwrap_or(false);
+        if any_key && let Some(hash) = bc_proto::channel::key_hash_of(cert_der) {
+            let revoked = match self.keys.read() {
+                Ok(set) => set.contains(&hash),
+                Err(poisoned) => poisoned.get_ref().contains(&hash),
+            };
+            if revoked {
+                return Some(format!(
+                    "key {} revoked (superseded by a reclaim)",
+                    hex::encode(hash)
+                ));
+            }
+        }
+        None
     }
 
     pub fn is_revoked(&self, id: &SpiffeId) -> bool {
@@ -107,8 +148,11 @@ impl ClientCertVerifier for RevocationChecking {
         let verified = self
             .inner
             .verify_client_cert(end_entity, intermediates, now)?;
-        if let Some(id) = self.revoked.revoked_identity(end_entity) {
-            tracing::warn!(identity = %id, "client certificate refused at the TLS handshake: identity revoked");
+        if let Some(why) = self.revoked.refusal(end_entity) {
+            tracing::warn!(
+                reason = why,
+                "client certificate refused at the TLS handshake"
+            );
             return Err(rustls::Error::InvalidCertificate(CertificateError::Revoked));
         }
         Ok(verified)

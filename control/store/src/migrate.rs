@@ -62,6 +62,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "site_revocation",
         sql: include_str!("../migrations/0010_site_revocation.sql"),
     },
+    Migration {
+        version: 11,
+        name: "identity_bindings",
+        sql: include_str!("../migrations/0011_identity_bindings.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.
