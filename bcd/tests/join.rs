@@ -580,3 +580,51 @@ async fn each_token_kind_is_refused_on_the_wrong_path_by_the_client_and_by_join_
     assert_eq!(site.identity.spiffe_id, "spiffe://test.bc/site/rack-9");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_a_day_later_is_refused_naming_the_node_with_or_without_a_hardware_key()
+-> TestResult {
+    let p = plane().await;
+    let token = p.token(json!({"pool": "default", "uses": 5})).await;
+    let keyless = v1::HardwareClaims {
+        hostname: "keyless".into(),
+        ..Default::default()
+    };
+    for (name, c) in [("keyed", claims("keyed", 1)), ("keyless", keyless)] {
+        let first = join(&p, name, &token, c.clone()).await?;
+        // The reply was lost (the identity never stored): the same key and token again, within the window.
+        std::fs::remove_file(p.dir.path().join(name).join("node.json"))?;
+        let again = join(&p, name, &token, c.clone()).await?;
+        assert!(again.replayed, "{name}: {again:?}");
+        assert_eq!(again.identity.node_id, first.identity.node_id);
+        // A day later: refused, naming the node, spending nothing.
+        std::fs::remove_file(p.dir.path().join(name).join("node.json"))?;
+        bc_store::sqlx::query(
+            "UPDATE nodes SET joined_at = now() - interval '1 day' WHERE id = $1",
+        )
+        .bind(&first.identity.node_id)
+        .execute(p.store.pool())
+        .await?;
+        let before = p.snapshot().await;
+        match join(&p, name, &token, c).await {
+            Err(bcd::join::JoinError::Refused {
+                code: Code::AlreadyExists,
+                message,
+            }) => {
+                assert!(
+                    message.contains(&first.identity.node_id),
+                    "{name}: {message}"
+                );
+                assert!(message.contains("within 10 min"), "{name}: {message}");
+                assert!(message.contains("--reclaim"), "{name}: {message}");
+            }
+            other => panic!("{name}: a retry a day later was {other:?}"),
+        }
+        assert_eq!(
+            p.snapshot().await,
+            before,
+            "{name}: the refusal changed state"
+        );
+    }
+    Ok(())
+}

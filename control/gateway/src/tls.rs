@@ -233,4 +233,30 @@ mod tests {
         assert_eq!(r.revoked_identity(&[]), None);
         Ok(())
     }
+
+    #[test]
+    fn a_revoked_key_refuses_every_certificate_of_it_and_no_other() -> Result<(), Box<dyn std::error::Error>> {
+        let cert = |key: &rcgen::KeyPair, id: &str| -> Result<Vec<u8>, rcgen::Error> {
+            let mut p = rcgen::CertificateParams::default();
+            p.subject_alt_names = vec![rcgen::SanType::URI(
+                format!("spiffe://test.bc/node/{id}").try_into()?,
+            )];
+            Ok(p.self_signed(key)?.der().to_vec())
+        };
+        let old = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let new = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let (old_a, old_b, current) = (cert(&old, "n1")?, cert(&old, "n1")?, cert(&new, "n1")?);
+        let r = Revocations::default();
+        assert_eq!(r.refusal(&old_a), None);
+        let hash = bc_proto::channel::key_hash_of(&old_a).ok_or("key hash")?;
+        assert_eq!(r.extend_keys([hash, hash]), 1);
+        assert_eq!(r.keys_len(), 1);
+        for c in [&old_a, &old_b] {
+            let why = r.refusal(c).ok_or("a certificate of the revoked key passed")?;
+            assert!(why.contains("superseded"), "{why}");
+        }
+        assert_eq!(r.refusal(&current), None, "the node's current key is refused");
+        assert_eq!(r.refusal(b"\x30\x03\x02\x01\x01"), None);
+        Ok(())
+    }
 }
