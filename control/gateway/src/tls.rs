@@ -235,7 +235,8 @@ mod tests {
     }
 
     #[test]
-    fn a_revoked_key_refuses_every_certificate_of_it_and_no_other() -> Result<(), Box<dyn std::error::Error>> {
+    fn a_revoked_key_refuses_every_certificate_of_it_and_no_other()
+    -> Result<(), Box<dyn std::error::Error>> {
         let cert = |key: &rcgen::KeyPair, id: &str| -> Result<Vec<u8>, rcgen::Error> {
             let mut p = rcgen::CertificateParams::default();
             p.subject_alt_names = vec![rcgen::SanType::URI(
@@ -252,10 +253,16 @@ mod tests {
         assert_eq!(r.extend_keys([hash, hash]), 1);
         assert_eq!(r.keys_len(), 1);
         for c in [&old_a, &old_b] {
-            let why = r.refusal(c).ok_or("a certificate of the revoked key passed")?;
+            let why = r
+                .refusal(c)
+                .ok_or("a certificate of the revoked key passed")?;
             assert!(why.contains("superseded"), "{why}");
         }
-        assert_eq!(r.refusal(&current), None, "the node's current key is refused");
+        assert_eq!(
+            r.refusal(&current),
+            None,
+            "the node's current key is refused"
+        );
         assert_eq!(r.refusal(b"\x30\x03\x02\x01\x01"), None);
         Ok(())
     }

@@ -1,6 +1,6 @@
-//! `bcd join` while the control plane dies: 200 concurrent joins (bcd's join, real TLS on loopback) against a real
-//! `better-compute serve` process that is killed (SIGKILL) in the middle of them and started again on the same port
-//! and state directory. Every join completes (a reset mid-call is retried, and a retry of a committed join is the
+//! `bcd join` while the control plane dies: 200 joins (bcd's join, real TLS on loopback, arriving over ~4 s) against
+//! a real `better-compute serve` process that is killed (SIGKILL) in the middle of them and started again on the same
+//! port and state directory. Every join completes (a reset mid-call is retried, and a retry of a committed join is the
 //! same node), no machine gets two nodes, and the token's uses match the nodes.
 
 use bc_core::join::Expectations;
@@ -19,6 +19,7 @@ use tokio::process::{Child, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_better-compute");
 const JOINS: usize = 200;
+const WARM: usize = 5;
 
 /// A `better-compute serve` process (api and gateway roles) and what it printed: (CA pin, JoinService key).
 async fn serve(dir: &Path, url: &str, port: u16) -> (Child, String, String) {
@@ -94,7 +95,7 @@ async fn every_join_completes_when_the_control_plane_is_killed_mid_join_and_rest
         .await
         .expect("pool");
     let token = Token::generate(TokenKind::Join).expect("token");
-    const USES: usize = JOINS + 20;
+    const USES: usize = JOINS + WARM + 20;
     store
         .create_join_token(NewJoinToken {
             id: token.id(),
@@ -116,9 +117,8 @@ async fn every_join_completes_when_the_control_plane_is_killed_mid_join_and_rest
         .port();
     let (mut plane, pin, join_key) = serve(dir.path(), &db.url(), port).await;
 
-    let mut joins = tokio::task::JoinSet::new();
-    for i in 0..JOINS {
-        let config = bcd::config::ConfigWire {
+    let config = |i: usize| {
+        bcd::config::ConfigWire {
             gateway_url: Some(format!("https://localhost:{port}")),
             ca_pin: Some(pin.clone()),
             join_public_key: Some(join_key.clone()),
@@ -128,19 +128,41 @@ async fn every_join_completes_when_the_control_plane_is_killed_mid_join_and_rest
             cdi_dir: None,
         }
         .validate("test")
-        .expect("node config");
+        .expect("node config")
+    };
+    // A few machines first, so the flood meets a warm control plane (pool connections, token cache) and commits
+    // in many batches rather than one.
+    for i in JOINS..JOINS + WARM {
+        let opts = bcd::join::JoinOptions {
+            attempts: 40,
+            claims: claims(i),
+        };
+        bcd::join::join(&config(i), &token.reveal(), opts)
+            .await
+            .expect("warm-up join");
+    }
+
+    let finished = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut joins = tokio::task::JoinSet::new();
+    for i in 0..JOINS {
+        let config = config(i);
         let token = token.reveal();
+        let finished = finished.clone();
         joins.spawn(async move {
+            // Machines arrive over ~4 s, so the kill finds joins committed, in flight, and not yet sent.
+            tokio::time::sleep(Duration::from_millis(20 * i as u64)).await;
             let opts = bcd::join::JoinOptions {
                 attempts: 40,
                 claims: claims(i),
             };
-            (i, bcd::join::join(&config, &token, opts).await)
+            let outcome = bcd::join::join(&config, &token, opts).await;
+            finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            (i, outcome)
         });
     }
     // Kill it once some joins have committed and the rest are connecting, in flight or queued.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while nodes(&store).await < 10 {
+    while nodes(&store).await < (WARM + 40) as i64 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "no join committed within 120 s"
@@ -149,11 +171,14 @@ async fn every_join_completes_when_the_control_plane_is_killed_mid_join_and_rest
     }
     plane.start_kill().expect("kill");
     plane.wait().await.expect("wait");
-    let at_kill = nodes(&store).await;
-    println!("control plane killed with {at_kill} of {JOINS} nodes committed");
+    let answered = finished.load(std::sync::atomic::Ordering::SeqCst);
+    let at_kill = nodes(&store).await as usize - WARM;
+    println!(
+        "control plane killed with {at_kill} of {JOINS} nodes committed and {answered} joins answered"
+    );
     assert!(
-        (at_kill as usize) < JOINS,
-        "every join finished before the kill: the test did not test"
+        answered < at_kill,
+        "no committed join was waiting for its answer at the kill: the test did not test"
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (_plane, pin_again, _) = serve(dir.path(), &db.url(), port).await;
@@ -185,7 +210,11 @@ async fn every_join_completes_when_the_control_plane_is_killed_mid_join_and_rest
         "{} of {JOINS} joins failed: {failures:#?}",
         failures.len()
     );
-    assert_eq!(nodes(&store).await, JOINS as i64, "one node per machine");
+    assert_eq!(
+        nodes(&store).await,
+        (JOINS + WARM) as i64,
+        "one node per machine"
+    );
     let uses_left: i32 = sqlx::query_scalar("SELECT uses_left FROM join_tokens WHERE id = $1")
         .bind(token.id())
         .fetch_one(store.pool())
@@ -193,7 +222,7 @@ async fn every_join_completes_when_the_control_plane_is_killed_mid_join_and_rest
         .expect("uses");
     assert_eq!(
         uses_left as usize,
-        USES - JOINS,
+        USES - JOINS - WARM,
         "one use per node, none for retries"
     );
 }
