@@ -143,14 +143,16 @@ async fn every_join_completes_when_the_control_plane_is_killed_mid_join_and_rest
     }
 
     let finished = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut joins = tokio::task::JoinSet::new();
     for i in 0..JOINS {
         let config = config(i);
         let token = token.reveal();
-        let finished = finished.clone();
+        let (finished, started) = (finished.clone(), started.clone());
         joins.spawn(async move {
-            // Machines arrive over ~4 s, so the kill finds joins committed, in flight, and not yet sent.
+            // Machines arrive over ~4 s: the kill finds joins committed, in flight, and not yet sent.
             tokio::time::sleep(Duration::from_millis(20 * i as u64)).await;
+            started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let opts = bcd::join::JoinOptions {
                 attempts: 40,
                 claims: claims(i),
@@ -160,25 +162,54 @@ async fn every_join_completes_when_the_control_plane_is_killed_mid_join_and_rest
             (i, outcome)
         });
     }
-    // Kill it once some joins have committed and the rest are connecting, in flight or queued.
+    // Once a third of the machines have sent their join, hold the token's row (as a slow commit would): the joins
+    // committing from then on wait for their answer inside the RPC, so the kill resets calls in flight, not just
+    // connections.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while nodes(&store).await < (WARM + 40) as i64 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no join committed within 120 s"
-        );
+    while started.load(std::sync::atomic::Ordering::SeqCst) < JOINS / 3 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let mut held = db.pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM join_tokens WHERE id = $1 FOR UPDATE")
+        .bind(token.id())
+        .execute(&mut *held)
+        .await
+        .expect("lock the token row");
+    let committed = nodes(&store).await;
+    let waiting_commit = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND query LIKE '%FROM join_tokens WHERE id = $1 FOR UPDATE%'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap_or(0)
+    };
+    while waiting_commit().await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no join commit waited for the token row within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
     plane.start_kill().expect("kill");
     plane.wait().await.expect("wait");
-    let answered = finished.load(std::sync::atomic::Ordering::SeqCst);
-    let at_kill = nodes(&store).await as usize - WARM;
+    let in_flight = started.load(std::sync::atomic::Ordering::SeqCst)
+        - finished.load(std::sync::atomic::Ordering::SeqCst);
+    held.rollback().await.expect("release the token row");
+    assert_eq!(
+        nodes(&store).await,
+        committed,
+        "nothing committed while the row was held"
+    );
     println!(
-        "control plane killed with {at_kill} of {JOINS} nodes committed and {answered} joins answered"
+        "control plane killed with {} of {JOINS} nodes committed and {in_flight} joins sent and unanswered",
+        committed as usize - WARM
     );
     assert!(
-        answered < at_kill,
-        "no committed join was waiting for its answer at the kill: the test did not test"
+        in_flight >= 10,
+        "only {in_flight} joins were in flight at the kill: the test did not test"
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (_plane, pin_again, _) = serve(dir.path(), &db.url(), port).await;
