@@ -251,7 +251,13 @@ mod tests {
             let at = |age: i64| vec![holder("n1", T, "k1", hk, NOW - age)];
             // Just inside: the same node again.
             assert_eq!(
-                plan(T, &token(0), &[c.clone()], &at(REPLAY_WINDOW_MS - 1), NOW),
+                plan(
+                    T,
+                    &token(0),
+                    std::slice::from_ref(&c),
+                    &at(REPLAY_WINDOW_MS - 1),
+                    NOW
+                ),
                 vec![Decision::Replay {
                     node_id: "n1".into()
                 }],
@@ -260,7 +266,7 @@ mod tests {
             // At the window's end and a day later: refused, naming the node, spending nothing.
             for age in [REPLAY_WINDOW_MS, 24 * 3_600_000] {
                 assert_eq!(
-                    plan(T, &token(5), &[c.clone()], &at(age), NOW),
+                    plan(T, &token(5), std::slice::from_ref(&c), &at(age), NOW),
                     vec![Decision::KeyTaken {
                         node_id: "n1".into(),
                         joined_at_ms: NOW - age,

@@ -174,8 +174,7 @@ impl Store {
         };
         let mut out: Vec<Option<JoinCommit>> = vec![None; candidates.len()];
         let mut pending: Vec<usize> = (0..candidates.len()).collect();
-        // (candidate index, reclaimed, superseded (key hash, certificate serial))
-        let mut applied: Vec<(usize, bool, Option<(String, String)>)> = Vec::new();
+        let mut applied: Vec<Applied> = Vec::new();
         for _ in 0..PLAN_ROUNDS {
             if pending.is_empty() {
                 break;
@@ -216,7 +215,11 @@ impl Store {
                 let c = &candidates[i];
                 out[i] = Some(match d {
                     Decision::Insert if inserted.contains(&c.node_id) => {
-                        applied.push((i, false, None));
+                        applied.push(Applied {
+                            index: i,
+                            reclaimed: false,
+                            superseded: None,
+                        });
                         JoinCommit::Joined {
                             node_id: c.node_id.clone(),
                             reclaimed: false,
@@ -224,7 +227,11 @@ impl Store {
                     }
                     Decision::Reclaim => match reclaimed.iter().find(|(id, _)| *id == c.node_id) {
                         Some((_, superseded)) => {
-                            applied.push((i, true, superseded.clone()));
+                            applied.push(Applied {
+                                index: i,
+                                reclaimed: true,
+                                superseded: superseded.clone(),
+                            });
                             JoinCommit::Joined {
                                 node_id: c.node_id.clone(),
                                 reclaimed: true,
@@ -361,6 +368,14 @@ impl Store {
 
 // === the join commit's statements ===
 
+/// A candidate that became a node.
+struct Applied {
+    index: usize,
+    reclaimed: bool,
+    /// The key a reclaim superseded: (key hash, its last certificate's serial).
+    superseded: Option<(String, String)>,
+}
+
 const RECORD: &str = "jsonb_to_recordset($1) AS x(node_id text, hardware_key text, claims jsonb, \
                       join_key_hash text, cert_serial text, not_after_ms bigint, public_key_hex text)";
 
@@ -467,7 +482,7 @@ async fn record_joins(
     token_id: &str,
     pool_id: &str,
     candidates: &[JoinCandidate],
-    applied: &[(usize, bool, Option<(String, String)>)],
+    applied: &[Applied],
 ) -> Result<(), StoreError> {
     sqlx::query("UPDATE join_tokens SET uses_left = uses_left - $2 WHERE id = $1")
         .bind(token_id)
@@ -476,16 +491,16 @@ async fn record_joins(
         .await?;
     let ids: Vec<&str> = applied
         .iter()
-        .map(|(i, _, _)| candidates[*i].node_id.as_str())
+        .map(|a| candidates[a.index].node_id.as_str())
         .collect();
-    let reclaimed: Vec<bool> = applied.iter().map(|(_, r, _)| *r).collect();
+    let reclaimed: Vec<bool> = applied.iter().map(|a| a.reclaimed).collect();
     let keys: Vec<Option<&str>> = applied
         .iter()
-        .map(|(_, _, s)| s.as_ref().map(|(k, _)| k.as_str()))
+        .map(|a| a.superseded.as_ref().map(|(k, _)| k.as_str()))
         .collect();
     let serials: Vec<Option<&str>> = applied
         .iter()
-        .map(|(_, _, s)| s.as_ref().map(|(_, serial)| serial.as_str()))
+        .map(|a| a.superseded.as_ref().map(|(_, serial)| serial.as_str()))
         .collect();
     if keys.iter().any(Option::is_some) {
         sqlx::query(
