@@ -1007,3 +1007,62 @@ async fn after_a_reclaim_the_old_key_opens_no_session_and_renews_nothing() -> Te
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_two_nodes_report_is_bookable_once_and_a_condition_on_the_second() -> TestResult {
+    let p = plane_with(fast()).await;
+    let mut first = joined_node(&p, "holder", 2).await;
+    let mut second = joined_node(&p, "copycat", 2).await;
+    // The second machine reports the first one's GPUs (same UUIDs: a copied fixture, as a cloned or lying node would).
+    std::fs::copy(&first.fixture, &second.fixture)?;
+    spawn_run(&p, &mut first, "holder");
+    let gpus = |id: String| {
+        let p = &p;
+        async move {
+            bc_store::sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM devices WHERE node_id = $1",
+            )
+            .bind(id)
+            .fetch_one(p.store.pool())
+            .await
+            .unwrap_or(0)
+        }
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while gpus(first.id.clone()).await < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no GPU inventory from the holder"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    spawn_run(&p, &mut second, "copycat");
+    wait_node(&p, &second.id, 30, "the conflict condition", |n| {
+        n.conditions
+            .to_string()
+            .contains("is also reported by node")
+    })
+    .await;
+    let (present, total): (i64, i64) =
+        bc_store::sqlx::query_as("SELECT count(*) FILTER (WHERE present), count(*) FROM devices")
+            .fetch_one(p.store.pool())
+            .await?;
+    assert_eq!((present, total), (2, 4), "each physical GPU is one device");
+    let v = p
+        .admin
+        .call("nodes", "get", json!({"id": second.id}))
+        .await?;
+    let conditions = v["node"]["conditions"].to_string();
+    assert!(
+        conditions.contains(&format!("node {}", first.id)),
+        "{conditions}"
+    );
+    let audits: i64 = bc_store::sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE action = 'gpu.conflict' AND subject = $1",
+    )
+    .bind(format!("node/{}", second.id))
+    .fetch_one(p.store.pool())
+    .await?;
+    assert_eq!(audits, 2, "one audit event per conflicting GPU");
+    Ok(())
+}
