@@ -2,10 +2,11 @@
 //! control-plane CA when presented. Join needs no client certificate (the joining node has none yet), so client
 //! authentication is optional at the handshake and enforced per service.
 //!
-//! Revocation is checked in the handshake: after the chain verifies, the leaf's SPIFFE ID is looked up in
-//! [`Revocations`], a set the control plane fills at start and keeps current (on its own tick, and at once when a
-//! revoke happens in the same process). A revoked identity gets the `certificate_revoked` alert; the lookup is one
-//! hash probe whatever the number of revoked identities. Sessions are never resumed, so every connection, even a
+//! Revocation is checked in the handshake: after the chain verifies, the leaf's SPIFFE ID, and the key it certifies
+//! when any key is revoked (node keys a reclaim superseded), are looked up in [`Revocations`], sets the control
+//! plane fills at start and keeps current (on its own tick, and at once when a revoke happens in the same process).
+//! A revoked identity or key gets the `certificate_revoked` alert; each lookup is one hash probe whatever the number
+//! of revocations. Sessions are never resumed, so every connection, even a
 //! reconnect of a client that held a session before its revocation, passes the check.
 
 use bc_proto::spiffe::SpiffeId;
