@@ -532,6 +532,10 @@ impl Store {
             serde_json::json!({"from": state}),
         )
         .await?;
+        if to == "revoked" {
+            // A revoked node holds no GPU: each goes to a node that reported it meanwhile.
+            crate::devices::release_all_in(&mut tx, node_id).await?;
+        }
         notify_ids(&mut tx, CAPACITY_CHANNEL, &[node_id.to_string()]).await?;
         tx.commit().await?;
         Ok(NodeStateChange::Changed { from: state })

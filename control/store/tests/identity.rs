@@ -222,7 +222,7 @@ async fn a_reclaim_supersedes_the_old_key_which_then_opens_no_session() {
     // The old session's writes are refused (the reclaim moved the epoch), and the new key opens sessions.
     assert!(
         !store
-            .ack_desired("n1", old_epoch, 0, "applied")
+            .ack_desired("n1", old_epoch, 0, true, "applied")
             .await
             .expect("ack")
     );
@@ -373,12 +373,19 @@ async fn a_gpu_uuid_belongs_to_one_node_and_a_second_report_is_a_condition() {
         "{}",
         n3.conditions
     );
-    // Revoking n2 releases its GPUs: G2 goes to n3.
+    // Revoking n2 (the operator's path, `nodes revoke`) releases its GPUs: G2 goes to n3.
+    let change = store
+        .set_node_schedulable(
+            "n2",
+            &["adopting", "adopted", "draining", "failed"],
+            "revoked",
+            "test",
+        )
+        .await
+        .expect("revoke");
     assert!(
-        store
-            .set_node_state("n2", "revoked", "test")
-            .await
-            .expect("revoke")
+        matches!(change, bc_store::reservations::NodeStateChange::Changed { .. }),
+        "{change:?}"
     );
     assert_eq!(
         bookable(&store).await,
