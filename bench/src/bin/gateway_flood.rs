@@ -1,0 +1,625 @@
+//! `scripts/bench gateway-flood`: the gateway under hostile connections while real nodes connect and join.
+//!
+//! Starts `better-compute dev` (release, fresh data directory) under the descriptor limits a service manager gives
+//! by default (soft 1,024, hard the machine's), joins a few nodes, then runs phases. Each phase holds a flood open
+//! (a flood connection the gateway closes is opened again a second later, so the pressure stays) while real nodes
+//! open Sessions (TCP, TLS with their certificate, HTTP/2, Hello → Welcome) and fresh nodes join (TLS, Join RPC),
+//! and prints the real nodes' latency (p50/p99, every attempt counted; a failed one at its elapsed time), their
+//! failures, and the gateway process's descriptors and RSS before, during and after the flood. Flood kinds:
+//!   tcp  connections that never send a byte (the TLS handshake never finishes)
+//!   tls  connections that finish the TLS handshake (no client certificate) and never send the HTTP/2 preface
+//!   h2   connections that send the preface and SETTINGS, answer PING and SETTINGS, and never open a stream
+//!        (so never a Join or a Hello)
+//! The floods come from 127.0.0.2 and up (the whole 127/8 is loopback), 40 connections per address, so a
+//! per-address cap alone does not stop them; one phase puts all three kinds on the real nodes' own address
+//! 127.0.0.1, and the last restarts the control plane under a hard limit of 1,024 descriptors.
+//! Ends with `gateway-flood: <p99> ms real-node connect p99`: the worst p99 of any flood phase, Sessions and joins.
+
+use anyhow::Context as _;
+use bc_bench::{Dev, percentile_ms};
+use bc_proto::channel::{self, ServerTrust};
+use bc_proto::v1;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// Hostile connections of each kind.
+const FLOOD: usize = 2_000;
+/// Flood connections per source address (127.0.0.2, 127.0.0.3, …).
+const PER_SOURCE: usize = 40;
+/// Real nodes opening Sessions concurrently, and fresh nodes joining concurrently, during each phase.
+const SESSIONS: usize = 8;
+const JOINERS: usize = 2;
+/// How long real nodes work in each phase, and the deadline of one attempt (a Session up, or a join answered).
+const WORK: Duration = Duration::from_secs(10);
+const ATTEMPT: Duration = Duration::from_secs(15);
+/// A flood connection the gateway closed is opened again after this long.
+const REOPEN: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Tcp,
+    Tls,
+    H2,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Tcp => "tcp",
+            Kind::Tls => "tls",
+            Kind::H2 => "h2",
+        }
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// One process's descriptors and RSS.
+fn sample(pid: u32) -> String {
+    format!("{} fds, {:.1} MiB", fds(pid), rss_kib(pid) as f64 / 1024.0)
+}
+
+// === floods ===
+
+#[derive(Default)]
+struct FloodCounters {
+    /// Connections open now (for `h2`/`tls`: past their own TLS handshake).
+    held: AtomicUsize,
+    /// Connections the gateway closed (each was opened again after REOPEN).
+    closed_by_gateway: AtomicUsize,
+    /// Attempts that failed to connect (refused, reset, timed out).
+    connect_failures: AtomicUsize,
+}
+
+struct Flood {
+    stop: Arc<AtomicBool>,
+    counters: Arc<FloodCounters>,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl Flood {
+    async fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// `n` connections of `kind`, from `sources` in turn (PER_SOURCE each before the next), held open.
+fn flood(
+    kind: Kind,
+    n: usize,
+    sources: &[Ipv4Addr],
+    gateway: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+) -> Flood {
+    let stop = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new(FloodCounters::default());
+    let opening = Arc::new(tokio::sync::Semaphore::new(256));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let source = sources[(i / PER_SOURCE) % sources.len()];
+        let (stop, counters, tls, opening) =
+            (stop.clone(), counters.clone(), tls.clone(), opening.clone());
+        tasks.spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let held = {
+                    let Ok(_slot) = opening.acquire().await else {
+                        return;
+                    };
+                    tokio::time::timeout(
+                        Duration::from_secs(5),
+                        open_hostile(kind, source, gateway, tls.clone()),
+                    )
+                    .await
+                };
+                match held {
+                    Ok(Ok(conn)) => {
+                        counters.held.fetch_add(1, Ordering::Relaxed);
+                        conn.hold().await;
+                        counters.held.fetch_sub(1, Ordering::Relaxed);
+                        counters.closed_by_gateway.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {
+                        counters.connect_failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                tokio::time::sleep(REOPEN).await;
+            }
+        });
+    }
+    Flood {
+        stop,
+        counters,
+        tasks,
+    }
+}
+
+enum Hostile {
+    Tcp(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
+    H2(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
+}
+
+async fn open_hostile(
+    kind: Kind,
+    source: Ipv4Addr,
+    gateway: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+) -> anyhow::Result<Hostile> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(IpAddr::V4(source), 0))?;
+    let tcp = socket.connect(gateway).await?;
+    if kind == Kind::Tcp {
+        return Ok(Hostile::Tcp(tcp));
+    }
+    let name = ServerName::try_from("127.0.0.1")?.to_owned();
+    let mut stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await?;
+    if kind == Kind::Tls {
+        return Ok(Hostile::Tls(Box::new(stream)));
+    }
+    // The client connection preface (RFC 9113 §3.4): the magic, then an empty SETTINGS frame.
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await?;
+    stream.flush().await?;
+    Ok(Hostile::H2(Box::new(stream)))
+}
+
+impl Hostile {
+    /// Holds the connection until the gateway closes it.
+    async fn hold(self) {
+        let mut buf = [0u8; 4096];
+        match self {
+            Hostile::Tcp(mut s) => while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {},
+            Hostile::Tls(mut s) => while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {},
+            Hostile::H2(mut s) => {
+                let _ = answer_h2(&mut s).await;
+            }
+        }
+    }
+}
+
+/// Reads HTTP/2 frames, acknowledging SETTINGS and answering PING (so keepalive never closes the connection), and
+/// never opens a stream. Returns when the connection ends.
+async fn answer_h2(
+    s: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+) -> std::io::Result<()> {
+    loop {
+        let mut header = [0u8; 9];
+        s.read_exact(&mut header).await?;
+        let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let (kind, flags) = (header[3], header[4]);
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).await?;
+        match (kind, flags & 1) {
+            (4, 0) => s.write_all(b"\x00\x00\x00\x04\x01\x00\x00\x00\x00").await?,
+            (6, 0) => {
+                let mut pong = vec![0, 0, 8, 6, 1, 0, 0, 0, 0];
+                pong.extend_from_slice(&payload);
+                s.write_all(&pong).await?;
+            }
+            _ => {}
+        }
+        s.flush().await?;
+    }
+}
+
+// === real nodes ===
+
+struct Cred {
+    node_id: String,
+    cert: CertificateDer<'static>,
+    key_pem: String,
+}
+
+fn claims(name: &str) -> v1::HardwareClaims {
+    v1::HardwareClaims {
+        dmi: Some(v1::DmiClaims {
+            system_uuid: name.to_string(),
+            ..Default::default()
+        }),
+        hostname: name.to_string(),
+        ..Default::default()
+    }
+}
+
+/// A fresh node's key and Join request (node-side work, done before the clock starts).
+fn join_request(
+    config: &bcd::config::Config,
+    token: &str,
+    name: &str,
+) -> anyhow::Result<(rcgen::KeyPair, v1::JoinRequest)> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let req = bcd::join::request_for_key(config, &key, token, claims(name))?;
+    Ok((key, req))
+}
+
+/// Opens a Session and waits for Welcome; the connection closes when this returns.
+async fn session_once(cred: &Cred, ca: &CertificateDer<'static>, url: &str) -> anyhow::Result<()> {
+    let key = PrivateKeyDer::from_pem_slice(cred.key_pem.as_bytes())?;
+    let tls = channel::client_config(
+        ServerTrust::Bundle(vec![ca.clone()]),
+        Some((vec![cred.cert.clone()], key)),
+    )?;
+    let ch = channel::connect(url, tls).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(v1::NodeMessage {
+        msg: Some(v1::node_message::Msg::Hello(v1::Hello {
+            node_id: cred.node_id.clone(),
+            agent_version: "bench".into(),
+            ..Default::default()
+        })),
+    })
+    .await?;
+    let mut inbound = v1::session_service_client::SessionServiceClient::new(ch)
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    loop {
+        match inbound.message().await? {
+            Some(v1::GatewayMessage {
+                msg: Some(v1::gateway_message::Msg::Welcome(_)),
+            }) => return Ok(()),
+            Some(_) => {}
+            None => anyhow::bail!("the gateway ended the session before Welcome"),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Outcomes {
+    latencies: Vec<Duration>,
+    failures: usize,
+    reasons: BTreeMap<String, usize>,
+}
+
+impl Outcomes {
+    fn record(
+        &mut self,
+        elapsed: Duration,
+        result: Result<anyhow::Result<()>, tokio::time::error::Elapsed>,
+    ) {
+        self.latencies.push(elapsed);
+        let reason = match result {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => format!("{e:#}"),
+            Err(_) => format!("no answer within {} s", ATTEMPT.as_secs()),
+        };
+        self.failures += 1;
+        let reason: String = reason.chars().take(160).collect();
+        *self.reasons.entry(reason).or_default() += 1;
+    }
+
+    fn merge(&mut self, other: Outcomes) {
+        self.latencies.extend(other.latencies);
+        self.failures += other.failures;
+        for (r, n) in other.reasons {
+            *self.reasons.entry(r).or_default() += n;
+        }
+    }
+
+    fn line(&mut self, what: &str) -> String {
+        self.latencies.sort();
+        format!(
+            "{what}: {} attempts, p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms, {} failed",
+            self.latencies.len(),
+            percentile_ms(&self.latencies, 0.50),
+            percentile_ms(&self.latencies, 0.99),
+            percentile_ms(&self.latencies, 1.0),
+            self.failures
+        )
+    }
+}
+
+struct Plane {
+    url: String,
+    config: bcd::config::Config,
+    token: String,
+    ca: CertificateDer<'static>,
+    nodes: Vec<Arc<Cred>>,
+}
+
+/// Real nodes at work for WORK: SESSIONS nodes each opening Sessions one after another, JOINERS fresh joins one
+/// after another. Returns (sessions, joins).
+async fn real_nodes(plane: &Arc<Plane>, phase: usize) -> (Outcomes, Outcomes) {
+    let until = Instant::now() + WORK;
+    let mut sessions = tokio::task::JoinSet::new();
+    for cred in plane.nodes.iter().take(SESSIONS).cloned() {
+        let plane = plane.clone();
+        sessions.spawn(async move {
+            let mut out = Outcomes::default();
+            while Instant::now() < until {
+                let t = Instant::now();
+                let r =
+                    tokio::time::timeout(ATTEMPT, session_once(&cred, &plane.ca, &plane.url)).await;
+                out.record(t.elapsed(), r);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            out
+        });
+    }
+    let mut joins = tokio::task::JoinSet::new();
+    for j in 0..JOINERS {
+        let plane = plane.clone();
+        joins.spawn(async move {
+            let mut out = Outcomes::default();
+            let mut i = 0;
+            while Instant::now() < until {
+                i += 1;
+                let name = format!("flood-join-{phase}-{j}-{i}");
+                let Ok((_key, req)) = join_request(&plane.config, &plane.token, &name) else {
+                    out.record(
+                        Duration::ZERO,
+                        Ok(Err(anyhow::anyhow!("building a join request"))),
+                    );
+                    break;
+                };
+                let t = Instant::now();
+                let r = tokio::time::timeout(ATTEMPT, async {
+                    bcd::join::send(&plane.config, req)
+                        .await
+                        .map(|_| ())
+                        .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))
+                })
+                .await;
+                out.record(t.elapsed(), r);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            out
+        });
+    }
+    let mut s = Outcomes::default();
+    while let Some(Ok(o)) = sessions.join_next().await {
+        s.merge(o);
+    }
+    let mut j = Outcomes::default();
+    while let Some(Ok(o)) = joins.join_next().await {
+        j.merge(o);
+    }
+    (s, j)
+}
+
+struct Phase {
+    name: &'static str,
+    kinds: &'static [Kind],
+    /// Flood from the real nodes' own address instead of 127.0.0.2 and up.
+    shared_source: bool,
+}
+
+/// Runs one phase; returns the worst p99 (ms) of its Sessions and joins, and its failures.
+async fn run_phase(
+    plane: &Arc<Plane>,
+    pid: u32,
+    gateway: SocketAddr,
+    index: usize,
+    phase: &Phase,
+) -> anyhow::Result<(f64, usize)> {
+    println!("phase {index}: {}", phase.name);
+    let before = sample(pid);
+    let sources: Vec<Ipv4Addr> = if phase.shared_source {
+        vec![Ipv4Addr::LOCALHOST]
+    } else {
+        (0..FLOOD.div_ceil(PER_SOURCE))
+            .map(|i| Ipv4Addr::new(127, 0, (i / 250) as u8, (2 + i % 250) as u8))
+            .collect()
+    };
+    let tls = channel::client_config(ServerTrust::Bundle(vec![plane.ca.clone()]), None)?;
+    let mut floods = Vec::new();
+    for &kind in phase.kinds {
+        floods.push((kind, flood(kind, FLOOD, &sources, gateway, tls.clone())));
+    }
+    // Let the floods open (or fail to): up to 20 s, until every connection is held.
+    let t = Instant::now();
+    while !floods.is_empty() && t.elapsed() < Duration::from_secs(20) {
+        if floods
+            .iter()
+            .all(|(_, f)| f.counters.held.load(Ordering::Relaxed) >= FLOOD)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let held_at_start: Vec<String> = floods
+        .iter()
+        .map(|(k, f)| format!("{} {}", k.name(), f.counters.held.load(Ordering::Relaxed)))
+        .collect();
+    let during = sample(pid);
+    let (mut sessions, mut joins) = real_nodes(plane, index).await;
+    let peak = sample(pid);
+    let mut flood_lines = Vec::new();
+    for (kind, f) in floods {
+        let c = &f.counters;
+        flood_lines.push(format!(
+            "{} held {} at the end, closed by the gateway {}, connects failed {}",
+            kind.name(),
+            c.held.load(Ordering::Relaxed),
+            c.closed_by_gateway.load(Ordering::Relaxed),
+            c.connect_failures.load(Ordering::Relaxed)
+        ));
+        f.stop().await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = sample(pid);
+    if !held_at_start.is_empty() {
+        println!(
+            "  flood of {FLOOD} per kind from {} source address(es), held when real nodes started: {}",
+            sources.len(),
+            held_at_start.join(", ")
+        );
+        for l in flood_lines {
+            println!("  flood {l}");
+        }
+    }
+    println!(
+        "  gateway process: before {before}; flood held {during}; end of phase {peak}; 2 s after {after}"
+    );
+    println!(
+        "  {}",
+        sessions.line("real-node Session connect (TCP+TLS+HTTP/2+Hello→Welcome)")
+    );
+    println!("  {}", joins.line("real-node join (TCP+TLS+Join)"));
+    for (reason, n) in sessions.reasons.iter().chain(joins.reasons.iter()).take(6) {
+        println!("    failure ×{n}: {reason}");
+    }
+    let p99 = percentile_ms(&sessions.latencies, 0.99).max(percentile_ms(&joins.latencies, 0.99));
+    Ok((p99, sessions.failures + joins.failures))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    bc_proto::install_crypto_provider();
+    let bin =
+        PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
+    let data = tempfile::tempdir()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let gateway: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let dev = Dev::start_limited(&bin, data.path(), &gateway.to_string(), 1024, None)?;
+    let env = dev.env.clone();
+    let token: serde_json::Value = reqwest::Client::new()
+        .post(format!(
+            "{}/api/compute/join-tokens/create",
+            env["BC_API_URL"]
+        ))
+        .bearer_auth(&env["BC_API_KEY"])
+        .json(&serde_json::json!({"pool": "default", "uses": 100_000, "ttl_seconds": 7200}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let token = token["token"].as_str().context("token")?.to_string();
+    let config = bcd::config::ConfigWire {
+        gateway_url: Some(env["BC_GATEWAY_URL"].clone()),
+        ca_pin: Some(env["BC_CA_PIN"].clone()),
+        join_public_key: Some(env["BC_JOIN_KEY"].clone()),
+        state_dir: Some(data.path().join("bcd")),
+        gpu_backend: Some("none".into()),
+        hardware_root: None,
+        cdi_dir: None,
+    }
+    .validate("bench")?;
+    let mut nodes = Vec::new();
+    for i in 0..SESSIONS {
+        let (key, req) = join_request(&config, &token, &format!("flood-node-{i}"))?;
+        let r = bcd::join::send(&config, req)
+            .await
+            .map_err(|s| anyhow::anyhow!("join: {s:?}"))?;
+        nodes.push(Arc::new(Cred {
+            node_id: r.node_id,
+            cert: CertificateDer::from(r.cert_der),
+            key_pem: key.serialize_pem(),
+        }));
+    }
+    let ca_pem = std::fs::read_to_string(data.path().join("state/ca.crt"))?;
+    let plane = Arc::new(Plane {
+        url: env["BC_GATEWAY_URL"].clone(),
+        config,
+        token,
+        ca: CertificateDer::from_pem_slice(ca_pem.as_bytes())?,
+        nodes,
+    });
+    println!(
+        "better-compute dev (all roles) started with descriptor limit soft 1024; running with {}; {} nodes joined",
+        nofile_limit(dev.child.id()),
+        plane.nodes.len()
+    );
+    let phases = [
+        Phase {
+            name: "no flood (baseline)",
+            kinds: &[],
+            shared_source: false,
+        },
+        Phase {
+            name: "tcp flood: connections that never finish the TLS handshake",
+            kinds: &[Kind::Tcp],
+            shared_source: false,
+        },
+        Phase {
+            name: "tls flood: TLS done, no HTTP/2 preface",
+            kinds: &[Kind::Tls],
+            shared_source: false,
+        },
+        Phase {
+            name: "h2 flood: preface sent, no request (no Join, no Hello)",
+            kinds: &[Kind::H2],
+            shared_source: false,
+        },
+        Phase {
+            name: "all three floods at once, from the real nodes' own address 127.0.0.1",
+            kinds: &[Kind::Tcp, Kind::Tls, Kind::H2],
+            shared_source: true,
+        },
+    ];
+    let mut worst = 0.0f64;
+    let mut failures = 0;
+    let mut dev = dev;
+    for (i, phase) in phases.iter().enumerate() {
+        let (p99, failed) = run_phase(&plane, dev.child.id(), gateway, i + 1, phase).await?;
+        if !phase.kinds.is_empty() {
+            worst = worst.max(p99);
+            failures += failed;
+        }
+    }
+    // The last phase: a control plane that cannot raise its descriptor limit (hard 1,024), all floods at once.
+    dev.stop()?;
+    dev = Dev::start_limited(&bin, data.path(), &gateway.to_string(), 1024, Some(1024))?;
+    println!(
+        "control plane restarted with descriptor limit hard 1024: running with {}",
+        nofile_limit(dev.child.id())
+    );
+    let limited = Phase {
+        name: "all three floods at once (6,000), control plane restarted under a hard limit of 1,024 descriptors",
+        kinds: &[Kind::Tcp, Kind::Tls, Kind::H2],
+        shared_source: false,
+    };
+    let (p99, failed) =
+        run_phase(&plane, dev.child.id(), gateway, phases.len() + 1, &limited).await?;
+    worst = worst.max(p99);
+    failures += failed;
+    dev.stop()?;
+    println!(
+        "real-node failures under flood, all phases: {failures} (goal: 0); worst phase p99 {worst:.0} ms (goal: < 2000)"
+    );
+    println!("gateway-flood: {worst:.0} ms real-node connect p99");
+    Ok(())
+}
+
+/// A process's descriptor limits as /proc shows them.
+fn nofile_limit(pid: u32) -> String {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap_or_default();
+    let Some(line) = limits.lines().find(|l| l.starts_with("Max open files")) else {
+        return "unknown descriptor limits".into();
+    };
+    let f: Vec<&str> = line.split_whitespace().collect();
+    format!(
+        "soft {}, hard {}",
+        f.get(3).unwrap_or(&"?"),
+        f.get(4).unwrap_or(&"?")
+    )
+}
