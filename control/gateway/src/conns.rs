@@ -1,0 +1,921 @@
+//! Connection accounting and the shedding policy of the gateway's accept path: which connections it closes, and
+//! when. Pure: the accept path ([`crate::accept`]) reports what happens to each connection and applies the answers;
+//! time is an argument.
+//!
+//! Bounded the way careful proxies bound what unauthenticated peers can hold (nginx's per-address `limit_conn` and
+//! handshake timeouts, Envoy's overload manager with its scaled timeouts, linkerd's protocol-detection timeout):
+//! - Accepting never waits on the peers already connected: there are no handshake slots to fill, every connection
+//!   is accepted and accounted here at once.
+//! - A connection is *stalled* while it is in the TLS handshake, has not started a request yet, or has no client
+//!   certificate and no request in flight. Until its first request the accept path reports whether the gateway is
+//!   waiting for the peer's bytes (it has read all there was) or the peer is waiting for the gateway (bytes arrived
+//!   and are not read yet: a busy gateway is not the peer's fault).
+//! - Stalled connections have deadlines (handshake, first request, idle) and a connection without a client
+//!   certificate a lifetime. The deadlines shrink as the pressure (unauthenticated connections against their cap,
+//!   all connections against the descriptor budget) rises from `shrink_from` to 1, down to their floors, and apply
+//!   to connections already open; a shrunk handshake or first-request deadline closes only a connection that is
+//!   waiting for its peer (the base deadline closes any).
+//! - Per source (an IPv4 address or an IPv6 /64), at most `max_stalled_per_source` stalled connections: one more
+//!   sheds one of that source's: the one that has kept the gateway waiting longest; else, when all of them are
+//!   waiting for the gateway, the newest (it would be served last). Fresh over first-come-first-served: a flood
+//!   sharing a real node's address sheds its own silent connections, not the node's handshake.
+//! - At the cap of unauthenticated connections, or at the descriptor budget, a new connection sheds a stalled
+//!   connection (chosen as above) of the source holding the most (longest-queue drop), else the oldest connection
+//!   without a client certificate that has a request in flight (a Join). Connections with a verified client
+//!   certificate that have started a request (Sessions, site calls) are never shed; when nothing else can be, the
+//!   new connection is refused.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A connection's number in the table.
+pub type ConnId = u64;
+
+/// Where connections are counted together: an IPv4 address, or an IPv6 /64 (what one host is usually given).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Source(IpAddr);
+
+impl Source {
+    pub fn of(ip: IpAddr) -> Source {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) => Source(IpAddr::V4(v4)),
+            IpAddr::V6(v6) => {
+                let bits = u128::from(v6) & !((1u128 << 64) - 1);
+                Source(IpAddr::V6(bits.into()))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            IpAddr::V4(v4) => write!(f, "{v4}"),
+            IpAddr::V6(v6) => write!(f, "{v6}/64"),
+        }
+    }
+}
+
+/// A deadline that shrinks under pressure: `base` up to `shrink_from`, then linearly down to `floor` at 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline {
+    pub base: Duration,
+    pub floor: Duration,
+}
+
+impl Deadline {
+    pub const fn new(base: Duration, floor: Duration) -> Deadline {
+        Deadline { base, floor }
+    }
+
+    pub fn at(&self, pressure: f64, shrink_from: f64) -> Duration {
+        if pressure <= shrink_from || self.base <= self.floor {
+            return self.base;
+        }
+        let span = (1.0 - shrink_from).max(f64::EPSILON);
+        let shrink = ((pressure - shrink_from) / span).clamp(0.0, 1.0);
+        self.base - (self.base - self.floor).mul_f64(shrink)
+    }
+}
+
+/// What the accept path may hold, and for how long.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConnLimits {
+    /// Connections (descriptors) the gateway holds at most; past it a new connection sheds one or is refused.
+    pub max_connections: usize,
+    /// Connections without a client certificate or not past their first request, all sources together.
+    pub max_unauthenticated: usize,
+    /// Stalled connections of one source.
+    pub max_stalled_per_source: usize,
+    /// From accept to the end of the TLS handshake.
+    pub handshake: Deadline,
+    /// From the end of the handshake to the first request (the HTTP/2 preface and a Join, a Session or a site call).
+    pub first_request: Deadline,
+    /// A connection without a client certificate, with no request in flight.
+    pub idle: Deadline,
+    /// A connection without a client certificate, from accept, whatever it does (Join is one call).
+    pub lifetime: Deadline,
+    /// Pressure from which the deadlines shrink.
+    pub shrink_from: f64,
+}
+
+impl ConnLimits {
+    /// Limits for a process that may open `descriptors` files (its RLIMIT_NOFILE): an eighth of them (at least 128,
+    /// at most 4,096) is left to the rest of the process (database pool, API connections, files), half of the rest
+    /// may be unauthenticated (at most 4,096), and a source may hold 128 stalled connections. Deadlines: 10 s for
+    /// the handshake and for the first request, shrinking to 3 s; 10 s idle without a client certificate, shrinking
+    /// to 1 s; 60 s in all without one, shrinking to 10 s.
+    pub fn for_descriptors(descriptors: u64) -> ConnLimits {
+        let descriptors = usize::try_from(descriptors).unwrap_or(usize::MAX);
+        let reserve = (descriptors / 8).clamp(128, 4096).min(descriptors / 2);
+        let max_connections = descriptors.saturating_sub(reserve).max(16);
+        let max_unauthenticated = (max_connections / 2).clamp(8, 4096);
+        ConnLimits {
+            max_connections,
+            max_unauthenticated,
+            max_stalled_per_source: 128.min(max_unauthenticated),
+            // Floors a real peer still meets when the gateway is busy: a TCP retransmission (1 s) and a round trip
+            // or two on a slow link, with the CPU shared among many handshakes.
+            handshake: Deadline::new(Duration::from_secs(10), Duration::from_secs(3)),
+            first_request: Deadline::new(Duration::from_secs(10), Duration::from_secs(3)),
+            idle: Deadline::new(Duration::from_secs(10), Duration::from_secs(1)),
+            lifetime: Deadline::new(Duration::from_secs(60), Duration::from_secs(10)),
+            shrink_from: 0.5,
+        }
+    }
+}
+
+/// Where a connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Accepted; the TLS handshake has not finished.
+    Handshake,
+    /// TLS done; no request started yet.
+    FirstRequest,
+    /// A request has started.
+    Open,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Handshake, no request yet, or without a client certificate and idle: shed first.
+    Stalled,
+    /// Without a client certificate, a request in flight (a Join).
+    Busy,
+    /// A verified client certificate and a request started: never shed.
+    Trusted,
+}
+
+#[derive(Debug)]
+struct Conn {
+    peer: SocketAddr,
+    source: Source,
+    accepted: Instant,
+    stage: Stage,
+    /// Start of the stage, or of the idle time once open.
+    since: Instant,
+    authenticated: bool,
+    /// Since when the gateway has been waiting for the peer's bytes (it read all there was); None while bytes may
+    /// be waiting for the gateway (before its first read, or since new bytes arrived). Reported until the first
+    /// request.
+    waiting_on_peer: Option<Instant>,
+    in_flight: u32,
+    /// Closed by the policy; the entry goes when the connection is dropped.
+    shed: bool,
+}
+
+impl Conn {
+    /// Since when the peer has kept the gateway waiting, if it has.
+    fn peer_stalled_since(&self) -> Option<Instant> {
+        match self.stage {
+            Stage::Handshake | Stage::FirstRequest => self.waiting_on_peer,
+            Stage::Open => (self.in_flight == 0).then_some(self.since),
+        }
+    }
+
+    fn class(&self) -> Class {
+        match self.stage {
+            Stage::Handshake | Stage::FirstRequest => Class::Stalled,
+            Stage::Open if self.authenticated => Class::Trusted,
+            Stage::Open if self.in_flight > 0 => Class::Busy,
+            Stage::Open => Class::Stalled,
+        }
+    }
+}
+
+/// Where a connection sorts among its source's, first shed first.
+type ShedKey = (u8, u64, ConnId);
+
+/// A source's stalled and busy connections, in the order they are shed.
+#[derive(Debug, Default)]
+struct SourceConns {
+    stalled: BTreeSet<ShedKey>,
+    busy: BTreeSet<ShedKey>,
+}
+
+/// Why a connection was closed by the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shed {
+    /// Its source already held its share of stalled connections; a newer one came.
+    SourceFull,
+    /// The unauthenticated cap or the descriptor budget was reached; a newer connection came.
+    Full,
+    /// Its deadline (as shrunk by the pressure) passed.
+    Expired(Stage),
+    /// accept(2) failed for want of descriptors.
+    Descriptors,
+}
+
+/// The answer to a new connection.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Admitted as `id`; close the connections in `shed` (oldest first: they made room for it).
+    Admitted { id: ConnId, shed: Vec<ConnId> },
+    /// Nothing could make room: close the new connection.
+    Refused,
+}
+
+/// Counts since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnCounters {
+    pub accepted: u64,
+    pub refused: u64,
+    pub shed_source_full: u64,
+    pub shed_full: u64,
+    pub expired: u64,
+    pub shed_descriptors: u64,
+}
+
+/// The table's state, for logs and benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConnStats {
+    pub open: usize,
+    pub stalled: usize,
+    pub busy: usize,
+    pub pressure: f64,
+    pub counters: ConnCounters,
+}
+
+/// Every connection of the gateway from accept to close.
+#[derive(Debug)]
+pub struct ConnTable {
+    /// Times in shed keys count from here.
+    epoch: Instant,
+    conns: HashMap<ConnId, Conn>,
+    by_peer: HashMap<SocketAddr, ConnId>,
+    sources: HashMap<Source, SourceConns>,
+    stalled: usize,
+    busy: usize,
+    shed_pending: usize,
+    next: ConnId,
+    counters: ConnCounters,
+}
+
+impl Default for ConnTable {
+    fn default() -> ConnTable {
+        ConnTable::new(Instant::now())
+    }
+}
+
+impl ConnTable {
+    pub fn new(epoch: Instant) -> ConnTable {
+        ConnTable {
+            epoch,
+            conns: HashMap::new(),
+            by_peer: HashMap::new(),
+            sources: HashMap::new(),
+            stalled: 0,
+            busy: 0,
+            shed_pending: 0,
+            next: 0,
+            counters: ConnCounters::default(),
+        }
+    }
+
+    /// Connections open and not shed.
+    pub fn open(&self) -> usize {
+        self.conns.len() - self.shed_pending
+    }
+
+    /// How close the gateway is to its limits: the larger of unauthenticated connections over their cap and all
+    /// connections over the descriptor budget.
+    pub fn pressure(&self, limits: &ConnLimits) -> f64 {
+        let unauthenticated =
+            (self.stalled + self.busy) as f64 / limits.max_unauthenticated.max(1) as f64;
+        let descriptors = self.open() as f64 / limits.max_connections.max(1) as f64;
+        unauthenticated.max(descriptors)
+    }
+
+    pub fn stats(&self, limits: &ConnLimits) -> ConnStats {
+        ConnStats {
+            open: self.open(),
+            stalled: self.stalled,
+            busy: self.busy,
+            pressure: self.pressure(limits),
+            counters: self.counters,
+        }
+    }
+
+    /// A new connection from `peer`.
+    pub fn admit(&mut self, peer: SocketAddr, now: Instant, limits: &ConnLimits) -> Admission {
+        let source = Source::of(peer.ip());
+        let mut shed = Vec::new();
+        let source_stalled = self.sources.get(&source).map_or(0, |s| s.stalled.len());
+        if source_stalled >= limits.max_stalled_per_source.max(1)
+            && let Some(victim) = self.oldest_of(source, Class::Stalled)
+        {
+            self.shed(victim, Shed::SourceFull);
+            shed.push(victim);
+        }
+        while self.stalled + self.busy >= limits.max_unauthenticated.max(1)
+            || self.open() >= limits.max_connections.max(1)
+        {
+            let Some(victim) = self.longest_queue_victim() else {
+                break;
+            };
+            self.shed(victim, Shed::Full);
+            shed.push(victim);
+        }
+        if self.open() >= limits.max_connections.max(1) {
+            self.counters.refused += 1;
+            return Admission::Refused;
+        }
+        let id = self.next;
+        self.next += 1;
+        self.counters.accepted += 1;
+        if let Some(old) = self.by_peer.insert(peer, id) {
+            // The peer's previous connection is closed as far as the kernel is concerned; forget its request key.
+            tracing::debug!(%peer, old, "peer address reused before its connection was dropped");
+        }
+        self.conns.insert(
+            id,
+            Conn {
+                peer,
+                source,
+                accepted: now,
+                stage: Stage::Handshake,
+                since: now,
+                authenticated: false,
+                waiting_on_peer: None,
+                in_flight: 0,
+                shed: false,
+            },
+        );
+        self.link(id);
+        Admission::Admitted { id, shed }
+    }
+
+    /// The TLS handshake finished; `authenticated`: the peer presented a certificate the verifier accepted.
+    pub fn handshake_done(&mut self, id: ConnId, authenticated: bool, now: Instant) {
+        self.update(id, |c| {
+            c.stage = Stage::FirstRequest;
+            c.since = now;
+            c.authenticated = authenticated;
+        });
+    }
+
+    /// The gateway read all the peer had sent and waits for more.
+    pub fn waiting_on_peer(&mut self, id: ConnId, now: Instant) {
+        self.update(id, |c| {
+            c.waiting_on_peer.get_or_insert(now);
+        });
+    }
+
+    /// Bytes from the peer arrived (the gateway has not read them yet).
+    pub fn peer_ready(&mut self, id: ConnId) {
+        self.update(id, |c| c.waiting_on_peer = None);
+    }
+
+    /// A request started on the connection from `peer`; returns its id for [`ConnTable::request_ended`].
+    pub fn request_started(&mut self, peer: SocketAddr) -> Option<ConnId> {
+        let id = *self.by_peer.get(&peer)?;
+        self.update(id, |c| {
+            c.stage = Stage::Open;
+            c.in_flight = c.in_flight.saturating_add(1);
+        });
+        Some(id)
+    }
+
+    /// A request ended (its response finished or was dropped).
+    pub fn request_ended(&mut self, id: ConnId, now: Instant) {
+        self.update(id, |c| {
+            c.in_flight = c.in_flight.saturating_sub(1);
+            if c.in_flight == 0 {
+                c.since = now;
+            }
+        });
+    }
+
+    /// The connection is gone (its descriptor closed).
+    pub fn remove(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        if c.shed {
+            self.shed_pending -= 1;
+        } else {
+            self.unlink(id);
+        }
+        if let Some(c) = self.conns.remove(&id)
+            && self.by_peer.get(&c.peer) == Some(&id)
+        {
+            self.by_peer.remove(&c.peer);
+        }
+    }
+
+    /// Connections whose deadline, shrunk by the pressure now, has passed: marked shed, to be closed.
+    pub fn expire(&mut self, now: Instant, limits: &ConnLimits) -> Vec<(ConnId, Stage)> {
+        let p = self.pressure(limits);
+        let at = |d: &Deadline| d.at(p, limits.shrink_from);
+        let (handshake, first, idle, lifetime) = (
+            at(&limits.handshake),
+            at(&limits.first_request),
+            at(&limits.idle),
+            at(&limits.lifetime),
+        );
+        let expired: Vec<(ConnId, Stage)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.shed)
+            .filter(|(_, c)| {
+                let waited = now.saturating_duration_since(c.since);
+                let on_peer = c.waiting_on_peer.is_some();
+                match c.stage {
+                    Stage::Handshake => {
+                        (on_peer && waited >= handshake) || waited >= limits.handshake.base
+                    }
+                    Stage::FirstRequest => {
+                        (on_peer && waited >= first) || waited >= limits.first_request.base
+                    }
+                    Stage::Open if c.authenticated => false,
+                    Stage::Open => {
+                        (c.in_flight == 0 && waited >= idle)
+                            || now.saturating_duration_since(c.accepted) >= lifetime
+                    }
+                }
+            })
+            .map(|(&id, c)| (id, c.stage))
+            .collect();
+        for &(id, stage) in &expired {
+            self.shed(id, Shed::Expired(stage));
+        }
+        expired
+    }
+
+    /// accept(2) failed for want of descriptors: up to `n` connections to close, chosen as for a full table.
+    pub fn shed_for_descriptors(&mut self, n: usize) -> Vec<ConnId> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            let Some(victim) = self.longest_queue_victim() else {
+                break;
+            };
+            self.shed(victim, Shed::Descriptors);
+            out.push(victim);
+        }
+        out
+    }
+
+    // === internals ===
+
+    /// The first stalled connection (see [`ConnTable::shed_key`]) of the source holding the most; else the oldest
+    /// busy one of the source holding the most busy ones.
+    fn longest_queue_victim(&self) -> Option<ConnId> {
+        for class in [Class::Stalled, Class::Busy] {
+            let heaviest = self
+                .sources
+                .iter()
+                .map(|(s, c)| (s, Self::set(c, class).len()))
+                .filter(|(_, n)| *n > 0)
+                .max_by_key(|(_, n)| *n);
+            if let Some((&source, _)) = heaviest {
+                return self.oldest_of(source, class);
+            }
+        }
+        None
+    }
+
+    fn oldest_of(&self, source: Source, class: Class) -> Option<ConnId> {
+        let s = self.sources.get(&source)?;
+        Self::set(s, class).first().map(|&(_, _, id)| id)
+    }
+
+    fn set(s: &SourceConns, class: Class) -> &BTreeSet<ShedKey> {
+        match class {
+            Class::Busy => &s.busy,
+            _ => &s.stalled,
+        }
+    }
+
+    fn shed(&mut self, id: ConnId, why: Shed) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        if c.shed {
+            return;
+        }
+        self.unlink(id);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.shed = true;
+        }
+        self.shed_pending += 1;
+        let counter = match why {
+            Shed::SourceFull => &mut self.counters.shed_source_full,
+            Shed::Full => &mut self.counters.shed_full,
+            Shed::Expired(_) => &mut self.counters.expired,
+            Shed::Descriptors => &mut self.counters.shed_descriptors,
+        };
+        *counter += 1;
+    }
+
+    fn update(&mut self, id: ConnId, f: impl FnOnce(&mut Conn)) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let shed = c.shed;
+        if !shed {
+            self.unlink(id);
+        }
+        if let Some(c) = self.conns.get_mut(&id) {
+            f(c);
+        }
+        if !shed {
+            self.link(id);
+        }
+    }
+
+    /// Busy connections: oldest first. Stalled ones: those keeping the gateway waiting, longest first; then those
+    /// the gateway has not served yet, newest first (served in order, the newest would be served last).
+    fn shed_key(&self, id: ConnId, c: &Conn) -> ShedKey {
+        let at = |t: Instant| t.saturating_duration_since(self.epoch).as_nanos() as u64;
+        match (c.class(), c.peer_stalled_since()) {
+            (Class::Stalled, Some(since)) => (0, at(since), id),
+            (Class::Stalled, None) => (1, u64::MAX - at(c.accepted), id),
+            _ => (0, at(c.accepted), id),
+        }
+    }
+
+    fn link(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let (class, source, key) = (c.class(), c.source, self.shed_key(id, c));
+        let s = self.sources.entry(source).or_default();
+        match class {
+            Class::Stalled => {
+                s.stalled.insert(key);
+                self.stalled += 1;
+            }
+            Class::Busy => {
+                s.busy.insert(key);
+                self.busy += 1;
+            }
+            Class::Trusted => {}
+        }
+    }
+
+    fn unlink(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let (class, source, key) = (c.class(), c.source, self.shed_key(id, c));
+        let Some(s) = self.sources.get_mut(&source) else {
+            return;
+        };
+        match class {
+            Class::Stalled => {
+                if s.stalled.remove(&key) {
+                    self.stalled -= 1;
+                }
+            }
+            Class::Busy => {
+                if s.busy.remove(&key) {
+                    self.busy -= 1;
+                }
+            }
+            Class::Trusted => {}
+        }
+        if s.stalled.is_empty() && s.busy.is_empty() {
+            self.sources.remove(&source);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> ConnLimits {
+        ConnLimits {
+            max_connections: 100,
+            max_unauthenticated: 20,
+            max_stalled_per_source: 8,
+            ..ConnLimits::for_descriptors(1024)
+        }
+    }
+
+    fn peer(ip: &str, port: u16) -> SocketAddr {
+        SocketAddr::new(ip.parse().expect("ip"), port)
+    }
+
+    fn admitted(a: Admission) -> (ConnId, Vec<ConnId>) {
+        match a {
+            Admission::Admitted { id, shed } => (id, shed),
+            Admission::Refused => panic!("refused"),
+        }
+    }
+
+    /// A real node from `ip`: handshake with a client certificate, then its Session.
+    fn real_node(t: &mut ConnTable, ip: &str, port: u16, now: Instant, l: &ConnLimits) -> ConnId {
+        let (id, _) = admitted(t.admit(peer(ip, port), now, l));
+        t.handshake_done(id, true, now);
+        assert_eq!(t.request_started(peer(ip, port)), Some(id));
+        id
+    }
+
+    #[test]
+    fn deadlines_shrink_from_their_base_to_their_floor_as_pressure_rises() {
+        let d = Deadline::new(Duration::from_secs(10), Duration::from_secs(1));
+        assert_eq!(d.at(0.0, 0.5), Duration::from_secs(10));
+        assert_eq!(d.at(0.5, 0.5), Duration::from_secs(10));
+        assert_eq!(d.at(0.75, 0.5), Duration::from_millis(5500));
+        assert_eq!(d.at(1.0, 0.5), Duration::from_secs(1));
+        assert_eq!(d.at(7.0, 0.5), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn limits_follow_the_descriptor_limit() {
+        let l = ConnLimits::for_descriptors(1024);
+        assert_eq!((l.max_connections, l.max_unauthenticated), (896, 448));
+        let l = ConnLimits::for_descriptors(524_288);
+        assert_eq!((l.max_connections, l.max_unauthenticated), (520_192, 4096));
+        let l = ConnLimits::for_descriptors(64);
+        assert!(l.max_connections >= 16 && l.max_unauthenticated >= 8);
+        assert!(l.max_stalled_per_source <= l.max_unauthenticated);
+    }
+
+    #[test]
+    fn a_flood_sharing_a_real_nodes_address_sheds_its_own_oldest_connections() {
+        let l = limits();
+        let mut t = ConnTable::default();
+        let t0 = Instant::now();
+        // Silent connections: the gateway read nothing and waits.
+        let mut flood = Vec::new();
+        for port in 0..8 {
+            let id = admitted(t.admit(peer("10.0.0.1", port), t0, &l)).0;
+            t.waiting_on_peer(id, t0);
+            flood.push(id);
+        }
+        // The real node's connection from the same address sheds the flood connection silent longest.
+        let later = t0 + Duration::from_millis(5);
+        let (node, shed) = admitted(t.admit(peer("10.0.0.1", 100), later, &l));
+        assert_eq!(shed, vec![flood[0]]);
+        // While it finishes its handshake, more flood connections shed older flood connections.
+        for (i, port) in (200..205).enumerate() {
+            let (id, shed) = admitted(t.admit(peer("10.0.0.1", port), later, &l));
+            assert_eq!(shed, vec![flood[i + 1]]);
+            t.waiting_on_peer(id, later);
+        }
+        t.handshake_done(node, true, later);
+        assert_eq!(t.request_started(peer("10.0.0.1", 100)), Some(node));
+        // Now trusted: never chosen, however long the flood goes on.
+        for port in 300..400 {
+            let (id, shed) = admitted(t.admit(peer("10.0.0.1", port), later, &l));
+            assert!(!shed.contains(&node));
+            t.waiting_on_peer(id, later);
+        }
+        assert!(
+            t.expire(later + Duration::from_secs(3600), &l)
+                .iter()
+                .all(|(id, _)| *id != node)
+        );
+        assert_eq!(t.stats(&l).counters.shed_source_full, 1 + 5 + 99);
+    }
+
+    #[test]
+    fn a_handshake_in_progress_outlasts_a_churning_flood_from_its_own_address() {
+        let l = limits();
+        let mut t = ConnTable::default();
+        let t0 = Instant::now();
+        let (node, _) = admitted(t.admit(peer("10.0.9.1", 1), t0, &l));
+        // Connections that never send a byte, arriving faster than the node's handshake ends: they shed each other.
+        for port in 2..1000 {
+            let now = t0 + Duration::from_micros(u64::from(port));
+            let (id, shed) = admitted(t.admit(peer("10.0.9.1", port), now, &l));
+            assert!(!shed.contains(&node), "port {port}");
+            t.waiting_on_peer(id, now);
+        }
+        // The node's handshake waits for its peer a moment (a round trip): those silent longer go first.
+        let now = t0 + Duration::from_millis(5);
+        t.waiting_on_peer(node, now);
+        for port in 1000..1005 {
+            let (id, shed) = admitted(t.admit(peer("10.0.9.1", port), now, &l));
+            assert!(!shed.contains(&node), "port {port}");
+            t.waiting_on_peer(id, now);
+        }
+        t.peer_ready(node);
+        // A busy gateway that has served none of the newcomers yet: the newest go first, the node stays.
+        let mut newest = Vec::new();
+        for port in 1100..1200 {
+            let now = now + Duration::from_micros(u64::from(port));
+            let (id, shed) = admitted(t.admit(peer("10.0.9.1", port), now, &l));
+            assert!(!shed.contains(&node), "port {port}");
+            if let Some(&prev) = newest.last()
+                && port >= 1107
+            {
+                assert_eq!(shed, vec![prev], "the newest not yet served goes");
+            }
+            newest.push(id);
+        }
+        assert_eq!(t.stats(&l).stalled, 8);
+    }
+
+    #[test]
+    fn at_the_cap_the_source_holding_the_most_loses_its_oldest() {
+        let l = limits();
+        let mut t = ConnTable::default();
+        let t0 = Instant::now();
+        // 20 unauthenticated: 8 from each of two flood addresses, 4 from a third.
+        let mut first_of = HashMap::new();
+        for (ip, n) in [("10.0.0.2", 8), ("10.0.0.3", 8), ("10.0.0.4", 4)] {
+            for port in 0..n {
+                let now = t0 + Duration::from_millis(u64::from(port));
+                let (id, shed) = admitted(t.admit(peer(ip, port), now, &l));
+                assert!(shed.is_empty());
+                t.waiting_on_peer(id, now);
+                first_of.entry(ip).or_insert(id);
+            }
+        }
+        // A real node from elsewhere gets in; one of the two heaviest sources loses its oldest.
+        let (node, shed) = admitted(t.admit(peer("192.0.2.9", 1), t0 + Duration::from_secs(1), &l));
+        assert_eq!(shed.len(), 1);
+        assert!(shed[0] == first_of["10.0.0.2"] || shed[0] == first_of["10.0.0.3"]);
+        assert_ne!(shed[0], node);
+        assert_eq!(t.stats(&l).stalled, 20, "still at the cap, not over it");
+    }
+
+    #[test]
+    fn joins_in_flight_are_shed_only_when_nothing_is_stalled() {
+        let l = limits();
+        let mut t = ConnTable::default();
+        let t0 = Instant::now();
+        let mut joins = Vec::new();
+        for port in 0..20 {
+            let (id, _) = admitted(t.admit(peer("10.0.1.1", port), t0, &l));
+            t.handshake_done(id, false, t0);
+            t.request_started(peer("10.0.1.1", port));
+            joins.push(id);
+        }
+        assert_eq!(t.stats(&l).busy, 20);
+        let (fresh, shed) = admitted(t.admit(peer("10.0.1.2", 1), t0, &l));
+        assert_eq!(
+            shed,
+            vec![joins[0]],
+            "nothing stalled: the oldest join goes"
+        );
+        // Now a stalled connection exists: it goes before any join.
+        let (_, shed) = admitted(t.admit(peer("10.0.1.2", 2), t0, &l));
+        assert_eq!(shed, vec![fresh]);
+        assert_eq!(t.stats(&l).busy, 19);
+    }
+
+    #[test]
+    fn a_table_full_of_sessions_refuses_new_connections_and_sheds_no_session() {
+        let l = limits();
+        let mut t = ConnTable::default();
+        let t0 = Instant::now();
+        let sessions: Vec<ConnId> = (0..100)
+            .map(|p| real_node(&mut t, "10.0.2.1", p, t0, &l))
+            .collect();
+        assert_eq!(t.admit(peer("10.0.2.2", 1), t0, &l), Admission::Refused);
+        assert_eq!(t.open(), 100);
+        t.remove(sessions[0]);
+        let (_, shed) = admitted(t.admit(peer("10.0.2.2", 2), t0, &l));
+        assert!(shed.is_empty());
+        assert_eq!(t.stats(&l).counters.refused, 1);
+    }
+
+    #[test]
+    fn stalled_connections_expire_sooner_under_pressure_and_sessions_never() {
+        let l = limits();
+        let mut t = ConnTable::default();
+        let t0 = Instant::now();
+        let session = real_node(&mut t, "10.0.3.1", 1, t0, &l);
+        let (idle, _) = admitted(t.admit(peer("10.0.3.2", 1), t0, &l));
+        t.waiting_on_peer(idle, t0);
+        // Low pressure: 2 s into a handshake is within the 10 s deadline.
+        assert!(t.expire(t0 + Duration::from_secs(2), &l).is_empty());
+        // Full pressure (the unauthenticated cap reached): the deadline is down to its floor.
+        let at = t0 + Duration::from_secs(2);
+        let flood: Vec<ConnId> = (0..19)
+            .map(|p| {
+                let id = admitted(t.admit(peer(&format!("10.0.4.{p}"), 1), at, &l)).0;
+                t.waiting_on_peer(id, at);
+                id
+            })
+            .collect();
+        assert!((t.pressure(&l) - 1.0).abs() < 1e-9);
+        let expired = t.expire(t0 + Duration::from_millis(3500), &l);
+        assert_eq!(
+            expired,
+            vec![(idle, Stage::Handshake)],
+            "the 3.5 s old handshake, past the 3 s floor"
+        );
+        // 19 of 20 now: the deadline is 3.7 s.
+        assert!(t.expire(t0 + Duration::from_millis(5600), &l).is_empty());
+        let mut later: Vec<ConnId> = t
+            .expire(t0 + Duration::from_millis(5700), &l)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        later.sort();
+        let mut flood = flood;
+        flood.sort();
+        assert_eq!(later, flood);
+        assert!(
+            t.expire(t0 + Duration::from_secs(86_400), &l).is_empty(),
+            "the session stays"
+        );
+        assert_eq!(t.open(), 1, "shed entries stay until dropped, not counted");
+        let _ = session;
+    }
+
+    #[test]
+    fn a_shrunk_deadline_spares_a_handshake_the_gateway_has_not_served() {
+        let l = limits();
+        let mut t = ConnTable::default();
+        let t0 = Instant::now();
+        let (node, _) = admitted(t.admit(peer("10.0.7.1", 1), t0, &l));
+        for p in 0..19 {
+            let id = admitted(t.admit(peer(&format!("10.0.8.{p}"), 1), t0, &l)).0;
+            t.waiting_on_peer(id, t0);
+        }
+        // Full pressure, 5 s on: past the 3 s floor, but the node's bytes wait for the gateway.
+        let expired = t.expire(t0 + Duration::from_secs(5), &l);
+        assert_eq!(expired.len(), 19);
+        assert!(expired.iter().all(|(id, _)| *id != node));
+        // The base deadline closes it whatever the reason.
+        assert_eq!(
+            t.expire(t0 + Duration::from_secs(10), &l),
+            vec![(node, Stage::Handshake)]
+        );
+    }
+
+    #[test]
+    fn a_connection_without_certificate_is_closed_when_idle_or_too_old() {
+        let l = limits();
+        let mut t = ConnTable::default();
+        let t0 = Instant::now();
+        let p = peer("10.0.5.1", 1);
+        let (id, _) = admitted(t.admit(p, t0, &l));
+        t.handshake_done(id, false, t0);
+        // No request within the first-request deadline: closed (the HTTP/2 preface never came).
+        assert_eq!(
+            t.expire(t0 + Duration::from_secs(10), &l),
+            vec![(id, Stage::FirstRequest)]
+        );
+        t.remove(id);
+        let (id, _) = admitted(t.admit(p, t0, &l));
+        t.handshake_done(id, false, t0);
+        t.request_started(p);
+        assert!(
+            t.expire(t0 + Duration::from_secs(30), &l).is_empty(),
+            "a Join in flight"
+        );
+        t.request_ended(id, t0 + Duration::from_secs(30));
+        assert!(t.expire(t0 + Duration::from_secs(35), &l).is_empty());
+        assert_eq!(
+            t.expire(t0 + Duration::from_secs(40), &l),
+            vec![(id, Stage::Open)],
+            "idle 10 s"
+        );
+        t.remove(id);
+        let (id, _) = admitted(t.admit(p, t0, &l));
+        t.handshake_done(id, false, t0);
+        t.request_started(p);
+        assert_eq!(
+            t.expire(t0 + Duration::from_secs(60), &l),
+            vec![(id, Stage::Open)],
+            "lifetime"
+        );
+        t.remove(id);
+        assert_eq!(t.open(), 0);
+        assert!(t.sources.is_empty() && t.by_peer.is_empty());
+    }
+
+    #[test]
+    fn ipv6_peers_are_counted_by_their_64_and_mapped_ipv4_as_ipv4() {
+        let a = Source::of("2001:db8:1:2:aaaa::1".parse().expect("ip"));
+        let b = Source::of("2001:db8:1:2:bbbb::2".parse().expect("ip"));
+        let c = Source::of("2001:db8:1:3::1".parse().expect("ip"));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(a.to_string(), "2001:db8:1:2::/64");
+        assert_eq!(
+            Source::of("::ffff:192.0.2.1".parse().expect("ip")),
+            Source::of("192.0.2.1".parse().expect("ip"))
+        );
+    }
+
+    #[test]
+    fn accept_failing_for_descriptors_sheds_stalled_connections_first() {
+        let l = limits();
+        let mut t = ConnTable::default();
+        let t0 = Instant::now();
+        let session = real_node(&mut t, "10.0.6.1", 1, t0, &l);
+        let stalled: Vec<ConnId> = (0..3)
+            .map(|p| {
+                let id = admitted(t.admit(peer("10.0.6.2", p), t0, &l)).0;
+                t.waiting_on_peer(id, t0);
+                id
+            })
+            .collect();
+        assert_eq!(t.shed_for_descriptors(16), stalled);
+        assert!(
+            t.shed_for_descriptors(16).is_empty(),
+            "the session is never shed"
+        );
+        let _ = session;
+    }
+}
