@@ -1,6 +1,9 @@
 //! bc-bench: benchmark programs run by `scripts/bench <name>`; each prints figures beside a peer measured in the same
-//! run and ends with one summary line. This library holds what the programs share: a `better-compute dev` child and
-//! PostgreSQL's client tools.
+//! run and ends with one summary line. This library holds what the programs share: a `better-compute dev` child,
+//! PostgreSQL's client tools, and hostile connections against the gateway ([`flood`], also used by the gateway's
+//! flood regression tests).
+
+pub mod flood;
 
 use anyhow::{Context as _, bail};
 use std::collections::HashMap;

@@ -2,7 +2,8 @@
 //!
 //! Starts `better-compute dev` (release, fresh data directory) under the descriptor limits a service manager gives
 //! by default (soft 1,024, hard the machine's), joins a few nodes, then runs phases. Each phase holds a flood open
-//! (a flood connection the gateway closes is opened again a second later, so the pressure stays) while real nodes
+//! (a flood connection the gateway closes is opened again a second later, at most 500 a second for each kind, so
+//! the pressure stays) while real nodes
 //! open Sessions (TCP, TLS with their certificate, HTTP/2, Hello → Welcome) and fresh nodes join (TLS, Join RPC),
 //! and prints the real nodes' latency (p50/p99, every attempt counted; a failed one at its elapsed time), their
 //! failures, and the gateway process's descriptors and RSS before, during and after the flood. Flood kinds:
@@ -16,18 +17,17 @@
 //! Ends with `gateway-flood: <p99> ms real-node connect p99`: the worst p99 of any flood phase, Sessions and joins.
 
 use anyhow::Context as _;
+use bc_bench::flood::{Flood, Kind, Reopen, loopback_sources};
 use bc_bench::{Dev, percentile_ms};
 use bc_proto::channel::{self, ServerTrust};
 use bc_proto::v1;
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// Hostile connections of each kind.
 const FLOOD: usize = 2_000;
@@ -39,25 +39,11 @@ const JOINERS: usize = 2;
 /// How long real nodes work in each phase, and the deadline of one attempt (a Session up, or a join answered).
 const WORK: Duration = Duration::from_secs(10);
 const ATTEMPT: Duration = Duration::from_secs(15);
-/// A flood connection the gateway closed is opened again after this long.
-const REOPEN: Duration = Duration::from_secs(1);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Tcp,
-    Tls,
-    H2,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Tcp => "tcp",
-            Kind::Tls => "tls",
-            Kind::H2 => "h2",
-        }
-    }
-}
+/// A flood connection the gateway closed is opened again after a second, at most 500 a second for each kind.
+const REOPEN: Reopen = Reopen {
+    after: Duration::from_secs(1),
+    per_second: 500.0,
+};
 
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -79,154 +65,6 @@ fn fds(pid: u32) -> usize {
 /// One process's descriptors and RSS.
 fn sample(pid: u32) -> String {
     format!("{} fds, {:.1} MiB", fds(pid), rss_kib(pid) as f64 / 1024.0)
-}
-
-// === floods ===
-
-#[derive(Default)]
-struct FloodCounters {
-    /// Connections open now (for `h2`/`tls`: past their own TLS handshake).
-    held: AtomicUsize,
-    /// Connections the gateway closed (each was opened again after REOPEN).
-    closed_by_gateway: AtomicUsize,
-    /// Attempts that failed to connect (refused, reset, timed out).
-    connect_failures: AtomicUsize,
-}
-
-struct Flood {
-    stop: Arc<AtomicBool>,
-    counters: Arc<FloodCounters>,
-    tasks: tokio::task::JoinSet<()>,
-}
-
-impl Flood {
-    async fn stop(mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.tasks.abort_all();
-        while self.tasks.join_next().await.is_some() {}
-    }
-}
-
-/// `n` connections of `kind`, from `sources` in turn (PER_SOURCE each before the next), held open.
-fn flood(
-    kind: Kind,
-    n: usize,
-    sources: &[Ipv4Addr],
-    gateway: SocketAddr,
-    tls: Arc<rustls::ClientConfig>,
-) -> Flood {
-    let stop = Arc::new(AtomicBool::new(false));
-    let counters = Arc::new(FloodCounters::default());
-    let opening = Arc::new(tokio::sync::Semaphore::new(256));
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..n {
-        let source = sources[(i / PER_SOURCE) % sources.len()];
-        let (stop, counters, tls, opening) =
-            (stop.clone(), counters.clone(), tls.clone(), opening.clone());
-        tasks.spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let held = {
-                    let Ok(_slot) = opening.acquire().await else {
-                        return;
-                    };
-                    tokio::time::timeout(
-                        Duration::from_secs(5),
-                        open_hostile(kind, source, gateway, tls.clone()),
-                    )
-                    .await
-                };
-                match held {
-                    Ok(Ok(conn)) => {
-                        counters.held.fetch_add(1, Ordering::Relaxed);
-                        conn.hold().await;
-                        counters.held.fetch_sub(1, Ordering::Relaxed);
-                        counters.closed_by_gateway.fetch_add(1, Ordering::Relaxed);
-                    }
-                    _ => {
-                        counters.connect_failures.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                tokio::time::sleep(REOPEN).await;
-            }
-        });
-    }
-    Flood {
-        stop,
-        counters,
-        tasks,
-    }
-}
-
-enum Hostile {
-    Tcp(tokio::net::TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
-    H2(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
-}
-
-async fn open_hostile(
-    kind: Kind,
-    source: Ipv4Addr,
-    gateway: SocketAddr,
-    tls: Arc<rustls::ClientConfig>,
-) -> anyhow::Result<Hostile> {
-    let socket = tokio::net::TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::new(IpAddr::V4(source), 0))?;
-    let tcp = socket.connect(gateway).await?;
-    if kind == Kind::Tcp {
-        return Ok(Hostile::Tcp(tcp));
-    }
-    let name = ServerName::try_from("127.0.0.1")?.to_owned();
-    let mut stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await?;
-    if kind == Kind::Tls {
-        return Ok(Hostile::Tls(Box::new(stream)));
-    }
-    // The client connection preface (RFC 9113 §3.4): the magic, then an empty SETTINGS frame.
-    stream
-        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
-        .await?;
-    stream.flush().await?;
-    Ok(Hostile::H2(Box::new(stream)))
-}
-
-impl Hostile {
-    /// Holds the connection until the gateway closes it.
-    async fn hold(self) {
-        let mut buf = [0u8; 4096];
-        match self {
-            Hostile::Tcp(mut s) => while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {},
-            Hostile::Tls(mut s) => while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {},
-            Hostile::H2(mut s) => {
-                let _ = answer_h2(&mut s).await;
-            }
-        }
-    }
-}
-
-/// Reads HTTP/2 frames, acknowledging SETTINGS and answering PING (so keepalive never closes the connection), and
-/// never opens a stream. Returns when the connection ends.
-async fn answer_h2(
-    s: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
-) -> std::io::Result<()> {
-    loop {
-        let mut header = [0u8; 9];
-        s.read_exact(&mut header).await?;
-        let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
-        let (kind, flags) = (header[3], header[4]);
-        let mut payload = vec![0u8; len];
-        s.read_exact(&mut payload).await?;
-        match (kind, flags & 1) {
-            (4, 0) => s.write_all(b"\x00\x00\x00\x04\x01\x00\x00\x00\x00").await?,
-            (6, 0) => {
-                let mut pong = vec![0, 0, 8, 6, 1, 0, 0, 0, 0];
-                pong.extend_from_slice(&payload);
-                s.write_all(&pong).await?;
-            }
-            _ => {}
-        }
-        s.flush().await?;
-    }
 }
 
 // === real nodes ===
@@ -424,42 +262,46 @@ async fn run_phase(
     let sources: Vec<Ipv4Addr> = if phase.shared_source {
         vec![Ipv4Addr::LOCALHOST]
     } else {
-        (0..FLOOD.div_ceil(PER_SOURCE))
-            .map(|i| Ipv4Addr::new(127, 0, (i / 250) as u8, (2 + i % 250) as u8))
-            .collect()
+        loopback_sources(FLOOD.div_ceil(PER_SOURCE))
     };
     let tls = channel::client_config(ServerTrust::Bundle(vec![plane.ca.clone()]), None)?;
-    let mut floods = Vec::new();
-    for &kind in phase.kinds {
-        floods.push((kind, flood(kind, FLOOD, &sources, gateway, tls.clone())));
-    }
-    // Let the floods open (or fail to): up to 20 s, until every connection is held.
+    let floods: Vec<(Kind, Flood)> = phase
+        .kinds
+        .iter()
+        .map(|&kind| {
+            let f = Flood::start(
+                kind,
+                FLOOD,
+                PER_SOURCE,
+                &sources,
+                gateway,
+                tls.clone(),
+                REOPEN,
+            );
+            (kind, f)
+        })
+        .collect();
+    // Let the floods open (or fail to): up to 20 s, until every connection was tried once.
     let t = Instant::now();
-    while !floods.is_empty() && t.elapsed() < Duration::from_secs(20) {
-        if floods
-            .iter()
-            .all(|(_, f)| f.counters.held.load(Ordering::Relaxed) >= FLOOD)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    for (_, f) in &floods {
+        f.wait_opened(FLOOD, Duration::from_secs(20).saturating_sub(t.elapsed()))
+            .await;
     }
     let held_at_start: Vec<String> = floods
         .iter()
-        .map(|(k, f)| format!("{} {}", k.name(), f.counters.held.load(Ordering::Relaxed)))
+        .map(|(k, f)| format!("{} {}", k.name(), f.held()))
         .collect();
     let during = sample(pid);
     let (mut sessions, mut joins) = real_nodes(plane, index).await;
     let peak = sample(pid);
     let mut flood_lines = Vec::new();
     for (kind, f) in floods {
-        let c = &f.counters;
         flood_lines.push(format!(
             "{} held {} at the end, closed by the gateway {}, connects failed {}",
             kind.name(),
-            c.held.load(Ordering::Relaxed),
-            c.closed_by_gateway.load(Ordering::Relaxed),
-            c.connect_failures.load(Ordering::Relaxed)
+            f.held(),
+            f.closed_by_gateway(),
+            f.connect_failures()
         ));
         f.stop().await;
     }
