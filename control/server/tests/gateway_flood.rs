@@ -6,7 +6,8 @@
 //! CPU on a handshake, so these floods are sized to the descriptor limit, 512, rather than to 2,000: the
 //! benchmark, `scripts/bench gateway-flood`, runs 2,000 of each kind against a release build); and both kinds from
 //! the node's own address. Every join and Session must be answered within BOUND. The floods come from 127.0.0.2 and
-//! up unless they share the node's address 127.0.0.1.
+//! up unless they share the node's address 127.0.0.1. And one connection that never sends the HTTP/2 preface, and
+//! one that sends it and never a request (no Join, no Hello), are closed by the gateway.
 
 use bc_bench::flood::{Flood, Kind, Reopen, loopback_sources};
 use bc_control::client::ApiClient;
@@ -338,6 +339,44 @@ async fn a_flood_from_the_nodes_own_address_does_not_lock_it_out() {
     let floods = flood(&plane, &kinds, &[Ipv4Addr::LOCALHOST]).await;
     real_nodes_get_through(&plane, "tcp+h2 floods from 127.0.0.1", 4).await;
     for f in floods {
+        f.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_send_the_preface_or_a_request_are_closed() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (db, admin, dir) = setup().await;
+    let plane = serve(dir.path(), &db.url(), &admin, None).await;
+    let tls = anonymous_tls(&plane);
+    let once = Reopen {
+        after: Duration::from_secs(3600),
+        per_second: 1.0,
+    };
+    let sources = [Ipv4Addr::new(127, 0, 0, 2)];
+    let floods: Vec<(Kind, Flood)> = [Kind::Tls, Kind::H2]
+        .into_iter()
+        .map(|k| {
+            (
+                k,
+                Flood::start(k, 1, 1, &sources, plane.gateway, tls.clone(), once),
+            )
+        })
+        .collect();
+    // The first-request deadline is 10 s when the gateway is not under pressure.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for (kind, f) in &floods {
+        while f.closed_by_gateway() == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            f.closed_by_gateway(),
+            1,
+            "a {} connection (no request after TLS) is still open after 20 s",
+            kind.name()
+        );
+    }
+    for (_, f) in floods {
         f.stop().await;
     }
 }
