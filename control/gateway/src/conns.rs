@@ -16,12 +16,14 @@
 //!   to connections already open; a shrunk handshake or first-request deadline closes only a connection that is
 //!   waiting for its peer (the base deadline closes any).
 //! - Per source (an IPv4 address or an IPv6 /64), at most `max_stalled_per_source` stalled connections: one more
-//!   sheds one of that source's: the one that has kept the gateway waiting longest; else, when all of them are
-//!   waiting for the gateway, the newest (it would be served last). Fresh over first-come-first-served: a flood
-//!   sharing a real node's address sheds its own silent connections, not the node's handshake.
+//!   sheds the source's connection that has kept the gateway waiting longest, once that is `peer_grace` or more (a
+//!   burst of real handshakes from one address, waiting a round trip for their peers, is not shed). Fresh over
+//!   first-come-first-served: a flood sharing a real node's address sheds its own silent connections, not the
+//!   node's handshake.
 //! - At the cap of unauthenticated connections, or at the descriptor budget, a new connection sheds a stalled
-//!   connection (chosen as above) of the source holding the most (longest-queue drop), else the oldest connection
-//!   without a client certificate that has a request in flight (a Join). Connections with a verified client
+//!   connection of the source holding the most (longest-queue drop): the one keeping the gateway waiting longest,
+//!   else (all waiting for the gateway) the newest, which would be served last; else the oldest connection without
+//!   a client certificate that has a request in flight (a Join). Connections with a verified client
 //!   certificate that have started a request (Sessions, site calls) are never shed; when nothing else can be, the
 //!   new connection is refused.
 
@@ -89,6 +91,8 @@ pub struct ConnLimits {
     pub max_unauthenticated: usize,
     /// Stalled connections of one source.
     pub max_stalled_per_source: usize,
+    /// How long a connection must have kept the gateway waiting before a newer one from its source sheds it.
+    pub peer_grace: Duration,
     /// From accept to the end of the TLS handshake.
     pub handshake: Deadline,
     /// From the end of the handshake to the first request (the HTTP/2 preface and a Join, a Session or a site call).
@@ -116,6 +120,7 @@ impl ConnLimits {
             max_connections,
             max_unauthenticated,
             max_stalled_per_source: 128.min(max_unauthenticated),
+            peer_grace: Duration::from_secs(1),
             // Floors a real peer still meets when the gateway is busy: a TCP retransmission (1 s) and a round trip
             // or two on a slow link, with the CPU shared among many handshakes.
             handshake: Deadline::new(Duration::from_secs(10), Duration::from_secs(3)),
@@ -305,6 +310,11 @@ impl ConnTable {
         let source_stalled = self.sources.get(&source).map_or(0, |s| s.stalled.len());
         if source_stalled >= limits.max_stalled_per_source.max(1)
             && let Some(victim) = self.oldest_of(source, Class::Stalled)
+            && self
+                .conns
+                .get(&victim)
+                .and_then(Conn::peer_stalled_since)
+                .is_some_and(|since| now.saturating_duration_since(since) >= limits.peer_grace)
         {
             self.shed(victim, Shed::SourceFull);
             shed.push(victim);
@@ -648,7 +658,7 @@ mod tests {
             flood.push(id);
         }
         // The real node's connection from the same address sheds the flood connection silent longest.
-        let later = t0 + Duration::from_millis(5);
+        let later = t0 + Duration::from_secs(2);
         let (node, shed) = admitted(t.admit(peer("10.0.0.1", 100), later, &l));
         assert_eq!(shed, vec![flood[0]]);
         // While it finishes its handshake, more flood connections shed older flood connections.
@@ -659,18 +669,20 @@ mod tests {
         }
         t.handshake_done(node, true, later);
         assert_eq!(t.request_started(peer("10.0.0.1", 100)), Some(node));
-        // Now trusted: never chosen, however long the flood goes on.
+        // Now trusted: never chosen, however long the flood goes on (one connection every 100 ms, each silent).
         for port in 300..400 {
-            let (id, shed) = admitted(t.admit(peer("10.0.0.1", port), later, &l));
+            let now = later + Duration::from_millis(100 * u64::from(port - 300));
+            let (id, shed) = admitted(t.admit(peer("10.0.0.1", port), now, &l));
             assert!(!shed.contains(&node));
-            t.waiting_on_peer(id, later);
+            t.waiting_on_peer(id, now);
         }
+        // At most the cap and what arrives within the 1 s grace.
+        assert!(t.stats(&l).stalled <= 8 + 10 + 1, "{:?}", t.stats(&l));
         assert!(
             t.expire(later + Duration::from_secs(3600), &l)
                 .iter()
                 .all(|(id, _)| *id != node)
         );
-        assert_eq!(t.stats(&l).counters.shed_source_full, 1 + 5 + 99);
     }
 
     #[test]
@@ -702,13 +714,29 @@ mod tests {
             let (id, shed) = admitted(t.admit(peer("10.0.9.1", port), now, &l));
             assert!(!shed.contains(&node), "port {port}");
             if let Some(&prev) = newest.last()
-                && port >= 1107
+                && port >= 1119
             {
                 assert_eq!(shed, vec![prev], "the newest not yet served goes");
             }
             newest.push(id);
         }
-        assert_eq!(t.stats(&l).stalled, 8);
+        assert_eq!(t.stats(&l).stalled, 20, "the unauthenticated cap");
+    }
+
+    #[test]
+    fn a_burst_from_one_address_is_not_shed_before_its_peers_had_a_round_trip() {
+        let l = limits();
+        let mut t = ConnTable::default();
+        let t0 = Instant::now();
+        // Twelve handshakes from one address (its cap is 8), each waiting for its peer's next flight.
+        for port in 0..12 {
+            let (id, shed) = admitted(t.admit(peer("10.0.10.1", port), t0, &l));
+            assert!(shed.is_empty(), "port {port}");
+            t.waiting_on_peer(id, t0);
+        }
+        // A second later those still waiting are fair game.
+        let (_, shed) = admitted(t.admit(peer("10.0.10.1", 100), t0 + Duration::from_secs(1), &l));
+        assert_eq!(shed.len(), 1);
     }
 
     #[test]
