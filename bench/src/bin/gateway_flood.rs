@@ -56,6 +56,17 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// utime + stime of a process in clock ticks (100 a second).
+fn cpu_ticks(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0)
+}
+
 fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count())
@@ -292,7 +303,26 @@ async fn run_phase(
         .map(|(k, f)| format!("{} {}", k.name(), f.held()))
         .collect();
     let during = sample(pid);
-    let (mut sessions, mut joins) = real_nodes(plane, index).await;
+    // The real nodes run on a runtime of their own: their latency is the gateway's, not the load tool's queue.
+    let (gw0, tool0, t0) = (
+        cpu_ticks(pid),
+        cpu_ticks(std::process::id()),
+        Instant::now(),
+    );
+    let nodes = plane.clone();
+    let (mut sessions, mut joins) = tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        Ok::<_, anyhow::Error>(rt.block_on(real_nodes(&nodes, index)))
+    })
+    .await??;
+    let secs = t0.elapsed().as_secs_f64();
+    let (gw_cpu, tool_cpu) = (
+        (cpu_ticks(pid) - gw0) as f64 / secs,
+        (cpu_ticks(std::process::id()) - tool0) as f64 / secs,
+    );
     let peak = sample(pid);
     let mut flood_lines = Vec::new();
     for (kind, f) in floods {
@@ -319,6 +349,9 @@ async fn run_phase(
     }
     println!(
         "  gateway process: before {before}; flood held {during}; end of phase {peak}; 2 s after {after}"
+    );
+    println!(
+        "  CPU while the real nodes worked: gateway process {gw_cpu:.0}% of a core, this load tool {tool_cpu:.0}%"
     );
     println!(
         "  {}",
