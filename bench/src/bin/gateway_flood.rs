@@ -198,14 +198,15 @@ struct Plane {
 async fn real_nodes(plane: &Arc<Plane>, phase: usize) -> (Outcomes, Outcomes) {
     let until = Instant::now() + WORK;
     let mut sessions = tokio::task::JoinSet::new();
-    for cred in plane.nodes.iter().take(SESSIONS).cloned() {
+    for i in 0..SESSIONS.min(plane.nodes.len()) {
         let plane = plane.clone();
         sessions.spawn(async move {
+            let cred = &plane.nodes[i];
             let mut out = Outcomes::default();
             while Instant::now() < until {
                 let t = Instant::now();
                 let r =
-                    tokio::time::timeout(ATTEMPT, session_once(&cred, &plane.ca, &plane.url)).await;
+                    tokio::time::timeout(ATTEMPT, session_once(cred, &plane.ca, &plane.url)).await;
                 out.record(t.elapsed(), r);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
