@@ -325,6 +325,8 @@ fn report(counters: &SiteCounters, http: &BootHttp) {
         failed = get(&t.failed),
         refused = get(&t.refused),
         malformed = get(&t.malformed),
+        acks_spun = get(&t.acks_spun),
+        acks_slept = get(&t.acks_slept),
         "TFTP counters"
     );
     let h = http.counters();

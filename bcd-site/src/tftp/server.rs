@@ -33,6 +33,10 @@ pub struct TftpCounters {
     pub failed: AtomicU64,
     pub refused: AtomicU64,
     pub malformed: AtomicU64,
+    /// ACKs of completed transfers caught while awaiting them awake ([`Limits::ack_spin`]).
+    pub acks_spun: AtomicU64,
+    /// ACKs of completed transfers awaited asleep on the reactor.
+    pub acks_slept: AtomicU64,
 }
 
 /// Serves `root` read-only until `shutdown` completes; running transfers are then cancelled.
@@ -94,10 +98,19 @@ pub async fn run(
                         let _permit = permit;
                         let file = req.filename.clone();
                         let _running = Running::start(&active);
+                        let began = Instant::now();
                         match transfer(local_ip, peer, req, &root, &cache, &limits, &active).await {
-                            Ok(Outcome::Sent { bytes }) => {
+                            Ok(Outcome::Sent { bytes, waits }) => {
                                 counters.completed.fetch_add(1, Ordering::Relaxed);
-                                debug!(%peer, %file, bytes, "TFTP transfer complete");
+                                counters.acks_spun.fetch_add(u64::from(waits.spun), Ordering::Relaxed);
+                                counters.acks_slept.fetch_add(u64::from(waits.slept), Ordering::Relaxed);
+                                debug!(
+                                    %peer, %file, bytes,
+                                    us = began.elapsed().as_micros() as u64,
+                                    acks_spun = waits.spun, acks_slept = waits.slept,
+                                    spins_missed = waits.missed, resent = waits.resent,
+                                    "TFTP transfer complete"
+                                );
                             }
                             Ok(Outcome::Declined { code, message }) => {
                                 counters.completed.fetch_add(1, Ordering::Relaxed);
@@ -160,6 +173,7 @@ impl Drop for Running {
 enum Outcome {
     Sent {
         bytes: u64,
+        waits: Waits,
     },
     /// The client answered the OACK with an error (a `tsize` probe, or options it dislikes).
     Declined {
@@ -219,6 +233,7 @@ async fn transfer(
         spin: limits.ack_spin,
         spin_missed: 0,
         active: active.clone(),
+        waits: Waits::default(),
     };
     if !link.n.oack.is_empty() {
         Packet::Oack(link.n.oack.clone()).encode(&mut out);
@@ -233,7 +248,10 @@ async fn transfer(
         }
     }
     match link.send_file(source, size).await {
-        Ok(bytes) => Ok(Outcome::Sent { bytes }),
+        Ok(bytes) => Ok(Outcome::Sent {
+            bytes,
+            waits: link.waits,
+        }),
         Err(e) => {
             // Our side failed (read error, file changed): tell the client rather than leave it waiting.
             if matches!(e, TransferError::Io(_) | TransferError::SizeChanged) {
@@ -334,6 +352,20 @@ struct Link {
     spin_missed: u32,
     /// Transfers running now (this one included).
     active: Arc<AtomicUsize>,
+    waits: Waits,
+}
+
+/// How a transfer's ACKs arrived, for the debug log.
+#[derive(Debug, Default, Clone, Copy)]
+struct Waits {
+    /// ACKs caught while spinning.
+    spun: u32,
+    /// ACKs waited for on the reactor.
+    slept: u32,
+    /// Spins that ended without an ACK.
+    missed: u32,
+    /// Windows sent again (timeout or a gap the client reported).
+    resent: u32,
 }
 
 impl Link {
@@ -410,6 +442,11 @@ impl Link {
                     let r = spin_recv(&self.socket, &mut self.buf, spin);
                     spin = Duration::ZERO;
                     self.spin_missed = if r.is_some() { 0 } else { self.spin_missed + 1 };
+                    if r.is_some() {
+                        self.waits.spun += 1;
+                    } else {
+                        self.waits.missed += 1;
+                    }
                     if let Some(r) = r {
                         let len = r?;
                         match self.on_packet(len, first, last, packets.len()) {
@@ -427,7 +464,10 @@ impl Link {
                 };
                 let len = match received {
                     // ICMP port unreachable surfaces as ECONNREFUSED on a connected socket: the client left.
-                    Some(r) => r?,
+                    Some(r) => {
+                        self.waits.slept += 1;
+                        r?
+                    }
                     None if Instant::now() < deadline => {
                         self.timer.as_mut().reset(deadline);
                         continue;
@@ -446,6 +486,7 @@ impl Link {
                 }
             }
             retries += 1;
+            self.waits.resent += 1;
             if retries > self.max_retries {
                 return Err(TransferError::TimedOut {
                     retries: retries - 1,
