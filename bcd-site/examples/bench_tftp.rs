@@ -1,15 +1,18 @@
 //! TFTP benchmark: time for `curl --tftp-blksize 1468` to fetch a loader from our server and from dnsmasq's TFTP
 //! (the peer), alternating fetches in the same invocation, inside a network namespace of its own (dnsmasq needs
-//! port 69; the namespace's private loopback keeps it off the host's). Prints median and p90 per server and the
-//! ratio (dnsmasq time / our time: above 1 means we are faster), ending with `tftp: <ms> ms` (our median). Because
-//! the medians swing with load from elsewhere on a shared 2-vCPU machine, it also prints the p10 (the
-//! undisturbed path) and each server's CPU time per transfer (utime + stime from /proc, which noise barely moves).
+//! port 69; the namespace's private loopback keeps it off the host's). Prints p10, median and p90 per server, the
+//! ratio of the medians (dnsmasq time / our time: above 1 means we are faster) and of the p90s, the load average
+//! at the start and the end, and each server's CPU time per transfer (utime + stime from /proc, which noise barely
+//! moves), ending with `tftp: <ms> ms` (our median). 300 fetches per server by default: at 30 the median and p90
+//! were a handful of samples and two runs on a quiet machine gave ratios of 0.55 and 1.08.
 //!
 //! Needs root, iproute2, curl and dnsmasq. The namespace is created and deleted here under a name carrying this
 //! process's PID, on every exit path.
 //!
-//! usage: bench_tftp [--file PATH] [--fetches N] [--blksize N]
-//! (the file defaults to /usr/lib/ipxe/snponly.efi when the `ipxe` package is installed, else 1 MiB of noise)
+//! usage: bench_tftp [--file PATH] [--fetches N] [--blksize N] [--samples CSV] [--trace LOG] [--ack-spin-us N]
+//! (the file defaults to /usr/lib/ipxe/snponly.efi when the `ipxe` package is installed, else 1 MiB of noise;
+//! `--samples` writes every fetch's time, `--trace` our server's debug log (per transfer: ACKs caught spinning or
+//! asleep, contended spins), `--ack-spin-us` sets our server's `[tftp] ack_spin_us`)
 
 use std::io::Read as _;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -151,7 +154,7 @@ fn cpu_us(before: Option<u64>, after: Option<u64>, transfers: usize) -> Option<f
 }
 
 async fn bench(args: &[String]) -> Result<()> {
-    let fetches: usize = flag(args, "--fetches").unwrap_or("30").parse()?;
+    let fetches: usize = flag(args, "--fetches").unwrap_or("300").parse()?;
     let blksize = flag(args, "--blksize").unwrap_or("1468").to_owned();
     let dir = tempfile::tempdir()?;
     let root = dir.path().join("root");
