@@ -139,14 +139,8 @@ mod tests {
     fn matches_the_golden_files() {
         let seed = render(&input()).expect("renders");
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-        if std::env::var_os("BC_UPDATE_GOLDEN").is_some() {
-            fs::write(dir.join("nocloud-meta-data"), &seed.meta_data).expect("update");
-            fs::write(dir.join("nocloud-user-data"), &seed.user_data).expect("update");
-        }
-        let meta = fs::read_to_string(dir.join("nocloud-meta-data")).expect("golden meta-data");
-        let user = fs::read_to_string(dir.join("nocloud-user-data")).expect("golden user-data");
-        assert_eq!(seed.meta_data, meta);
-        assert_eq!(seed.user_data, user);
+        bc_testkit::assert_golden(dir.join("nocloud-meta-data"), &seed.meta_data);
+        bc_testkit::assert_golden(dir.join("nocloud-user-data"), &seed.user_data);
     }
 
     #[test]

@@ -129,10 +129,7 @@ fn lab() -> Result<Lab, String> {
 fn the_client_renews_its_lease_at_t1_with_dnsmasq() {
     let lab = match lab() {
         Ok(l) => l,
-        Err(why) => {
-            println!("SKIP: DHCP renewal lab: {why}");
-            return;
-        }
+        Err(why) => bc_testkit::skip!("DHCP renewal lab: {why}"),
     };
     let started = Instant::now();
     let mut child = Command::new("ip")

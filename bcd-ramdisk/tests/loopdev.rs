@@ -19,10 +19,7 @@ macro_rules! attach_or_skip {
     ($fill:expr) => {
         match Loop::attach($fill) {
             Ok(l) => l,
-            Err(why) => {
-                eprintln!("SKIP {}: {why}", module_path!());
-                return;
-            }
+            Err(why) => bc_testkit::skip!("{why}"),
         }
     };
 }
@@ -215,16 +212,12 @@ fn mounted_device_is_refused_and_reported_failed() {
         .arg(&lo.dev)
         .status();
     if !matches!(mkfs, Ok(s) if s.success()) {
-        eprintln!(
-            "SKIP mounted_device_is_refused_and_reported_failed: mkfs.ext4 unavailable ({mkfs:?})"
-        );
-        return;
+        bc_testkit::skip!("mkfs.ext4 unavailable ({mkfs:?})");
     }
     let mnt = tempfile::tempdir().expect("mount point");
     let mounted = Command::new("mount").arg(&lo.dev).arg(mnt.path()).status();
     if !matches!(mounted, Ok(s) if s.success()) {
-        eprintln!("SKIP mounted_device_is_refused_and_reported_failed: mount failed ({mounted:?})");
-        return;
+        bc_testkit::skip!("mount failed ({mounted:?})");
     }
     let _guard = Mounted(mnt.path().to_path_buf());
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");

@@ -17,14 +17,8 @@ mod lab;
 
 use std::time::Duration;
 
+use bc_testkit::skip;
 use lab::{Disk, Netns, SERIAL, boot, images, nonzero_offsets, patterned_disk};
-
-macro_rules! skip {
-    ($($arg:tt)*) => {{
-        println!("SKIP: {}", format!($($arg)*));
-        return;
-    }};
-}
 
 const DISK: u64 = 64 << 20;
 
@@ -32,7 +26,7 @@ const DISK: u64 = 64 << 20;
 fn diagnose_and_wipe_nvme_and_virtio() {
     let images = match images(false) {
         Ok(i) => i,
-        Err(why) => skip!("qemu ramdisk diagnose/wipe: {why}"),
+        Err(why) => skip!("{why}"),
     };
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let work = tempfile::tempdir().expect("tempdir");
@@ -150,10 +144,10 @@ fn lab_os_digest(images: &lab::Images) -> String {
 fn stream_seed_and_kexec_into_the_installed_os() {
     let images = match images(true) {
         Ok(i) => i,
-        Err(why) => skip!("qemu ramdisk stream/kexec: {why}"),
+        Err(why) => skip!("{why}"),
     };
     if !lab::is_root() {
-        skip!("qemu ramdisk stream/kexec: needs root for the network namespace");
+        skip!("needs root for the network namespace");
     }
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let ns = Netns::create(&images.dir).expect("network namespace");
@@ -226,10 +220,10 @@ fn stream_seed_and_kexec_into_the_installed_os() {
 fn a_corrupted_image_fails_and_leaves_the_disk_wiped() {
     let images = match images(true) {
         Ok(i) => i,
-        Err(why) => skip!("qemu ramdisk corrupted image: {why}"),
+        Err(why) => skip!("{why}"),
     };
     if !lab::is_root() {
-        skip!("qemu ramdisk corrupted image: needs root for the network namespace");
+        skip!("needs root for the network namespace");
     }
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // The served file is a valid zstd stream of the lab OS image with one byte flipped in the middle, so only the
@@ -245,7 +239,7 @@ fn a_corrupted_image_fails_and_leaves_the_disk_wiped() {
         .arg(&raw)
         .status();
     if !zstd.is_ok_and(|s| s.success()) {
-        skip!("qemu ramdisk corrupted image: zstd is not installed");
+        skip!("zstd is not installed");
     }
     let ns = Netns::create(served.path()).expect("network namespace");
     let work = tempfile::tempdir().expect("tempdir");

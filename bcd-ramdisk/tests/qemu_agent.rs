@@ -93,14 +93,10 @@ fn relay_into_namespace(ns: &str, target: SocketAddr) -> Result<(), String> {
 async fn agent_joins_from_qemu_and_answers_a_signed_diagnose() {
     let images = match lab::images(false) {
         Ok(i) => i,
-        Err(why) => {
-            println!("SKIP: qemu ramdisk agent: {why}");
-            return;
-        }
+        Err(why) => bc_testkit::skip!("{why}"),
     };
     if !lab::is_root() {
-        println!("SKIP: qemu ramdisk agent: needs root for the network namespace");
-        return;
+        bc_testkit::skip!("needs root for the network namespace");
     }
     let _one = GUEST.lock().await;
     let p = common::plane_with_config(
@@ -361,16 +357,10 @@ async fn verify_signed(
 async fn agent_streams_the_lab_os_and_kexecs_into_it_over_the_session() {
     let images = match lab::images(true) {
         Ok(i) => i,
-        Err(why) => {
-            println!("SKIP: qemu ramdisk deploy over the session: {why}");
-            return;
-        }
+        Err(why) => bc_testkit::skip!("{why}"),
     };
     if !lab::is_root() {
-        println!(
-            "SKIP: qemu ramdisk deploy over the session: needs root for the network namespace"
-        );
-        return;
+        bc_testkit::skip!("needs root for the network namespace");
     }
     let _one = GUEST.lock().await;
     let p = common::plane_with_config(

@@ -26,8 +26,7 @@ fn creds() -> Credentials {
 async fn reads_the_dmtf_rackmount_inventory() -> Result<()> {
     let dir = mockup_dir();
     if !dir.join("index.json").is_file() {
-        println!("SKIP: DMTF mockup not found at {}", dir.display());
-        return Ok(());
+        bc_testkit::skip!("DMTF mockup not found at {}", dir.display());
     }
     let srv = common::mockup(dir, HashMap::new()).await?;
     let bmc = Bmc::connect(&srv.url, creds(), BmcOptions::default()).await?;
@@ -116,8 +115,7 @@ async fn reads_the_dmtf_rackmount_inventory() -> Result<()> {
 async fn lists_gpus_and_chassis_pcie_devices() -> Result<()> {
     let dir = mockup_dir();
     if !dir.join("index.json").is_file() {
-        println!("SKIP: DMTF mockup not found at {}", dir.display());
-        return Ok(());
+        bc_testkit::skip!("DMTF mockup not found at {}", dir.display());
     }
     // The mockup has no GPU and no PCIe devices: add a GPU processor and a chassis PCIe collection on top.
     let procs = "/redfish/v1/Systems/437XR1138R2/Processors";
@@ -180,8 +178,7 @@ async fn lists_gpus_and_chassis_pcie_devices() -> Result<()> {
 fn every_mockup_document_goes_through_every_model() -> Result<()> {
     let dir = mockup_dir();
     if !dir.join("index.json").is_file() {
-        println!("SKIP: DMTF mockup not found at {}", dir.display());
-        return Ok(());
+        bc_testkit::skip!("DMTF mockup not found at {}", dir.display());
     }
     let mut stack = vec![dir];
     let mut seen = 0;

@@ -5,7 +5,7 @@
 //! change read back before it shows as not applied, and see it applied when it waits long enough.
 //!
 //! The emulator is found through `BC_SUSHY_EMULATOR` (path to `sushy-emulator`) or on the PATH; without it the test
-//! prints `SKIP: <reason>` and returns. Install: `python3 -m venv V && V/bin/pip install sushy-tools`.
+//! prints `SKIP: <test>: <reason>` and returns. Install: `python3 -m venv V && V/bin/pip install sushy-tools`.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -43,10 +43,9 @@ fn find_emulator() -> Option<PathBuf> {
 
 async fn start() -> Result<Option<Emulator>> {
     let Some(bin) = find_emulator() else {
-        println!(
-            "SKIP: sushy-emulator not found (set BC_SUSHY_EMULATOR or put it on PATH; pip install sushy-tools)"
+        bc_testkit::skip!(
+            "sushy-emulator not found (set BC_SUSHY_EMULATOR or put it on PATH; pip install sushy-tools)"
         );
-        return Ok(None);
     };
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let child = Command::new(&bin)

@@ -186,13 +186,13 @@ mod tests {
         let spec = json!({"bookings": [{"reservation": "rsv-a", "gpus": ["GPU-0", "GPU-3"]}]});
         let b = bookings(&spec).expect("bookings");
         let cdi = render(&b, &local()).expect("render").expect("some");
-        let golden = include_str!("cdi_golden.json");
-        let want: Value = serde_json::from_str(golden).expect("golden parses");
-        assert_eq!(
-            cdi,
-            want,
-            "got {}",
-            serde_json::to_string_pretty(&cdi).unwrap_or_default()
+        // The file as the node writes it, byte for byte.
+        let dir = tempfile::tempdir().expect("tempdir");
+        apply(dir.path(), Some(&cdi)).expect("apply");
+        let written = std::fs::read_to_string(dir.path().join(FILE_NAME)).expect("written");
+        bc_testkit::assert_golden(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cdi_golden.json"),
+            &written,
         );
     }
 

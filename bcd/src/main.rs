@@ -492,6 +492,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     "give the join token as an argument, in BCD_JOIN_TOKEN or with --token-file"
                 ),
             };
+            // A site token is refused (naming `bcd site enroll`) before anything is written or sent.
+            bcd::join::check_token_kind(bc_proto::token::TokenKind::Join, &token)?;
             let config = load_config(&bcd_config(cli.config), cli.state_dir, overrides)?;
             let (backend, gpu_error) = match bcd::gpu::open(&config.gpu_backend) {
                 Ok(b) => (Some(b), None),
@@ -554,19 +556,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     "give the site token as an argument, in BCD_SITE_TOKEN or with --token-file"
                 ),
             };
-            if bcd::join::token_kind(&token) != bc_proto::token::TokenKind::Site {
-                anyhow::bail!(
-                    "`bcd site enroll` takes a site token (bcst_…); a join token (bcjt_…) is for `bcd join`"
-                );
-            }
+            // A join token is refused (naming `bcd join`) before anything is written or sent.
+            bcd::join::check_token_kind(bc_proto::token::TokenKind::Site, &token)?;
             let state_dir = cli.state_dir.or(Some(PathBuf::from(SITE_STATE_DIR)));
             let mut overrides = overrides;
             overrides.gpu_backend.get_or_insert_with(|| "none".into());
             let config = load_config(&agent_config, state_dir, overrides)?;
             let claims = bcd::hardware::collect(&config.hardware_root, None, None);
-            let outcome =
-                bcd::join::join(&config, &token, bcd::join::JoinOptions { attempts, claims })
-                    .await?;
+            let outcome = bcd::join::enroll_site(
+                &config,
+                &token,
+                bcd::join::JoinOptions { attempts, claims },
+            )
+            .await?;
             let how = if outcome.replayed {
                 " (a retry of an earlier enrollment: no token use spent)"
             } else {

@@ -254,12 +254,7 @@ async fn a_booking_that_fails_on_the_node_is_visible_and_applies_once_the_node_i
     let cdi = p.dir.path().join("cdi-ro");
     let mut read_only = match ReadOnlyDir::new(&cdi) {
         Ok(g) => g,
-        Err(why) => {
-            println!(
-                "SKIP: a_booking_that_fails_on_the_node_is_visible_and_applies_once_the_node_is_fixed: {why}"
-            );
-            return Ok(());
-        }
+        Err(why) => bc_testkit::skip!("{why}"),
     };
     let token = p.token(json!({"pool": "default", "uses": 1})).await;
     let node_id = join(&p, name, &token, claims(name, 2))

@@ -32,10 +32,9 @@ fn bcd(url: &str, args: &[&str]) -> std::process::Output {
 #[test]
 fn inspect_and_an_unapplied_boot_override_through_the_cli() {
     let Some(bin) = emulator() else {
-        println!(
-            "SKIP: sushy-emulator not found (set BC_SUSHY_EMULATOR; scripts/setup installs it)"
+        bc_testkit::skip!(
+            "sushy-emulator not found (set BC_SUSHY_EMULATOR; scripts/setup installs it)"
         );
-        return;
     };
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -9,7 +9,7 @@
 //!
 //! The emulator is `BC_SUSHY_EMULATOR` (scripts/setup installs it into .venv-sushy) or `sushy-emulator` on the PATH;
 //! the htpasswd line is made with the `bcrypt` module of the python next to it. Without them the test prints
-//! `SKIP: <reason>`.
+//! `SKIP: <test>: <reason>` (bc_testkit::skip!).
 
 mod common;
 
@@ -142,7 +142,7 @@ async fn site_token(p: &Plane, site: &str) -> anyhow::Result<String> {
 }
 
 async fn enroll(p: &Plane, state: &str, token: &str) -> anyhow::Result<()> {
-    bcd::join::join(
+    bcd::join::enroll_site(
         &p.node_config(state),
         token,
         bcd::join::JoinOptions {
@@ -214,10 +214,7 @@ async fn brokered_credentials_drive_the_redfish_emulator() -> TestResult {
     bc_proto::install_crypto_provider();
     let emu = match start_emulator().await? {
         Ok(emu) => emu,
-        Err(why) => {
-            println!("SKIP: {why}");
-            return Ok(());
-        }
+        Err(why) => bc_testkit::skip!("{why}"),
     };
     let p = plane().await;
     enroll(&p, "site-1", &site_token(&p, "rack-1").await?).await?;

@@ -22,10 +22,6 @@ fn init() {
     bc_proto::install_crypto_provider();
 }
 
-fn skip(test: &str, why: &str) {
-    println!("SKIP: {test}: {why}");
-}
-
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -234,11 +230,7 @@ async fn run_for(t: Telemetry, d: Duration) -> Result<()> {
 async fn values_queried_back_from_prometheus_equal_what_the_fixture_served() -> Result<()> {
     init();
     let Some(prom) = Prometheus::start().await? else {
-        skip(
-            "values_queried_back",
-            "no /usr/bin/prometheus (scripts/setup installs Debian's prometheus)",
-        );
-        return Ok(());
+        bc_testkit::skip!("no /usr/bin/prometheus (scripts/setup installs Debian's prometheus)");
     };
     let node = Node::new(8, "rw")?;
     node.edit(|f| {
@@ -349,11 +341,7 @@ async fn flaky_write(
 async fn a_receiver_answering_503_for_30_s_loses_and_duplicates_no_sample() -> Result<()> {
     init();
     let Some(prom) = Prometheus::start().await? else {
-        skip(
-            "503_for_30_s",
-            "no /usr/bin/prometheus (scripts/setup installs Debian's prometheus)",
-        );
-        return Ok(());
+        bc_testkit::skip!("no /usr/bin/prometheus (scripts/setup installs Debian's prometheus)");
     };
     let flaky = Flaky {
         open_at: Instant::now() + Duration::from_secs(30),
@@ -440,11 +428,7 @@ async fn mig_has_no_util_series_and_carries_instance_labels_ended_series_go_stal
 -> Result<()> {
     init();
     let Some(prom) = Prometheus::start().await? else {
-        skip(
-            "mig_budget",
-            "no /usr/bin/prometheus (scripts/setup installs Debian's prometheus)",
-        );
-        return Ok(());
+        bc_testkit::skip!("no /usr/bin/prometheus (scripts/setup installs Debian's prometheus)");
     };
     let url = prom.write_url();
     // MIG, and a GPU that falls off the bus half-way (its series must end at once, not linger 5 minutes).
@@ -596,11 +580,7 @@ async fn a_receiver_down_past_the_queue_bound_drops_oldest_counted_with_the_daem
 -> Result<()> {
     init();
     if !Path::new(PROMETHEUS).exists() {
-        skip(
-            "queue_bound",
-            "no /usr/bin/prometheus (scripts/setup installs Debian's prometheus)",
-        );
-        return Ok(());
+        bc_testkit::skip!("no /usr/bin/prometheus (scripts/setup installs Debian's prometheus)");
     }
     let node = Node::new(8, "bound")?;
     let port = free_port()?;
@@ -708,11 +688,7 @@ async fn otlp_to_a_receiver_nobody_here_wrote_carries_what_the_fixture_served() 
     init();
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv-oteltap/bin/python");
     if !python.exists() {
-        skip(
-            "otlp_oteltap",
-            "no .venv-oteltap (scripts/setup installs oteltap from PyPI)",
-        );
-        return Ok(());
+        bc_testkit::skip!("no .venv-oteltap (scripts/setup installs oteltap from PyPI)");
     }
     let port = free_port()?;
     let out = tempfile::NamedTempFile::new()?;

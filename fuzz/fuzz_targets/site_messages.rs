@@ -17,10 +17,14 @@ fn cache() -> &'static bcd::artifact_cache::ArtifactCache {
     CACHE.get_or_init(|| bcd::artifact_cache::ArtifactCache::new(cache_dir(), 1))
 }
 
+/// A runtime like the site agent's: with the timer, since `write_verified` bounds every wait for the next chunk
+/// (`tokio::time::timeout`). Without `enable_time` every input that reached the chunk parser panicked in the
+/// harness ("timers are disabled") and the parser itself was never fuzzed (issue 10, item 21).
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
         tokio::runtime::Builder::new_current_thread()
+            .enable_time()
             .build()
             .expect("runtime")
     })

@@ -1,5 +1,6 @@
 //! The real NVML path: list GPUs, observe their health, run diag.nvml. Needs an NVIDIA driver and at least one GPU;
-//! without them it prints `SKIP: <reason>` and returns (a skip is not a pass: look for the line).
+//! without them it prints `SKIP: <test>: <reason>` (bc_testkit::skip!) and returns (a skip is not a pass:
+//! scripts/test counts it apart).
 //!
 //! The GPU under test is whatever the machine has, healthy or not, so the test asserts what must hold on any GPU
 //! (identity matches the listing, every check is present and explained, no query fails, the check is fast), and
@@ -16,8 +17,7 @@ fn skip(reason: String) -> Result<()> {
     if std::env::var_os("BC_HWTESTS_REQUIRE_GPU").is_some_and(|v| v == "1") {
         bail!("BC_HWTESTS_REQUIRE_GPU=1 but {reason}");
     }
-    println!("SKIP: {reason}");
-    Ok(())
+    bc_testkit::skip!("{reason}");
 }
 
 /// Names of the readings that failed with a query error (not "not supported").

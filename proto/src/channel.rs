@@ -35,6 +35,11 @@ pub fn ca_pin_of(cert_der: &[u8]) -> Option<String> {
     spki_of(cert_der).map(|spki| format!("sha256:{}", hex::encode(crate::sha256(&spki))))
 }
 
+/// SHA-256 of a certificate's SubjectPublicKeyInfo: names the key it certifies (a node's `join_key_hash`, hex).
+pub fn key_hash_of(cert_der: &[u8]) -> Option<[u8; 32]> {
+    spki_of(cert_der).map(|spki| crate::sha256(&spki))
+}
+
 /// (NotBefore, NotAfter) of a certificate in Unix milliseconds.
 pub fn cert_validity_ms(cert_der: &[u8]) -> Option<(i64, i64)> {
     use x509_parser::prelude::*;

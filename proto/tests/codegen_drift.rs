@@ -1,6 +1,7 @@
 //! The generated gRPC code is checked in so builds need neither protoc nor a build script. This test regenerates it
 //! with protox + tonic-prost-build and fails when the checked-in copy has drifted from the .proto files.
-//! Regenerate with `BC_REGEN_PROTO=1 cargo test -p bc-proto --test codegen_drift`.
+//! Regenerate with `BC_UPDATE_GOLDEN=1 cargo test -p bc-proto --test codegen_drift` (the checked-in copy is a golden
+//! file: bc_testkit::assert_golden).
 
 use std::path::Path;
 
@@ -20,16 +21,7 @@ fn generated_code_matches_proto_files() -> anyhow_free::Result {
         .out_dir(out.path())
         .compile_fds(fds)?;
     let fresh = std::fs::read_to_string(out.path().join("bettercompute.v1.rs"))?;
-    let checked_in_path = root.join("src/gen/bettercompute.v1.rs");
-    if std::env::var_os("BC_REGEN_PROTO").is_some() {
-        std::fs::write(&checked_in_path, &fresh)?;
-        return Ok(());
-    }
-    let checked_in = std::fs::read_to_string(&checked_in_path)?;
-    assert!(
-        fresh == checked_in,
-        "src/gen/bettercompute.v1.rs is stale: run BC_REGEN_PROTO=1 cargo test -p bc-proto --test codegen_drift"
-    );
+    bc_testkit::assert_golden(root.join("src/gen/bettercompute.v1.rs"), &fresh);
     Ok(())
 }
 

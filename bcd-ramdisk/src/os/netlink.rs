@@ -108,21 +108,42 @@ pub fn encode_default_route(index: u32, gateway: Ipv4Addr, seq: u32) -> Vec<u8> 
     finish(b)
 }
 
-/// The errno of the NLMSG_ERROR reply to `seq` (0 is an ACK), or `None` if `reply` holds no such message.
-pub fn decode_ack(reply: &[u8], seq: u32) -> Option<i32> {
-    let mut at = 0;
-    while at + NLMSG_HDRLEN <= reply.len() {
-        let len = u32::from_ne_bytes(reply[at..at + 4].try_into().ok()?) as usize;
-        let kind = u16::from_ne_bytes(reply[at + 4..at + 6].try_into().ok()?);
-        let got_seq = u32::from_ne_bytes(reply[at + 8..at + 12].try_into().ok()?);
-        if len < NLMSG_HDRLEN || at + len > reply.len() {
+/// The largest errno the kernel hands out (`MAX_ERRNO` in include/linux/err.h).
+const MAX_ERRNO: i32 = 4095;
+
+/// What an NLMSG_ERROR reply says about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ack {
+    /// Error code 0: the request was applied.
+    Done,
+    /// The kernel refused the request with this errno (the reply carries its negation).
+    Errno(i32),
+    /// The error field is neither 0 nor a negated errno (1..=4095): not a reply the kernel sends.
+    Malformed(i32),
+}
+
+/// The answer to `seq` among the messages in `reply`, or `None` if `reply` holds no NLMSG_ERROR for it (or is
+/// truncated). Never panics: the error field is read as the kernel writes it (`-errno`) and anything else is
+/// [`Ack::Malformed`].
+pub fn decode_ack(reply: &[u8], seq: u32) -> Option<Ack> {
+    let mut at = 0usize;
+    while let Some(head) = reply.get(at..at.checked_add(NLMSG_HDRLEN)?) {
+        let len = u32::from_ne_bytes(head[0..4].try_into().ok()?) as usize;
+        let kind = u16::from_ne_bytes(head[4..6].try_into().ok()?);
+        let got_seq = u32::from_ne_bytes(head[8..12].try_into().ok()?);
+        let end = at.checked_add(len)?;
+        if len < NLMSG_HDRLEN || end > reply.len() {
             return None;
         }
         if kind == NLMSG_ERROR && got_seq == seq && len >= NLMSG_HDRLEN + 4 {
-            let code = i32::from_ne_bytes(reply[at + 16..at + 20].try_into().ok()?);
-            return Some(-code);
+            let code = i32::from_ne_bytes(reply.get(at + 16..at + 20)?.try_into().ok()?);
+            return Some(match code {
+                0 => Ack::Done,
+                c if (-MAX_ERRNO..0).contains(&c) => Ack::Errno(-c),
+                c => Ack::Malformed(c),
+            });
         }
-        at += align4(len);
+        at = at.checked_add(align4(len))?;
     }
     None
 }
@@ -203,8 +224,17 @@ impl RouteSocket {
                 return Err(io::Error::last_os_error());
             }
             match decode_ack(&buf[..n as usize], seq) {
-                Some(0) => return Ok(()),
-                Some(errno) => return Err(io::Error::from_raw_os_error(errno)),
+                Some(Ack::Done) => return Ok(()),
+                Some(Ack::Errno(errno)) => return Err(io::Error::from_raw_os_error(errno)),
+                Some(Ack::Malformed(code)) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "netlink reply to request {seq} carries error code {code}, not 0 or a negated errno: \
+                             not a kernel reply (is something else bound to this socket?)"
+                        ),
+                    ));
+                }
                 None => continue,
             }
         }
@@ -269,20 +299,50 @@ mod tests {
         ack[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
         ack[8..12].copy_from_slice(&9u32.to_ne_bytes());
         ack[16..20].copy_from_slice(&(-17i32).to_ne_bytes());
-        assert_eq!(decode_ack(&ack, 9), Some(17));
+        assert_eq!(decode_ack(&ack, 9), Some(Ack::Errno(17)));
         assert_eq!(decode_ack(&ack, 8), None);
         assert_eq!(decode_ack(&ack[..10], 9), None);
+        ack[16..20].copy_from_slice(&0i32.to_ne_bytes());
+        assert_eq!(decode_ack(&ack, 9), Some(Ack::Done));
         ack[0..4].copy_from_slice(&1000u32.to_ne_bytes());
         assert_eq!(decode_ack(&ack, 9), None);
+    }
+
+    /// The fuzzer's find (fuzz/regressions/ramdisk_device_pages): an error field of i32::MIN was negated and
+    /// panicked with "attempt to negate with overflow". Every code outside 0 and -1..=-4095 is malformed.
+    #[test]
+    fn error_codes_that_are_not_negated_errnos_are_malformed_not_a_panic() {
+        let mut ack = vec![0u8; 36];
+        ack[0..4].copy_from_slice(&36u32.to_ne_bytes());
+        ack[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        ack[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        for code in [i32::MIN, i32::MIN + 1, -4096, 1, 4095, i32::MAX] {
+            ack[16..20].copy_from_slice(&code.to_ne_bytes());
+            assert_eq!(decode_ack(&ack, 1), Some(Ack::Malformed(code)), "{code}");
+        }
+        ack[16..20].copy_from_slice(&(-4095i32).to_ne_bytes());
+        assert_eq!(decode_ack(&ack, 1), Some(Ack::Errno(4095)));
+    }
+
+    /// Lengths near u32::MAX and a message that ends exactly at the buffer's end: no overflow, no out-of-bounds.
+    #[test]
+    fn huge_and_exact_lengths_are_handled() {
+        let mut m = vec![0u8; 20];
+        m[0..4].copy_from_slice(&u32::MAX.to_ne_bytes());
+        assert_eq!(decode_ack(&m, 0), None);
+        // A 17-byte non-error message followed by nothing: align4(17) = 20 steps past the end, and stops.
+        m[0..4].copy_from_slice(&17u32.to_ne_bytes());
+        m[4..6].copy_from_slice(&3u16.to_ne_bytes());
+        assert_eq!(decode_ack(&m, 0), None);
     }
 
     /// Against the real kernel in a fresh network namespace would need root and unshare; the loopback device of
     /// this namespace is already up, so setting it up again must be acknowledged without error when we may.
     #[test]
     fn link_up_on_loopback_is_acknowledged_or_refused_cleanly() {
-        let Ok(mut sock) = RouteSocket::open() else {
-            println!("SKIP: no NETLINK_ROUTE socket here");
-            return;
+        let mut sock = match RouteSocket::open() {
+            Ok(s) => s,
+            Err(e) => bc_testkit::skip!("no NETLINK_ROUTE socket here ({e})"),
         };
         match sock.link_up(1) {
             Ok(()) => {}
