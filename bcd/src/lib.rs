@@ -25,6 +25,6 @@ pub mod session;
 #[cfg(feature = "site")]
 pub mod site;
 pub mod state;
-pub mod vmm;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;
+pub mod vmm;

@@ -832,18 +832,19 @@ impl Daemon {
                 instances.len()
             ));
         };
-        let gpus: Vec<crate::vmm::LocalGpu> = match (&self.gpu, instances.iter().any(|i| !i.gpus.is_empty())) {
-            (Some(g), true) => g
-                .gpus()
-                .map_err(|e| format!("listing GPUs for the instances: {e}"))?
-                .into_iter()
-                .map(|g| crate::vmm::LocalGpu {
-                    uuid: g.uuid,
-                    pci_bus_id: g.pci_bus_id,
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
+        let gpus: Vec<crate::vmm::LocalGpu> =
+            match (&self.gpu, instances.iter().any(|i| !i.gpus.is_empty())) {
+                (Some(g), true) => g
+                    .gpus()
+                    .map_err(|e| format!("listing GPUs for the instances: {e}"))?
+                    .into_iter()
+                    .map(|g| crate::vmm::LocalGpu {
+                        uuid: g.uuid,
+                        pci_bus_id: g.pci_bus_id,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
         host.apply(generation, instances, &gpus)
     }
 }

@@ -184,10 +184,7 @@ impl VmmWire {
         };
         let stop_timeout = Duration::from_secs(self.stop_timeout_s.unwrap_or(60));
         if stop_timeout.is_zero() || stop_timeout > Duration::from_secs(3600) {
-            return Err(field(
-                "stop_timeout_s",
-                "must be 1..=3600 seconds".into(),
-            ));
+            return Err(field("stop_timeout_s", "must be 1..=3600 seconds".into()));
         }
         let console_max_bytes = self.console_max_bytes.unwrap_or(1 << 20);
         if !(4096..=1 << 30).contains(&console_max_bytes) {

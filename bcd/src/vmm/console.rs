@@ -48,7 +48,10 @@ pub fn rotate_if_over(path: &Path, max_bytes: u64) -> std::io::Result<bool> {
         std::io::copy(&mut (&mut src).take(max_bytes), &mut dst)?;
     }
     std::fs::rename(&tmp, &prev)?;
-    std::fs::OpenOptions::new().write(true).open(path)?.set_len(0)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)?
+        .set_len(0)?;
     Ok(true)
 }
 
@@ -103,12 +106,17 @@ mod tests {
             written.extend_from_slice(line.as_bytes());
             rotate_if_over(&path, 1000).expect("rotate");
             let on_disk = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0)
-                + std::fs::metadata(previous_of(&path)).map(|m| m.len()).unwrap_or(0);
+                + std::fs::metadata(previous_of(&path))
+                    .map(|m| m.len())
+                    .unwrap_or(0);
             assert!(on_disk <= 2000 + 60, "{on_disk} bytes on disk");
         }
         let t = tail(&path, 500).expect("tail");
         assert_eq!(t.len(), 500);
-        assert!(written.ends_with(&t), "the tail is the newest bytes, in order");
+        assert!(
+            written.ends_with(&t),
+            "the tail is the newest bytes, in order"
+        );
     }
 
     #[test]

@@ -85,13 +85,20 @@ impl ImageStore {
         };
         let resp = tokio::time::timeout(CONNECT_TIMEOUT, self.client.get(url).send())
             .await
-            .map_err(|_| fetch_err(format!("no response within {} s", CONNECT_TIMEOUT.as_secs())))?
+            .map_err(|_| {
+                fetch_err(format!(
+                    "no response within {} s",
+                    CONNECT_TIMEOUT.as_secs()
+                ))
+            })?
             .map_err(|e| fetch_err(crate::join::error_chain(&e)))?;
         if !resp.status().is_success() {
             return Err(fetch_err(format!("the server answered {}", resp.status())));
         }
         let size = resp.content_length().ok_or_else(|| {
-            fetch_err("the server sent no Content-Length (the size is checked with the digest)".into())
+            fetch_err(
+                "the server sent no Content-Length (the size is checked with the digest)".into(),
+            )
         })?;
         // The response body as the verified writer's chunk stream.
         let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -225,14 +232,21 @@ async fn qemu_img(qemu_img: &Path, args: &[&std::ffi::OsStr]) -> Result<String, 
         .kill_on_drop(true);
     let out = tokio::time::timeout(QEMU_IMG_TIMEOUT, cmd.output())
         .await
-        .map_err(|_| format!("qemu-img did not finish within {} s", QEMU_IMG_TIMEOUT.as_secs()))?
+        .map_err(|_| {
+            format!(
+                "qemu-img did not finish within {} s",
+                QEMU_IMG_TIMEOUT.as_secs()
+            )
+        })?
         .map_err(|e| format!("running {}: {e}", qemu_img.display()))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(format!(
             "qemu-img {}: {}",
-            args.first().map(|a| a.to_string_lossy()).unwrap_or_default(),
+            args.first()
+                .map(|a| a.to_string_lossy())
+                .unwrap_or_default(),
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }
@@ -296,7 +310,12 @@ mod tests {
             r#"{"virtual-size": 1, "format": "qcow2", "backing-filename": "/etc/shadow"}"#,
         )
         .expect("parse");
-        assert!(check_fit(&backed, 1 << 30).err().unwrap_or_default().contains("backing file"));
+        assert!(
+            check_fit(&backed, 1 << 30)
+                .err()
+                .unwrap_or_default()
+                .contains("backing file")
+        );
         let vmdk = parse_info(r#"{"virtual-size": 1, "format": "vmdk"}"#).expect("parse");
         assert!(check_fit(&vmdk, 1 << 30).is_err());
         assert!(parse_info("not json").is_err());

@@ -114,10 +114,7 @@ pub enum VmStatus {
     /// No process (the instance may still have a disk).
     Stopped,
     /// QEMU runs; `run_state` is QMP's (`running`, `paused`, `shutdown`, …); `None` when QMP did not answer.
-    Running {
-        pid: u32,
-        run_state: Option<String>,
-    },
+    Running { pid: u32, run_state: Option<String> },
 }
 
 /// How a stop ended.

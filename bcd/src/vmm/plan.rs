@@ -216,7 +216,10 @@ mod tests {
         let now = Instant::now();
         let mut s = spec(Power::Running);
         let d = decide(Some(&s), &Observed::default(), now);
-        assert_eq!((d.step, d.state), (Some(StepKind::Create), InstanceState::Starting));
+        assert_eq!(
+            (d.step, d.state),
+            (Some(StepKind::Create), InstanceState::Starting)
+        );
         let mut o = created(&s);
         assert_eq!(decide(Some(&s), &o, now).step, Some(StepKind::Start));
         o.vm = up();
@@ -230,7 +233,10 @@ mod tests {
         stopped.power = Power::Stopped;
         stopped.generation = 2;
         let d = decide(Some(&stopped), &o, now);
-        assert_eq!((d.step, d.state), (Some(StepKind::Stop), InstanceState::Stopping));
+        assert_eq!(
+            (d.step, d.state),
+            (Some(StepKind::Stop), InstanceState::Stopping)
+        );
         o.vm = Some(VmStatus::Stopped);
         let d = decide(Some(&stopped), &o, now);
         assert_eq!((d.step, d.state), (None, InstanceState::Stopped));

@@ -15,7 +15,7 @@
 use crate::vmm::config::{DiskBus, Network, VmmConfig};
 use crate::vmm::vfio::{self, PciSysfs};
 use crate::vmm::{
-    Accel, InstanceSpec, StopOutcome, Vmm, VmmError, VmStatus, console, instance_dir, qmp_socket,
+    Accel, InstanceSpec, StopOutcome, VmStatus, Vmm, VmmError, console, instance_dir, qmp_socket,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -74,17 +74,30 @@ impl Qemu {
         let mut a: Vec<String> = Vec::new();
         let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
         push(&["-name", &format!("guest={},debug-threads=on", spec.id)]);
-        push(&["-machine", "q35,graphics=off", "-accel", self.accel.as_str()]);
+        push(&[
+            "-machine",
+            "q35,graphics=off",
+            "-accel",
+            self.accel.as_str(),
+        ]);
         if self.accel == Accel::Kvm {
             push(&["-cpu", "host"]);
         }
-        push(&["-smp", &spec.vcpus.to_string(), "-m", &format!("{}M", spec.memory_mib)]);
+        push(&[
+            "-smp",
+            &spec.vcpus.to_string(),
+            "-m",
+            &format!("{}M", spec.memory_mib),
+        ]);
         push(&["-nodefaults", "-no-user-config", "-display", "none"]);
         push(&["-sandbox", "on,obsolete=deny,resourcecontrol=deny"]);
         push(&["-daemonize", "-pidfile", &p(PIDFILE)]);
         push(&[
             "-qmp",
-            &format!("unix:{},server=on,wait=off", self.socket(&spec.id).display()),
+            &format!(
+                "unix:{},server=on,wait=off",
+                self.socket(&spec.id).display()
+            ),
         ]);
         push(&[
             "-chardev",
@@ -94,7 +107,10 @@ impl Qemu {
         ]);
         push(&[
             "-drive",
-            &format!("file={},if=none,id=disk0,format=qcow2,discard=unmap", p(DISK)),
+            &format!(
+                "file={},if=none,id=disk0,format=qcow2,discard=unmap",
+                p(DISK)
+            ),
             "-drive",
             &format!("file={},if=none,id=seed0,format=raw,readonly=on", p(SEED)),
         ]);
@@ -223,7 +239,9 @@ impl Qemu {
 
     fn kill(&self, id: &str) {
         if let Some(pid) = self.live_pid(id)
-            && let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw)
+            && let Some(pid) = i32::try_from(pid)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw)
         {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
         }
@@ -348,7 +366,10 @@ impl Vmm for Qemu {
                 .await
                 .map_err(|_| VmmError::Launch {
                     id: id.clone(),
-                    message: format!("QEMU did not daemonize within {} s", LAUNCH_TIMEOUT.as_secs()),
+                    message: format!(
+                        "QEMU did not daemonize within {} s",
+                        LAUNCH_TIMEOUT.as_secs()
+                    ),
                 })?
                 .map_err(|e| VmmError::Launch {
                     id: id.clone(),
@@ -356,7 +377,15 @@ impl Vmm for Qemu {
                 })?;
             if !out.status.success() {
                 let stderr = String::from_utf8_lossy(&out.stderr);
-                let tail: String = stderr.trim().chars().rev().take(2000).collect::<Vec<_>>().into_iter().rev().collect();
+                let tail: String = stderr
+                    .trim()
+                    .chars()
+                    .rev()
+                    .take(2000)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
                 return Err(VmmError::Launch {
                     id: id.clone(),
                     message: format!("{} ({})", tail, out.status),
@@ -366,7 +395,8 @@ impl Vmm for Qemu {
                 id: id.clone(),
                 message: "QEMU daemonized but its pidfile names no running QEMU".into(),
             })?;
-            self.qmp(id, "query-status", qapi::qmp::query_status {}).await?;
+            self.qmp(id, "query-status", qapi::qmp::query_status {})
+                .await?;
             Ok(pid)
         };
         match launched.await {
@@ -394,7 +424,11 @@ impl Vmm for Qemu {
             self.after_exit(id);
             return Ok(StopOutcome::Graceful);
         }
-        tracing::info!(instance = id, deadline_s = deadline.as_secs(), "the guest did not power off in time: quitting QEMU");
+        tracing::info!(
+            instance = id,
+            deadline_s = deadline.as_secs(),
+            "the guest did not power off in time: quitting QEMU"
+        );
         let _ = self.qmp(id, "quit", qapi::qmp::quit {}).await;
         if !self.wait_gone(id, QUIT_GRACE).await {
             self.kill(id);
@@ -449,7 +483,10 @@ impl Vmm for Qemu {
             self.after_exit(id);
             return Ok(VmStatus::Stopped);
         };
-        let run_state = match self.qmp(id, "query-status", qapi::qmp::query_status {}).await {
+        let run_state = match self
+            .qmp(id, "query-status", qapi::qmp::query_status {})
+            .await
+        {
             Ok(s) => Some(
                 serde_json::to_value(s.status)
                     .ok()
@@ -495,7 +532,12 @@ mod tests {
             std::fs::write(&path, &got).expect("update golden");
         }
         let want = std::fs::read_to_string(&path).expect("golden");
-        assert_eq!(got, want, "{} differs (BC_UPDATE_GOLDEN=1 rewrites it)", path.display());
+        assert_eq!(
+            got,
+            want,
+            "{} differs (BC_UPDATE_GOLDEN=1 rewrites it)",
+            path.display()
+        );
     }
 
     #[test]

@@ -145,7 +145,7 @@ pub fn build(seed: &Seed, path: &Path) -> Result<(), SeedError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::vmm::spec::{ImageRef, Meta, Power};
 
@@ -160,11 +160,14 @@ mod tests {
                 url: "https://artifacts.example/debian-12.qcow2".into(),
                 sha256: "0".repeat(64),
             },
-            user_data: Some("#cloud-config\nruncmd:\n  - [sh, -c, 'echo hello > /dev/ttyS0']\n".into()),
+            user_data: Some(
+                "#cloud-config\nruncmd:\n  - [sh, -c, 'echo hello > /dev/ttyS0']\n".into(),
+            ),
             meta: Meta {
                 ssh_keys: vec![
                     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBcN0tArEaLkEy ops@example".into(),
-                    "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTY= \"quoted\" comment".into(),
+                    "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTY= \"quoted\" comment"
+                        .into(),
                 ],
                 hostname: Some("web-1".into()),
             },
@@ -182,7 +185,12 @@ mod tests {
             std::fs::write(&path, got).expect("update golden");
         }
         let want = std::fs::read_to_string(&path).expect("golden file");
-        assert_eq!(got, want, "{} differs (BC_UPDATE_GOLDEN=1 rewrites it)", path.display());
+        assert_eq!(
+            got,
+            want,
+            "{} differs (BC_UPDATE_GOLDEN=1 rewrites it)",
+            path.display()
+        );
     }
 
     #[test]

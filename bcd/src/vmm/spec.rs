@@ -328,7 +328,8 @@ mod tests {
 
     #[test]
     fn a_full_instance_parses_and_absent_means_none() {
-        let list = parse(&json!({"version": 1, "bookings": [], "instances": [one()]})).expect("parses");
+        let list =
+            parse(&json!({"version": 1, "bookings": [], "instances": [one()]})).expect("parses");
         assert_eq!(list.len(), 1);
         assert_eq!(list[0].power, Power::Running);
         assert_eq!(list[0].hostname(), "inst-1");
@@ -340,26 +341,74 @@ mod tests {
     #[test]
     fn every_rejection_names_its_field() {
         let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
-            ("instances[0]", Box::new(|v| v["colour"] = json!("red"))),
-            ("instances[0].vcpus", Box::new(|v| v["vcpus"] = json!("two"))),
+            (
+                "instances[0].colour",
+                Box::new(|v| v["colour"] = json!("red")),
+            ),
+            (
+                "instances[0].vcpus",
+                Box::new(|v| v["vcpus"] = json!("two")),
+            ),
             ("instances[0].vcpus", Box::new(|v| v["vcpus"] = json!(0))),
-            ("instances[0].memory_mib", Box::new(|v| v["memory_mib"] = json!(1))),
-            ("instances[0].disk_gib", Box::new(|v| v["disk_gib"] = json!(0))),
+            (
+                "instances[0].memory_mib",
+                Box::new(|v| v["memory_mib"] = json!(1)),
+            ),
+            (
+                "instances[0].disk_gib",
+                Box::new(|v| v["disk_gib"] = json!(0)),
+            ),
             ("instances[0].id", Box::new(|v| v["id"] = json!("../etc"))),
-            ("instances[0].id", Box::new(|v| v["id"] = json!("x".repeat(64)))),
-            ("instances[0].generation", Box::new(|v| v["generation"] = json!(0))),
-            ("instances[0].image.sha256", Box::new(|v| v["image"]["sha256"] = json!("AB"))),
-            ("instances[0].image.url", Box::new(|v| v["image"]["url"] = json!("file:///etc/shadow"))),
-            ("instances[0].image.url", Box::new(|v| v["image"]["url"] = json!("https://u:p@h/x"))),
-            ("instances[0].image", Box::new(|v| v["image"]["size"] = json!(1))),
-            ("instances[0].power", Box::new(|v| v["power"] = json!("paused"))),
-            ("instances[0].meta.ssh_keys[0]", Box::new(|v| v["meta"]["ssh_keys"] = json!(["ssh-rsa AAAA\nroot"]))),
-            ("instances[0].meta.hostname", Box::new(|v| v["meta"]["hostname"] = json!("Bad_Host"))),
-            ("instances[0].gpus[1]", Box::new(|v| v["gpus"] = json!(["GPU-1", "GPU-1"]))),
-            ("instances[0].user_data", Box::new(|v| v["user_data"] = json!("a\u{0}b"))),
-            ("instances[0]", Box::new(|v| {
-                v.as_object_mut().map(|o| o.remove("power"));
-            })),
+            (
+                "instances[0].id",
+                Box::new(|v| v["id"] = json!("x".repeat(64))),
+            ),
+            (
+                "instances[0].generation",
+                Box::new(|v| v["generation"] = json!(0)),
+            ),
+            (
+                "instances[0].image.sha256",
+                Box::new(|v| v["image"]["sha256"] = json!("AB")),
+            ),
+            (
+                "instances[0].image.url",
+                Box::new(|v| v["image"]["url"] = json!("file:///etc/shadow")),
+            ),
+            (
+                "instances[0].image.url",
+                Box::new(|v| v["image"]["url"] = json!("https://u:p@h/x")),
+            ),
+            (
+                "instances[0].image.size",
+                Box::new(|v| v["image"]["size"] = json!(1)),
+            ),
+            (
+                "instances[0].power",
+                Box::new(|v| v["power"] = json!("paused")),
+            ),
+            (
+                "instances[0].meta.ssh_keys[0]",
+                Box::new(|v| v["meta"]["ssh_keys"] = json!(["ssh-rsa AAAA\nroot"])),
+            ),
+            (
+                "instances[0].meta.hostname",
+                Box::new(|v| v["meta"]["hostname"] = json!("Bad_Host")),
+            ),
+            (
+                "instances[0].gpus[1]",
+                Box::new(|v| v["gpus"] = json!(["GPU-1", "GPU-1"])),
+            ),
+            (
+                "instances[0].user_data",
+                Box::new(|v| v["user_data"] = json!("a\u{0}b")),
+            ),
+            (
+                "instances[0]",
+                Box::new(|v| {
+                    v.as_object_mut().map(|o| o.remove("power"));
+                }),
+            ),
         ];
         for (want, edit) in cases {
             let mut v = one();
@@ -367,9 +416,14 @@ mod tests {
             let got = field_of(v.clone());
             assert_eq!(got, want, "for {v}");
         }
-        let twice = parse(&json!({"instances": [one(), one()]})).err().map(|e| e.field);
+        let twice = parse(&json!({"instances": [one(), one()]}))
+            .err()
+            .map(|e| e.field);
         assert_eq!(twice.as_deref(), Some("instances[1].id"));
-        let e = parse(&json!({"instances": {"id": 1}})).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = parse(&json!({"instances": {"id": 1}}))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.starts_with("desired state: instances:"), "{e}");
     }
 

@@ -11,8 +11,8 @@
 
 use crate::vmm::plan::{self, Failure, Observed, Record, StepKind};
 use crate::vmm::{
-    InstanceHost, InstanceSpec, InstanceStatus, LocalGpu, Power, VmStatus, Vmm,
-    console, image::ImageStore, instance_dir,
+    InstanceHost, InstanceSpec, InstanceStatus, LocalGpu, Power, VmStatus, Vmm, console,
+    image::ImageStore, instance_dir,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -127,7 +127,10 @@ impl<V: Vmm> Supervisor<V> {
                 .collect(),
         };
         if !records.is_empty() {
-            tracing::info!(instances = records.len(), "instances found on disk; adopting them");
+            tracing::info!(
+                instances = records.len(),
+                "instances found on disk; adopting them"
+            );
         }
         Ok(Supervisor {
             vmm: Arc::new(vmm),
@@ -263,7 +266,10 @@ impl<V: Vmm> Supervisor<V> {
                     if !seen.1 && seen.0 != len {
                         *seen = (len, console::cloud_init_done(&log));
                         if seen.1 {
-                            tracing::info!(instance = id, "cloud-init reported done on the console");
+                            tracing::info!(
+                                instance = id,
+                                "cloud-init reported done on the console"
+                            );
                         }
                     }
                     seen.1
@@ -273,22 +279,28 @@ impl<V: Vmm> Supervisor<V> {
                     |e| e.spec.generation,
                 );
                 let passthrough = if pid.is_some() {
-                    let mut v: Vec<String> = records.get(id).map(|r| r.gpu_addrs.values().cloned().collect()).unwrap_or_default();
+                    let mut v: Vec<String> = records
+                        .get(id)
+                        .map(|r| r.gpu_addrs.values().cloned().collect())
+                        .unwrap_or_default();
                     v.sort();
                     v
                 } else {
                     Vec::new()
                 };
-                table.insert(id.clone(), InstanceStatus {
-                    id: id.clone(),
-                    generation,
-                    state: decision.state,
-                    reason: decision.reason.clone(),
-                    pid,
-                    accel: pid.map(|_| self.vmm.accel()),
-                    cloud_init_done: done,
-                    passthrough,
-                });
+                table.insert(
+                    id.clone(),
+                    InstanceStatus {
+                        id: id.clone(),
+                        generation,
+                        state: decision.state,
+                        reason: decision.reason.clone(),
+                        pid,
+                        accel: pid.map(|_| self.vmm.accel()),
+                        cloud_init_done: done,
+                        passthrough,
+                    },
+                );
                 if let Some(step) = decision.step {
                     busy.insert(id.clone());
                     let me = self.clone();
@@ -298,7 +310,14 @@ impl<V: Vmm> Supervisor<V> {
                     tasks.spawn(async move {
                         let generation = entry.as_ref().map_or(0, |e| e.spec.generation);
                         let result = me.step(step, &id, entry).await;
-                        let _ = tx.send(Done { id, step, generation, result }).await;
+                        let _ = tx
+                            .send(Done {
+                                id,
+                                step,
+                                generation,
+                                result,
+                            })
+                            .await;
                     });
                 }
             }
@@ -337,12 +356,20 @@ impl<V: Vmm> Supervisor<V> {
                     gpu_addrs: e.gpu_addrs.clone(),
                 };
                 self.store_record(id, record)?;
-                tracing::info!(instance = id, image = e.spec.image.sha256, "instance created: disk overlay and seed made");
+                tracing::info!(
+                    instance = id,
+                    image = e.spec.image.sha256,
+                    "instance created: disk overlay and seed made"
+                );
                 Ok(())
             }
             (StepKind::Start, Some(e)) => {
                 let addrs: Vec<String> = e.gpu_addrs.values().cloned().collect();
-                let pid = self.vmm.start(&e.spec, &addrs).await.map_err(|err| chain(&err))?;
+                let pid = self
+                    .vmm
+                    .start(&e.spec, &addrs)
+                    .await
+                    .map_err(|err| chain(&err))?;
                 self.update_record(id, |r| {
                     r.record.current = e.spec.clone();
                     r.record.reboots_applied = e.spec.reboots;
@@ -455,11 +482,17 @@ fn load_records(state_dir: &Path) -> BTreeMap<String, StoredRecord> {
                 Ok(r) if r.record.created.id == id => {
                     out.insert(id, r);
                 }
-                Ok(_) => tracing::warn!(path = %path.display(), "record names another instance; ignored"),
-                Err(e) => tracing::warn!(path = %path.display(), error = %e, "unreadable instance record; the instance is treated as half-made"),
+                Ok(_) => {
+                    tracing::warn!(path = %path.display(), "record names another instance; ignored")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "unreadable instance record; the instance is treated as half-made")
+                }
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(path = %path.display(), error = %e, "reading an instance record failed"),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "reading an instance record failed")
+            }
         }
     }
     out

@@ -25,7 +25,9 @@ pub enum VfioError {
     NoGroup { addr: String },
     #[error("the vfio-pci driver is not loaded: run `modprobe vfio-pci` (and load it at boot)")]
     NoVfioDriver,
-    #[error("{addr} is still bound to {driver:?} after binding it to vfio-pci: is the device in use?")]
+    #[error(
+        "{addr} is still bound to {driver:?} after binding it to vfio-pci: is the device in use?"
+    )]
     NotBound {
         addr: String,
         driver: Option<String>,
@@ -485,8 +487,16 @@ mod tests {
         let now = k.bound();
         assert_eq!(now["0000:18:00.0"].as_deref(), Some(VFIO_DRIVER));
         assert_eq!(now["0000:18:00.1"].as_deref(), Some(VFIO_DRIVER));
-        assert_eq!(now["0000:17:00.0"].as_deref(), Some("pcieport"), "bridge untouched");
-        assert_eq!(now["0000:3a:00.0"].as_deref(), Some("nvidia"), "other GPU untouched");
+        assert_eq!(
+            now["0000:17:00.0"].as_deref(),
+            Some("pcieport"),
+            "bridge untouched"
+        );
+        assert_eq!(
+            now["0000:3a:00.0"].as_deref(),
+            Some("nvidia"),
+            "other GPU untouched"
+        );
         // It survives a restart as JSON.
         let json = serde_json::to_string(&b).expect("json");
         let b: Binding = serde_json::from_str(&json).expect("parse");
@@ -552,11 +562,15 @@ mod tests {
             s.group("0000:18:00.0").expect("group"),
             Some((20, vec!["0000:18:00.0".into(), "0000:18:00.1".into()]))
         );
-        assert_eq!(s.driver("0000:18:00.0").expect("driver").as_deref(), Some("nvidia"));
+        assert_eq!(
+            s.driver("0000:18:00.0").expect("driver").as_deref(),
+            Some("nvidia")
+        );
         assert_eq!(s.driver("0000:18:00.1").expect("driver"), None);
         assert_eq!(s.class("0000:18:00.0").expect("class"), GPU);
         assert!(s.has_driver(VFIO_DRIVER) && !s.has_driver("amdgpu"));
-        s.set_override("0000:18:00.0", VFIO_DRIVER).expect("override");
+        s.set_override("0000:18:00.0", VFIO_DRIVER)
+            .expect("override");
         s.unbind("0000:18:00.0").expect("unbind");
         s.probe("0000:18:00.0").expect("probe");
         let read = |p: PathBuf| std::fs::read_to_string(p).expect("read");
