@@ -30,6 +30,8 @@ pub mod vfio;
 #[cfg(feature = "vmm")]
 pub mod accel;
 #[cfg(feature = "vmm")]
+pub mod host;
+#[cfg(feature = "vmm")]
 pub mod image;
 #[cfg(feature = "vmm")]
 pub mod qemu;

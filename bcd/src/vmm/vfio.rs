@@ -4,7 +4,7 @@
 //! passing one through is useless).
 //!
 //! The sysfs work goes through the narrow [`PciSysfs`] trait: [`Sysfs`] reads and writes a sysfs tree under a root
-//! (`/` on a node; tests point it at a prepared tree), [`FakeKernel`] is an in-memory model of what the kernel does
+//! (`/sys` on a node; tests point it at a prepared tree), [`FakeKernel`] is an in-memory model of what the kernel does
 //! when `driver_override`, `unbind` and `drivers_probe` are written. [`bind`] and [`release`] are written against
 //! the trait only.
 
