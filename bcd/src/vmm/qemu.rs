@@ -525,20 +525,10 @@ mod tests {
     }
 
     fn golden(name: &str, args: &[String]) {
-        let got = args.join("\n") + "\n";
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("src/vmm/golden")
             .join(name);
-        if std::env::var_os("BC_UPDATE_GOLDEN").is_some() {
-            std::fs::write(&path, &got).expect("update golden");
-        }
-        let want = std::fs::read_to_string(&path).expect("golden");
-        assert_eq!(
-            got,
-            want,
-            "{} differs (BC_UPDATE_GOLDEN=1 rewrites it)",
-            path.display()
-        );
+        bc_testkit::assert_golden(path, &(args.join("\n") + "\n"));
     }
 
     #[test]

@@ -181,16 +181,7 @@ pub(crate) mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("src/vmm/golden")
             .join(name);
-        if std::env::var_os("BC_UPDATE_GOLDEN").is_some() {
-            std::fs::write(&path, got).expect("update golden");
-        }
-        let want = std::fs::read_to_string(&path).expect("golden file");
-        assert_eq!(
-            got,
-            want,
-            "{} differs (BC_UPDATE_GOLDEN=1 rewrites it)",
-            path.display()
-        );
+        bc_testkit::assert_golden(path, got);
     }
 
     #[test]
@@ -217,10 +208,9 @@ pub(crate) mod tests {
     #[test]
     fn the_volume_is_labelled_cidata_and_holds_the_files() {
         if !have("mkfs.vfat") || !have("mcopy") {
-            println!(
-                "SKIP: the_volume_is_labelled_cidata_and_holds_the_files: mkfs.vfat or mcopy missing (scripts/setup)"
+            bc_testkit::skip!(
+                "mkfs.vfat or mcopy missing (scripts/setup installs dosfstools and mtools)"
             );
-            return;
         }
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("seed.img");
