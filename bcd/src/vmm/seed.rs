@@ -8,7 +8,9 @@
 //! tenant's own program for its own VM and is not interpreted by bcd.
 
 use crate::vmm::spec::InstanceSpec;
-use std::path::{Path, PathBuf};
+#[cfg(feature = "vmm")]
+use std::path::Path;
+use std::path::PathBuf;
 
 /// The volume label cloud-init's NoCloud datasource looks for.
 pub const LABEL: &str = "cidata";
@@ -67,12 +69,14 @@ pub fn render(spec: &InstanceSpec) -> Seed {
     }
 }
 
+#[cfg(feature = "vmm")]
 /// The volume's size in KiB: 1 MiB plus twice the files (FAT's own tables and slack), rounded to 64 KiB.
 fn size_kib(seed: &Seed) -> u64 {
     let files = (seed.meta_data.len() + seed.user_data.len()) as u64;
     (1024 + 2 * files.div_ceil(1024)).div_ceil(64) * 64
 }
 
+#[cfg(feature = "vmm")]
 fn run(tool: &'static str, cmd: &mut std::process::Command) -> Result<(), SeedError> {
     let out = cmd
         .output()
@@ -88,7 +92,8 @@ fn run(tool: &'static str, cmd: &mut std::process::Command) -> Result<(), SeedEr
 }
 
 /// Builds the `cidata` volume for `seed` at `path` (0600): mkfs.vfat and mcopy into a temporary file beside it,
-/// fsync, rename. Blocking (two short child processes).
+/// fsync, rename. Blocking (two short child processes). Feature `vmm`.
+#[cfg(feature = "vmm")]
 pub fn build(seed: &Seed, path: &Path) -> Result<(), SeedError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let io = |what: &'static str, path: &Path| {
@@ -178,7 +183,7 @@ pub(crate) mod tests {
     }
 
     fn golden(name: &str, got: &str) {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("src/vmm/golden")
             .join(name);
         bc_testkit::assert_golden(path, got);
@@ -197,6 +202,7 @@ pub(crate) mod tests {
         assert_eq!(seed.user_data, "#cloud-config\n{}\n");
     }
 
+    #[cfg(feature = "vmm")]
     fn have(tool: &str) -> bool {
         std::process::Command::new(tool)
             .arg("--help")
@@ -205,6 +211,7 @@ pub(crate) mod tests {
     }
 
     /// The volume holds exactly the rendered files under the `cidata` label (read back with mtools).
+    #[cfg(feature = "vmm")]
     #[test]
     fn the_volume_is_labelled_cidata_and_holds_the_files() {
         if !have("mkfs.vfat") || !have("mcopy") {
