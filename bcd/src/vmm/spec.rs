@@ -340,7 +340,8 @@ mod tests {
 
     #[test]
     fn every_rejection_names_its_field() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
+        type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+        let cases: Vec<(&str, Edit)> = vec![
             (
                 "instances[0].colour",
                 Box::new(|v| v["colour"] = json!("red")),

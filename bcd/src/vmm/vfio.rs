@@ -97,7 +97,7 @@ pub fn normalize_addr(addr: &str) -> Result<String, VfioError> {
     let (bus, rest) = rest.split_once(':').ok_or_else(bad)?;
     let (dev, func) = rest.split_once('.').ok_or_else(bad)?;
     let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
-    if domain > 0xffff || !hex(bus, 2) || !hex(dev, 2) || !(func.len() == 1 && hex(func, 1)) {
+    if !(domain <= 0xffff && hex(bus, 2) && hex(dev, 2) && func.len() == 1 && hex(func, 1)) {
         return Err(bad());
     }
     Ok(format!("{domain:04x}:{bus}:{dev}.{func}"))
