@@ -104,16 +104,28 @@ mod tests {
     #[tokio::test]
     async fn the_probe_sector_prints_and_exits_under_tcg() {
         let qemu = Path::new("qemu-system-x86_64");
-        if std::process::Command::new(qemu).arg("--version").output().is_err() {
+        if std::process::Command::new(qemu)
+            .arg("--version")
+            .output()
+            .is_err()
+        {
             bc_testkit::skip!("qemu-system-x86_64 is not installed (scripts/setup)");
         }
         let dir = tempfile::tempdir().expect("tempdir");
-        probe_under(qemu, dir.path(), "tcg").await.expect("the probe boots under TCG");
+        probe_under(qemu, dir.path(), "tcg")
+            .await
+            .expect("the probe boots under TCG");
         // Without a usable KVM (this lab: /dev/kvm opens, nothing runs) auto falls back to TCG with the reason.
         let (accel, why) = choose(qemu, AccelChoice::Auto, dir.path()).await;
         if accel == Accel::Tcg {
-            assert!(why.contains("KVM is not usable") || why.contains("no /dev/kvm"), "{why}");
+            assert!(
+                why.contains("KVM is not usable") || why.contains("no /dev/kvm"),
+                "{why}"
+            );
         }
-        assert_eq!(choose(qemu, AccelChoice::Tcg, dir.path()).await.0, Accel::Tcg);
+        assert_eq!(
+            choose(qemu, AccelChoice::Tcg, dir.path()).await.0,
+            Accel::Tcg
+        );
     }
 }
