@@ -4,7 +4,8 @@
 
 use crate::config::Config;
 use crate::state::{NodeIdentity, StateDir, StateError};
-use bc_proto::channel::{self, Backoff, ServerTrust};
+use bc_error_chain::chain;
+use bc_proto::channel::{self, ExponentialBackoff, Jitter, ServerTrust};
 use bc_proto::spiffe::{Role, SpiffeId};
 use bc_proto::token::{Token, TokenKind};
 use bc_proto::v1;
@@ -49,6 +50,13 @@ pub struct JoinOutcome {
     pub reclaimed: bool,
     pub replayed: bool,
 }
+
+/// Between join attempts while the gateway is unreachable: 0.25 s doubling to 10 s, full jitter.
+pub const JOIN_RETRY: ExponentialBackoff = ExponentialBackoff::new(
+    Duration::from_millis(250),
+    Duration::from_secs(10),
+    Jitter::Fraction(1.0),
+);
 
 /// Codes worth retrying: the gateway or database is briefly unavailable, or the reclaim raced.
 fn retryable(code: tonic::Code) -> bool {
@@ -119,10 +127,10 @@ pub async fn send(
     request: v1::JoinRequest,
 ) -> Result<v1::JoinResponse, tonic::Status> {
     let tls = channel::client_config(ServerTrust::Pin(config.ca_pin.clone()), None)
-        .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        .map_err(|e| tonic::Status::invalid_argument(chain(&e)))?;
     let ch = channel::connect(&config.gateway_url, tls)
         .await
-        .map_err(|e| tonic::Status::unavailable(error_chain(&e)))?;
+        .map_err(|e| tonic::Status::unavailable(chain(&e)))?;
     let mut client = v1::join_service_client::JoinServiceClient::new(ch);
     client.join(request).await.map(tonic::Response::into_inner)
 }
@@ -132,17 +140,6 @@ fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
-}
-
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Checks the answer belongs to us: the certificate names the node, certifies our key, and the trust bundle holds
@@ -207,7 +204,7 @@ pub async fn join(
         state.load_or_create_key()?
     };
     let request = request_for_key(config, &key, token, opts.claims)?;
-    let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
+    let mut backoff = JOIN_RETRY.start();
     let mut attempt = 0;
     let response = loop {
         attempt += 1;

@@ -251,7 +251,7 @@ struct Agent {
 }
 
 async fn start_agent(p: &Plane, state: &str, ttl: Duration) -> anyhow::Result<Agent> {
-    start_agent_capped(p, state, ttl, bcd::artifact_cache::DEFAULT_MAX_BYTES).await
+    start_agent_capped(p, state, ttl, bcd::site::cache::DEFAULT_MAX_BYTES).await
 }
 
 async fn start_agent_capped(

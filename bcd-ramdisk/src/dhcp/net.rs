@@ -270,7 +270,7 @@ pub fn keep(nic: &Interface, lease: Lease, xid: u32, events: &mut dyn FnMut(Leas
                 }
             }
             Err(e) => {
-                if !events(LeaseEvent::Trouble(crate::actions::chain(&e))) {
+                if !events(LeaseEvent::Trouble(bc_error_chain::chain(&e))) {
                     return;
                 }
                 // The socket failed (interface gone?): keep the lease we have and try again shortly.
@@ -286,7 +286,7 @@ pub fn keep(nic: &Interface, lease: Lease, xid: u32, events: &mut dyn FnMut(Leas
                     let changed = new.address != lease.address;
                     if changed
                         && let Err(e) = configure(nic, &new)
-                        && !events(LeaseEvent::Trouble(crate::actions::chain(&e)))
+                        && !events(LeaseEvent::Trouble(bc_error_chain::chain(&e)))
                     {
                         return;
                     }
@@ -300,7 +300,7 @@ pub fn keep(nic: &Interface, lease: Lease, xid: u32, events: &mut dyn FnMut(Leas
                     break;
                 }
                 Err(e) => {
-                    if !events(LeaseEvent::Trouble(crate::actions::chain(&e))) {
+                    if !events(LeaseEvent::Trouble(bc_error_chain::chain(&e))) {
                         return;
                     }
                     std::thread::sleep(Duration::from_secs(5));

@@ -128,7 +128,7 @@ impl Renewal {
         let mut out = Vec::with_capacity(300);
         if let Err(e) = self.request().encode(&mut Encoder::new(&mut out)) {
             // Our own message failed to encode: nothing sane to send; the lease runs out and is lost.
-            tracing::error!(error = %e, "encoding the DHCP renewal");
+            tracing::error!(error = %bc_error_chain::InlineErrorChain::new(&e), "encoding the DHCP renewal");
             return RenewStep::Wait;
         }
         if self.phase == Phase::Renewing {

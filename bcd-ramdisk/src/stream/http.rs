@@ -222,7 +222,7 @@ async fn open_with_retries(
                     policy.backoff_cap,
                     rand::random(),
                 );
-                warn!(%url, error = %e, attempt = failures + 1, ?delay, "opening the download failed; retrying");
+                warn!(%url, error = %bc_error_chain::InlineErrorChain::new(&e), attempt = failures + 1, ?delay, "opening the download failed; retrying");
                 failures += 1;
                 *resumes += 1;
                 tokio::time::sleep(delay).await;
@@ -325,7 +325,7 @@ async fn pump(
             policy.backoff_cap,
             rand::random(),
         );
-        warn!(%url, error = %error, received = state.received(), ?delay, "download broke; resuming with Range");
+        warn!(%url, error = %bc_error_chain::InlineErrorChain::new(&error), received = state.received(), ?delay, "download broke; resuming with Range");
         failures += 1;
         *resumes += 1;
         tokio::time::sleep(delay).await;

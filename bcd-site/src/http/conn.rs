@@ -108,7 +108,7 @@ pub(super) async fn serve(
         debug!(%peer, method = %req.method, target = %req.target, status = resp.status, "boot HTTP");
         if let Err(e) = write_response(&mut stream, resp, req.head_only, shared).await {
             counters.aborted.fetch_add(1, Ordering::Relaxed);
-            debug!(%peer, target = %req.target, error = %e, "boot HTTP response cut");
+            debug!(%peer, target = %req.target, error = %bc_error_chain::InlineErrorChain::new(&e), "boot HTTP response cut");
             return;
         }
         if !keep_alive {
@@ -310,7 +310,7 @@ fn boot_script(
         }
         Err(e) => {
             counters.refused.fetch_add(1, Ordering::Relaxed);
-            warn!(%mac, error = %e, "refusing to render iPXE script");
+            warn!(%mac, error = %bc_error_chain::InlineErrorChain::new(&e), "refusing to render iPXE script");
             Response::text(500, e.to_string())
         }
     }

@@ -605,7 +605,7 @@ impl Bmc {
                 Err(e @ RedfishError::Transport { .. })
                     if method == Method::GET && attempt < policy.attempts =>
                 {
-                    debug!(error = %e, attempt, "retrying GET");
+                    debug!(error = %bc_error_chain::InlineErrorChain::new(&e), attempt, "retrying GET");
                     tokio::time::sleep(policy.delay(attempt)).await;
                     attempt += 1;
                     continue;
@@ -739,7 +739,7 @@ impl Bmc {
                         if e.status()
                             .is_some_and(|s| (400..500).contains(&s) || s == 501) =>
                     {
-                        warn!(bmc = %self.base, collection, error = %e, "$expand refused; reading collections without it");
+                        warn!(bmc = %self.base, collection, error = %bc_error_chain::InlineErrorChain::new(&e), "$expand refused; reading collections without it");
                         self.expand_refused.store(true, Ordering::Relaxed);
                         None
                     }
@@ -881,7 +881,7 @@ impl Drop for Bmc {
         let (http, url) = (self.http.clone(), self.url(&location));
         handle.spawn(async move {
             if let Err(e) = http.delete(&url).header("X-Auth-Token", token).send().await {
-                debug!(url, error = %e, "logout on drop failed");
+                debug!(url, error = %bc_error_chain::InlineErrorChain::new(&e), "logout on drop failed");
             }
         });
     }
