@@ -246,7 +246,6 @@ pub fn stream_with(
     })
 }
 
-
 // === installed root ===
 
 /// Partitions of `/dev/<disk>` after asking the kernel to re-read its table, in order.
@@ -403,7 +402,7 @@ fn stage_mounted(
         initrd: boot.initrd.as_ref().map(|i| i.display().to_string()),
         cmdline: boot.cmdline.clone(),
         kexec_staged: staged.is_ok(),
-        error: staged.as_ref().err().map(|e| chain(e)),
+        error: staged.as_ref().err().map(|e| bc_error_chain::chain(e)),
     })
 }
 

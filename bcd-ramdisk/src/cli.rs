@@ -221,7 +221,10 @@ fn run(command: Command) -> Result<(), String> {
                 return Ok(());
             }
             let e = crate::kexec::exec();
-            eprintln!("bcd-ramdisk: {}; rebooting instead", bc_error_chain::chain(&e));
+            eprintln!(
+                "bcd-ramdisk: {}; rebooting instead",
+                bc_error_chain::chain(&e)
+            );
             Err(crate::os::sys::restart().to_string())
         }
         Command::Dhcp {

@@ -303,6 +303,59 @@ async fn accepted_but_not_applied_boot_override_is_an_error() -> Result<()> {
     Ok(())
 }
 
+/// A netboot ends by making the disk the boot device again, read back: on a BMC that stores every override as
+/// persistent (sushy-tools' libvirt driver) the next reset would netboot once more otherwise.
+#[tokio::test]
+async fn disk_boot_is_restored_and_read_back() -> Result<()> {
+    let (srv, state) = fake_bmc(FakeState {
+        boot_target: "Pxe".into(),
+        boot_enabled: "Continuous".into(),
+        ..FakeState::default()
+    })
+    .await?;
+    let bmc = Bmc::connect(&srv.url, creds(), opts()).await?;
+    let restored = bmc.restore_disk_boot("/redfish/v1/Systems/1").await?;
+    assert_eq!(
+        (restored.target.as_str(), restored.enabled.as_str()),
+        ("Hdd", "Continuous")
+    );
+    {
+        let st = state.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        assert_eq!(
+            (st.boot_target.as_str(), st.boot_enabled.as_str()),
+            ("Hdd", "Continuous")
+        );
+    }
+    bmc.close().await?;
+
+    // Accepted and not applied: an error that names what was read and what to do.
+    let (srv, _state) = fake_bmc(FakeState {
+        boot_target: "Pxe".into(),
+        boot_enabled: "Continuous".into(),
+        apply_boot: false,
+        ..FakeState::default()
+    })
+    .await?;
+    let bmc = Bmc::connect(&srv.url, creds(), opts()).await?;
+    let err = bmc
+        .restore_disk_boot("/redfish/v1/Systems/1")
+        .await
+        .err()
+        .context("must not succeed")?;
+    let text = err.to_string();
+    println!("{text}");
+    match err {
+        RedfishError::DiskBootNotRestored { observed, .. } => assert_eq!(
+            (observed.target.as_str(), observed.enabled.as_str()),
+            ("Pxe", "Continuous")
+        ),
+        other => bail!("expected DiskBootNotRestored, got {other}"),
+    }
+    assert!(text.contains("netboot again"), "{text}");
+    bmc.close().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn vendor_quirks_shape_payloads_and_answers() -> Result<()> {
     // iDRAC: the host is on but PowerState reads Off; Reset On answers 409 PSU501 = already on = success.

@@ -92,8 +92,6 @@ pub enum Command {
     },
 }
 
-
-
 fn bcd_config(path: Option<PathBuf>) -> PathBuf {
     path.unwrap_or_else(|| PathBuf::from("/etc/bcd/bcd.toml"))
 }
@@ -141,7 +139,6 @@ pub(crate) fn load_config(
         })
         .validate(&origin)?)
 }
-
 
 pub fn main() -> i32 {
     bc_proto::install_crypto_provider();
@@ -200,6 +197,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     "give the join token as an argument, in BCD_JOIN_TOKEN or with --token-file"
                 ),
             };
+            // A site token is refused (naming `bcd site enroll`) before anything is written or sent.
+            crate::join::check_token_kind(bc_proto::token::TokenKind::Join, &token)?;
             let config = load_config(&bcd_config(cli.config), cli.state_dir, overrides)?;
             let (backend, gpu_error) = match crate::gpu::open(&config.gpu_backend) {
                 Ok(b) => (Some(b), None),
@@ -209,14 +208,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 Err(e) => return Err(e.into()),
             };
             if let Some(e) = &gpu_error {
-                tracing::warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "no GPUs reported");
+                tracing::warn!(error = %e, "no GPUs reported");
             }
             let claims =
                 crate::hardware::collect(&config.hardware_root, backend.as_deref(), gpu_error);
             let gpus = claims.gpus.len();
-            let outcome =
-                crate::join::join(&config, &token, crate::join::JoinOptions { attempts, claims })
-                    .await?;
+            let outcome = crate::join::join(
+                &config,
+                &token,
+                crate::join::JoinOptions { attempts, claims },
+            )
+            .await?;
             let how = if outcome.replayed {
                 " (a retry of an earlier join: same node, no token use spent)"
             } else if outcome.reclaimed {
@@ -273,14 +275,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let config_path = bcd_config(cli.config);
             let config = load_config(&config_path, cli.state_dir, overrides)?;
-            let gpu: Option<std::sync::Arc<dyn crate::gpu::GpuBackend>> =
-                match crate::gpu::open(&config.gpu_backend) {
-                    Ok(b) => Some(std::sync::Arc::from(b)),
-                    Err(e) => {
-                        tracing::warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "no GPU backend: GPUs will be reported missing");
-                        None
-                    }
-                };
+            let gpu: Option<std::sync::Arc<dyn crate::gpu::GpuBackend>> = match crate::gpu::open(
+                &config.gpu_backend,
+            ) {
+                Ok(b) => Some(std::sync::Arc::from(b)),
+                Err(e) => {
+                    tracing::warn!(error = %InlineErrorChain::new(&e), "no GPU backend: GPUs will be reported missing");
+                    None
+                }
+            };
             // Telemetry runs beside the session and outlives its reconnects; it stops with the daemon.
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
             let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -314,14 +317,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // The gateway settings are not needed to export; placeholders keep validation happy when absent.
             telemetry_placeholders(&config_path, &mut overrides)?;
             let config = load_config(&config_path, cli.state_dir, overrides)?;
-            let gpu: Option<std::sync::Arc<dyn crate::gpu::GpuBackend>> =
-                match crate::gpu::open(&config.gpu_backend) {
-                    Ok(b) => Some(std::sync::Arc::from(b)),
-                    Err(e) => {
-                        tracing::warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "no GPU backend: no GPU metrics");
-                        None
-                    }
-                };
+            let gpu: Option<std::sync::Arc<dyn crate::gpu::GpuBackend>> = match crate::gpu::open(
+                &config.gpu_backend,
+            ) {
+                Ok(b) => Some(std::sync::Arc::from(b)),
+                Err(e) => {
+                    tracing::warn!(error = %InlineErrorChain::new(&e), "no GPU backend: no GPU metrics");
+                    None
+                }
+            };
             if once {
                 let registry = bc_telemetry::Registry::new();
                 let sampler = crate::telemetry::NodeSampler::new(
@@ -352,7 +356,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,4 +376,3 @@ mod tests {
         }
     }
 }
-

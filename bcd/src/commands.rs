@@ -240,7 +240,7 @@ impl Commands {
                     envelope: Some(env),
                 },
                 Err(e) => {
-                    tracing::warn!(command = c.id, error = %bc_error_chain::InlineErrorChain::new(&e), "command failed to produce a result");
+                    tracing::warn!(command = c.id, error = %e, "command failed to produce a result");
                     if let Ok(mut l) = ledger.lock() {
                         l.running.remove(&c.id);
                     }
@@ -306,7 +306,7 @@ async fn run(
             match out {
                 Ok(o) => signer.sign(&o.payload_type, o.payload),
                 Err(e) => {
-                    tracing::warn!(command = c.id, kind, error = %bc_error_chain::InlineErrorChain::new(&e), "command failed");
+                    tracing::warn!(command = c.id, kind, error = %e, "command failed");
                     return error(format!("{kind}: {e}"));
                 }
             }

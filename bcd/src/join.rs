@@ -4,7 +4,7 @@
 
 use crate::config::Config;
 use crate::state::{NodeIdentity, StateDir, StateError};
-use bc_error_chain::chain;
+use bc_error_chain::{InlineErrorChain, chain};
 use bc_proto::channel::{self, ExponentialBackoff, Jitter, ServerTrust};
 use bc_proto::spiffe::{Role, SpiffeId};
 use bc_proto::token::{Token, TokenKind};
@@ -16,6 +16,8 @@ use std::time::Duration;
 pub enum JoinError {
     #[error("the join token is malformed: {0}")]
     Token(#[from] bc_proto::token::TokenError),
+    #[error("{0}")]
+    WrongTokenKind(String),
     #[error("node state")]
     State(#[from] StateError),
     #[error("building the certificate request")]
@@ -58,25 +60,79 @@ pub const JOIN_RETRY: ExponentialBackoff = ExponentialBackoff::new(
     Jitter::Fraction(1.0),
 );
 
-/// Codes worth retrying: the gateway or database is briefly unavailable, or the reclaim raced.
-fn retryable(code: tonic::Code) -> bool {
-    matches!(
-        code,
-        tonic::Code::Unavailable | tonic::Code::Aborted | tonic::Code::DeadlineExceeded
+/// Whether a failed Join is worth sending again. Only the server's explicit refusals are final: a status the
+/// control plane sent (no transport cause) with a code that says the request itself is wrong (bad token, spent,
+/// expired, hardware taken). Everything else is retried: a status built from a transport failure (connection
+/// refused or reset mid-call: tonic reports `Unknown: transport error`, h2 errors), and the codes the server uses for
+/// "try again" (its database briefly unavailable, a reclaim that raced). A retry is idempotent by design: the same
+/// token and key within the replay window get the same node without spending a use.
+pub fn retryable(status: &tonic::Status) -> bool {
+    use tonic::Code;
+    if std::error::Error::source(status).is_some() {
+        return true;
+    }
+    !matches!(
+        status.code(),
+        Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::PermissionDenied
+            | Code::ResourceExhausted
+            | Code::FailedPrecondition
+            | Code::OutOfRange
+            | Code::Unimplemented
+            | Code::Internal
+            | Code::DataLoss
+            | Code::Unauthenticated
     )
 }
 
 /// Which kind of token `token` is by its prefix: a site token (`bcst_`, `bcd site enroll`) or else a join token.
 /// Both travel the same way: sealed to JoinService, bound to the CSR key.
 pub fn token_kind(token: &str) -> TokenKind {
-    if token.trim().starts_with(TokenKind::Site.prefix()) {
+    let t = token.trim();
+    if t.starts_with(TokenKind::Site.prefix()) {
         TokenKind::Site
+    } else if t.starts_with(TokenKind::ApiKey.prefix()) {
+        TokenKind::ApiKey
     } else {
         TokenKind::Join
     }
 }
 
-/// A request for `token` from the key in `state` (creating the key first if needed).
+/// Refuses a token of another kind than `purpose` (a join token for `bcd join`, a site token for `bcd site
+/// enroll`), naming the command that takes it. JoinService refuses the same mismatch on its side.
+pub fn check_token_kind(purpose: TokenKind, token: &str) -> Result<(), JoinError> {
+    let given = token_kind(token);
+    if given == purpose {
+        return Ok(());
+    }
+    let (command, takes) = match purpose {
+        TokenKind::Site => ("`bcd site enroll`", "a site token (bcst_…)"),
+        _ => ("`bcd join`", "a join token (bcjt_…)"),
+    };
+    let what = match given {
+        TokenKind::Site => {
+            "this is a site token (bcst_…): it enrolls a rack agent, run `bcd site enroll` with it"
+        }
+        TokenKind::ApiKey => {
+            "this is an API key (bcak_…), not a token a machine can use: create a join token with `better-compute join-tokens create`"
+        }
+        TokenKind::Join => "this is a join token (bcjt_…): it joins a node, run `bcd join` with it",
+    };
+    Err(JoinError::WrongTokenKind(format!(
+        "{command} takes {takes}; {what}"
+    )))
+}
+
+fn purpose_of(kind: TokenKind) -> v1::JoinPurpose {
+    match kind {
+        TokenKind::Site => v1::JoinPurpose::Site,
+        _ => v1::JoinPurpose::Node,
+    }
+}
+
+/// A node join request for `token` from the key in `state` (creating the key first if needed).
 pub fn build_request(
     config: &Config,
     state: &StateDir,
@@ -87,14 +143,26 @@ pub fn build_request(
     request_for_key(config, &key, token, claims)
 }
 
-/// A request for `token` from `key` (no state directory: load generators and tests).
+/// A node join request for `token` from `key` (no state directory: load generators and tests).
 pub fn request_for_key(
     config: &Config,
     key: &rcgen::KeyPair,
     token: &str,
     claims: v1::HardwareClaims,
 ) -> Result<v1::JoinRequest, JoinError> {
-    let kind = token_kind(token);
+    request_as(config, key, TokenKind::Join, token, claims)
+}
+
+/// A request for `token` from `key` with the purpose `kind` (a node join or a site enrollment); a token of the
+/// other kind is refused here.
+pub fn request_as(
+    config: &Config,
+    key: &rcgen::KeyPair,
+    kind: TokenKind,
+    token: &str,
+    claims: v1::HardwareClaims,
+) -> Result<v1::JoinRequest, JoinError> {
+    check_token_kind(kind, token)?;
     let parsed = Token::parse(kind, token)?;
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
@@ -118,6 +186,7 @@ pub fn request_for_key(
         csr_der: csr.der().to_vec(),
         claims: Some(claims),
         agent_version: bc_proto::AGENT_VERSION.to_string(),
+        purpose: purpose_of(kind).into(),
     })
 }
 
@@ -140,6 +209,19 @@ fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+/// A failed call for an operator: its code, its message and, for a transport failure, the cause.
+fn describe(s: &tonic::Status) -> String {
+    match std::error::Error::source(s) {
+        Some(cause) => format!(
+            "{:?}: {}: {}",
+            s.code(),
+            s.message(),
+            InlineErrorChain::new(cause)
+        ),
+        None => format!("{:?}: {}", s.code(), s.message()),
+    }
 }
 
 /// Checks the answer belongs to us: the certificate names the node, certifies our key, and the trust bundle holds
@@ -180,8 +262,8 @@ fn check_response(
     Ok(())
 }
 
-/// Joins with `token` (a join token; or a site token, which enrolls a site agent: `bcd site enroll`), retrying
-/// while the gateway is unreachable. Safe to run again after a crash at any point:
+/// Joins as a node with a join token (`bcd join`), retrying every transport failure with backoff (see
+/// [`retryable`]). Safe to run again after a crash at any point:
 /// the key is reused, and the control plane answers a retry within 10 minutes with the same node.
 ///
 /// A node whose certificate expired (it was offline past its renewal) rejoins: with a reclaim token it is
@@ -193,6 +275,26 @@ pub async fn join(
     token: &str,
     opts: JoinOptions,
 ) -> Result<JoinOutcome, JoinError> {
+    join_as(config, TokenKind::Join, token, opts).await
+}
+
+/// Enrolls a site agent with a site token (`bcd site enroll`): the same sealed-token path and retries as [`join`].
+pub async fn enroll_site(
+    config: &Config,
+    token: &str,
+    opts: JoinOptions,
+) -> Result<JoinOutcome, JoinError> {
+    join_as(config, TokenKind::Site, token, opts).await
+}
+
+async fn join_as(
+    config: &Config,
+    kind: TokenKind,
+    token: &str,
+    opts: JoinOptions,
+) -> Result<JoinOutcome, JoinError> {
+    // A token of the wrong kind is refused before the key is made or anything is sent.
+    check_token_kind(kind, token)?;
     let state = StateDir::open(&config.state_dir)?;
     state.finish_rejoin()?;
     let rejoin = state
@@ -203,23 +305,23 @@ pub async fn join(
     } else {
         state.load_or_create_key()?
     };
-    let request = request_for_key(config, &key, token, opts.claims)?;
+    let request = request_as(config, &key, kind, token, opts.claims)?;
     let mut backoff = JOIN_RETRY.start();
     let mut attempt = 0;
     let response = loop {
         attempt += 1;
         match send(config, request.clone()).await {
             Ok(r) => break r,
-            Err(s) if retryable(s.code()) && attempt < opts.attempts => {
+            Err(s) if retryable(&s) && attempt < opts.attempts => {
                 let wait = backoff.next_delay(rand::random::<f64>());
-                tracing::warn!(attempt, error = %s.message(), ?wait, "join attempt failed; retrying");
+                tracing::warn!(attempt, code = ?s.code(), error = %s.message(), ?wait, "join attempt failed; retrying");
                 tokio::time::sleep(wait).await;
             }
-            Err(s) if retryable(s.code()) => {
+            Err(s) if retryable(&s) => {
                 return Err(JoinError::Unreachable {
                     url: config.gateway_url.clone(),
                     attempts: attempt,
-                    last: s.message().to_string(),
+                    last: describe(&s),
                 });
             }
             Err(s) => {
@@ -234,7 +336,7 @@ pub async fn join(
     if std::env::var("BCD_FAULT").as_deref() == Ok("exit-after-join-reply") {
         std::process::exit(137);
     }
-    let role = match token_kind(token) {
+    let role = match kind {
         TokenKind::Site => Role::Site,
         _ => Role::Node,
     };
@@ -257,4 +359,77 @@ pub async fn join(
         reclaimed: response.reclaimed,
         replayed: response.replayed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::{Code, Status};
+
+    #[test]
+    fn transport_failures_are_retried_and_only_explicit_refusals_stop() {
+        // What tonic hands back when the connection is reset mid-call: Unknown, with the transport error as source.
+        let reset = Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection reset by peer",
+        )));
+        assert_eq!(reset.code(), Code::Unknown);
+        assert!(retryable(&reset), "a reset mid-call is retried");
+        // A transport-caused status keeps being retried whatever code it maps to.
+        let mut internal = Status::internal("h2 protocol error: stream no longer needed");
+        internal.set_source(std::sync::Arc::new(std::io::Error::other("h2")));
+        assert!(retryable(&internal));
+        for code in [
+            Code::Unavailable,
+            Code::Aborted,
+            Code::DeadlineExceeded,
+            Code::Cancelled,
+            Code::Unknown,
+        ] {
+            assert!(retryable(&Status::new(code, "from the server")), "{code:?}");
+        }
+        for code in [
+            Code::InvalidArgument,
+            Code::PermissionDenied,
+            Code::ResourceExhausted,
+            Code::AlreadyExists,
+            Code::FailedPrecondition,
+            Code::Unauthenticated,
+        ] {
+            assert!(
+                !retryable(&Status::new(code, "refused by JoinService")),
+                "{code:?} is a refusal"
+            );
+        }
+        assert!(describe(&reset).contains("connection reset by peer"));
+    }
+
+    #[test]
+    fn each_token_kind_is_refused_on_the_other_path_naming_the_right_command() {
+        let site = "bcst_0123456789abcdef.x";
+        let join = "bcjt_0123456789abcdef.x";
+        let e = check_token_kind(TokenKind::Join, site)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("site token") && e.contains("bcd site enroll"),
+            "{e}"
+        );
+        let e = check_token_kind(TokenKind::Site, join)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("join token") && e.contains("run `bcd join`"),
+            "{e}"
+        );
+        let e = check_token_kind(TokenKind::Join, "bcak_0123456789abcdef.x")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("API key"), "{e}");
+        assert!(check_token_kind(TokenKind::Join, join).is_ok());
+        assert!(check_token_kind(TokenKind::Site, &format!("  {site}\n")).is_ok());
+    }
 }

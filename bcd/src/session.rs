@@ -389,7 +389,7 @@ impl Daemon {
                                 return SessionEnd::Closed;
                             }
                         }
-                        Err(e) => tracing::warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "cannot build a renewal request"),
+                        Err(e) => tracing::warn!(error = %e, "cannot build a renewal request"),
                     }
                     // If no answer comes, ask again after a tenth of what is left (at least 1 s, at most 5 min).
                     let left = u64::try_from(identity.not_after_ms - now_ms()).unwrap_or(0);
@@ -412,7 +412,7 @@ impl Daemon {
                                 expires.as_mut().reset(tokio::time::Instant::now() + Duration::from_millis(u64::try_from(identity.not_after_ms - now_ms()).unwrap_or(0)));
                                 renew.as_mut().reset(tokio::time::Instant::now() + renewal_delay(&state, &identity, now_ms(), rand::random::<f64>()));
                             }
-                            Err(e) => tracing::warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "renewal answer refused"),
+                            Err(e) => tracing::warn!(error = %e, "renewal answer refused"),
                         }
                         continue;
                     }
@@ -756,8 +756,7 @@ impl Daemon {
             None => Vec::new(),
         };
         let cdi = crate::cdi::render(&bookings, &local).map_err(|e| e.to_string())?;
-        crate::cdi::apply(&self.config.cdi_dir, cdi.as_ref())
-            .map_err(|e| chain(&e))?;
+        crate::cdi::apply(&self.config.cdi_dir, cdi.as_ref()).map_err(|e| chain(&e))?;
         let doc = serde_json::json!({"generation": d.generation, "spec": spec});
         state
             .write_file("desired.json", doc.to_string().as_bytes(), 0o600)

@@ -442,3 +442,189 @@ async fn install_script_into_a_staging_root_installs_and_joins() -> TestResult {
     );
     Ok(())
 }
+
+/// Runs the real `bcd` binary with `args` against the plane, the token in the environment.
+async fn bcd_cli(p: &Plane, state: &str, args: &[&str], env: (&str, &str)) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_bcd"))
+        .args(["--config", "/nonexistent", "--state-dir"])
+        .arg(p.dir.path().join(state))
+        .args(args)
+        .args([
+            "--gateway-url",
+            &p.running.gateway_url,
+            "--ca-pin",
+            &p.running.ca_pin,
+        ])
+        .args(["--join-public-key", &p.running.join_public_key])
+        .env(env.0, env.1)
+        .output()
+        .await
+        .expect("run bcd")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_token_kind_is_refused_on_the_wrong_path_by_the_client_and_by_join_service()
+-> TestResult {
+    let p = plane().await;
+    let join_token = p.token(json!({"pool": "default", "uses": 3})).await;
+    let site_token = p
+        .admin
+        .call(
+            "site-tokens",
+            "create",
+            json!({"site": "rack-9", "uses": 3}),
+        )
+        .await?["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let site_uses = || async {
+        bc_store::sqlx::query_scalar::<_, i32>("SELECT uses_left FROM site_tokens")
+            .fetch_one(p.store.pool())
+            .await
+            .expect("site token")
+    };
+    let before = (p.snapshot().await, site_uses().await);
+
+    // The client: `bcd join` with a site token, `bcd site enroll` with a join token. Each names the right command
+    // and leaves nothing behind (no key, no identity).
+    let out = bcd_cli(
+        &p,
+        "wrong-join",
+        &["join", "--gpu-backend", "none"],
+        ("BCD_JOIN_TOKEN", &site_token),
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "bcd join took a site token: {stderr}"
+    );
+    assert!(stderr.contains("`bcd site enroll`"), "{stderr}");
+    assert!(!p.dir.path().join("wrong-join/node.json").exists());
+    assert!(!p.dir.path().join("wrong-join/node.key").exists());
+    let out = bcd_cli(
+        &p,
+        "wrong-enroll",
+        &["site", "enroll", "--agent-config", "/nonexistent"],
+        ("BCD_SITE_TOKEN", &join_token),
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "bcd site enroll took a join token: {stderr}"
+    );
+    assert!(stderr.contains("run `bcd join`"), "{stderr}");
+    assert!(!p.dir.path().join("wrong-enroll/node.key").exists());
+    // The library refuses the same before any call.
+    match join(&p, "lib", &site_token, claims("lib", 1)).await {
+        Err(bcd::join::JoinError::WrongTokenKind(m)) => {
+            assert!(m.contains("bcd site enroll"), "{m}")
+        }
+        other => panic!("expected WrongTokenKind, got {other:?}"),
+    }
+
+    // JoinService: a modified client that sends a token on the wrong path, or states no purpose.
+    let cfg = p.node_config("probe");
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    use bc_proto::token::TokenKind;
+    let mut site_as_node =
+        bcd::join::request_as(&cfg, &key, TokenKind::Site, &site_token, claims("m", 1))?;
+    site_as_node.purpose = v1::JoinPurpose::Node.into();
+    let mut join_as_site =
+        bcd::join::request_as(&cfg, &key, TokenKind::Join, &join_token, claims("m", 1))?;
+    join_as_site.purpose = v1::JoinPurpose::Site.into();
+    let mut unset =
+        bcd::join::request_as(&cfg, &key, TokenKind::Join, &join_token, claims("m", 1))?;
+    unset.purpose = v1::JoinPurpose::Unspecified.into();
+    for (name, req, phrase) in [
+        (
+            "site token on the node path",
+            site_as_node,
+            "run `bcd site enroll`",
+        ),
+        (
+            "join token on the site path",
+            join_as_site,
+            "run `bcd join`",
+        ),
+        ("no purpose", unset, "purpose is unset"),
+    ] {
+        let s = refused(&p, req).await;
+        assert_eq!(s.code(), Code::InvalidArgument, "{name}: {s:?}");
+        assert!(s.message().contains(phrase), "{name}: {:?}", s.message());
+        assert_eq!(
+            (p.snapshot().await, site_uses().await),
+            before,
+            "{name} spent or wrote something"
+        );
+    }
+    let sites: i64 = bc_store::sqlx::query_scalar("SELECT count(*) FROM site_agents")
+        .fetch_one(p.store.pool())
+        .await?;
+    assert_eq!(sites, 0, "no site agent was enrolled");
+
+    // Each on its own path works (positive control).
+    let node = join(&p, "right-join", &join_token, claims("right", 1)).await?;
+    assert!(node.identity.spiffe_id.contains("/node/"));
+    let site = bcd::join::enroll_site(
+        &p.node_config("right-site"),
+        &site_token,
+        bcd::join::JoinOptions {
+            attempts: 1,
+            claims: v1::HardwareClaims::default(),
+        },
+    )
+    .await?;
+    assert_eq!(site.identity.spiffe_id, "spiffe://test.bc/site/rack-9");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_a_day_later_is_refused_naming_the_node_with_or_without_a_hardware_key()
+-> TestResult {
+    let p = plane().await;
+    let token = p.token(json!({"pool": "default", "uses": 5})).await;
+    let keyless = v1::HardwareClaims {
+        hostname: "keyless".into(),
+        ..Default::default()
+    };
+    for (name, c) in [("keyed", claims("keyed", 1)), ("keyless", keyless)] {
+        let first = join(&p, name, &token, c.clone()).await?;
+        // The reply was lost (the identity never stored): the same key and token again, within the window.
+        std::fs::remove_file(p.dir.path().join(name).join("node.json"))?;
+        let again = join(&p, name, &token, c.clone()).await?;
+        assert!(again.replayed, "{name}: {again:?}");
+        assert_eq!(again.identity.node_id, first.identity.node_id);
+        // A day later: refused, naming the node, spending nothing.
+        std::fs::remove_file(p.dir.path().join(name).join("node.json"))?;
+        bc_store::sqlx::query(
+            "UPDATE nodes SET joined_at = now() - interval '1 day' WHERE id = $1",
+        )
+        .bind(&first.identity.node_id)
+        .execute(p.store.pool())
+        .await?;
+        let before = p.snapshot().await;
+        match join(&p, name, &token, c).await {
+            Err(bcd::join::JoinError::Refused {
+                code: Code::AlreadyExists,
+                message,
+            }) => {
+                assert!(
+                    message.contains(&first.identity.node_id),
+                    "{name}: {message}"
+                );
+                assert!(message.contains("within 10 min"), "{name}: {message}");
+                assert!(message.contains("--reclaim"), "{name}: {message}");
+            }
+            other => panic!("{name}: a retry a day later was {other:?}"),
+        }
+        assert_eq!(
+            p.snapshot().await,
+            before,
+            "{name}: the refusal changed state"
+        );
+    }
+    Ok(())
+}

@@ -899,3 +899,170 @@ async fn a_command_whose_session_died_before_its_result_is_sent_again_and_finish
     assert_eq!((again.deliveries, again.finished_ms), (2, done.finished_ms));
     Ok(())
 }
+
+fn renewal_request(key: &rcgen::KeyPair) -> v1::NodeMessage {
+    v1::NodeMessage {
+        msg: Some(v1::node_message::Msg::Renew(v1::RenewRequest {
+            csr_der: rcgen::CertificateParams::default()
+                .serialize_request(key)
+                .expect("csr")
+                .der()
+                .to_vec(),
+        })),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reclaim_the_old_key_opens_no_session_and_renews_nothing() -> TestResult {
+    let p = plane_with(Options {
+        controllers: false,
+        fast: true,
+        leaf_lifetime: None,
+    })
+    .await;
+    let node = joined_node(&p, "reinstalled", 1).await;
+    let (old_cert, old_key) = node_identity(&node);
+    // A session of the old key, open before the reclaim (the old installation is still running somewhere).
+    let (tx, mut rx) = raw_session(&p, old_cert.clone(), &old_key, &node.id).await?;
+    // Reinstalled: a new state directory (a new key), the same hardware, a reclaim token.
+    let reclaim = p
+        .token(json!({"pool": "default", "uses": 1, "reclaim": true}))
+        .await;
+    let new = join(&p, "reinstalled-again", &reclaim, claims("reinstalled", 1)).await?;
+    assert!(new.reclaimed, "{new:?}");
+    assert_eq!(new.identity.node_id, node.id);
+    let serial_after_reclaim: String =
+        bc_store::sqlx::query_scalar("SELECT cert_serial FROM nodes WHERE id = $1")
+            .bind(&node.id)
+            .fetch_one(p.store.pool())
+            .await?;
+
+    // The old key renews nothing on its old session, which the gateway then closes.
+    tx.send(renewal_request(&rcgen::KeyPair::from_pem(&old_key)?))
+        .await?;
+    assert!(
+        !matches!(
+            next_renewal(&mut rx, Duration::from_secs(3)).await,
+            Ok(Some(_))
+        ),
+        "the superseded key renewed its certificate"
+    );
+    let serial: String =
+        bc_store::sqlx::query_scalar("SELECT cert_serial FROM nodes WHERE id = $1")
+            .bind(&node.id)
+            .fetch_one(p.store.pool())
+            .await?;
+    assert_eq!(serial, serial_after_reclaim);
+    // Ended (by the gateway's close, an error status; or already seen ending above, then None).
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match rx.message().await {
+                Ok(Some(_)) => continue,
+                other => return other.map(|_| ()),
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the superseded key's session stayed open 5 s after the reclaim"
+    );
+
+    // A new session of the old certificate: refused (at Hello until the gateway has read the revocation, at the TLS
+    // handshake after).
+    let e = raw_session(&p, old_cert.clone(), &old_key, &node.id)
+        .await
+        .expect_err("the superseded key opened a session");
+    assert_ne!(e.code(), tonic::Code::Ok, "{e:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let e = loop {
+        match tls_probe(&p, old_cert.clone(), &old_key).await {
+            Err(e) => break e,
+            Ok(()) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Ok(()) => panic!("the superseded key still completes the TLS handshake after 10 s"),
+        }
+    };
+    assert!(e.contains("CertificateRevoked"), "{e}");
+    let e = raw_session(&p, old_cert, &old_key, &node.id)
+        .await
+        .expect_err("the superseded key opened a session");
+    assert!(!e.message().contains("Welcome"), "{e:?}");
+
+    // The node's current key works (positive control).
+    let state = bcd::state::StateDir::open(&p.dir.path().join("reinstalled-again"))?;
+    let (cert, key) = (
+        state.certificate()?,
+        std::fs::read_to_string(state.path("node.key"))?,
+    );
+    let (tx, mut rx) = raw_session(&p, cert, &key, &node.id).await?;
+    tx.send(renewal_request(&rcgen::KeyPair::from_pem(&key)?))
+        .await?;
+    assert!(
+        next_renewal(&mut rx, Duration::from_secs(5))
+            .await?
+            .is_some(),
+        "the current key did not renew"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_two_nodes_report_is_bookable_once_and_a_condition_on_the_second() -> TestResult {
+    let p = plane_with(fast()).await;
+    let mut first = joined_node(&p, "holder", 2).await;
+    let mut second = joined_node(&p, "copycat", 2).await;
+    // The second machine reports the first one's GPUs (same UUIDs: a copied fixture, as a cloned or lying node would).
+    std::fs::copy(&first.fixture, &second.fixture)?;
+    spawn_run(&p, &mut first, "holder");
+    let gpus = |id: String| {
+        let p = &p;
+        async move {
+            bc_store::sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM devices WHERE node_id = $1",
+            )
+            .bind(id)
+            .fetch_one(p.store.pool())
+            .await
+            .unwrap_or(0)
+        }
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while gpus(first.id.clone()).await < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no GPU inventory from the holder"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    spawn_run(&p, &mut second, "copycat");
+    wait_node(&p, &second.id, 30, "the conflict condition", |n| {
+        n.conditions
+            .to_string()
+            .contains("is also reported by node")
+    })
+    .await;
+    let (present, total): (i64, i64) =
+        bc_store::sqlx::query_as("SELECT count(*) FILTER (WHERE present), count(*) FROM devices")
+            .fetch_one(p.store.pool())
+            .await?;
+    assert_eq!((present, total), (2, 4), "each physical GPU is one device");
+    let v = p
+        .admin
+        .call("nodes", "get", json!({"id": second.id}))
+        .await?;
+    let conditions = v["node"]["conditions"].to_string();
+    assert!(
+        conditions.contains(&format!("node {}", first.id)),
+        "{conditions}"
+    );
+    let audits: i64 = bc_store::sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE action = 'gpu.conflict' AND subject = $1",
+    )
+    .bind(format!("node/{}", second.id))
+    .fetch_one(p.store.pool())
+    .await?;
+    assert_eq!(audits, 2, "one audit event per conflicting GPU");
+    Ok(())
+}

@@ -36,7 +36,7 @@ async fn enroll(
     state: &str,
     token: &str,
 ) -> Result<bcd::join::JoinOutcome, bcd::join::JoinError> {
-    bcd::join::join(
+    bcd::join::enroll_site(
         &p.node_config(state),
         token,
         bcd::join::JoinOptions {

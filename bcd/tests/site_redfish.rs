@@ -142,7 +142,7 @@ async fn site_token(p: &Plane, site: &str) -> anyhow::Result<String> {
 }
 
 async fn enroll(p: &Plane, state: &str, token: &str) -> anyhow::Result<()> {
-    bcd::join::join(
+    bcd::join::enroll_site(
         &p.node_config(state),
         token,
         bcd::join::JoinOptions {

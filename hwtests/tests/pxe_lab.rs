@@ -13,8 +13,7 @@
 //!
 //! Needs root, iproute2, qemu-system-x86, ipxe-qemu, ipxe, ovmf, dnsmasq and the artifacts of
 //! `images/build-pxe-lab` (run here when missing; the kernel download needs apt once). Anything absent prints
-//! `SKIP: <test>: <reason>` (bc_testkit::skip!) and returns (a skip is not a pass); `BC_HWTESTS_REQUIRE_LAB=1`
-//! turns a skip into a failure.
+//! `SKIP: pxe_lab: <reason>` and returns (a skip is not a pass); `BC_HWTESTS_REQUIRE_LAB=1` turns a skip into a failure.
 //! Namespaces are named after this process's PID and deleted, and every child killed by PID, on every exit path.
 //! QEMU runs under TCG (`-accel tcg`; LAB-NOTES: this host's KVM cannot boot a stock kernel); `BC_LAB_ACCEL=kvm`
 //! overrides. `bcd` is `BCD_BIN`, else built here with `cargo build -p bcd`.
@@ -29,8 +28,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 mod common;
+use bc_hwtests::netns::{Netns, ip};
+use bc_hwtests::watch::Watcher;
+use bc_hwtests::{have, skip};
 use common::{Proc, bcd_binary, run, workspace};
 
+const TEST: &str = "pxe_lab";
 const BIOS_MAC: &str = "52:54:00:77:00:01";
 const UEFI_MAC: &str = "52:54:00:77:00:02";
 const UNMARKED_MAC: &str = "52:54:00:77:00:99";
@@ -44,88 +47,8 @@ const LOADERS: [&str; 3] = [
     "/usr/lib/ipxe/ipxe.efi",
 ];
 
-fn skip(reason: impl std::fmt::Display) -> Result<()> {
-    if std::env::var_os("BC_HWTESTS_REQUIRE_LAB").is_some_and(|v| v == "1") {
-        bail!("BC_HWTESTS_REQUIRE_LAB=1 but {reason}");
-    }
-    bc_testkit::skip!("{reason}");
-}
-
-fn have(cmd: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {cmd}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn ip(args: &[&str]) -> Result<()> {
-    run(Command::new("ip").args(args)).map(drop)
-}
-
-/// A network namespace, deleted by name when dropped.
-struct Netns(String);
-
-impl Netns {
-    fn create(name: String) -> Result<Netns> {
-        ip(&["netns", "add", &name])?;
-        let ns = Netns(name);
-        ip(&["-n", &ns.0, "link", "set", "lo", "up"])?;
-        Ok(ns)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.0])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
 fn accel() -> String {
     std::env::var("BC_LAB_ACCEL").unwrap_or_else(|_| "tcg".into())
-}
-
-/// The first time each pattern appeared in a growing file (after its length at creation), measured from `t0`.
-struct Watcher {
-    path: PathBuf,
-    from: usize,
-    t0: Instant,
-    seen: Vec<(String, Duration)>,
-}
-
-impl Watcher {
-    fn new(path: PathBuf, t0: Instant) -> Self {
-        let from = fs::metadata(&path).map_or(0, |m| m.len() as usize);
-        Watcher {
-            path,
-            from,
-            t0,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Records, for each (label, all-of-these substrings) that matches a line now, the time it was first seen.
-    fn poll(&mut self, patterns: &[(&str, &[&str])]) {
-        let Ok(text) = fs::read(&self.path) else {
-            return;
-        };
-        let text = String::from_utf8_lossy(text.get(self.from..).unwrap_or_default());
-        for (label, needles) in patterns {
-            if self.seen.iter().any(|(l, _)| l == label) {
-                continue;
-            }
-            if text.lines().any(|l| needles.iter().all(|n| l.contains(n))) {
-                self.seen.push((label.to_string(), self.t0.elapsed()));
-            }
-        }
-    }
-
-    fn has(&self, label: &str) -> bool {
-        self.seen.iter().any(|(l, _)| l == label)
-    }
 }
 
 struct Lab {
@@ -309,35 +232,44 @@ fn pxe_boots_bios_and_uefi_and_ignores_unmarked_macs() -> Result<()> {
     let started = Instant::now();
     let uid = run(Command::new("id").arg("-u")).unwrap_or_default();
     if uid.trim() != "0" {
-        return skip("not root (network namespaces, taps and port 67 need root)");
+        return skip(
+            TEST,
+            "not root (network namespaces, taps and port 67 need root)",
+        );
     }
     for tool in ["ip", "qemu-system-x86_64", "dnsmasq", "cpio"] {
         if !have(tool) {
-            return skip(format!("{tool} not found (scripts/setup installs it)"));
+            return skip(
+                TEST,
+                format!("{tool} not found (scripts/setup installs it)"),
+            );
         }
     }
     for file in LOADERS.iter().chain([&OVMF_CODE, &OVMF_VARS]) {
         if !Path::new(file).is_file() {
-            return skip(format!("{file} missing (packages ipxe, ovmf)"));
+            return skip(TEST, format!("{file} missing (packages ipxe, ovmf)"));
         }
     }
     if !Path::new("/dev/net/tun").exists() {
-        return skip("/dev/net/tun missing (no tap devices)");
+        return skip(TEST, "/dev/net/tun missing (no tap devices)");
     }
     let images = workspace().join("images/out/pxe-lab");
     if !images.join("vmlinuz").is_file() || !images.join("initramfs.cpio").is_file() {
         let out = Command::new(workspace().join("images/build-pxe-lab")).output()?;
         if !out.status.success() {
-            return skip(format!(
-                "lab kernel/initramfs unavailable: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            return skip(
+                TEST,
+                format!(
+                    "lab kernel/initramfs unavailable: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            );
         }
     }
     let probe = format!("bcdlab{}p", std::process::id());
     match Netns::create(probe) {
         Ok(ns) => drop(ns),
-        Err(e) => return skip(format!("cannot create a network namespace: {e:#}")),
+        Err(e) => return skip(TEST, format!("cannot create a network namespace: {e:#}")),
     }
     let built = Instant::now();
     let bcd = bcd_binary()?;

@@ -5,12 +5,12 @@
 //! The CA pin is `sha256:<hex>` of the CA certificate's SubjectPublicKeyInfo, the same form kubeadm uses for its
 //! discovery hash: a node that has never talked to the control plane trusts exactly the chain whose CA key matches.
 
+pub use bc_backoff::{Backoff, ExponentialBackoff, InvalidBackoff, Jitter};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
-pub use bc_backoff::{Backoff, ExponentialBackoff, InvalidBackoff, Jitter};
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -34,6 +34,11 @@ pub enum ChannelError {
 /// `sha256:<hex>` of the SubjectPublicKeyInfo of a certificate.
 pub fn ca_pin_of(cert_der: &[u8]) -> Option<String> {
     spki_of(cert_der).map(|spki| format!("sha256:{}", hex::encode(crate::sha256(&spki))))
+}
+
+/// SHA-256 of a certificate's SubjectPublicKeyInfo: names the key it certifies (a node's `join_key_hash`, hex).
+pub fn key_hash_of(cert_der: &[u8]) -> Option<[u8; 32]> {
+    spki_of(cert_der).map(|spki| crate::sha256(&spki))
 }
 
 /// (NotBefore, NotAfter) of a certificate in Unix milliseconds.
@@ -245,8 +250,11 @@ pub async fn connect(url: &str, tls: Arc<rustls::ClientConfig>) -> Result<Channe
 /// How a daemon reconnects to the gateway (bcd's session, the site agent, `bcd join`'s retries use their own
 /// policies of the same kind): 0.5 s doubling to 30 s, full jitter, so a fleet that lost the gateway together does
 /// not come back together.
-pub const RECONNECT: ExponentialBackoff =
-    ExponentialBackoff::new(Duration::from_millis(500), Duration::from_secs(30), Jitter::Fraction(1.0));
+pub const RECONNECT: ExponentialBackoff = ExponentialBackoff::new(
+    Duration::from_millis(500),
+    Duration::from_secs(30),
+    Jitter::Fraction(1.0),
+);
 
 #[cfg(test)]
 mod tests {

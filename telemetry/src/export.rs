@@ -179,7 +179,8 @@ impl Outbox {
         mut jitter: impl FnMut() -> f64 + Send,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        let mut backoff = ExponentialBackoff::new(MIN_BACKOFF, MAX_BACKOFF, Jitter::Fraction(1.0)).start();
+        let mut backoff =
+            ExponentialBackoff::new(MIN_BACKOFF, MAX_BACKOFF, Jitter::Fraction(1.0)).start();
         let name = self.protocol.name();
         let mut failing_since: Option<tokio::time::Instant> = None;
         loop {

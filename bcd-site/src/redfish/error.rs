@@ -181,6 +181,15 @@ pub enum RedfishError {
     },
 
     #[error(
+        "{system}: the BMC accepted boot from the disk (Hdd, Continuous) but reads back {observed} after {waited:?}: the machine may netboot again at its next reset; set the boot device on the BMC by hand"
+    )]
+    DiskBootNotRestored {
+        system: String,
+        observed: Box<ObservedBoot>,
+        waited: Duration,
+    },
+
+    #[error(
         "{url}: the BMC rejected If-Match {etag} again after a fresh read: the resource is being changed by someone else; retry later"
     )]
     EtagConflict { url: String, etag: String },

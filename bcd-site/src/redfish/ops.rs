@@ -478,6 +478,49 @@ impl Bmc {
         }
     }
 
+    /// Makes the disk the boot device, persistently (`Target=Hdd, Enabled=Continuous`), and reads it back. This is
+    /// how a netboot is ended on a BMC that stores every override as persistent (sushy-tools' libvirt driver keeps
+    /// `Once` as `Continuous`: the next reset would netboot again), and how a deployed machine is left booting its
+    /// installed system.
+    pub async fn restore_disk_boot(&self, system: &str) -> Result<BootOverride, RedfishError> {
+        let (_, etag) = self.get::<ComputerSystem>(system).await?;
+        let body = json!({"Boot": {"BootSourceOverrideTarget": "Hdd", "BootSourceOverrideEnabled": "Continuous"}});
+        self.patch_with_etag(system, &body, etag).await?;
+        let budget = self.opts.boot_readback;
+        let started = tokio::time::Instant::now();
+        loop {
+            let (sys, _) = self.get::<ComputerSystem>(system).await?;
+            let b = sys.boot.unwrap_or_default();
+            if b.boot_source_override_target.as_deref() == Some("Hdd")
+                && b.boot_source_override_enabled.as_deref() == Some("Continuous")
+            {
+                info!(bmc = %self.base_url(), system, "boot device restored to the disk");
+                return Ok(BootOverride {
+                    target: "Hdd".into(),
+                    enabled: "Continuous".into(),
+                    mode: b.boot_source_override_mode,
+                });
+            }
+            if started.elapsed() >= budget {
+                return Err(RedfishError::DiskBootNotRestored {
+                    system: system.to_owned(),
+                    observed: Box::new(ObservedBoot {
+                        target: or_unset(&b.boot_source_override_target),
+                        enabled: or_unset(&b.boot_source_override_enabled),
+                        mode: or_unset(&b.boot_source_override_mode),
+                    }),
+                    waited: started.elapsed(),
+                });
+            }
+            tokio::time::sleep(
+                self.opts
+                    .poll_interval
+                    .min(budget.max(Duration::from_millis(10))),
+            )
+            .await;
+        }
+    }
+
     /// PATCH with If-Match as the quirks ask; a stale ETag (412) or a missing one (428) gets one fresh read and
     /// one more try.
     async fn patch_with_etag(

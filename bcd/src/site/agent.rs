@@ -3,7 +3,9 @@
 //! the gateway's `SiteService`), so the driver runs on paused time in tests; the decisions are all the lease's.
 
 use super::cache::ArtifactCache;
-use super::lease::{BootLease, Effect, Event, LeaseAnswer, LeaseTimes, Refusal, StandByReason, Step};
+use super::lease::{
+    BootLease, Effect, Event, LeaseAnswer, LeaseTimes, Refusal, StandByReason, Step,
+};
 use super::{SiteError, site_identity, tls_of};
 use crate::config::Config;
 use crate::state::{NodeIdentity, StateDir};
@@ -152,7 +154,15 @@ impl SiteAgent {
             table: &table,
             view: &self.view,
         };
-        drive(&mut link, out, times, renew_in, shutdown, rand::random::<f64>).await
+        drive(
+            &mut link,
+            out,
+            times,
+            renew_in,
+            shutdown,
+            rand::random::<f64>,
+        )
+        .await
     }
 }
 
@@ -202,12 +212,7 @@ impl Outputs<'_> {
     fn serve(&self, site_id: &str, t: Netboot, fence: i64, holder: String, first: bool) {
         let machines = t.len();
         if first {
-            tracing::info!(
-                site_id,
-                fence,
-                machines,
-                "boot lease held: answering DHCP"
-            );
+            tracing::info!(site_id, fence, machines, "boot lease held: answering DHCP");
         }
         self.table.send_if_modified(|cur| {
             let changed = *cur != t;
@@ -229,11 +234,9 @@ impl Outputs<'_> {
                 site_id,
                 "boot lease ran out without a renewal: no longer answering DHCP"
             ),
-            Some(StandByReason::Lost { holder }) => tracing::warn!(
-                site_id,
-                holder,
-                "boot lease lost: no longer answering DHCP"
-            ),
+            Some(StandByReason::Lost { holder }) => {
+                tracing::warn!(site_id, holder, "boot lease lost: no longer answering DHCP")
+            }
             Some(StandByReason::Refused) => tracing::warn!(
                 site_id,
                 "the control plane refused this agent: no longer answering DHCP"
@@ -282,7 +285,9 @@ pub(crate) async fn drive<L: Link>(
                         out.serve(&site_id, t, fence, holder, first);
                     }
                 }
-                Effect::StandBy { fence, holder, why } => out.stand_by(&site_id, fence, holder, why),
+                Effect::StandBy { fence, holder, why } => {
+                    out.stand_by(&site_id, fence, holder, why)
+                }
                 Effect::Disconnect => link.disconnect(),
             }
         }
@@ -340,7 +345,11 @@ async fn sleep_until_some(deadline: Option<Instant>) {
 }
 
 /// Performs one I/O step within the request timeout; a fetched table comes back beside the event.
-async fn perform<L: Link>(link: &mut L, step: Step, times: &LeaseTimes) -> (Event, Option<Netboot>) {
+async fn perform<L: Link>(
+    link: &mut L,
+    step: Step,
+    times: &LeaseTimes,
+) -> (Event, Option<Netboot>) {
     let within = times.rpc_timeout;
     let event = match step {
         Step::Connect => match tokio::time::timeout(within, link.connect()).await {
@@ -428,7 +437,8 @@ impl GatewayLink<'_> {
     /// Whether a failed call means the gateway refuses this certificate as revoked (bounded: its answer must not
     /// hold up the lease, whose deadline stops DHCP).
     async fn revoked(&self, s: &tonic::Status) -> bool {
-        let probe = crate::session::refused_as_revoked(s, &self.identity.gateway_url, self.tls.clone());
+        let probe =
+            crate::session::refused_as_revoked(s, &self.identity.gateway_url, self.tls.clone());
         tokio::time::timeout(self.probe_timeout, probe)
             .await
             .unwrap_or(false)
@@ -470,8 +480,12 @@ impl Link for GatewayLink<'_> {
             .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
             .into_inner();
         crate::session::store_renewal(&self.state, &mut self.identity, &r)?;
-        self.tls = tls_of(&self.state)
-            .map_err(|e| format!("renewed, but the new certificate does not load: {}", chain(&e)))?;
+        self.tls = tls_of(&self.state).map_err(|e| {
+            format!(
+                "renewed, but the new certificate does not load: {}",
+                chain(&e)
+            )
+        })?;
         tracing::info!(
             site_id = self.identity.node_id,
             not_after_ms = self.identity.not_after_ms,
@@ -546,6 +560,3 @@ impl Link for GatewayLink<'_> {
         }
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -189,12 +189,12 @@ pub async fn run(
             let path = config.unwrap_or_else(|| PathBuf::from("/etc/bcd/site.toml"));
             site_serve(&path).await?
         }
-                SiteCommand::Enroll {
-                    token,
-                    token_file,
-                    attempts,
-                    agent_config,
-                    overrides,
+        SiteCommand::Enroll {
+            token,
+            token_file,
+            attempts,
+            agent_config,
+            overrides,
         } => {
             let token = match (token, token_file) {
                 (Some(t), _) => t,
@@ -204,19 +204,19 @@ pub async fn run(
                     "give the site token as an argument, in BCD_SITE_TOKEN or with --token-file"
                 ),
             };
-            if crate::join::token_kind(&token) != bc_proto::token::TokenKind::Site {
-                anyhow::bail!(
-                    "`bcd site enroll` takes a site token (bcst_…); a join token (bcjt_…) is for `bcd join`"
-                );
-            }
+            // A join token is refused (naming `bcd join`) before anything is written or sent.
+            crate::join::check_token_kind(bc_proto::token::TokenKind::Site, &token)?;
             let state_dir = state_dir.or(Some(PathBuf::from(SITE_STATE_DIR)));
             let mut overrides = overrides;
             overrides.gpu_backend.get_or_insert_with(|| "none".into());
             let config = load_config(&agent_config, state_dir, overrides)?;
             let claims = crate::hardware::collect(&config.hardware_root, None, None);
-            let outcome =
-                crate::join::join(&config, &token, crate::join::JoinOptions { attempts, claims })
-                    .await?;
+            let outcome = crate::join::enroll_site(
+                &config,
+                &token,
+                crate::join::JoinOptions { attempts, claims },
+            )
+            .await?;
             let how = if outcome.replayed {
                 " (a retry of an earlier enrollment: no token use spent)"
             } else {
@@ -232,10 +232,10 @@ pub async fn run(
                 config.state_dir.display()
             );
         }
-                SiteCommand::Run {
-                    agent_config,
-                    lease_ttl,
-                    overrides,
+        SiteCommand::Run {
+            agent_config,
+            lease_ttl,
+            overrides,
         } => {
             let state_dir = state_dir.or(Some(PathBuf::from(SITE_STATE_DIR)));
             let mut overrides = overrides;
@@ -244,19 +244,18 @@ pub async fn run(
             let path = config.unwrap_or_else(|| PathBuf::from("/etc/bcd/site.toml"));
             site_run(&path, &agent_config, agent, lease_ttl).await?
         }
-                SiteCommand::Redfish {
-                    url,
-                    secret,
-                    user,
-                    password_env,
-                    pin,
-                    system,
-                    action,
+        SiteCommand::Redfish {
+            url,
+            secret,
+            user,
+            password_env,
+            pin,
+            system,
+            action,
         } => {
             let source = match secret {
                 Some(name) => BmcCredentialSource::Secret {
-                    state_dir: state_dir
-                        .unwrap_or_else(|| PathBuf::from(SITE_STATE_DIR)),
+                    state_dir: state_dir.unwrap_or_else(|| PathBuf::from(SITE_STATE_DIR)),
                     name,
                 },
                 None => BmcCredentialSource::Env {

@@ -105,14 +105,18 @@ pub enum Event {
     /// The gateway refused this agent's certificate as revoked (at the handshake or as a status).
     Revoked,
     /// The certificate was renewed; the next renewal is due in `next_in`.
-    Renewed { next_in: Duration },
+    Renewed {
+        next_in: Duration,
+    },
     RenewFailed,
     Answer(LeaseAnswer),
     Refused(Refusal),
     /// The lease request got no answer within its deadline.
     TimedOut,
     /// The netboot table was fetched (`true`) or not.
-    Table { fetched: bool },
+    Table {
+        fetched: bool,
+    },
     /// The agent is asked to stop.
     Shutdown,
 }
@@ -151,7 +155,9 @@ pub enum Effect {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     /// Nothing to do before `until` (a poke may end the wait sooner).
-    Wait { until: Instant },
+    Wait {
+        until: Instant,
+    },
     Connect,
     /// Renew the site certificate.
     Renew,

@@ -1,15 +1,19 @@
 //! bc-core: Better Compute's domain types and pure decisions.
 //!
-//! It owns what the control plane decides: join-token rules ([`join`]), the hardware key ([`hardware`]), the lean
-//! IAM check ([`iam`]), node lifecycle states ([`node`]), reservation admission ([`reservation`]), GPU placement
-//! ([`placer`]) and shard ownership ([`shards`]). It must not import tokio, sqlx, tonic, axum or reqwest,
-//! and never reads the clock, the RNG or the environment: time arrives as an argument (Unix milliseconds).
-//! Start with [`join::check_token`].
+//! It owns what the control plane decides: join-token rules ([`join`]) and the join commit ([`join_commit`]), the
+//! hardware key ([`hardware`]), which node a GPU belongs to ([`devices`]), the lean IAM check ([`iam`]), node
+//! lifecycle states ([`node`]), the bare-metal machine state machine ([`metal`]), reservation admission
+//! ([`reservation`]), GPU placement ([`placer`]) and shard ownership ([`shards`]). It must not import tokio, sqlx,
+//! tonic, axum or reqwest, and never reads the clock, the RNG or the environment: time arrives as an argument (Unix
+//! milliseconds). Start with [`join_commit::plan`].
 
+pub mod devices;
 pub mod hardware;
 pub mod iam;
 pub mod join;
+pub mod join_commit;
 pub mod lifecycle;
+pub mod metal;
 pub mod node;
 pub mod placer;
 pub mod reservation;

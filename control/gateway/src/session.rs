@@ -43,9 +43,15 @@ pub struct Seen {
 
 /// The store side of sessions, implemented by the control plane.
 pub trait SessionBackend: Send + Sync + 'static {
-    /// Refuses unknown and revoked nodes; bumps and returns the node's session epoch.
-    fn open(&self, node_id: &str, hello: &v1::Hello)
-    -> BoxFuture<'_, Result<SessionGrant, Status>>;
+    /// Refuses unknown and revoked nodes, and a `public_key` (the uncompressed point the session's certificate
+    /// certifies) other than the node's current key (one a reclaim superseded); bumps and returns the node's
+    /// session epoch. The key is compared in the statement that bumps the epoch: no read of its own per connect.
+    fn open(
+        &self,
+        node_id: &str,
+        public_key: &[u8],
+        hello: &v1::Hello,
+    ) -> BoxFuture<'_, Result<SessionGrant, Status>>;
     fn inventory(
         &self,
         s: &SessionRef,
@@ -81,12 +87,18 @@ pub trait SessionBackend: Send + Sync + 'static {
         &self,
         sessions: &[SessionRef],
     ) -> BoxFuture<'_, Result<Vec<(String, v1::GatewayMessage)>, Status>>;
-    /// Identities revoked since the watermark `since` (all of them when None), and the watermark for the next call.
-    /// One statement.
-    fn revoked_since(
-        &self,
-        since: Option<i64>,
-    ) -> BoxFuture<'_, Result<(Vec<SpiffeId>, i64), Status>>;
+    /// Identities and keys revoked since the watermark `since` (all of them when None), and the watermark for the
+    /// next call. One statement.
+    fn revoked_since(&self, since: Option<i64>) -> BoxFuture<'_, Result<RevokedSince, Status>>;
+}
+
+/// What [`SessionBackend::revoked_since`] read.
+#[derive(Debug, Clone, Default)]
+pub struct RevokedSince {
+    pub identities: Vec<SpiffeId>,
+    /// SHA-256 of the SubjectPublicKeyInfo of node keys a reclaim superseded: every certificate of such a key.
+    pub keys: Vec<[u8; 32]>,
+    pub watermark_ms: i64,
 }
 
 struct Entry {
@@ -358,7 +370,9 @@ impl v1::session_service_server::SessionService for SessionSvc {
             .as_deref()
             .and_then(|c| c.first())
             .and_then(|leaf| bc_proto::envelope::cert_public_point(leaf).ok())
-            .unwrap_or_default();
+            .ok_or_else(|| {
+                Status::unauthenticated("the client certificate's public key cannot be read")
+            })?;
         let mut inbound = request.into_inner();
         let hello = match tokio::time::timeout(Duration::from_secs(10), inbound.message()).await {
             Ok(Ok(Some(v1::NodeMessage {
@@ -379,14 +393,18 @@ impl v1::session_service_server::SessionService for SessionSvc {
                 hello.node_id
             )));
         }
-        let grant = self.backend.open(id.id(), &hello).await.inspect_err(|s| {
-            tracing::warn!(
-                ?peer,
-                node_id = id.id(),
-                reason = s.message(),
-                "session refused"
-            );
-        })?;
+        let grant = self
+            .backend
+            .open(id.id(), &session_key, &hello)
+            .await
+            .inspect_err(|s| {
+                tracing::warn!(
+                    ?peer,
+                    node_id = id.id(),
+                    reason = s.message(),
+                    "session refused"
+                );
+            })?;
         let session = SessionRef {
             node_id: id.id().to_string(),
             epoch: grant.epoch,
@@ -604,9 +622,10 @@ pub(crate) async fn refresh_revocations(
 ) -> Option<i64> {
     registry.revocation_reads.fetch_add(1, Ordering::Relaxed);
     match backend.revoked_since(since).await {
-        Ok((ids, next)) => {
-            registry.revoke(ids);
-            Some(next)
+        Ok(r) => {
+            registry.revoke(r.identities);
+            registry.revocations.extend_keys(r.keys);
+            Some(r.watermark_ms)
         }
         Err(e) => {
             tracing::warn!(

@@ -2,10 +2,11 @@
 //! control-plane CA when presented. Join needs no client certificate (the joining node has none yet), so client
 //! authentication is optional at the handshake and enforced per service.
 //!
-//! Revocation is checked in the handshake: after the chain verifies, the leaf's SPIFFE ID is looked up in
-//! [`Revocations`], a set the control plane fills at start and keeps current (on its own tick, and at once when a
-//! revoke happens in the same process). A revoked identity gets the `certificate_revoked` alert; the lookup is one
-//! hash probe whatever the number of revoked identities. Sessions are never resumed, so every connection, even a
+//! Revocation is checked in the handshake: after the chain verifies, the leaf's SPIFFE ID, and the key it certifies
+//! when any key is revoked (node keys a reclaim superseded), are looked up in [`Revocations`], sets the control
+//! plane fills at start and keeps current (on its own tick, and at once when a revoke happens in the same process).
+//! A revoked identity or key gets the `certificate_revoked` alert; each lookup is one hash probe whatever the number
+//! of revocations. Sessions are never resumed, so every connection, even a
 //! reconnect of a client that held a session before its revocation, passes the check.
 
 use bc_proto::spiffe::SpiffeId;
@@ -25,13 +26,18 @@ pub enum TlsError {
     Verifier(String),
 }
 
-/// Revoked workload identities (SPIFFE IDs). Cloning shares the set; updates are seen by the next handshake.
+/// Revoked workload identities (SPIFFE IDs) and revoked keys. Cloning shares the sets; updates are seen by the next
+/// handshake.
 ///
 /// Keyed by identity rather than by certificate serial: revoking a node must refuse every certificate it holds,
 /// including earlier ones superseded by renewal but not yet expired, and the store records only the latest serial.
+/// Likewise a node key a reclaim superseded (the node lives on with a new key) is refused by key, whatever
+/// certificate of it is presented.
 #[derive(Clone, Default)]
 pub struct Revocations {
     inner: Arc<RwLock<HashSet<SpiffeId>>>,
+    /// SHA-256 of the SubjectPublicKeyInfo of revoked keys.
+    keys: Arc<RwLock<HashSet<[u8; 32]>>>,
 }
 
 impl std::fmt::Debug for Revocations {
@@ -51,6 +57,42 @@ impl Revocations {
         ids.into_iter()
             .filter(|id| set.insert(id.clone()))
             .collect()
+    }
+
+    /// Adds revoked keys (SHA-256 of their SubjectPublicKeyInfo); returns how many were not known yet.
+    pub fn extend_keys(&self, keys: impl IntoIterator<Item = [u8; 32]>) -> usize {
+        let Ok(mut set) = self.keys.write() else {
+            return 0;
+        };
+        keys.into_iter().filter(|k| set.insert(*k)).count()
+    }
+
+    /// Revoked keys known.
+    pub fn keys_len(&self) -> usize {
+        self.keys.read().map(|s| s.len()).unwrap_or(0)
+    }
+
+    /// Why a client certificate is refused: its identity is revoked, or the key it certifies is. Unparseable
+    /// certificates are not refused here (the chain was already verified; the services refuse what they cannot
+    /// read). The key is only looked at when some key is revoked.
+    pub fn refusal(&self, cert_der: &[u8]) -> Option<String> {
+        if let Some(id) = self.revoked_identity(cert_der) {
+            return Some(format!("identity {id} revoked"));
+        }
+        let any_key = self.keys.read().map(|s| !s.is_empty()).unwrap_or(false);
+        if any_key && let Some(hash) = bc_proto::channel::key_hash_of(cert_der) {
+            let revoked = match self.keys.read() {
+                Ok(set) => set.contains(&hash),
+                Err(poisoned) => poisoned.get_ref().contains(&hash),
+            };
+            if revoked {
+                return Some(format!(
+                    "key {} revoked (superseded by a reclaim)",
+                    hex::encode(hash)
+                ));
+            }
+        }
+        None
     }
 
     pub fn is_revoked(&self, id: &SpiffeId) -> bool {
@@ -107,8 +149,11 @@ impl ClientCertVerifier for RevocationChecking {
         let verified = self
             .inner
             .verify_client_cert(end_entity, intermediates, now)?;
-        if let Some(id) = self.revoked.revoked_identity(end_entity) {
-            tracing::warn!(identity = %id, "client certificate refused at the TLS handshake: identity revoked");
+        if let Some(why) = self.revoked.refusal(end_entity) {
+            tracing::warn!(
+                reason = why,
+                "client certificate refused at the TLS handshake"
+            );
             return Err(rustls::Error::InvalidCertificate(CertificateError::Revoked));
         }
         Ok(verified)
@@ -187,6 +232,39 @@ mod tests {
         // Garbage from a peer is not an identity, and never a panic.
         assert_eq!(r.revoked_identity(b"\x30\x03\x02\x01\x01"), None);
         assert_eq!(r.revoked_identity(&[]), None);
+        Ok(())
+    }
+
+    #[test]
+    fn a_revoked_key_refuses_every_certificate_of_it_and_no_other()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let cert = |key: &rcgen::KeyPair, id: &str| -> Result<Vec<u8>, rcgen::Error> {
+            let mut p = rcgen::CertificateParams::default();
+            p.subject_alt_names = vec![rcgen::SanType::URI(
+                format!("spiffe://test.bc/node/{id}").try_into()?,
+            )];
+            Ok(p.self_signed(key)?.der().to_vec())
+        };
+        let old = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let new = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let (old_a, old_b, current) = (cert(&old, "n1")?, cert(&old, "n1")?, cert(&new, "n1")?);
+        let r = Revocations::default();
+        assert_eq!(r.refusal(&old_a), None);
+        let hash = bc_proto::channel::key_hash_of(&old_a).ok_or("key hash")?;
+        assert_eq!(r.extend_keys([hash, hash]), 1);
+        assert_eq!(r.keys_len(), 1);
+        for c in [&old_a, &old_b] {
+            let why = r
+                .refusal(c)
+                .ok_or("a certificate of the revoked key passed")?;
+            assert!(why.contains("superseded"), "{why}");
+        }
+        assert_eq!(
+            r.refusal(&current),
+            None,
+            "the node's current key is refused"
+        );
+        assert_eq!(r.refusal(b"\x30\x03\x02\x01\x01"), None);
         Ok(())
     }
 }

@@ -52,6 +52,34 @@ fn now() -> OffsetDateTime {
     OffsetDateTime::now_utc()
 }
 
+fn unix_ms(t: OffsetDateTime) -> i64 {
+    i64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
+}
+
+/// Why a join whose node key already belongs to a node is refused, and what to do.
+fn key_taken(
+    node_id: &str,
+    joined_at_ms: i64,
+    same_token: bool,
+    pool: &str,
+    now_ms: i64,
+) -> String {
+    let ago_min = (now_ms - joined_at_ms).max(0) / 60_000;
+    let window_min = bc_core::join::REPLAY_WINDOW_MS / 60_000;
+    let how = if same_token {
+        format!(
+            "with this token {ago_min} min ago; a retry gets the same node only within {window_min} min of the join"
+        )
+    } else {
+        format!("with another token {ago_min} min ago")
+    };
+    format!(
+        "this node key already belongs to node {node_id} (joined {how}). If this machine is node {node_id} and lost \
+         its identity, rejoin with a reclaim token (`better-compute join-tokens create --pool {pool} --reclaim`); \
+         to join as a new node, revoke node {node_id} or start from an empty state directory (a new key)"
+    )
+}
+
 fn internal(what: &str, e: &dyn std::error::Error) -> Status {
     tracing::error!(error = %e, "{what}");
     Status::unavailable(format!(
@@ -113,8 +141,8 @@ impl JoinService {
                 SealError::WrongKey => Status::permission_denied(e.to_string()),
                 _ => Status::invalid_argument(e.to_string()),
             })?;
-        // Site tokens enroll site agents through the same sealed-token path.
-        if token.starts_with(TokenKind::Site.prefix()) {
+        // Site tokens enroll site agents through the same sealed-token path; each kind only on its own path.
+        if check_purpose(req.purpose, &token)? == TokenKind::Site {
             let site = Token::parse(TokenKind::Site, &token).map_err(|e| {
                 Status::invalid_argument(format!("the sealed token is not a site token: {e}"))
             })?;
@@ -201,16 +229,28 @@ impl JoinService {
             JoinCommit::Expired => Err(Status::permission_denied(
                 TokenRejection::Expired.to_string(),
             )),
-            JoinCommit::Replay { node_id }
-            | JoinCommit::HardwareTaken {
+            JoinCommit::Replay { node_id } => self.replay(&csr, &node_id, &row.pool_id, t).await,
+            JoinCommit::HardwareTaken { node_id } => Err(Status::already_exists(format!(
+                "this hardware already belongs to node {node_id}: join with a reclaim token (`better-compute \
+                 join-tokens create --pool {} --reclaim`), or revoke node {node_id} first",
+                row.pool_id
+            ))),
+            JoinCommit::KeyTaken {
                 node_id,
-                same_key: true,
-            } => self.replay(&csr, &node_id, &row.pool_id, t).await,
-            JoinCommit::HardwareTaken { node_id, .. } => Err(Status::already_exists(format!(
-                "this hardware already belongs to node {node_id}: join with a reclaim token, or revoke that node first"
+                joined_at_ms,
+                same_token,
+            } => Err(Status::already_exists(key_taken(
+                &node_id,
+                joined_at_ms,
+                same_token,
+                &row.pool_id,
+                unix_ms(t),
             ))),
             JoinCommit::ReclaimLost => Err(Status::aborted(
                 "the node to reclaim changed during the join; retry",
+            )),
+            JoinCommit::Raced => Err(Status::aborted(
+                "another join of this machine or key committed at the same moment; retry",
             )),
         }
     }
@@ -308,7 +348,10 @@ async fn commit_loop(store: Store, mut rx: mpsc::Receiver<Job>) {
             jobs = rest;
             let candidates: Vec<JoinCandidate> =
                 group.iter().map(|j| j.candidate.clone()).collect();
-            match store.commit_joins(&token, &pool, &candidates).await {
+            match store
+                .commit_joins(&token, &pool, &candidates, unix_ms(now()))
+                .await
+            {
                 Ok(outcomes) => {
                     for (job, outcome) in group.into_iter().zip(outcomes) {
                         let _ = job.reply.send(Ok(outcome));
@@ -322,6 +365,29 @@ async fn commit_loop(store: Store, mut rx: mpsc::Receiver<Job>) {
                 }
             }
         }
+    }
+}
+
+/// The path a request takes: the purpose the caller states must match the kind of the token it sealed. A site
+/// token sent to join a node, a join token sent to enroll a site agent, or no purpose at all is refused with what to
+/// run instead, before anything is read or spent.
+pub fn check_purpose(purpose: i32, token: &str) -> Result<TokenKind, Status> {
+    let site = token.trim().starts_with(TokenKind::Site.prefix());
+    match v1::JoinPurpose::try_from(purpose) {
+        Ok(v1::JoinPurpose::Node) if site => Err(Status::invalid_argument(
+            "a site token (bcst_…) enrolls a rack agent, not a node: run `bcd site enroll` with it; \
+             `bcd join` takes a join token (bcjt_…)",
+        )),
+        Ok(v1::JoinPurpose::Node) => Ok(TokenKind::Join),
+        Ok(v1::JoinPurpose::Site) if site => Ok(TokenKind::Site),
+        Ok(v1::JoinPurpose::Site) => Err(Status::invalid_argument(
+            "a join token (bcjt_…) joins a node, not a site agent: run `bcd join` with it; \
+             `bcd site enroll` takes a site token (bcst_…)",
+        )),
+        Ok(v1::JoinPurpose::Unspecified) | Err(_) => Err(Status::invalid_argument(
+            "JoinRequest.purpose is unset or unknown: this client predates the control plane; upgrade bcd \
+             (`bcd join` sends NODE, `bcd site enroll` sends SITE)",
+        )),
     }
 }
 

@@ -4,7 +4,7 @@
 
 use crate::ca::{Ca, CsrError, VerifiedCsr, verify_csr};
 use bc_gateway::BoxFuture;
-use bc_gateway::session::{Seen, SessionBackend, SessionGrant, SessionRef};
+use bc_gateway::session::{RevokedSince, Seen, SessionBackend, SessionGrant, SessionRef};
 use bc_proto::spiffe::{Role, SpiffeId};
 use bc_proto::v1;
 use bc_store::Store;
@@ -64,10 +64,15 @@ impl ControlSessions {
         }
     }
 
-    async fn open_inner(&self, node_id: &str, hello: &v1::Hello) -> Result<SessionGrant, Status> {
+    async fn open_inner(
+        &self,
+        node_id: &str,
+        public_key: &[u8],
+        hello: &v1::Hello,
+    ) -> Result<SessionGrant, Status> {
         let opened = match self
             .store
-            .open_session(node_id)
+            .open_session(node_id, public_key)
             .await
             .map_err(unavailable)?
         {
@@ -80,6 +85,12 @@ impl ControlSessions {
             Err(OpenRefusal::Revoked) => {
                 return Err(Status::permission_denied(format!(
                     "node {node_id} is revoked"
+                )));
+            }
+            Err(OpenRefusal::KeySuperseded) => {
+                return Err(Status::permission_denied(format!(
+                    "this certificate's key is no longer node {node_id}'s: the node was reclaimed with another key, \
+                     and certificates of the old key are revoked"
                 )));
             }
         };
@@ -150,11 +161,20 @@ impl ControlSessions {
             return Err(stale(s));
         }
         if section.name == "gpus" {
-            // The inventory controller's derivation: bookable devices follow the node's GPUs.
-            self.store
+            // The inventory controller's derivation: bookable devices follow the node's GPUs, each GPU on one node
+            // (a UUID another node holds becomes a condition on this one, never a second device).
+            let sync = self
+                .store
                 .sync_gpu_devices(&s.node_id, &payload)
                 .await
                 .map_err(unavailable)?;
+            if !sync.conflicted.is_empty() {
+                tracing::warn!(
+                    node_id = s.node_id,
+                    conflicts = sync.conflicted.len(),
+                    "GPUs reported that other nodes hold: not bookable here"
+                );
+            }
         }
         Ok(())
     }
@@ -260,6 +280,19 @@ impl ControlSessions {
             .ok_or_else(|| Status::not_found("node not found"))?;
         if node.state == "revoked" || node.session_epoch != epoch(s) {
             return Err(stale(s));
+        }
+        // The key must still be the node's: a reclaim supersedes it (and bumps the epoch, refused above; this holds
+        // even for a session opened before the reclaim committed). Renewals are rare: one read is cheap here.
+        let current = self
+            .store
+            .node_public_key(&s.node_id)
+            .await
+            .map_err(unavailable)?;
+        if current.as_deref() != Some(session_key) {
+            return Err(Status::permission_denied(format!(
+                "renewal refused: this key is no longer node {}'s (superseded by a reclaim)",
+                s.node_id
+            )));
         }
         let issued = self
             .ca
@@ -369,10 +402,11 @@ impl SessionBackend for ControlSessions {
     fn open(
         &self,
         node_id: &str,
+        public_key: &[u8],
         hello: &v1::Hello,
     ) -> BoxFuture<'_, Result<SessionGrant, Status>> {
-        let (node_id, hello) = (node_id.to_string(), hello.clone());
-        Box::pin(async move { self.open_inner(&node_id, &hello).await })
+        let (node_id, key, hello) = (node_id.to_string(), public_key.to_vec(), hello.clone());
+        Box::pin(async move { self.open_inner(&node_id, &key, &hello).await })
     }
 
     fn inventory(
@@ -471,10 +505,7 @@ impl SessionBackend for ControlSessions {
         Box::pin(async move { self.pending_inner(&sessions).await })
     }
 
-    fn revoked_since(
-        &self,
-        since: Option<i64>,
-    ) -> BoxFuture<'_, Result<(Vec<SpiffeId>, i64), Status>> {
+    fn revoked_since(&self, since: Option<i64>) -> BoxFuture<'_, Result<RevokedSince, Status>> {
         Box::pin(async move {
             let revoked = self
                 .store
@@ -483,12 +514,20 @@ impl SessionBackend for ControlSessions {
                 .map_err(unavailable)?;
             let nodes = revoked.nodes.iter().map(|id| (Role::Node, id));
             let sites = revoked.sites.iter().map(|id| (Role::Site, id));
-            let ids = nodes
+            let identities = nodes
                 .chain(sites)
                 .filter_map(|(role, id)| SpiffeId::new(&self.trust_domain, role, id).ok())
                 .collect();
-            let next = revoked.watermark_ms;
-            Ok((ids, next))
+            let keys = revoked
+                .keys
+                .iter()
+                .filter_map(|k| hex::decode(k).ok()?.try_into().ok())
+                .collect();
+            Ok(RevokedSince {
+                identities,
+                keys,
+                watermark_ms: revoked.watermark_ms,
+            })
         })
     }
 }

@@ -1,13 +1,14 @@
 //! bc-store: Better Compute's PostgreSQL state.
 //!
 //! It owns the schema and its embedded migrations ([`migrate`]), every query the control plane runs ([`Store`]:
-//! IAM, pools, join tokens, nodes, sessions, reservations and how far desired state reached the nodes ([`desired`]), shard leases and the work queue, audit), the embedded PostgreSQL used by `dev` mode ([`embedded`]) and the test
+//! IAM, pools, join tokens, nodes, sessions, devices, reservations and how far desired state reached the nodes ([`desired`]), shard leases and the work queue, audit), the embedded PostgreSQL used by `dev` mode ([`embedded`]) and the test
 //! harness ([`testing`]: one cluster per process, template migrated once, a fresh database per test). It must not
 //! import tonic, axum or any workspace crate but bc-core. Start with [`Store::commit_joins`], the hot path of `bcd
 //! join`.
 
 pub mod artifacts;
 pub mod desired;
+pub mod devices;
 pub mod embedded;
 pub mod iam;
 pub mod join_tokens;

@@ -63,6 +63,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0010_site_revocation.sql"),
     },
     Migration {
+        version: 11,
+        name: "identity_bindings",
+        sql: include_str!("../migrations/0011_identity_bindings.sql"),
+    },
+    Migration {
         version: 12,
         name: "desired_state_failures",
         sql: include_str!("../migrations/0012_desired_state_failures.sql"),

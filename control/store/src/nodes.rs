@@ -19,7 +19,7 @@ pub struct JoinCandidate {
     pub public_key_hex: String,
 }
 
-/// What became of one candidate once the token's row was locked.
+/// What became of one candidate once the token's row was locked (decided by [`bc_core::join_commit::plan`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JoinCommit {
     Joined {
@@ -29,11 +29,15 @@ pub enum JoinCommit {
     Revoked,
     Expired,
     Exhausted,
-    /// Another live node already holds this hardware key. `same_key` when that node joined with the same token and
-    /// node key (a retry that raced its own first attempt).
+    /// Another live node holds this hardware key and the join does not reclaim it.
     HardwareTaken {
         node_id: String,
-        same_key: bool,
+    },
+    /// This node key already belongs to a live node, and the join is not a retry within the replay window.
+    KeyTaken {
+        node_id: String,
+        joined_at_ms: i64,
+        same_token: bool,
     },
     /// The node to reclaim was revoked or changed hardware between the check and the commit.
     ReclaimLost,
@@ -42,6 +46,9 @@ pub enum JoinCommit {
     Replay {
         node_id: String,
     },
+    /// Concurrent commits (another token's batches) kept taking this join's key or hardware between the read of
+    /// the holders and the write: nothing was written for it; a retry is judged against what exists then.
+    Raced,
 }
 
 /// What [`Store::revoked_identities_since`] found: revoked node ids and revoked site ids (each a SPIFFE identity
@@ -50,6 +57,8 @@ pub enum JoinCommit {
 pub struct RevokedIdentities {
     pub nodes: Vec<String>,
     pub sites: Vec<String>,
+    /// SHA-256 (hex) of node keys superseded by a reclaim: every certificate of such a key is revoked.
+    pub keys: Vec<String>,
     pub watermark_ms: i64,
 }
 
@@ -79,8 +88,14 @@ pub struct HardwareOwner {
     pub join_key_hash: String,
 }
 
+/// The last two columns: UUIDs and holders of the node's GPU conflicts, shown as conditions (see
+/// [`bc_core::devices`]).
 const NODE_COLUMNS: &str = "id, pool_id, state, hardware_key, claims, joined_at, cert_not_after, join_token_id, \
-                            session_epoch, online, last_seen_at, desired_generation, acked_generation, conditions";
+                            session_epoch, online, last_seen_at, desired_generation, acked_generation, conditions, \
+                            ARRAY(SELECT d.uuid FROM devices d \
+                                  WHERE d.node_id = nodes.id AND d.conflict_with IS NOT NULL ORDER BY d.uuid), \
+                            ARRAY(SELECT d.conflict_with FROM devices d \
+                                  WHERE d.node_id = nodes.id AND d.conflict_with IS NOT NULL ORDER BY d.uuid)";
 
 fn node_from_row(row: &sqlx::postgres::PgRow) -> NodeRow {
     NodeRow {
@@ -97,23 +112,53 @@ fn node_from_row(row: &sqlx::postgres::PgRow) -> NodeRow {
         last_seen_ms: row.get::<Option<time::OffsetDateTime>, _>(10).map(to_ms),
         desired_generation: row.get(11),
         acked_generation: row.get(12),
-        conditions: row.get(13),
+        conditions: with_gpu_conflicts(row.get(13), row.get(14), row.get(15)),
     }
 }
 
+/// The stored conditions (the lifecycle's) followed by one per GPU conflict: conflicts end when the GPUs do, not
+/// when the next acceptance check rewrites the conditions.
+fn with_gpu_conflicts(
+    stored: serde_json::Value,
+    uuids: Vec<String>,
+    holders: Vec<String>,
+) -> serde_json::Value {
+    if uuids.is_empty() {
+        return stored;
+    }
+    let mut all = match stored {
+        serde_json::Value::Array(a) => a,
+        serde_json::Value::Null => Vec::new(),
+        other => vec![other],
+    };
+    for (uuid, holder) in uuids.iter().zip(&holders) {
+        all.push(bc_core::devices::conflict_condition(uuid, holder).into());
+    }
+    serde_json::Value::Array(all)
+}
+
+/// How many times a batch is planned when concurrent commits (another token's batches) took a key or hardware
+/// between the read of the holders and the write.
+const PLAN_ROUNDS: usize = 3;
+
 impl Store {
-    /// Spends `token_id` for a batch of candidates in one transaction: locks the token row, grants at most
-    /// `uses_left` of them in order, reclaims or inserts the nodes, decrements the uses by what was actually used,
-    /// and writes one audit event per node. The returned outcomes are in the order of `candidates`.
+    /// Spends `token_id` for a batch of candidates in one transaction: locks the token row, reads the live nodes
+    /// holding the batch's node keys and hardware keys, lets [`bc_core::join_commit::plan`] decide each candidate
+    /// at `now_ms`, then inserts or reclaims the nodes it admits, decrements the uses by what was actually used,
+    /// records the keys reclaims superseded (their certificates revoked) and writes one audit event per node. The
+    /// returned outcomes are in the order of `candidates`.
     pub async fn commit_joins(
         &self,
         token_id: &str,
         pool_id: &str,
         candidates: &[JoinCandidate],
+        now_ms: i64,
     ) -> Result<Vec<JoinCommit>, StoreError> {
+        use bc_core::join_commit::{Decision, TokenState};
         let mut tx = self.pool.begin().await?;
         let token = sqlx::query(
-            "SELECT uses_left, revoked_at IS NOT NULL, expires_at <= now() FROM join_tokens WHERE id = $1 FOR UPDATE",
+            "SELECT uses_left, revoked_at IS NOT NULL, (extract(epoch FROM expires_at) * 1000)::bigint \
+             FROM join_tokens WHERE id = $1 FOR UPDATE",
         )
         .bind(token_id)
         .fetch_optional(&mut *tx)
@@ -122,170 +167,112 @@ impl Store {
             what: "join token",
             id: token_id.to_string(),
         })?;
-        let (uses_left, revoked, expired): (i32, bool, bool) =
-            (token.get(0), token.get(1), token.get(2));
-        if revoked {
-            return Ok(vec![JoinCommit::Revoked; candidates.len()]);
-        }
-        if expired {
-            tx.commit().await?;
-            let keys: Vec<&str> = candidates
-                .iter()
-                .map(|c| c.join_key_hash.as_str())
-                .collect();
-            let replays = self
-                .recent_joins_by_key(token_id, &keys, bc_core::join::REPLAY_WINDOW_MS)
-                .await?;
-            return Ok(candidates
-                .iter()
-                .map(
-                    |c| match replays.iter().find(|(k, _)| *k == c.join_key_hash) {
-                        Some((_, node_id)) => JoinCommit::Replay {
-                            node_id: node_id.clone(),
-                        },
-                        None => JoinCommit::Expired,
-                    },
-                )
-                .collect());
-        }
-        let granted = usize::try_from(uses_left)
-            .unwrap_or(0)
-            .min(candidates.len());
-        let (chosen, _) = candidates.split_at(granted);
-        let to_json = |reclaim: bool| {
-            serde_json::to_value(
-                chosen
-                    .iter()
-                    .filter(|c| c.reclaim == reclaim)
-                    .collect::<Vec<_>>(),
-            )
-            .map_err(|e| StoreError::Corrupt(e.to_string()))
+        let mut state = TokenState {
+            uses_left: i64::from(token.get::<i32, _>(0)),
+            revoked: token.get(1),
+            expires_at_ms: token.get(2),
         };
-        const RECORD: &str = "jsonb_to_recordset($1) AS x(node_id text, hardware_key text, claims jsonb, \
-                              join_key_hash text, cert_serial text, not_after_ms bigint, public_key_hex text)";
-        let mut done: Vec<(String, bool)> = Vec::with_capacity(granted);
-        if chosen.iter().any(|c| c.reclaim) {
-            let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE nodes n SET state = 'adopting', claims = x.claims, join_token_id = $2, \
-                 join_key_hash = x.join_key_hash, joined_at = now(), cert_serial = x.cert_serial, \
-                 cert_not_after = to_timestamp(x.not_after_ms / 1000.0), public_key = decode(x.public_key_hex, 'hex'), \
-                 updated_at = now() \
-                 FROM {RECORD} WHERE n.id = x.node_id AND n.hardware_key = x.hardware_key AND n.state <> 'revoked' \
-                 AND n.join_key_hash <> x.join_key_hash RETURNING n.id"
-            )))
-            .bind(to_json(true)?)
-            .bind(token_id)
-            .fetch_all(&mut *tx)
-            .await?;
-            done.extend(rows.iter().map(|r| (r.get::<String, _>(0), true)));
-        }
-        if chosen.iter().any(|c| !c.reclaim) {
-            let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO nodes (id, pool_id, state, hardware_key, claims, join_token_id, join_key_hash, joined_at, \
-                 cert_serial, cert_not_after, public_key) \
-                 SELECT x.node_id, $2, 'adopting', x.hardware_key, x.claims, $3, x.join_key_hash, now(), \
-                 x.cert_serial, to_timestamp(x.not_after_ms / 1000.0), decode(x.public_key_hex, 'hex') FROM {RECORD} \
-                 ON CONFLICT DO NOTHING RETURNING id"
-            )))
-            .bind(to_json(false)?)
-            .bind(pool_id)
-            .bind(token_id)
-            .fetch_all(&mut *tx)
-            .await?;
-            done.extend(rows.iter().map(|r| (r.get::<String, _>(0), false)));
-        }
-        if !done.is_empty() {
-            let used = i32::try_from(done.len()).unwrap_or(i32::MAX);
-            sqlx::query("UPDATE join_tokens SET uses_left = uses_left - $2 WHERE id = $1")
-                .bind(token_id)
-                .bind(used)
-                .execute(&mut *tx)
-                .await?;
-            let ids: Vec<&str> = done.iter().map(|(id, _)| id.as_str()).collect();
-            let reclaimed: Vec<bool> = done.iter().map(|(_, r)| *r).collect();
-            sqlx::query(
-                "INSERT INTO audit_events (actor, action, subject, detail) \
-                 SELECT 'join-token/' || $1, CASE WHEN r THEN 'node.reclaimed' ELSE 'node.joined' END, \
-                 'node/' || id, jsonb_build_object('pool', $2::text) FROM unnest($3::text[], $4::bool[]) AS u(id, r)",
+        let mut out: Vec<Option<JoinCommit>> = vec![None; candidates.len()];
+        let mut pending: Vec<usize> = (0..candidates.len()).collect();
+        let mut applied: Vec<Applied> = Vec::new();
+        for _ in 0..PLAN_ROUNDS {
+            if pending.is_empty() {
+                break;
+            }
+            let batch: Vec<&JoinCandidate> = pending.iter().map(|&i| &candidates[i]).collect();
+            let holders = holders_of(&mut tx, &batch).await?;
+            let input: Vec<bc_core::join_commit::Candidate<'_>> = batch
+                .iter()
+                .map(|c| bc_core::join_commit::Candidate {
+                    node_id: &c.node_id,
+                    reclaim: c.reclaim,
+                    hardware_key: c.hardware_key.as_deref(),
+                    join_key_hash: &c.join_key_hash,
+                })
+                .collect();
+            let decisions = bc_core::join_commit::plan(token_id, &state, &input, &holders, now_ms);
+            let chosen = |want: &Decision| -> Vec<&JoinCandidate> {
+                batch
+                    .iter()
+                    .zip(&decisions)
+                    .filter(|(_, d)| *d == want)
+                    .map(|(c, _)| *c)
+                    .collect()
+            };
+            let inserted = insert_nodes(
+                &mut tx,
+                token_id,
+                pool_id,
+                &chosen(&Decision::Insert),
+                now_ms,
             )
-            .bind(token_id)
-            .bind(pool_id)
-            .bind(&ids)
-            .bind(&reclaimed)
-            .execute(&mut *tx)
             .await?;
-        }
-        tx.commit().await?;
-
-        // Candidates that did not become nodes: a retry of an earlier join with the same key is a replay (unless
-        // the token was revoked since); otherwise say why.
-        let missing: Vec<&str> = candidates
-            .iter()
-            .enumerate()
-            .filter(|(i, c)| *i >= granted || !done.iter().any(|(id, _)| *id == c.node_id))
-            .map(|(_, c)| c.join_key_hash.as_str())
-            .collect();
-        let replays = self
-            .recent_joins_by_key(token_id, &missing, bc_core::join::REPLAY_WINDOW_MS)
-            .await?;
-        let mut out = Vec::with_capacity(candidates.len());
-        for (i, c) in candidates.iter().enumerate() {
-            if let Some((_, reclaimed)) = done.iter().find(|(id, _)| *id == c.node_id) {
-                out.push(JoinCommit::Joined {
-                    node_id: c.node_id.clone(),
-                    reclaimed: *reclaimed,
-                });
-            } else if let Some((_, node_id)) = replays.iter().find(|(k, _)| *k == c.join_key_hash) {
-                out.push(JoinCommit::Replay {
-                    node_id: node_id.clone(),
-                });
-            } else if i >= granted {
-                out.push(JoinCommit::Exhausted);
-            } else if c.reclaim {
-                out.push(JoinCommit::ReclaimLost);
-            } else {
-                let owner = match &c.hardware_key {
-                    Some(hk) => self.node_by_hardware_key(hk).await?,
-                    None => None,
-                };
-                out.push(match owner {
-                    Some(o) => JoinCommit::HardwareTaken {
-                        same_key: o.join_key_hash == c.join_key_hash
-                            && o.join_token_id.as_deref() == Some(token_id),
-                        node_id: o.node_id,
+            let reclaimed =
+                reclaim_nodes(&mut tx, token_id, &chosen(&Decision::Reclaim), now_ms).await?;
+            state.uses_left -= (inserted.len() + reclaimed.len()) as i64;
+            let mut raced = Vec::new();
+            for (&i, d) in pending.iter().zip(decisions) {
+                let c = &candidates[i];
+                out[i] = Some(match d {
+                    Decision::Insert if inserted.contains(&c.node_id) => {
+                        applied.push(Applied {
+                            index: i,
+                            reclaimed: false,
+                            superseded: None,
+                        });
+                        JoinCommit::Joined {
+                            node_id: c.node_id.clone(),
+                            reclaimed: false,
+                        }
+                    }
+                    Decision::Reclaim => match reclaimed.iter().find(|(id, _)| *id == c.node_id) {
+                        Some((_, superseded)) => {
+                            applied.push(Applied {
+                                index: i,
+                                reclaimed: true,
+                                superseded: superseded.clone(),
+                            });
+                            JoinCommit::Joined {
+                                node_id: c.node_id.clone(),
+                                reclaimed: true,
+                            }
+                        }
+                        None => {
+                            raced.push(i);
+                            continue;
+                        }
                     },
-                    // The conflicting node was revoked in between: report it as taken; a retry will succeed.
-                    None => JoinCommit::HardwareTaken {
-                        node_id: String::new(),
-                        same_key: false,
+                    Decision::Insert => {
+                        raced.push(i);
+                        continue;
+                    }
+                    Decision::Replay { node_id } => JoinCommit::Replay { node_id },
+                    Decision::Revoked => JoinCommit::Revoked,
+                    Decision::Expired => JoinCommit::Expired,
+                    Decision::Exhausted => JoinCommit::Exhausted,
+                    Decision::HardwareTaken { node_id } => JoinCommit::HardwareTaken { node_id },
+                    Decision::KeyTaken {
+                        node_id,
+                        joined_at_ms,
+                        same_token,
+                    } => JoinCommit::KeyTaken {
+                        node_id,
+                        joined_at_ms,
+                        same_token,
                     },
+                    Decision::ReclaimLost => JoinCommit::ReclaimLost,
                 });
             }
+            pending = raced;
         }
-        Ok(out)
-    }
-
-    /// (key hash, node id) of live nodes that joined with `token_id` and one of `key_hashes` within `window_ms`:
-    /// retries of joins whose reply was lost.
-    pub async fn recent_joins_by_key(
-        &self,
-        token_id: &str,
-        key_hashes: &[&str],
-        window_ms: i64,
-    ) -> Result<Vec<(String, String)>, StoreError> {
-        if key_hashes.is_empty() {
-            return Ok(Vec::new());
+        if !applied.is_empty() {
+            record_joins(&mut tx, token_id, pool_id, candidates, &applied).await?;
         }
-        let rows = sqlx::query(
-            "SELECT join_key_hash, id FROM nodes WHERE join_token_id = $1 AND join_key_hash = ANY($2) \
-             AND joined_at > now() - make_interval(secs => $3 / 1000.0) AND state <> 'revoked'",
-        )
-        .bind(token_id)
-        .bind(key_hashes)
-        .bind(window_ms as f64)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        tx.commit().await?;
+        Ok(out
+            .into_iter()
+            .map(|o| o.unwrap_or(JoinCommit::Raced))
+            .collect())
     }
 
     /// The public point of a node's key (for verifying its signed results).
@@ -332,8 +319,8 @@ impl Store {
         Ok(())
     }
 
-    /// Identities revoked since `since_ms` (all of them when None): nodes and sites, and the watermark for the next
-    /// call (the database's clock now). Rows are matched with a minute of overlap, so a revocation whose transaction
+    /// Identities revoked since `since_ms` (all of them when None): nodes, sites and superseded node keys, and the
+    /// watermark for the next call (the database's clock now). Rows are matched with a minute of overlap, so a revocation whose transaction
     /// began before the previous read but committed after it is still found. One statement.
     pub async fn revoked_identities_since(
         &self,
@@ -344,7 +331,9 @@ impl Store {
              ARRAY(SELECT id FROM nodes WHERE state = 'revoked' \
                    AND ($1::bigint IS NULL OR updated_at > to_timestamp(($1 - 60000) / 1000.0))), \
              ARRAY(SELECT id FROM sites WHERE revoked_at IS NOT NULL \
-                   AND ($1::bigint IS NULL OR revoked_at > to_timestamp(($1 - 60000) / 1000.0)))",
+                   AND ($1::bigint IS NULL OR revoked_at > to_timestamp(($1 - 60000) / 1000.0))), \
+             ARRAY(SELECT key_hash FROM node_key_revocations \
+                   WHERE $1::bigint IS NULL OR revoked_at > to_timestamp(($1 - 60000) / 1000.0))",
         )
         .bind(since_ms)
         .fetch_one(&self.pool)
@@ -352,6 +341,7 @@ impl Store {
         Ok(RevokedIdentities {
             nodes: row.get(1),
             sites: row.get(2),
+            keys: row.get(3),
             watermark_ms: row.get(0),
         })
     }
@@ -374,4 +364,171 @@ impl Store {
         .await?;
         Ok(rows.iter().map(node_from_row).collect())
     }
+}
+
+// === the join commit's statements ===
+
+/// A candidate that became a node.
+struct Applied {
+    index: usize,
+    reclaimed: bool,
+    /// The key a reclaim superseded: (key hash, its last certificate's serial).
+    superseded: Option<(String, String)>,
+}
+
+const RECORD: &str = "jsonb_to_recordset($1) AS x(node_id text, hardware_key text, claims jsonb, \
+                      join_key_hash text, cert_serial text, not_after_ms bigint, public_key_hex text)";
+
+fn records(candidates: &[&JoinCandidate]) -> Result<serde_json::Value, StoreError> {
+    serde_json::to_value(candidates).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// Live nodes holding one of the batch's node keys or hardware keys: one statement on the two unique indexes.
+async fn holders_of(
+    tx: &mut sqlx::PgConnection,
+    batch: &[&JoinCandidate],
+) -> Result<Vec<bc_core::join_commit::Holder>, StoreError> {
+    let keys: Vec<&str> = batch.iter().map(|c| c.join_key_hash.as_str()).collect();
+    let hks: Vec<&str> = batch
+        .iter()
+        .filter_map(|c| c.hardware_key.as_deref())
+        .collect();
+    let rows = sqlx::query(
+        "SELECT id, join_token_id, join_key_hash, hardware_key, (extract(epoch FROM joined_at) * 1000)::bigint \
+         FROM nodes WHERE state <> 'revoked' AND (join_key_hash = ANY($1) OR hardware_key = ANY($2))",
+    )
+    .bind(&keys)
+    .bind(&hks)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|r| bc_core::join_commit::Holder {
+            node_id: r.get(0),
+            join_token_id: r.get(1),
+            join_key_hash: r.get(2),
+            hardware_key: r.get(3),
+            joined_at_ms: r.get(4),
+        })
+        .collect())
+}
+
+/// Inserts new nodes as `adopting`; returns the ids inserted (a concurrent commit of the same key or hardware
+/// makes a row conflict, and it is skipped).
+async fn insert_nodes(
+    tx: &mut sqlx::PgConnection,
+    token_id: &str,
+    pool_id: &str,
+    chosen: &[&JoinCandidate],
+    now_ms: i64,
+) -> Result<Vec<String>, StoreError> {
+    if chosen.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO nodes (id, pool_id, state, hardware_key, claims, join_token_id, join_key_hash, joined_at, \
+         cert_serial, cert_not_after, public_key) \
+         SELECT x.node_id, $2, 'adopting', x.hardware_key, x.claims, $3, x.join_key_hash, to_timestamp($4 / 1000.0), \
+         x.cert_serial, to_timestamp(x.not_after_ms / 1000.0), decode(x.public_key_hex, 'hex') FROM {RECORD} \
+         ON CONFLICT DO NOTHING RETURNING id"
+    )))
+    .bind(records(chosen)?)
+    .bind(pool_id)
+    .bind(token_id)
+    .bind(now_ms as f64)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Re-adopts nodes with their new key: state `adopting`, the new key and certificate, and a new session epoch (the
+/// old key's session can write nothing more, and its gateway closes it at the next liveness write). Returns (node
+/// id, superseded (key hash, certificate serial)) per node reclaimed; the superseded key is None when the reclaim
+/// kept the node's key.
+async fn reclaim_nodes(
+    tx: &mut sqlx::PgConnection,
+    token_id: &str,
+    chosen: &[&JoinCandidate],
+    now_ms: i64,
+) -> Result<Vec<(String, Option<(String, String)>)>, StoreError> {
+    if chosen.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE nodes n SET state = 'adopting', claims = x.claims, join_token_id = $2, \
+         join_key_hash = x.join_key_hash, joined_at = to_timestamp($3 / 1000.0), cert_serial = x.cert_serial, \
+         cert_not_after = to_timestamp(x.not_after_ms / 1000.0), public_key = decode(x.public_key_hex, 'hex'), \
+         session_epoch = n.session_epoch + 1, online = false, updated_at = now() \
+         FROM {RECORD}, nodes o WHERE n.id = x.node_id AND o.id = n.id AND n.hardware_key = x.hardware_key \
+         AND n.state <> 'revoked' RETURNING n.id, o.join_key_hash, o.cert_serial, o.join_key_hash = x.join_key_hash"
+    )))
+    .bind(records(chosen)?)
+    .bind(token_id)
+    .bind(now_ms as f64)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let kept: bool = r.get(3);
+            (r.get(0), (!kept).then(|| (r.get(1), r.get(2))))
+        })
+        .collect())
+}
+
+/// Spends the uses, revokes the keys reclaims superseded and writes one audit event per node.
+async fn record_joins(
+    tx: &mut sqlx::PgConnection,
+    token_id: &str,
+    pool_id: &str,
+    candidates: &[JoinCandidate],
+    applied: &[Applied],
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE join_tokens SET uses_left = uses_left - $2 WHERE id = $1")
+        .bind(token_id)
+        .bind(i32::try_from(applied.len()).unwrap_or(i32::MAX))
+        .execute(&mut *tx)
+        .await?;
+    let ids: Vec<&str> = applied
+        .iter()
+        .map(|a| candidates[a.index].node_id.as_str())
+        .collect();
+    let reclaimed: Vec<bool> = applied.iter().map(|a| a.reclaimed).collect();
+    let keys: Vec<Option<&str>> = applied
+        .iter()
+        .map(|a| a.superseded.as_ref().map(|(k, _)| k.as_str()))
+        .collect();
+    let serials: Vec<Option<&str>> = applied
+        .iter()
+        .map(|a| a.superseded.as_ref().map(|(_, serial)| serial.as_str()))
+        .collect();
+    if keys.iter().any(Option::is_some) {
+        sqlx::query(
+            // revoked_at is the database's clock, like the watermark gateways read revocations by.
+            "INSERT INTO node_key_revocations (key_hash, node_id, cert_serial, reason) \
+             SELECT k, n, s, 'superseded by a reclaim' \
+             FROM unnest($1::text[], $2::text[], $3::text[]) AS u(n, k, s) WHERE k IS NOT NULL \
+             ON CONFLICT (key_hash) DO NOTHING",
+        )
+        .bind(&ids)
+        .bind(&keys)
+        .bind(&serials)
+        .execute(&mut *tx)
+        .await?;
+    }
+    sqlx::query(
+        "INSERT INTO audit_events (actor, action, subject, detail) \
+         SELECT 'join-token/' || $1, CASE WHEN r THEN 'node.reclaimed' ELSE 'node.joined' END, 'node/' || id, \
+         jsonb_strip_nulls(jsonb_build_object('pool', $2::text, 'revoked_key', k, 'revoked_cert', s)) \
+         FROM unnest($3::text[], $4::bool[], $5::text[], $6::text[]) AS u(id, r, k, s)",
+    )
+    .bind(token_id)
+    .bind(pool_id)
+    .bind(&ids)
+    .bind(&reclaimed)
+    .bind(&keys)
+    .bind(&serials)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }

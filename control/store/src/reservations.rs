@@ -475,33 +475,6 @@ impl Store {
         tx.commit().await?;
         Ok(r)
     }
-
-    /// Devices derived from a node's `gpus` inventory section: upserts those present, marks the others absent
-    /// (a booked GPU that vanished stays booked: its holder is told by the node's conditions, not silently moved).
-    pub async fn sync_gpu_devices(
-        &self,
-        node_id: &str,
-        gpus: &serde_json::Value,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "WITH g AS (SELECT DISTINCT ON (e->>'uuid') (e->>'index')::int AS idx, e->>'uuid' AS uuid, \
-                    COALESCE(e->>'model', '') AS model, NULLIF(e->>'clique', '') AS clique \
-                  FROM jsonb_array_elements(COALESCE($2->'gpus', '[]')) e WHERE COALESCE(e->>'uuid', '') <> ''), \
-             up AS (INSERT INTO devices (id, node_id, idx, uuid, model, clique) \
-                  SELECT $1 || '/gpu/' || uuid, $1, idx, uuid, model, clique FROM g \
-                  ON CONFLICT (id) DO UPDATE SET idx = EXCLUDED.idx, model = EXCLUDED.model, \
-                     clique = EXCLUDED.clique, present = true), \
-             gone AS (UPDATE devices SET present = false WHERE node_id = $1 AND present \
-                  AND uuid NOT IN (SELECT uuid FROM g)) \
-             SELECT pg_notify($3, $1)",
-        )
-        .bind(node_id)
-        .bind(gpus)
-        .bind(CAPACITY_CHANNEL)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
 }
 
 /// What [`Store::set_node_schedulable`] found and did.
@@ -559,6 +532,10 @@ impl Store {
             serde_json::json!({"from": state}),
         )
         .await?;
+        if to == "revoked" {
+            // A revoked node holds no GPU: each goes to a node that reported it meanwhile.
+            crate::devices::release_all_in(&mut tx, node_id).await?;
+        }
         notify_ids(&mut tx, CAPACITY_CHANNEL, &[node_id.to_string()]).await?;
         tx.commit().await?;
         Ok(NodeStateChange::Changed { from: state })

@@ -9,6 +9,8 @@ use sqlx::Row;
 pub enum OpenRefusal {
     Unknown,
     Revoked,
+    /// The certificate certifies a key that is not the node's current one (a reclaim superseded it).
+    KeySuperseded,
 }
 
 #[derive(Debug, Clone)]
@@ -37,30 +39,37 @@ pub enum Outgoing {
 }
 
 impl Store {
-    /// Bumps the node's session epoch (refusing unknown and revoked nodes), marks it online and records the
-    /// transition when it was offline.
+    /// Bumps the node's session epoch, marks it online and records the transition when it was offline — only for
+    /// a node that is not revoked and whose current key is `public_key` (the uncompressed point the session's
+    /// certificate certifies), checked in the same statement: a superseded key can neither open a session nor, by
+    /// bumping the epoch, close the current one.
     pub async fn open_session(
         &self,
         node_id: &str,
+        public_key: &[u8],
     ) -> Result<Result<OpenedSession, OpenRefusal>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
             "UPDATE nodes n SET session_epoch = n.session_epoch + 1, online = true, last_seen_at = now() \
-             FROM nodes o WHERE n.id = $1 AND o.id = n.id AND n.state <> 'revoked' \
+             FROM nodes o WHERE n.id = $1 AND o.id = n.id AND n.state <> 'revoked' AND n.public_key = $2 \
              RETURNING n.session_epoch, n.state, o.online",
         )
         .bind(node_id)
+        .bind(public_key)
         .fetch_optional(&mut *tx)
         .await?;
         let Some(row) = row else {
-            let state: Option<String> = sqlx::query_scalar("SELECT state FROM nodes WHERE id = $1")
-                .bind(node_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-            return Ok(Err(if state.is_some() {
-                OpenRefusal::Revoked
-            } else {
-                OpenRefusal::Unknown
+            let found: Option<(String, bool)> = sqlx::query_as(
+                "SELECT state, public_key IS NOT DISTINCT FROM $2 FROM nodes WHERE id = $1",
+            )
+            .bind(node_id)
+            .bind(public_key)
+            .fetch_optional(&mut *tx)
+            .await?;
+            return Ok(Err(match found {
+                None => OpenRefusal::Unknown,
+                Some((state, _)) if state == "revoked" => OpenRefusal::Revoked,
+                Some(_) => OpenRefusal::KeySuperseded,
             }));
         };
         let epoch: i64 = row.get(0);
@@ -620,6 +629,10 @@ impl Store {
                 serde_json::json!({}),
             )
             .await?;
+            if state == "revoked" {
+                // A revoked node holds no GPU: each goes to a node that reported it meanwhile.
+                crate::devices::release_all_in(&mut tx, node_id).await?;
+            }
         }
         tx.commit().await?;
         Ok(n == 1)

@@ -30,6 +30,13 @@ async fn seeded(uses: i32) -> Store {
     store
 }
 
+/// The public point `candidate` records ("04ab").
+const KEY: [u8; 2] = [0x04, 0xab];
+
+fn now_ms() -> i64 {
+    (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
+}
+
 fn candidate(n: u32, hk: &str) -> JoinCandidate {
     JoinCandidate {
         node_id: format!("node-{n}"),
@@ -46,14 +53,16 @@ fn candidate(n: u32, hk: &str) -> JoinCandidate {
 #[tokio::test]
 async fn batch_grants_at_most_uses_left_and_refuses_duplicate_hardware() {
     let store = seeded(3).await;
+    // A refused candidate (duplicate hardware) takes no use from the ones after it.
     let batch = vec![
         candidate(1, "hk-a"),
         candidate(2, "hk-a"),
         candidate(3, "hk-c"),
         candidate(4, "hk-d"),
+        candidate(5, "hk-e"),
     ];
     let out = store
-        .commit_joins("0123456789abcdef", "p1", &batch)
+        .commit_joins("0123456789abcdef", "p1", &batch, now_ms())
         .await
         .expect("commit");
     assert_eq!(
@@ -67,27 +76,28 @@ async fn batch_grants_at_most_uses_left_and_refuses_duplicate_hardware() {
         out[1],
         JoinCommit::HardwareTaken {
             node_id: "node-1".into(),
-            same_key: false
         }
     );
-    assert_eq!(
-        out[2],
-        JoinCommit::Joined {
-            node_id: "node-3".into(),
-            reclaimed: false
-        }
-    );
-    assert_eq!(out[3], JoinCommit::Exhausted);
+    for (i, n) in [(2, 3), (3, 4)] {
+        assert_eq!(
+            out[i],
+            JoinCommit::Joined {
+                node_id: format!("node-{n}"),
+                reclaimed: false
+            }
+        );
+    }
+    assert_eq!(out[4], JoinCommit::Exhausted);
     let token = store
         .join_token("0123456789abcdef")
         .await
         .expect("read")
         .expect("exists");
     assert_eq!(
-        token.uses_left, 1,
-        "only the two nodes actually created spend a use"
+        token.uses_left, 0,
+        "the three nodes actually created spend the three uses"
     );
-    assert_eq!(store.list_nodes().await.expect("list").len(), 2);
+    assert_eq!(store.list_nodes().await.expect("list").len(), 3);
 }
 
 #[tokio::test]
@@ -112,7 +122,7 @@ async fn liveness_rewrites_a_row_only_when_last_seen_moved_and_names_sessions_to
     let store = seeded(3).await;
     let batch = vec![candidate(1, "hk-1"), candidate(2, "hk-2")];
     store
-        .commit_joins("0123456789abcdef", "p1", &batch)
+        .commit_joins("0123456789abcdef", "p1", &batch, now_ms())
         .await
         .expect("commit");
     let t = 1_800_000_000_000i64;
@@ -197,11 +207,11 @@ async fn sent_to(store: &Store, node: &str, epoch: i64) -> Vec<String> {
 async fn a_command_sent_on_a_lost_session_is_sent_again_on_the_next_epoch_until_it_finishes() {
     let store = seeded(1).await;
     store
-        .commit_joins("0123456789abcdef", "p1", &[candidate(1, "hk-1")])
+        .commit_joins("0123456789abcdef", "p1", &[candidate(1, "hk-1")], now_ms())
         .await
         .expect("commit");
     let epoch1 = store
-        .open_session("node-1")
+        .open_session("node-1", &KEY)
         .await
         .expect("open")
         .expect("opened")
@@ -224,7 +234,7 @@ async fn a_command_sent_on_a_lost_session_is_sent_again_on_the_next_epoch_until_
     // The session died before any result: the next one gets the live command again, not the one past its
     // deadline.
     let epoch2 = store
-        .open_session("node-1")
+        .open_session("node-1", &KEY)
         .await
         .expect("open")
         .expect("opened")
@@ -250,7 +260,7 @@ async fn a_command_sent_on_a_lost_session_is_sent_again_on_the_next_epoch_until_
     );
     // Finished: no later session gets it again, and a repeated result changes nothing.
     let epoch3 = store
-        .open_session("node-1")
+        .open_session("node-1", &KEY)
         .await
         .expect("open")
         .expect("opened")

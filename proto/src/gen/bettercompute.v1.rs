@@ -11,6 +11,10 @@ pub struct JoinRequest {
     pub claims: ::core::option::Option<HardwareClaims>,
     #[prost(string, tag = "4")]
     pub agent_version: ::prost::alloc::string::String,
+    /// What the caller means the token for. JoinService refuses a token of the other kind (a site token sent to join a
+    /// node, a join token sent to enroll a site agent) and an unset purpose, before anything is spent.
+    #[prost(enumeration = "JoinPurpose", tag = "5")]
+    pub purpose: i32,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct JoinResponse {
@@ -375,6 +379,37 @@ pub struct NetbootArtifact {
     /// The operator's name for it, for logs.
     #[prost(string, tag = "3")]
     pub name: ::prost::alloc::string::String,
+}
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum JoinPurpose {
+    Unspecified = 0,
+    /// `bcd join` (and the ramdisk): a join token `bcjt_…` makes or reclaims a node.
+    Node = 1,
+    /// `bcd site enroll`: a site token `bcst_…` enrolls a site agent.
+    Site = 2,
+}
+impl JoinPurpose {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "JOIN_PURPOSE_UNSPECIFIED",
+            Self::Node => "JOIN_PURPOSE_NODE",
+            Self::Site => "JOIN_PURPOSE_SITE",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "JOIN_PURPOSE_UNSPECIFIED" => Some(Self::Unspecified),
+            "JOIN_PURPOSE_NODE" => Some(Self::Node),
+            "JOIN_PURPOSE_SITE" => Some(Self::Site),
+            _ => None,
+        }
+    }
 }
 /// Generated client implementations.
 pub mod join_service_client {

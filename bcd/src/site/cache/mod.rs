@@ -19,10 +19,10 @@ pub mod evict;
 pub use bc_cas::is_sha256_hex;
 pub use evict::{CachedArtifact, EvictionPlan, plan_eviction};
 
-use bc_proto::v1;
 use bc_backoff::{ExponentialBackoff, Jitter};
 use bc_cas::{CasError, Expect, Sha256Hex};
 use bc_error_chain::InlineErrorChain;
+use bc_proto::v1;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -321,7 +321,9 @@ impl ArtifactCache {
                     ms = started.elapsed().as_millis() as u64,
                     "artifact cached (verified)"
                 ),
-                Err(e) => tracing::error!(name = a.name, error = %InlineErrorChain::new(&e), "artifact download failed"),
+                Err(e) => {
+                    tracing::error!(name = a.name, error = %InlineErrorChain::new(&e), "artifact download failed")
+                }
             }
             if let Ok(mut f) = cache.in_flight.lock() {
                 f.remove(&a.sha256);
@@ -383,8 +385,11 @@ pub fn referenced(table: &v1::NetbootResponse) -> BTreeSet<String> {
 pub const STALL: Duration = Duration::from_secs(30);
 
 /// Between tries of an artifact that failed: 1 s doubling to 60 s, each at least 80 % of its ceiling.
-pub const RETRY: ExponentialBackoff =
-    ExponentialBackoff::new(Duration::from_secs(1), Duration::from_secs(60), Jitter::Fraction(0.2));
+pub const RETRY: ExponentialBackoff = ExponentialBackoff::new(
+    Duration::from_secs(1),
+    Duration::from_secs(60),
+    Jitter::Fraction(0.2),
+);
 
 /// Writes `stream` through bc-cas's writer into `dir` (`dir/sha256/<sha256>`, 0644), checking length and SHA-256 as
 /// it goes; on any error nothing is kept. A stream that sends nothing for [`STALL`] is abandoned.

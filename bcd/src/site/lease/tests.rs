@@ -167,12 +167,13 @@ fn the_deadline_holds_while_a_request_is_in_flight() {
 fn the_holder_stands_by_when_another_agent_holds_the_lease() {
     let mut s = Sim::serving_from_zero();
     s.at(510).on(Event::Woke);
+    let sent = s.t(510);
     let p = s.at(515).on(Event::Answer(LeaseAnswer {
         held: false,
         fence: 8,
         holder: "site/b".into(),
         expires_in: TTL,
-        sent: s.t(510),
+        sent,
     }));
     assert_eq!(
         p.effects,
@@ -203,7 +204,14 @@ fn a_standby_takes_over_once_the_lease_is_free() {
     let p = s.on(taken);
     // Standing by from the start is no loss: no reason to log.
     assert!(
-        matches!(&p.effects[..], [Effect::StandBy { why: None, fence: 3, .. }]),
+        matches!(
+            &p.effects[..],
+            [Effect::StandBy {
+                why: None,
+                fence: 3,
+                ..
+            }]
+        ),
         "{p:?}"
     );
     s.at(500).on(Event::Woke);
@@ -211,7 +219,14 @@ fn a_standby_takes_over_once_the_lease_is_free() {
     assert_eq!(s.on(held).step, Step::FetchTable);
     let p = s.at(505).on(Event::Table { fetched: true });
     assert!(
-        matches!(&p.effects[..], [Effect::Serve { fence: 4, first: true, .. }]),
+        matches!(
+            &p.effects[..],
+            [Effect::Serve {
+                fence: 4,
+                first: true,
+                ..
+            }]
+        ),
         "{p:?}"
     );
 }
@@ -221,12 +236,13 @@ fn a_lease_longer_than_asked_for_is_not_trusted() {
     let mut s = Sim::new(Duration::from_secs(3600));
     s.lease.start(s.now);
     s.on(Event::Connected);
+    let sent = s.t(0);
     s.at(20).on(Event::Answer(LeaseAnswer {
         held: true,
         fence: 1,
         holder: "site/a".into(),
         expires_in: Duration::from_secs(60),
-        sent: s.t(0),
+        sent,
     }));
     // From when the request was sent, not when the answer came, and no longer than the TTL.
     assert_eq!(s.lease.serving_until(), Some(s.t(1500)));
@@ -342,7 +358,12 @@ fn failures_back_off_but_never_wait_past_a_round() {
     s.on(Event::Table { fetched: true });
     s.on(Event::Woke);
     let p = s.on(Event::Refused(Refusal::Other));
-    assert_eq!(p.step, Step::Wait { until: s.now + ms(200) });
+    assert_eq!(
+        p.step,
+        Step::Wait {
+            until: s.now + ms(200)
+        }
+    );
 }
 
 #[test]
