@@ -379,6 +379,14 @@ impl BootLease {
         // plane cannot be reached.
         self.serving_until = Some(a.sent + a.expires_in.min(self.times.ttl));
         self.next_round = now + self.times.interval;
+        // An answer that came after the lease it grants had run out (a slow control plane, a short grant) serves
+        // nothing: stand by now instead of fetching a table for a lease already over.
+        if let Some(ran_out) = self.expire(now) {
+            return Plan {
+                effects: vec![ran_out],
+                step: self.wait(),
+            };
+        }
         Plan::step(Step::FetchTable)
     }
 

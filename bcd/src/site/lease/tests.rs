@@ -266,6 +266,33 @@ fn a_table_that_arrives_after_the_lease_ran_out_is_not_served() {
     );
 }
 
+/// Found by `the_agent_never_serves_past_its_lease`: a renewal whose answer came after the lease it granted had
+/// already run out (sent at 510, 0 ms left, answered at 757) kept the old table served past the new deadline.
+#[test]
+fn a_renewal_answered_after_its_own_lease_ran_out_stands_by() {
+    let mut s = Sim::serving_from_zero();
+    assert_eq!(s.at(510).on(Event::Woke).step, Step::Ask);
+    let sent = s.t(510);
+    let p = s.at(757).on(Event::Answer(LeaseAnswer {
+        held: true,
+        fence: 7,
+        holder: "site/a".into(),
+        expires_in: Duration::ZERO,
+        sent,
+    }));
+    assert_eq!(
+        p.effects,
+        vec![Effect::StandBy {
+            fence: 0,
+            holder: String::new(),
+            why: Some(StandByReason::RanOut),
+        }]
+    );
+    assert_eq!(p.step, Step::Wait { until: s.t(1257) });
+    assert!(!s.serving);
+    assert_eq!(s.lease.serving_until(), None);
+}
+
 #[test]
 fn a_failed_table_fetch_keeps_the_table_served() {
     let mut s = Sim::serving_from_zero();
