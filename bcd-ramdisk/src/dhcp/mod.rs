@@ -7,6 +7,8 @@
 //! retransmissions back off 1, 2, 4, 8 s (± 0.5 s) with a cap, a NAK restarts discovery, and the whole exchange gives up
 //! after a deadline the caller sets.
 
+#![deny(clippy::disallowed_methods)]
+
 pub mod net;
 pub mod renew;
 pub mod wire;
@@ -294,4 +296,5 @@ fn lease_of(msg: &Message) -> Option<Lease> {
 
 #[cfg(test)]
 #[path = "tests.rs"]
+#[allow(clippy::disallowed_methods)] // the tests pick one real instant as their origin
 mod tests;

@@ -323,7 +323,7 @@ impl BootLease {
     /// [`BootLease::serving_until`] or later, stop serving. The agent calls it when that instant comes during a
     /// step; rounds call it first.
     pub fn expire(&mut self, now: Instant) -> Option<Effect> {
-        if !self.serving_until.is_some_and(|d| now >= d) {
+        if self.serving_until.is_none_or(|d| now < d) {
             return None;
         }
         let served = self.end_holding();
