@@ -165,20 +165,14 @@ pub fn main() -> i32 {
         return 130;
     }
     eprintln!("bcd: error: {e:#}");
-    e.downcast_ref::<crate::session::RunError>()
-        .map(crate::session::RunError::exit_code)
-        .or_else(|| {
-            #[cfg(feature = "site")]
-            {
-                e.downcast_ref::<crate::site::SiteError>()
-                    .map(crate::site::SiteError::exit_code)
-            }
-            #[cfg(not(feature = "site"))]
-            {
-                None
-            }
-        })
-        .unwrap_or(1)
+    if let Some(e) = e.downcast_ref::<crate::session::RunError>() {
+        return e.exit_code();
+    }
+    #[cfg(feature = "site")]
+    if let Some(e) = e.downcast_ref::<crate::site::SiteError>() {
+        return e.exit_code();
+    }
+    1
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

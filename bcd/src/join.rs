@@ -314,7 +314,12 @@ async fn join_as(
             Ok(r) => break r,
             Err(s) if retryable(&s) && attempt < opts.attempts => {
                 let wait = backoff.next_delay(rand::random::<f64>());
-                tracing::warn!(attempt, code = ?s.code(), error = %s.message(), ?wait, "join attempt failed; retrying");
+                tracing::warn!(
+                    attempt,
+                    error = describe(&s),
+                    ?wait,
+                    "join attempt failed; retrying"
+                );
                 tokio::time::sleep(wait).await;
             }
             Err(s) if retryable(&s) => {

@@ -302,7 +302,7 @@ async fn file(
             return Response::text(status, refusal.message);
         }
         Err(e) => {
-            warn!(name, error = %e, "boot HTTP file open task failed");
+            warn!(name, error = %bc_error_chain::InlineErrorChain::new(&e), "boot HTTP file open task failed");
             return Response::text(500, "the file could not be opened");
         }
     };
