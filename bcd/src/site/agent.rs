@@ -560,3 +560,6 @@ impl Link for GatewayLink<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
