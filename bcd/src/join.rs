@@ -211,6 +211,10 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// The error and its causes on one line (`a: b: c`): bc-error-chain's [`chain`], under the name callers outside
+/// bcd (the control plane's gateway tests) use. New code calls `bc_error_chain` directly.
+pub use bc_error_chain::chain as error_chain;
+
 /// A failed call for an operator: its code, its message and, for a transport failure, the cause.
 fn describe(s: &tonic::Status) -> String {
     match std::error::Error::source(s) {
