@@ -16,6 +16,25 @@
 //! Synchronous on purpose (std I/O only): an async caller writes its chunks as they arrive and runs
 //! [`Writer::commit`], which fsyncs, on a blocking thread. It imports no other crate of the workspace and no
 //! runtime: `scripts/check-deps` keeps it a leaf. Start with [`Store::begin`].
+//!
+//! An upload of unknown content (the control plane's `PUT /api/artifacts`), named by its hash once written:
+//!
+//! ```
+//! # fn main() -> Result<(), bc_cas::CasError> {
+//! # let dir = tempfile::tempdir().map_err(|e| bc_cas::CasError::Io { what: "tempdir", path: "/".into(), source: e })?;
+//! let store = bc_cas::Store::new(dir.path()); // content at <root>/sha256/<hex>
+//! let mut w = store.begin(bc_cas::Expect::upload(Some(5), 1 << 30))?; // announced 5 bytes, cap 1 GiB
+//! w.write(b"hel")?; // chunks as they arrive: hashed, counted against the length and the cap
+//! w.write(b"lo")?;
+//! let stored = w.commit()?; // length and hash checked, fsync, 0644, rename, directory fsync
+//! assert_eq!(stored.size, 5);
+//! assert!(stored.path.ends_with(format!("sha256/{}", stored.sha256)));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Dropping `w` before [`Writer::commit`] (a body that broke off or stalled) removes its temporary file. A
+//! [`CasError::is_content`] error is the sender's (invalid argument, nothing kept); the others are the store's.
 
 #![deny(clippy::disallowed_methods)]
 
