@@ -121,12 +121,12 @@ fn wipe_one(name: &str) -> WipeView {
     let name = name.trim_start_matches("/dev/");
     let caps = match wipe::probe_device(name) {
         Ok(c) => c,
-        Err(e) => return failed(name, format!("probing: {}", chain(&e))),
+        Err(e) => return failed(name, format!("probing: {}", bc_error_chain::chain(&e))),
     };
     let plan = wipe::plan(&caps);
     let mut dev = match DirectDevice::open(&Path::new("/dev").join(name)) {
         Ok(d) => d,
-        Err(e) => return failed(name, chain(&e)),
+        Err(e) => return failed(name, bc_error_chain::chain(&e)),
     };
     let seed = rand::random::<u64>();
     let ev = wipe::execute(&mut dev, &plan, seed);
@@ -207,9 +207,9 @@ pub fn stream_with(
                 .into(),
         );
     }
-    let sink = DirectDevice::open(device).map_err(|e| chain(&e))?;
+    let sink = DirectDevice::open(device).map_err(|e| bc_error_chain::chain(&e))?;
     let policy = FetchPolicy::default();
-    let http = client(roots, &policy).map_err(|e| chain(&e))?;
+    let http = client(roots, &policy).map_err(|e| bc_error_chain::chain(&e))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -231,7 +231,7 @@ pub fn stream_with(
             &policy,
             progress,
         ))
-        .map_err(|e| chain(&e))?;
+        .map_err(|e| bc_error_chain::chain(&e))?;
     Ok(StreamView {
         url: url.to_string(),
         device: device.display().to_string(),
@@ -246,18 +246,6 @@ pub fn stream_with(
     })
 }
 
-/// An error and all its causes on one line.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 // === installed root ===
 
 /// Partitions of `/dev/<disk>` after asking the kernel to re-read its table, in order.
@@ -266,7 +254,7 @@ pub fn partitions(disk: &str) -> Result<Vec<String>, String> {
     let dev = Path::new("/dev").join(disk);
     let f = std::fs::File::open(&dev).map_err(|e| format!("opening {}: {e}", dev.display()))?;
     if let Err(e) = crate::os::sys::reread_partitions(f.as_fd()) {
-        tracing::warn!(disk, error = %e, "BLKRRPART failed; using the partitions the kernel knows");
+        tracing::warn!(disk, error = %bc_error_chain::InlineErrorChain::new(&e), "BLKRRPART failed; using the partitions the kernel knows");
     }
     drop(f);
     // Partition nodes appear in devtmpfs asynchronously.
@@ -358,7 +346,7 @@ pub fn stage_installed(spec: &KexecSpec<'_>) -> Result<StagedView, String> {
     let staged = stage_mounted(spec, &mnt, part);
     crate::os::sys::sync();
     if let Err(e) = crate::os::sys::umount(&mnt) {
-        tracing::warn!(error = %e, "unmounting the installed root");
+        tracing::warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "unmounting the installed root");
     }
     staged
 }
@@ -379,8 +367,8 @@ fn stage_mounted(
                 hostname: format!("bc-{mac}"),
                 join_token: token.to_string(),
             })
-            .map_err(|e| chain(&e))?;
-            let dir = crate::seed::write(mnt, &seed).map_err(|e| chain(&e))?;
+            .map_err(|e| bc_error_chain::chain(&e))?;
+            let dir = crate::seed::write(mnt, &seed).map_err(|e| bc_error_chain::chain(&e))?;
             Some(dir.display().to_string())
         }
         None => {
@@ -414,7 +402,7 @@ fn stage_mounted(
         initrd: boot.initrd.as_ref().map(|i| i.display().to_string()),
         cmdline: boot.cmdline.clone(),
         kexec_staged: staged.is_ok(),
-        error: staged.as_ref().err().map(|e| chain(e)),
+        error: staged.as_ref().err().map(|e| bc_error_chain::chain(e)),
     })
 }
 
@@ -426,7 +414,7 @@ pub fn hand_over(staged: bool) -> String {
         let e = crate::kexec::exec();
         crate::init::say(&format!(
             "bc-kexec failed: {}; rebooting instead",
-            chain(&e)
+            bc_error_chain::chain(&e)
         ));
     } else {
         crate::init::say("bc-kexec: staging failed; rebooting into the installed system instead");

@@ -257,7 +257,7 @@ pub fn run_pid1(params: &RamdiskParams) -> Result<(), String> {
         .filter(|t| t.is_join_token())
         .ok_or("agent mode needs bc.boot_token=bcjt_… (a one-use join token)")?;
     let config =
-        config_from_params(params, Path::new(STATE_DIR)).map_err(|e| crate::actions::chain(&e))?;
+        config_from_params(params, Path::new(STATE_DIR)).map_err(|e| bc_error_chain::chain(&e))?;
     bc_proto::install_crypto_provider();
     let rt = bc_proto::runtime::build(Some(2)).map_err(|e| format!("starting the runtime: {e}"))?;
     let hook = Arc::new(
@@ -294,7 +294,7 @@ pub fn run_pid1(params: &RamdiskParams) -> Result<(), String> {
     ));
     // Give in-flight tasks a moment; PID 1 goes on to print the error and power off.
     rt.shutdown_timeout(Duration::from_secs(1));
-    result.map_err(|e| crate::actions::chain(&e))
+    result.map_err(|e| bc_error_chain::chain(&e))
 }
 
 #[cfg(test)]

@@ -129,10 +129,10 @@ fn print_json<T: serde::Serialize>(value: &T) -> Result<(), String> {
 fn dhcp(nic: Option<&str>, timeout: u64, keep: bool, renewals: Option<u32>) -> Result<(), String> {
     use crate::dhcp::net::{self, LeaseEvent};
     let nic = net::choose_nic(nic, None, std::time::Duration::from_secs(10))
-        .map_err(|e| actions::chain(&e))?;
+        .map_err(|e| bc_error_chain::chain(&e))?;
     let xid = rand::random();
     let lease = net::acquire(&nic, xid, std::time::Duration::from_secs(timeout))
-        .map_err(|e| actions::chain(&e))?;
+        .map_err(|e| bc_error_chain::chain(&e))?;
     print_json(&serde_json::json!({
         "event": "bound",
         "nic": nic.name,
@@ -215,13 +215,16 @@ fn run(command: Command) -> Result<(), String> {
             load_only,
         } => {
             crate::kexec::load(&kernel, initrd.as_deref(), &cmdline)
-                .map_err(|e| actions::chain(&e))?;
+                .map_err(|e| bc_error_chain::chain(&e))?;
             if load_only {
                 println!("kexec: {} staged", kernel.display());
                 return Ok(());
             }
             let e = crate::kexec::exec();
-            eprintln!("bcd-ramdisk: {}; rebooting instead", actions::chain(&e));
+            eprintln!(
+                "bcd-ramdisk: {}; rebooting instead",
+                bc_error_chain::chain(&e)
+            );
             Err(crate::os::sys::restart().to_string())
         }
         Command::Dhcp {
@@ -237,7 +240,7 @@ fn run(command: Command) -> Result<(), String> {
         } => {
             let wanted: Vec<&str> = want.iter().map(String::as_str).collect();
             let order =
-                crate::modules::order_tree(&dir, &wanted).map_err(|e| actions::chain(&e))?;
+                crate::modules::order_tree(&dir, &wanted).map_err(|e| bc_error_chain::chain(&e))?;
             for name in &order.absent {
                 eprintln!(
                     "modules-order: {name} is not in {} (skipped)",

@@ -337,7 +337,7 @@ pub fn stream(
     progress: Box<dyn Fn(serde_json::Value) + Send>,
 ) -> Result<actions::StreamView, String> {
     let caps = crate::wipe::probe_device(&args.device)
-        .map_err(|e| format!("probing {}: {}", args.device, actions::chain(&e)))?;
+        .map_err(|e| format!("probing {}: {}", args.device, bc_error_chain::chain(&e)))?;
     if let Some(why) = caps.in_use {
         return Err(format!("{} is in use: {why}", args.device));
     }

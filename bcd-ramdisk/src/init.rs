@@ -167,7 +167,7 @@ pub fn load_modules(list: &str, sys_bus: &Path) -> ModulesReport {
             match std::fs::File::open(&e.path).and_then(|f| sys::finit_module(f.as_fd())) {
                 Ok(()) => report.loaded.push(e.name.clone()),
                 Err(err) => {
-                    warn!(module = %e.path, error = %err, "module not loaded");
+                    warn!(module = %e.path, error = %bc_error_chain::InlineErrorChain::new(&err), "module not loaded");
                     report.failures.push(format!("{}: {err}", e.path));
                 }
             }
@@ -365,15 +365,15 @@ fn bring_up_network(params: &RamdiskParams) -> Result<(), String> {
         params.boot_mac,
         Duration::from_secs(10),
     )
-    .map_err(|e| actions::chain(&e))?;
+    .map_err(|e| bc_error_chain::chain(&e))?;
     let xid: u32 = rand::random();
     let lease = crate::dhcp::net::acquire(&nic, xid, Duration::from_secs(60))
-        .map_err(|e| actions::chain(&e))?;
+        .map_err(|e| bc_error_chain::chain(&e))?;
     // Host names in bc.image resolve through musl's resolver, which reads /etc/resolv.conf.
     if !lease.dns.is_empty() {
         let _ = std::fs::create_dir_all("/etc");
         if let Err(e) = std::fs::write("/etc/resolv.conf", crate::dhcp::resolv_conf(&lease)) {
-            warn!(error = %e, "writing /etc/resolv.conf");
+            warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "writing /etc/resolv.conf");
         }
     }
     #[derive(Serialize)]
@@ -427,7 +427,7 @@ fn keep_lease(nic: crate::dhcp::net::Interface, lease: crate::dhcp::Lease, xid: 
             })
         });
     if let Err(e) = spawned {
-        warn!(error = %e, "the DHCP lease keeper did not start: the lease will not be renewed");
+        warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "the DHCP lease keeper did not start: the lease will not be renewed");
     }
 }
 

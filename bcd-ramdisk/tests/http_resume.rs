@@ -174,8 +174,11 @@ fn device(dir: &tempfile::TempDir) -> DirectDevice {
 fn policy() -> FetchPolicy {
     FetchPolicy {
         max_retries: 3,
-        backoff_base: Duration::from_millis(10),
-        backoff_cap: Duration::from_millis(50),
+        retry: bc_backoff::ExponentialBackoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+            bc_backoff::Jitter::Fraction(0.5),
+        ),
         idle_timeout: Duration::from_secs(5),
         ..FetchPolicy::default()
     }

@@ -34,11 +34,8 @@ fn creds() -> Credentials {
 fn opts(expand: bool) -> BmcOptions {
     BmcOptions {
         use_expand: expand,
-        retry: RetryPolicy {
-            attempts: 2,
-            initial_delay: Duration::from_millis(5),
-            max_delay: Duration::from_millis(10),
-        },
+        retry: RetryPolicy::new(2, Duration::from_millis(5), Duration::from_millis(10))
+            .expect("a valid retry policy"),
         ..BmcOptions::default()
     }
 }

@@ -21,11 +21,8 @@ fn creds() -> Credentials {
 
 fn opts() -> BmcOptions {
     BmcOptions {
-        retry: RetryPolicy {
-            attempts: 4,
-            initial_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(40),
-        },
+        retry: RetryPolicy::new(4, Duration::from_millis(10), Duration::from_millis(40))
+            .expect("a valid retry policy"),
         boot_readback: Duration::from_millis(300),
         power_apply_time: Some(Duration::from_millis(300)),
         poll_interval: Duration::from_millis(50),

@@ -76,11 +76,8 @@ fn opts() -> BmcOptions {
         boot_readback: Duration::from_secs(1),
         power_apply_time: Some(Duration::from_secs(2)),
         poll_interval: Duration::from_millis(200),
-        retry: RetryPolicy {
-            attempts: 3,
-            initial_delay: Duration::from_millis(50),
-            max_delay: Duration::from_millis(200),
-        },
+        retry: RetryPolicy::new(3, Duration::from_millis(50), Duration::from_millis(200))
+            .expect("a valid retry policy"),
         ..BmcOptions::default()
     }
 }

@@ -272,7 +272,7 @@ async fn run(
         let payload = serde_json::json!({ "error": message });
         signer
             .sign(ERROR_PAYLOAD_TYPE, payload.to_string().into_bytes())
-            .map_err(|e| e.to_string())
+            .map_err(|e| bc_error_chain::chain(&e))
     };
     match c.kind.as_str() {
         crate::diag::KIND => {
@@ -291,8 +291,8 @@ async fn run(
                 crate::diag::run(backend, &policy)
             })
             .await
-            .map_err(|e| e.to_string())?;
-            crate::diag::sign(&report, signer).map_err(|e| e.to_string())
+            .map_err(|e| bc_error_chain::chain(&e))?;
+            crate::diag::sign(&report, signer).map_err(|e| bc_error_chain::chain(&e))
         }
         kind if ctx.hook.as_ref().is_some_and(|h| h.handles(kind)) => {
             let hook = ctx.hook.clone();
@@ -310,7 +310,7 @@ async fn run(
                     return error(format!("{kind}: {e}"));
                 }
             }
-            .map_err(|e| e.to_string())
+            .map_err(|e| bc_error_chain::chain(&e))
         }
         other => error(format!("unknown command kind {other:?}")),
     }

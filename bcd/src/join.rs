@@ -4,7 +4,8 @@
 
 use crate::config::Config;
 use crate::state::{NodeIdentity, StateDir, StateError};
-use bc_proto::channel::{self, Backoff, ServerTrust};
+use bc_error_chain::{InlineErrorChain, chain};
+use bc_proto::channel::{self, ExponentialBackoff, Jitter, ServerTrust};
 use bc_proto::spiffe::{Role, SpiffeId};
 use bc_proto::token::{Token, TokenKind};
 use bc_proto::v1;
@@ -51,6 +52,13 @@ pub struct JoinOutcome {
     pub reclaimed: bool,
     pub replayed: bool,
 }
+
+/// Between join attempts while the gateway is unreachable: 0.25 s doubling to 10 s, full jitter.
+pub const JOIN_RETRY: ExponentialBackoff = ExponentialBackoff::new(
+    Duration::from_millis(250),
+    Duration::from_secs(10),
+    Jitter::Fraction(1.0),
+);
 
 /// Whether a failed Join is worth sending again. Only the server's explicit refusals are final: a status the
 /// control plane sent (no transport cause) with a code that says the request itself is wrong (bad token, spent,
@@ -188,10 +196,10 @@ pub async fn send(
     request: v1::JoinRequest,
 ) -> Result<v1::JoinResponse, tonic::Status> {
     let tls = channel::client_config(ServerTrust::Pin(config.ca_pin.clone()), None)
-        .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        .map_err(|e| tonic::Status::invalid_argument(chain(&e)))?;
     let ch = channel::connect(&config.gateway_url, tls)
         .await
-        .map_err(|e| tonic::Status::unavailable(error_chain(&e)))?;
+        .map_err(|e| tonic::Status::unavailable(chain(&e)))?;
     let mut client = v1::join_service_client::JoinServiceClient::new(ch);
     client.join(request).await.map(tonic::Response::into_inner)
 }
@@ -203,23 +211,21 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// The error and its causes on one line (`a: b: c`): bc-error-chain's [`chain`], under the name callers outside
+/// bcd (the control plane's gateway tests) use. New code calls `bc_error_chain` directly.
+pub use bc_error_chain::chain as error_chain;
+
 /// A failed call for an operator: its code, its message and, for a transport failure, the cause.
 fn describe(s: &tonic::Status) -> String {
     match std::error::Error::source(s) {
-        Some(cause) => format!("{:?}: {}: {}", s.code(), s.message(), error_chain(cause)),
+        Some(cause) => format!(
+            "{:?}: {}: {}",
+            s.code(),
+            s.message(),
+            InlineErrorChain::new(cause)
+        ),
         None => format!("{:?}: {}", s.code(), s.message()),
     }
-}
-
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Checks the answer belongs to us: the certificate names the node, certifies our key, and the trust bundle holds
@@ -304,7 +310,7 @@ async fn join_as(
         state.load_or_create_key()?
     };
     let request = request_as(config, &key, kind, token, opts.claims)?;
-    let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
+    let mut backoff = JOIN_RETRY.start();
     let mut attempt = 0;
     let response = loop {
         attempt += 1;
@@ -312,7 +318,12 @@ async fn join_as(
             Ok(r) => break r,
             Err(s) if retryable(&s) && attempt < opts.attempts => {
                 let wait = backoff.next_delay(rand::random::<f64>());
-                tracing::warn!(attempt, code = ?s.code(), error = %s.message(), ?wait, "join attempt failed; retrying");
+                tracing::warn!(
+                    attempt,
+                    error = describe(&s),
+                    ?wait,
+                    "join attempt failed; retrying"
+                );
                 tokio::time::sleep(wait).await;
             }
             Err(s) if retryable(&s) => {

@@ -10,7 +10,8 @@
 use crate::config::Config;
 use crate::gpu::GpuBackend;
 use crate::state::{StateDir, StateError};
-use bc_proto::channel::{self, Backoff, ServerTrust};
+use bc_error_chain::chain;
+use bc_proto::channel::{self, Backoff, ExponentialBackoff, Jitter, ServerTrust};
 use bc_proto::envelope::EnvelopeSigner;
 use bc_proto::v1;
 use rustls::pki_types::PrivateKeyDer;
@@ -107,6 +108,8 @@ pub struct Daemon {
 /// First and longest wait between attempts to apply a desired state that failed (full jitter in between).
 pub const DESIRED_RETRY_BASE: Duration = Duration::from_secs(1);
 pub const DESIRED_RETRY_CAP: Duration = Duration::from_secs(30);
+const DESIRED_RETRY: ExponentialBackoff =
+    ExponentialBackoff::new(DESIRED_RETRY_BASE, DESIRED_RETRY_CAP, Jitter::Fraction(1.0));
 
 /// A desired state that failed to apply (a read-only CDI directory, a GPU missing for a booking): the daemon tries
 /// again with backoff, telling the gateway only when the reason changes and when it finally applies.
@@ -152,7 +155,7 @@ impl Daemon {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), RunError> {
         tokio::pin!(shutdown);
-        let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+        let mut backoff = channel::RECONNECT.start();
         loop {
             let started = tokio::time::Instant::now();
             let end = tokio::select! {
@@ -244,7 +247,7 @@ impl Daemon {
     }
 
     fn tls(&self, state: &StateDir) -> Result<Arc<rustls::ClientConfig>, SessionEnd> {
-        let local = |e: &dyn std::fmt::Display| SessionEnd::Local(e.to_string());
+        let local = |e: &(dyn std::error::Error + 'static)| SessionEnd::Local(chain(e));
         let cert = state.certificate().map_err(|e| local(&e))?;
         let bundle = state.trust_bundle().map_err(|e| local(&e))?;
         let key = PrivateKeyDer::from_pem_file(state.path("node.key")).map_err(|e| local(&e))?;
@@ -255,15 +258,15 @@ impl Daemon {
     async fn session_once(&mut self) -> SessionEnd {
         let state = match StateDir::open(&self.config.state_dir) {
             Ok(s) => s,
-            Err(e) => return SessionEnd::Local(e.to_string()),
+            Err(e) => return SessionEnd::Local(chain(&e)),
         };
         if let Err(e) = state.finish_rejoin() {
-            return SessionEnd::Local(e.to_string());
+            return SessionEnd::Local(chain(&e));
         }
         let identity = match state.identity() {
             Ok(Some(i)) => i,
             Ok(None) => return SessionEnd::Local("not joined".into()),
-            Err(e) => return SessionEnd::Local(e.to_string()),
+            Err(e) => return SessionEnd::Local(chain(&e)),
         };
         if identity.not_after_ms <= now_ms() {
             return SessionEnd::Local("certificate expired".into());
@@ -288,7 +291,7 @@ impl Daemon {
             Err(e) if revoked_at_handshake(&e) => {
                 return SessionEnd::Refused(REVOKED_AT_HANDSHAKE.into());
             }
-            Err(e) => return SessionEnd::Connect(crate::join::error_chain(&e)),
+            Err(e) => return SessionEnd::Connect(chain(&e)),
         };
         let (tx, rx) = mpsc::channel::<v1::NodeMessage>(64);
         let hello = v1::Hello {
@@ -485,7 +488,7 @@ impl Daemon {
                         let _ = ack(tx, d.generation, None).await;
                     }
                     Err(reason) => {
-                        let mut backoff = Backoff::new(DESIRED_RETRY_BASE, DESIRED_RETRY_CAP);
+                        let mut backoff = DESIRED_RETRY.start();
                         let wait = backoff.next_delay(rand::random::<f64>());
                         tracing::warn!(generation = d.generation, %reason, ?wait, "desired state failed; retrying");
                         let _ = ack(tx, d.generation, Some(&reason)).await;
@@ -693,7 +696,7 @@ fn end_of(s: tonic::Status) -> SessionEnd {
             "the gateway refused this node's certificate at the TLS handshake: the node is revoked"
                 .into(),
         ),
-        _ => SessionEnd::Status(format!("{:?}: {}", s.code(), crate::join::error_chain(&s))),
+        _ => SessionEnd::Status(format!("{:?}: {}", s.code(), chain(&s))),
     }
 }
 
@@ -805,8 +808,7 @@ impl Daemon {
         };
         let cdi = crate::cdi::render(&bookings, &local).map_err(|e| e.to_string())?;
         let instances = crate::vmm::spec::parse(&spec).map_err(|e| e.to_string())?;
-        crate::cdi::apply(&self.config.cdi_dir, cdi.as_ref())
-            .map_err(|e| crate::join::error_chain(&e))?;
+        crate::cdi::apply(&self.config.cdi_dir, cdi.as_ref()).map_err(|e| chain(&e))?;
         self.apply_instances(d.generation, instances)?;
         let doc = serde_json::json!({"generation": d.generation, "spec": spec});
         state

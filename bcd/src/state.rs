@@ -79,6 +79,11 @@ impl StateDir {
         })
     }
 
+    /// The directory itself.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }

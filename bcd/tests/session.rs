@@ -183,7 +183,7 @@ async fn raw_session(
     .expect("tls");
     let ch = bc_proto::channel::connect(&p.running.gateway_url, tls)
         .await
-        .map_err(|e| tonic::Status::unavailable(bcd::join::error_chain(&e)))?;
+        .map_err(|e| tonic::Status::unavailable(bc_error_chain::chain(&e)))?;
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let hello = v1::Hello {
         node_id: hello_node_id.into(),

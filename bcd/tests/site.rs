@@ -167,6 +167,10 @@ async fn services(dir: &Path, table: watch::Receiver<Netboot>) -> anyhow::Result
     let (tftp_root, artifacts) = (dir.join("tftp"), dir.join("artifacts"));
     std::fs::create_dir_all(&tftp_root)?;
     std::fs::create_dir_all(&artifacts)?;
+    // The default x64 UEFI loader, public: the services offer only loaders the TFTP root serves.
+    let loader = tftp_root.join("snponly.efi");
+    std::fs::write(&loader, b"x64 loader")?;
+    std::fs::set_permissions(&loader, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
     let text = format!(
         "[boot]\ninterface = \"lo\"\nserver_ip = \"127.0.0.1\"\ntftp_root = {:?}\nartifacts = {:?}\nreport_interval_s = 0\n",
         tftp_root.display().to_string(),
@@ -251,7 +255,7 @@ struct Agent {
 }
 
 async fn start_agent(p: &Plane, state: &str, ttl: Duration) -> anyhow::Result<Agent> {
-    start_agent_capped(p, state, ttl, bcd::artifact_cache::DEFAULT_MAX_BYTES).await
+    start_agent_capped(p, state, ttl, bcd::site::cache::DEFAULT_MAX_BYTES).await
 }
 
 async fn start_agent_capped(

@@ -74,6 +74,11 @@ fn run(p: &Plane, dir: &Path, name: &str) -> Agent {
     let (tftp, artifacts) = (base.join("tftp"), base.join("artifacts"));
     std::fs::create_dir_all(&tftp).expect("tftp");
     std::fs::create_dir_all(&artifacts).expect("artifacts");
+    // The default x64 UEFI loader, public: the services offer only loaders the TFTP root serves.
+    let loader = tftp.join("snponly.efi");
+    std::fs::write(&loader, b"x64 loader").expect("loader");
+    std::fs::set_permissions(&loader, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .expect("loader mode");
     let pxe_port = free_udp_port();
     let config = base.join("site.toml");
     std::fs::write(

@@ -12,9 +12,9 @@ fn cache_dir() -> &'static Path {
         .path()
 }
 
-fn cache() -> &'static bcd::artifact_cache::ArtifactCache {
-    static CACHE: OnceLock<bcd::artifact_cache::ArtifactCache> = OnceLock::new();
-    CACHE.get_or_init(|| bcd::artifact_cache::ArtifactCache::new(cache_dir(), 1))
+fn cache() -> &'static bcd::site::cache::ArtifactCache {
+    static CACHE: OnceLock<bcd::site::cache::ArtifactCache> = OnceLock::new();
+    CACHE.get_or_init(|| bcd::site::cache::ArtifactCache::new(cache_dir(), 1))
 }
 
 /// A runtime like the site agent's: with the timer, since `write_verified` bounds every wait for the next chunk
@@ -47,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
                 assert!(
                     missing
                         .iter()
-                        .all(|a| bcd::artifact_cache::is_sha256_hex(&a.sha256))
+                        .all(|a| bcd::site::cache::is_sha256_hex(&a.sha256))
                 );
             }
         }
@@ -70,7 +70,7 @@ fuzz_target!(|data: &[u8]| {
                         .map_or(0, |c: &v1::ArtifactChunk| c.data.len() as u64)
                 })
                 .sum();
-            let r = runtime().block_on(bcd::artifact_cache::write_verified(
+            let r = runtime().block_on(bcd::site::cache::write_verified(
                 cache_dir(),
                 sha,
                 size,

@@ -103,11 +103,8 @@ fn opts() -> BmcOptions {
         boot_readback: Duration::from_secs(1),
         power_apply_time: Some(Duration::from_secs(30)),
         poll_interval: Duration::from_millis(200),
-        retry: RetryPolicy {
-            attempts: 3,
-            initial_delay: Duration::from_millis(100),
-            max_delay: Duration::from_millis(500),
-        },
+        retry: RetryPolicy::new(3, Duration::from_millis(100), Duration::from_millis(500))
+            .expect("a valid retry policy"),
         ..BmcOptions::default()
     }
 }

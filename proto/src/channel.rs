@@ -1,10 +1,11 @@
 //! The client side of the gateway connection: rustls configs (CA pin for the first contact, the stored trust bundle
-//! afterwards, the node certificate as client identity), a tonic [`Channel`] over them, and the reconnect
-//! [`Backoff`] (exponential, full jitter, capped).
+//! afterwards, the node certificate as client identity), a tonic [`Channel`] over them, and the reconnect policy
+//! [`RECONNECT`] (bc-backoff's one [`ExponentialBackoff`]: exponential, full jitter, capped).
 //!
 //! The CA pin is `sha256:<hex>` of the CA certificate's SubjectPublicKeyInfo, the same form kubeadm uses for its
 //! discovery hash: a node that has never talked to the control plane trusts exactly the chain whose CA key matches.
 
+pub use bc_backoff::{Backoff, ExponentialBackoff, InvalidBackoff, Jitter};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
@@ -210,7 +211,7 @@ pub fn parse_gateway_url(url: &str) -> Result<(String, u16), ChannelError> {
 }
 
 /// Opens one HTTP/2 connection to the gateway over `tls`. The returned channel does not reconnect by itself beyond
-/// what tonic does; long-lived callers wrap it in their own loop with [`Backoff`].
+/// what tonic does; long-lived callers wrap it in their own loop with a [`Backoff`] (e.g. of [`RECONNECT`]).
 pub async fn connect(url: &str, tls: Arc<rustls::ClientConfig>) -> Result<Channel, ChannelError> {
     let (host, port) = parse_gateway_url(url)?;
     let server_name = ServerName::try_from(host.clone()).map_err(|_| ChannelError::BadUrl {
@@ -246,55 +247,28 @@ pub async fn connect(url: &str, tls: Arc<rustls::ClientConfig>) -> Result<Channe
         })
 }
 
-/// Exponential backoff with full jitter and a cap (AWS architecture blog's "full jitter"): attempt n waits a uniform
-/// random time in `[0, min(cap, base * 2^n))`. Pure: the caller passes the random source.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    base: Duration,
-    cap: Duration,
-    attempt: u32,
-}
-
-impl Backoff {
-    pub fn new(base: Duration, cap: Duration) -> Backoff {
-        Backoff {
-            base,
-            cap,
-            attempt: 0,
-        }
-    }
-
-    /// The next wait; `unit` is a uniform random number in [0, 1).
-    pub fn next_delay(&mut self, unit: f64) -> Duration {
-        let ceiling = self
-            .base
-            .saturating_mul(1u32.checked_shl(self.attempt.min(30)).unwrap_or(u32::MAX))
-            .min(self.cap);
-        self.attempt = self.attempt.saturating_add(1);
-        ceiling.mul_f64(unit.clamp(0.0, 1.0))
-    }
-
-    /// After a success, start again from the base.
-    pub fn reset(&mut self) {
-        self.attempt = 0;
-    }
-}
+/// How a daemon reconnects to the gateway (bcd's session, the site agent, `bcd join`'s retries use their own
+/// policies of the same kind): 0.5 s doubling to 30 s, full jitter, so a fleet that lost the gateway together does
+/// not come back together.
+pub const RECONNECT: ExponentialBackoff = ExponentialBackoff::new(
+    Duration::from_millis(500),
+    Duration::from_secs(30),
+    Jitter::Fraction(1.0),
+);
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn backoff_grows_to_cap_with_full_jitter() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        assert_eq!(b.next_delay(0.999_999).as_millis(), 99);
-        assert_eq!(b.next_delay(0.5).as_millis(), 100);
+    fn reconnects_back_off_with_full_jitter_to_half_a_minute() {
+        let mut b = RECONNECT.start();
+        assert_eq!(b.next_delay(0.999_999).as_millis(), 499);
+        assert_eq!(b.next_delay(0.5).as_millis(), 500);
         for _ in 0..40 {
-            assert!(b.next_delay(0.999_999) <= Duration::from_secs(5));
+            assert!(b.next_delay(0.999_999) <= Duration::from_secs(30));
         }
         assert_eq!(b.next_delay(0.0), Duration::ZERO);
-        b.reset();
-        assert!(b.next_delay(0.999_999) < Duration::from_millis(100));
     }
 
     #[test]

@@ -3,9 +3,10 @@
 //! It owns the `bettercompute.v1` protobuf services (generated tonic code, checked in, with a drift test), the
 //! join-token format ([`token`]), HPKE sealing of tokens to JoinService ([`seal`]), SPIFFE IDs ([`spiffe`]), the
 //! signed-result envelope ([`envelope`]) and the client channel builder: mTLS, CA pinning, reconnect backoff with
-//! full jitter ([`channel`]).
+//! full jitter ([`channel`], the policy from bc-backoff).
 //!
-//! It imports no other crate of the workspace; every party depends on it. Start with `proto/bettercompute/v1/
+//! It imports no other crate of the workspace but the leaf bc-backoff (which imports nothing); every party depends
+//! on it. Start with `proto/bettercompute/v1/
 //! node.proto`, then [`token`] and [`seal`].
 
 pub mod channel;

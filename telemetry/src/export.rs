@@ -6,14 +6,14 @@
 //!   and counted.
 //! - A transport error (connection refused, timeout) is retried like a 503.
 //!
-//! Retries back off exponentially with full jitter (bc-proto's one [`Backoff`]), at most [`MAX_BACKOFF`], honouring a
-//! `Retry-After` up to that cap. Only the head batch is ever in flight, so order is kept and a delivered batch is
-//! never sent again: nothing is lost within the queue's bound and nothing is duplicated. The HTTP side is behind
-//! the [`Sink`] trait so the rules are tested with a scripted receiver.
+//! Retries back off exponentially with full jitter (bc-backoff's one [`ExponentialBackoff`]), at most
+//! [`MAX_BACKOFF`], honouring a `Retry-After` up to that cap. Only the head batch is ever in flight, so order is kept
+//! and a delivered batch is never sent again: nothing is lost within the queue's bound and nothing is duplicated.
+//! The HTTP side is behind the [`Sink`] trait so the rules are tested with a scripted receiver.
 
 use crate::queue::DiskQueue;
 use crate::registry::{Counter, Registry};
-use bc_proto::channel::Backoff;
+use bc_proto::channel::{ExponentialBackoff, Jitter};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -161,7 +161,7 @@ impl Outbox {
             }
             Err(e) => {
                 self.counters.dropped_write_failed.add(u64::from(samples));
-                tracing::warn!(exporter = self.protocol.name(), error = %crate::error_chain(&e), "telemetry queue write failed; batch dropped");
+                tracing::warn!(exporter = self.protocol.name(), error = %bc_error_chain::InlineErrorChain::new(&e), "telemetry queue write failed; batch dropped");
             }
         }
         self.notify.notify_one();
@@ -179,7 +179,8 @@ impl Outbox {
         mut jitter: impl FnMut() -> f64 + Send,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
+        let mut backoff =
+            ExponentialBackoff::new(MIN_BACKOFF, MAX_BACKOFF, Jitter::Fraction(1.0)).start();
         let name = self.protocol.name();
         let mut failing_since: Option<tokio::time::Instant> = None;
         loop {
@@ -390,7 +391,7 @@ impl Sink for HttpSink {
                     .map_err(|e| format!("reading bearer_token_file {}: {e}", path.display()))?;
                 req = req.bearer_auth(token.trim());
             }
-            let resp = req.send().await.map_err(|e| crate::error_chain(&e))?;
+            let resp = req.send().await.map_err(|e| bc_error_chain::chain(&e))?;
             let status = resp.status().as_u16();
             let retry_after = resp
                 .headers()

@@ -34,18 +34,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{Notify, watch};
 
-/// The error and its causes on one line (`a: b: c`), for log fields.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     #[error("the {exporter} queue")]
@@ -307,7 +295,7 @@ impl Telemetry {
             {
                 Ok(f) => f,
                 Err(e) => {
-                    tracing::warn!(error = %e, "telemetry collection failed; skipping this sample");
+                    tracing::warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "telemetry collection failed; skipping this sample");
                     continue;
                 }
             };

@@ -31,6 +31,6 @@ pub async fn run(
         .with_graceful_shutdown(shutdown)
         .await
     {
-        tracing::warn!(error = %e, "/metrics server stopped");
+        tracing::warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "/metrics server stopped");
     }
 }

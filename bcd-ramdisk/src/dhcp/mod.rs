@@ -7,10 +7,13 @@
 //! retransmissions back off 1, 2, 4, 8 s (± 0.5 s) with a cap, a NAK restarts discovery, and the whole exchange gives up
 //! after a deadline the caller sets.
 
+#![deny(clippy::disallowed_methods)]
+
 pub mod net;
 pub mod renew;
 pub mod wire;
 
+use bc_backoff::{ExponentialBackoff, Jitter};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -64,8 +67,13 @@ pub struct DhcpClient {
     pub ignored: u32,
 }
 
-const RETRY_BASE: Duration = Duration::from_secs(1);
-const RETRY_CAP: Duration = Duration::from_secs(8);
+/// Retransmissions: 1, 2, 4, 8, 8, … s, each randomised by ±0.5 s (RFC 2131 §4.1 asks ±1 s around 4, 8, … s; half a
+/// second around a one-second start keeps the first retry above zero).
+const RETRANSMIT: ExponentialBackoff = ExponentialBackoff::new(
+    Duration::from_secs(1),
+    Duration::from_secs(8),
+    Jitter::Spread(Duration::from_millis(500)),
+);
 
 impl DhcpClient {
     /// `xid` must be random per exchange; `timeout` bounds the whole exchange.
@@ -98,19 +106,16 @@ impl DhcpClient {
         self.send(now)
     }
 
-    /// 1, 2, 4, 8, 8, … s, each randomised by ±0.5 s as RFC 2131 §4.1 asks, so a rack of machines booting
-    /// together does not retransmit in lockstep. The jitter is drawn from the transaction id (random per exchange),
-    /// keeping the state machine free of clock and RNG reads.
+    /// The [`RETRANSMIT`] delay of this retry, so a rack of machines booting together does not retransmit in
+    /// lockstep. The random number is drawn from the transaction id (random per exchange), keeping the state machine
+    /// free of clock and RNG reads.
     fn backoff(&self) -> Duration {
-        let base = RETRY_BASE
-            .saturating_mul(1u32 << self.retries.min(4))
-            .min(RETRY_CAP);
         let mix = self
             .xid
             .rotate_left(self.retries.wrapping_mul(7))
             .wrapping_mul(0x9E37_79B9);
-        let jitter_ms = u64::from(mix >> 22) % 1001; // 0..=1000
-        (base + Duration::from_millis(jitter_ms)).saturating_sub(Duration::from_millis(500))
+        let unit = f64::from(mix >> 22) / f64::from((1u32 << 10) - 1); // 0..=1
+        RETRANSMIT.delay(self.retries, unit)
     }
 
     fn send(&mut self, now: Instant) -> Step {
@@ -294,4 +299,5 @@ fn lease_of(msg: &Message) -> Option<Lease> {
 
 #[cfg(test)]
 #[path = "tests.rs"]
+#[allow(clippy::disallowed_methods)] // the tests pick one real instant as their origin
 mod tests;

@@ -1,6 +1,9 @@
 //! Run [`super::DhcpClient`] on a real interface: choose the boot NIC, set it up, exchange DHCP over a UDP socket
 //! bound to it (`SO_BINDTODEVICE`, `SO_BROADCAST`), then add the address and default route over rtnetlink.
 
+// The I/O around the sans-I/O client: it reads the clock and feeds the client the time.
+#![allow(clippy::disallowed_methods)]
+
 use std::fs;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -270,7 +273,7 @@ pub fn keep(nic: &Interface, lease: Lease, xid: u32, events: &mut dyn FnMut(Leas
                 }
             }
             Err(e) => {
-                if !events(LeaseEvent::Trouble(crate::actions::chain(&e))) {
+                if !events(LeaseEvent::Trouble(bc_error_chain::chain(&e))) {
                     return;
                 }
                 // The socket failed (interface gone?): keep the lease we have and try again shortly.
@@ -286,7 +289,7 @@ pub fn keep(nic: &Interface, lease: Lease, xid: u32, events: &mut dyn FnMut(Leas
                     let changed = new.address != lease.address;
                     if changed
                         && let Err(e) = configure(nic, &new)
-                        && !events(LeaseEvent::Trouble(crate::actions::chain(&e)))
+                        && !events(LeaseEvent::Trouble(bc_error_chain::chain(&e)))
                     {
                         return;
                     }
@@ -300,7 +303,7 @@ pub fn keep(nic: &Interface, lease: Lease, xid: u32, events: &mut dyn FnMut(Leas
                     break;
                 }
                 Err(e) => {
-                    if !events(LeaseEvent::Trouble(crate::actions::chain(&e))) {
+                    if !events(LeaseEvent::Trouble(bc_error_chain::chain(&e))) {
                         return;
                     }
                     std::thread::sleep(Duration::from_secs(5));

@@ -5,6 +5,8 @@
 //!
 //! Sans-I/O like [`super::DhcpClient`]: fed packets and the time, it answers with what to send and where.
 
+#![deny(clippy::disallowed_methods)]
+
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -128,7 +130,7 @@ impl Renewal {
         let mut out = Vec::with_capacity(300);
         if let Err(e) = self.request().encode(&mut Encoder::new(&mut out)) {
             // Our own message failed to encode: nothing sane to send; the lease runs out and is lost.
-            tracing::error!(error = %e, "encoding the DHCP renewal");
+            tracing::error!(error = %bc_error_chain::InlineErrorChain::new(&e), "encoding the DHCP renewal");
             return RenewStep::Wait;
         }
         if self.phase == Phase::Renewing {
@@ -239,6 +241,7 @@ fn next_xid(xid: u32) -> u32 {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // the tests pick one real instant as their origin
 mod tests {
     use super::*;
 

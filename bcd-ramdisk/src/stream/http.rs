@@ -4,6 +4,7 @@
 //! The decisions (which request next, is this response a valid continuation) are in [`super::range`]; this module
 //! only does the I/O.
 
+use bc_backoff::{ExponentialBackoff, Jitter};
 use std::io::{self, BufRead, Read};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,8 +23,8 @@ use super::{
 pub struct FetchPolicy {
     /// Consecutive failed attempts (connections that delivered nothing) before giving up; any progress resets it.
     pub max_retries: u32,
-    pub backoff_base: Duration,
-    pub backoff_cap: Duration,
+    /// Delays between attempts: [`IMAGE_RETRY`] unless a test shortens them.
+    pub retry: ExponentialBackoff,
     /// A connection that delivers nothing for this long counts as broken.
     pub idle_timeout: Duration,
     pub connect_timeout: Duration,
@@ -35,8 +36,7 @@ impl Default for FetchPolicy {
     fn default() -> Self {
         Self {
             max_retries: 6,
-            backoff_base: Duration::from_millis(250),
-            backoff_cap: Duration::from_secs(15),
+            retry: IMAGE_RETRY,
             idle_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
             queue_chunks: 16,
@@ -127,14 +127,13 @@ pub fn client(roots: rustls::RootCertStore, policy: &FetchPolicy) -> Result<Clie
         .map_err(HttpError::Client)
 }
 
-/// Delay before retry number `attempt` (0-based): exponential from `base`, capped, with the upper half jittered by
-/// `jitter` in `[0, 1)`. Pure so tests can pin it.
-pub fn backoff(attempt: u32, base: Duration, cap: Duration, jitter: f64) -> Duration {
-    let exp = base
-        .saturating_mul(1u32.checked_shl(attempt.min(30)).unwrap_or(u32::MAX))
-        .min(cap);
-    exp / 2 + exp.mul_f64(jitter.clamp(0.0, 1.0) / 2.0)
-}
+/// Between attempts to open or resume an image download: 0.25 s doubling to 15 s, equal jitter (at least half of
+/// each step, so a broken mirror is not hammered, and machines that lost it together spread out).
+pub const IMAGE_RETRY: ExponentialBackoff = ExponentialBackoff::new(
+    Duration::from_millis(250),
+    Duration::from_secs(15),
+    Jitter::Fraction(0.5),
+);
 
 /// A successful download-and-write.
 #[derive(Clone, Debug)]
@@ -216,13 +215,8 @@ async fn open_with_retries(
         match open(client, url, state).await {
             Ok(opened) => return Ok(opened),
             Err(e) if e.is_retryable() && failures < policy.max_retries => {
-                let delay = backoff(
-                    failures,
-                    policy.backoff_base,
-                    policy.backoff_cap,
-                    rand::random(),
-                );
-                warn!(%url, error = %e, attempt = failures + 1, ?delay, "opening the download failed; retrying");
+                let delay = policy.retry.delay(failures, rand::random());
+                warn!(%url, error = %bc_error_chain::InlineErrorChain::new(&e), attempt = failures + 1, ?delay, "opening the download failed; retrying");
                 failures += 1;
                 *resumes += 1;
                 tokio::time::sleep(delay).await;
@@ -319,13 +313,8 @@ async fn pump(
                 last: Box::new(error),
             });
         }
-        let delay = backoff(
-            failures,
-            policy.backoff_base,
-            policy.backoff_cap,
-            rand::random(),
-        );
-        warn!(%url, error = %error, received = state.received(), ?delay, "download broke; resuming with Range");
+        let delay = policy.retry.delay(failures, rand::random());
+        warn!(%url, error = %bc_error_chain::InlineErrorChain::new(&error), received = state.received(), ?delay, "download broke; resuming with Range");
         failures += 1;
         *resumes += 1;
         tokio::time::sleep(delay).await;
@@ -422,16 +411,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_grows_caps_and_jitters() {
-        let base = Duration::from_millis(100);
-        let cap = Duration::from_secs(2);
-        assert_eq!(backoff(0, base, cap, 0.0), Duration::from_millis(50));
-        assert_eq!(backoff(0, base, cap, 1.0), Duration::from_millis(100));
-        assert_eq!(backoff(3, base, cap, 0.0), Duration::from_millis(400));
-        assert_eq!(backoff(10, base, cap, 1.0), cap);
-        assert_eq!(
-            backoff(u32::MAX, base, cap, 0.5),
-            Duration::from_millis(1500)
-        );
+    fn image_retries_keep_at_least_half_of_each_step_up_to_fifteen_seconds() {
+        let r = IMAGE_RETRY;
+        assert_eq!(r.delay(0, 0.0), Duration::from_millis(125));
+        assert_eq!(r.delay(0, 1.0), Duration::from_millis(250));
+        assert_eq!(r.delay(3, 0.0), Duration::from_secs(1));
+        assert_eq!(r.delay(10, 1.0), Duration::from_secs(15));
+        assert_eq!(r.delay(u32::MAX, 0.0), Duration::from_millis(7500));
     }
 }

@@ -45,7 +45,7 @@ pub fn write_image<R: BufRead, S: BlockSink>(
                     Err(e) => Scrub::Failed(e.to_string()),
                 }
             };
-            warn!(error = %error, submitted, %scrub, "image stream failed");
+            warn!(error = %bc_error_chain::InlineErrorChain::new(&error), submitted, %scrub, "image stream failed");
             Err(StreamFailure {
                 error,
                 bytes_submitted: submitted,

@@ -1,5 +1,7 @@
 //! The pure wipe planner and the sample-position function.
 
+#![deny(clippy::disallowed_methods)]
+
 use super::{
     DeviceCapabilities, Expectation, MetadataArea, PlannedStep, Skipped, WipeMethod, WipePlan,
     WipePolicy,

@@ -131,10 +131,10 @@ pub fn probe_device(name: &str) -> Result<DeviceCapabilities, ProbeError> {
         match identify.map(|data| NvmeCapabilities::from_identify_controller(&data)) {
             Ok(Ok(nvme)) => caps.nvme = Some(nvme),
             Ok(Err(e)) => {
-                tracing::warn!(device = %dev.display(), error = %e, "NVMe identify data unusable")
+                tracing::warn!(device = %dev.display(), error = %bc_error_chain::InlineErrorChain::new(&e), "NVMe identify data unusable")
             }
             Err(e) => {
-                tracing::warn!(device = %dev.display(), error = %e, "NVMe Identify Controller failed")
+                tracing::warn!(device = %dev.display(), error = %bc_error_chain::InlineErrorChain::new(&e), "NVMe Identify Controller failed")
             }
         }
     }

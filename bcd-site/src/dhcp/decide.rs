@@ -1,5 +1,7 @@
 //! The pure proxy-DHCP decision: request + netboot table + who we are → reply or ignore-with-reason.
 
+#![deny(clippy::disallowed_methods)]
+
 use std::fmt;
 use std::net::Ipv4Addr;
 

@@ -193,7 +193,7 @@ async fn serve_port(
         let (len, src) = match socket.recv_from(&mut buf).await {
             Ok(r) => r,
             Err(e) => {
-                warn!(?port, error = %e, "proxy DHCP receive failed");
+                warn!(?port, error = %bc_error_chain::InlineErrorChain::new(&e), "proxy DHCP receive failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -203,7 +203,7 @@ async fn serve_port(
             Ok(m) => m,
             Err(e) => {
                 counters.decode_failed.fetch_add(1, Ordering::Relaxed);
-                debug!(?port, %src, error = %e, "dropped undecodable packet");
+                debug!(?port, %src, error = %bc_error_chain::InlineErrorChain::new(&e), "dropped undecodable packet");
                 continue;
             }
         };
@@ -236,7 +236,7 @@ async fn serve_port(
         };
         if let Err(e) = encode(&reply.message, &mut out) {
             counters.send_failed.fetch_add(1, Ordering::Relaxed);
-            warn!(mac = %reply.mac, error = %e, "could not encode reply");
+            warn!(mac = %reply.mac, error = %bc_error_chain::InlineErrorChain::new(&e), "could not encode reply");
             continue;
         }
         let dest: SocketAddr = match reply.destination {
@@ -255,7 +255,7 @@ async fn serve_port(
             }
             Err(e) => {
                 counters.send_failed.fetch_add(1, Ordering::Relaxed);
-                debug!(?port, mac = %reply.mac, %dest, error = %e, "send failed");
+                debug!(?port, mac = %reply.mac, %dest, error = %bc_error_chain::InlineErrorChain::new(&e), "send failed");
             }
         }
     }
@@ -282,7 +282,7 @@ async fn watch_for_rogues(
         let (len, src) = match socket.recv_from(&mut buf).await {
             Ok(r) => r,
             Err(e) => {
-                warn!(error = %e, "client-port watch receive failed");
+                warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "client-port watch receive failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }

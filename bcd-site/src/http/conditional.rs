@@ -8,6 +8,8 @@
 //! Then `If-Range` ([`if_range_holds`]) decides whether a `Range` applies. A field that does not parse (an
 //! invalid date, a broken entity-tag list) is ignored, as if it had not been sent.
 
+#![deny(clippy::disallowed_methods)]
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The precondition fields of a request, as sent (lists joined with `, `).

@@ -102,7 +102,7 @@ pub(super) async fn serve(
         debug!(%peer, method = %req.method, target = %req.raw_target, status = resp.status, "boot HTTP");
         if let Err(e) = write_response(&mut stream, resp, req.head_only(), shared).await {
             counters.aborted.fetch_add(1, Ordering::Relaxed);
-            debug!(%peer, target = %req.raw_target, error = %e, "boot HTTP response cut");
+            debug!(%peer, target = %req.raw_target, error = %bc_error_chain::InlineErrorChain::new(&e), "boot HTTP response cut");
             return;
         }
         if !keep_alive {
@@ -263,7 +263,7 @@ fn boot_script(
         }
         Err(e) => {
             counters.refused.fetch_add(1, Ordering::Relaxed);
-            warn!(%mac, error = %e, "refusing to render iPXE script");
+            warn!(%mac, error = %bc_error_chain::InlineErrorChain::new(&e), "refusing to render iPXE script");
             Response::text(500, e.to_string())
         }
     }
@@ -302,7 +302,7 @@ async fn file(
             return Response::text(status, refusal.message);
         }
         Err(e) => {
-            warn!(name, error = %e, "boot HTTP file open task failed");
+            warn!(name, error = %bc_error_chain::InlineErrorChain::new(&e), "boot HTTP file open task failed");
             return Response::text(500, "the file could not be opened");
         }
     };

@@ -8,6 +8,8 @@
 //! Everything rendered is checked first: a control character in a reference or the command line would let the
 //! control plane's data inject iPXE commands, so it is refused instead of rendered.
 
+#![deny(clippy::disallowed_methods)]
+
 use std::fmt::Write as _;
 
 use crate::dhcp::MacAddr;

@@ -263,7 +263,7 @@ pub async fn run(
             }
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
-                warn!(error = %e, "boot HTTP accept failed");
+                warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "boot HTTP accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }

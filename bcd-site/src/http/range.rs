@@ -4,6 +4,8 @@
 //! error, several ranges) is ignored and the whole file is sent, which RFC 9110 allows; a well-formed single range
 //! that lies wholly past the end of the file is unsatisfiable (416).
 
+#![deny(clippy::disallowed_methods)]
+
 /// What to send for a file of a known length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RangeDecision {

@@ -9,6 +9,8 @@
 //!
 //! Rejections never echo what the client sent.
 
+#![deny(clippy::disallowed_methods)]
+
 use super::conditional::Conditions;
 
 /// Request heads larger than this are refused with 431.

@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bc_backoff::{ExponentialBackoff, InvalidBackoff, Jitter};
+
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -27,28 +29,43 @@ use super::tls::{TlsTrust, client_config};
 pub struct RetryPolicy {
     /// Attempts in all, the first included.
     pub attempts: u32,
-    pub initial_delay: Duration,
-    pub max_delay: Duration,
+    /// Delays between attempts; its cap also bounds a BMC's `Retry-After`.
+    pub backoff: ExponentialBackoff,
 }
+
+/// Between attempts on a busy BMC: 0.5 s doubling to 10 s, equal jitter (50–100 % of each step).
+pub const BMC_RETRY: ExponentialBackoff = ExponentialBackoff::new(
+    Duration::from_millis(500),
+    Duration::from_secs(10),
+    Jitter::Fraction(0.5),
+);
 
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
             attempts: 6,
-            initial_delay: Duration::from_millis(500),
-            max_delay: Duration::from_secs(10),
+            backoff: BMC_RETRY,
         }
     }
 }
 
 impl RetryPolicy {
-    /// Delay before attempt `n + 1` (n ≥ 1): doubling from `initial_delay`, capped, with 50–100 % jitter.
-    pub fn delay(&self, n: u32) -> Duration {
-        let base = self
-            .initial_delay
-            .saturating_mul(1u32 << n.saturating_sub(1).min(16));
-        base.min(self.max_delay)
-            .mul_f64(0.5 + rand::random::<f64>() / 2.0)
+    /// `attempts` in all, [`BMC_RETRY`]'s jitter between `initial_delay` doubling to `max_delay`; refused (saying
+    /// why) for a zero initial delay or a cap below it.
+    pub fn new(
+        attempts: u32,
+        initial_delay: Duration,
+        max_delay: Duration,
+    ) -> Result<RetryPolicy, InvalidBackoff> {
+        Ok(RetryPolicy {
+            attempts,
+            backoff: ExponentialBackoff::try_new(initial_delay, max_delay, BMC_RETRY.jitter())?,
+        })
+    }
+
+    /// Delay before attempt `n + 1` (n ≥ 1); `unit` is a uniform random number in `[0, 1]`.
+    pub fn delay(&self, n: u32, unit: f64) -> Duration {
+        self.backoff.delay(n.saturating_sub(1), unit)
     }
 }
 
@@ -605,8 +622,8 @@ impl Bmc {
                 Err(e @ RedfishError::Transport { .. })
                     if method == Method::GET && attempt < policy.attempts =>
                 {
-                    debug!(error = %e, attempt, "retrying GET");
-                    tokio::time::sleep(policy.delay(attempt)).await;
+                    debug!(error = %bc_error_chain::InlineErrorChain::new(&e), attempt, "retrying GET");
+                    tokio::time::sleep(policy.delay(attempt, rand::random())).await;
                     attempt += 1;
                     continue;
                 }
@@ -641,9 +658,10 @@ impl Bmc {
                     message: reply.message(),
                 });
             }
-            let delay = reply
-                .retry_after
-                .map_or_else(|| policy.delay(attempt), |d| d.min(policy.max_delay));
+            let delay = reply.retry_after.map_or_else(
+                || policy.delay(attempt, rand::random()),
+                |d| d.min(policy.backoff.cap()),
+            );
             debug!(bmc = %self.base, path, status, attempt, ?delay, "BMC busy, retrying");
             tokio::time::sleep(delay).await;
             attempt += 1;
@@ -739,7 +757,7 @@ impl Bmc {
                         if e.status()
                             .is_some_and(|s| (400..500).contains(&s) || s == 501) =>
                     {
-                        warn!(bmc = %self.base, collection, error = %e, "$expand refused; reading collections without it");
+                        warn!(bmc = %self.base, collection, error = %bc_error_chain::InlineErrorChain::new(&e), "$expand refused; reading collections without it");
                         self.expand_refused.store(true, Ordering::Relaxed);
                         None
                     }
@@ -881,7 +899,7 @@ impl Drop for Bmc {
         let (http, url) = (self.http.clone(), self.url(&location));
         handle.spawn(async move {
             if let Err(e) = http.delete(&url).header("X-Auth-Token", token).send().await {
-                debug!(url, error = %e, "logout on drop failed");
+                debug!(url, error = %bc_error_chain::InlineErrorChain::new(&e), "logout on drop failed");
             }
         });
     }

@@ -8,6 +8,8 @@
 //! again, keeping everything else. Each repair is a [`FieldWarning`] that names the property and the decoder's
 //! reason. A body that is not JSON, not an object, or a Redfish error (`{"error": …}`) is an error, never a resource.
 
+#![deny(clippy::disallowed_methods)]
+
 use std::fmt;
 
 use serde::de::DeserializeOwned;

@@ -4,6 +4,8 @@
 //! [`Listed::complete`] says whether the list can be trusted to hold every member (an action that picks "the only
 //! system" must not act on an incomplete list).
 
+#![deny(clippy::disallowed_methods)]
+
 use std::collections::HashSet;
 
 use super::decode::FieldWarning;

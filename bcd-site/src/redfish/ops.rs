@@ -425,7 +425,7 @@ impl Bmc {
                 Ok(()) => {}
                 // Some BMCs take the mode as read-only and refuse the whole PATCH (400): once more without it.
                 Err(e) if e.status() == Some(400) => {
-                    warn!(bmc = %self.base_url(), system, error = %e, "boot override refused with BootSourceOverrideMode; retrying without it");
+                    warn!(bmc = %self.base_url(), system, error = %bc_error_chain::InlineErrorChain::new(&e), "boot override refused with BootSourceOverrideMode; retrying without it");
                     mode = None;
                     self.patch_with_etag(system, &body_of(&fields), etag)
                         .await?;

@@ -119,7 +119,7 @@ pub async fn bind(config: &SiteConfig) -> Result<Bound, ServeError> {
         match bind_udp(SocketAddrV4::new(Ipv4Addr::BROADCAST, 68), dev) {
             Ok(s) => Some(s),
             Err(e) => {
-                warn!(error = %e, "not watching for other PXE servers");
+                warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "not watching for other PXE servers");
                 None
             }
         }

@@ -2,6 +2,8 @@
 //! option values of RFC 2348 (blksize), 2349 (timeout, tsize) and 7440 (windowsize) parsed into
 //! [`RequestOptions`]. [`Packet::decode`] never panics on any input.
 
+#![deny(clippy::disallowed_methods)]
+
 use std::fmt;
 
 const OP_RRQ: u16 = 1;

@@ -72,14 +72,14 @@ pub async fn run(
             () = &mut shutdown => break,
             Some(done) = transfers.join_next(), if !transfers.is_empty() => {
                 if let Err(e) = done {
-                    warn!(error = %e, "TFTP transfer task ended abnormally");
+                    warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "TFTP transfer task ended abnormally");
                 }
                 continue;
             }
             r = socket.recv_from(&mut buf) => match r {
                 Ok(r) => r,
                 Err(e) => {
-                    warn!(error = %e, "TFTP receive failed");
+                    warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "TFTP receive failed");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     continue;
                 }
@@ -124,7 +124,7 @@ pub async fn run(
                             }
                             Err(e) => {
                                 counters.failed.fetch_add(1, Ordering::Relaxed);
-                                debug!(%peer, %file, error = %e, "TFTP transfer failed");
+                                debug!(%peer, %file, error = %bc_error_chain::InlineErrorChain::new(&e), "TFTP transfer failed");
                             }
                         }
                     });
@@ -140,7 +140,7 @@ pub async fn run(
             }
             Err(e) => {
                 counters.malformed.fetch_add(1, Ordering::Relaxed);
-                debug!(%peer, error = %e, "malformed TFTP request");
+                debug!(%peer, error = %bc_error_chain::InlineErrorChain::new(&e), "malformed TFTP request");
                 Some((ErrorCode::IllegalOperation, "malformed request"))
             }
         };

@@ -80,7 +80,7 @@ impl Collector for NodeSampler {
                 }
                 Err(e) => {
                     self.errors.with(&[("source", "gpu")]).inc();
-                    tracing::warn!(error = %e, "GPU telemetry sample failed");
+                    tracing::warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "GPU telemetry sample failed");
                 }
             }
         }

@@ -1,5 +1,5 @@
 //! Instance images: fetched over HTTP(S) into `<state_dir>/images/sha256/<hex>` through the site agent's verified
-//! writer ([`crate::artifact_cache::write_verified`]: a temporary file hashed as it is written, fsynced and renamed
+//! writer ([`crate::site::cache::write_verified`]: a temporary file hashed as it is written, fsynced and renamed
 //! only when its length and SHA-256 match, removed otherwise), so a file under its hash is always complete and
 //! verified, and a bad digest leaves nothing behind. The digest, not the transport, is what makes an image trusted;
 //! HTTPS is verified against the system's roots or `[vmm] image_ca_file`.
@@ -28,7 +28,7 @@ pub enum ImageError {
     Verify {
         url: String,
         #[source]
-        source: crate::artifact_cache::FetchError,
+        source: crate::site::cache::FetchError,
     },
     #[error("image {sha256}: {message}")]
     Unfit { sha256: String, message: String },
@@ -118,7 +118,7 @@ impl ImageStore {
                 }
             }
         });
-        let result = crate::artifact_cache::write_verified(
+        let result = crate::site::cache::write_verified(
             &self.dir,
             sha256,
             size,

@@ -10,7 +10,7 @@
 
 use anyhow::{Context as _, bail};
 use bc_bench::{Dev, pg_tool, query_i64};
-use bc_proto::channel::{self, Backoff, ServerTrust};
+use bc_proto::channel::{self, ServerTrust};
 use bc_proto::v1;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -286,7 +286,7 @@ async fn daemon(
     events: mpsc::UnboundedSender<Event>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    let mut backoff = channel::RECONNECT.start();
     loop {
         let end = tokio::select! {
             r = session(&cred, &ca, &url, &connect_slots, &events) => r,

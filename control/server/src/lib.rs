@@ -25,6 +25,7 @@ pub mod site;
 pub mod site_api;
 pub mod site_cli;
 pub mod statistics;
+pub mod telemetry;
 
 use crate::ca::Ca;
 use crate::config::ServeConfig;
@@ -51,6 +52,8 @@ pub enum StartError {
     Tls(#[from] bc_gateway::tls::TlsError),
     #[error("store")]
     Store(#[from] bc_store::StoreError),
+    #[error("telemetry")]
+    Telemetry(#[from] bc_telemetry::TelemetryError),
 }
 
 /// A started control plane: where it listens and what nodes need to trust it.
@@ -107,9 +110,12 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    let metrics = telemetry::ControlMetrics::default();
+    let worker = controllers::worker_id();
 
     let mut gateway_addr = None;
     let mut gateway_registry = None;
+    let mut gateway_id_for_metrics = None;
     let mut gateway_url = config.gateway_url.clone().unwrap_or_default();
     if config.roles.gateway {
         let listener = bind("gateway", config.gateway_listen).await?;
@@ -128,6 +134,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             gateway_url = format!("https://{host}:{}", addr.port());
         }
         let gateway_id = format!("gw-{}", addr.port());
+        gateway_id_for_metrics = Some(gateway_id.clone());
         let (chain, key) = ca.issue_gateway(&gateway_id, &config.gateway_hosts)?;
         let registry = bc_gateway::session::Registry::default();
         let tls = bc_gateway::tls::server_config(
@@ -213,8 +220,13 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             artifacts: artifacts::ArtifactDir::new(&config.state_dir),
         };
         let rx = stop_rx.clone();
+        let api_metrics = metrics.clone();
         tasks.spawn(async move {
-            if let Err(e) = axum::serve(listener, api::router(state))
+            let router = api::router(state).layer(axum::middleware::from_fn_with_state(
+                api_metrics,
+                telemetry::count_api,
+            ));
+            if let Err(e) = axum::serve(listener, router)
                 .with_graceful_shutdown(stopped(rx))
                 .await
             {
@@ -224,7 +236,6 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         tracing::info!(%addr, "api role listening");
     }
     let lease = config.shard_lease.unwrap_or(config::DEFAULT_SHARD_LEASE);
-    let worker = controllers::worker_id();
     let mut lifecycle_poke = None;
     if config.roles.controllers {
         let timing = config.lifecycle_timing.unwrap_or_default();
@@ -262,6 +273,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             worker.clone(),
             lease,
             config.capacity_reload.unwrap_or(scheduler::FULL_RELOAD),
+            metrics.clone(),
             stop_rx.clone(),
         ));
         tracing::info!(worker, "scheduler role: placer running");
@@ -281,6 +293,36 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
                 "role enabled; no loops of this role exist in this version yet"
             );
         }
+    }
+    if let Some(pipeline) =
+        telemetry::pipeline(config.telemetry.as_ref(), &metrics, &worker).await?
+    {
+        let interval = config
+            .telemetry
+            .as_ref()
+            .map_or(bc_telemetry::config::DEFAULT_INTERVAL, |t| t.interval);
+        let mut lease_roles = Vec::new();
+        if config.roles.controllers {
+            lease_roles.push(controllers::ROLE);
+        }
+        if config.roles.scheduler {
+            lease_roles.push(scheduler::ROLE);
+        }
+        let sources = telemetry::Sources {
+            store: store.clone(),
+            worker: worker.clone(),
+            gateway: gateway_id_for_metrics.zip(gateway_registry.clone()),
+            lease_roles,
+            queues: config.roles.controllers,
+        };
+        tasks.spawn(telemetry::sample(
+            metrics.clone(),
+            sources,
+            interval,
+            stop_rx.clone(),
+        ));
+        tasks.spawn(pipeline.run(stopped(stop_rx.clone())));
+        tracing::info!("telemetry: the control plane's own metrics are exported");
     }
     Ok(Running {
         api_addr,

@@ -1,24 +1,29 @@
-//! The site agent's artifact cache (feature `site`): artifacts the control plane's netboot table references are
-//! fetched over `SiteService.Artifact` into `<artifacts>/sha256/<hex>`, which boot HTTP serves as
-//! `/artifacts/sha256/<hex>`. Each download is hashed while it is written to a temporary file in the cache
-//! directory; only when its length and SHA-256 match what the table promised is it fsynced, made `0644` and renamed
-//! into place, so a file under its hash is always complete and verified. A corrupt, short or overlong download is
-//! discarded with an error naming the artifact, and fetched again at the agent's next round after a backoff (1 s
-//! doubling to 60 s, with jitter). At most
-//! `max_concurrent` downloads run at once.
+//! The site agent's artifact cache: artifacts the control plane's netboot table references are fetched over
+//! `SiteService.Artifact` into `<artifacts>/sha256/<hex>`, which boot HTTP serves as `/artifacts/sha256/<hex>`.
+//! Downloads go through bc-cas's content-addressed writer: hashed while written to a temporary file in the cache
+//! directory, fsynced, made `0644` and renamed into place only when length and SHA-256 match what the table
+//! promised, so a file under its hash is always complete and verified. A corrupt, short or overlong download is
+//! discarded with an error naming the artifact, and fetched again at the agent's next round after a backoff
+//! ([`RETRY`]: 1 s doubling to 60 s, jittered). At most `max_concurrent` downloads run at once.
 //!
 //! Eviction: the cached artifacts (files under `sha256/`, nothing else in the directory) may take `max_bytes`
 //! (`[cache] max_bytes` in site.toml, default 20 GiB), counting the downloads the table still needs. Over it, the
-//! least recently used artifacts the current netboot table does not reference are deleted ([`plan_eviction`] decides,
-//! [`ArtifactCache::evict`] applies). A referenced artifact is never deleted: when the referenced ones alone exceed
-//! the cap they are all kept and a warning says so. "Used" is the last time a table referenced the artifact, kept
-//! as the file's access time (set at most once a minute while referenced; the modification time, which boot HTTP's
-//! ETag is made of, is left alone), so the order survives a restart.
+//! least recently used artifacts the current netboot table does not reference are deleted ([`evict::plan_eviction`]
+//! decides, [`ArtifactCache::evict`] applies). A referenced artifact is never deleted: when the referenced ones alone
+//! exceed the cap they are all kept and a warning says so. "Used" is the last time a table referenced the artifact,
+//! kept as the file's access time (set at most once a minute while referenced; the modification time, which boot
+//! HTTP's ETag is made of, is left alone), so the order survives a restart.
 
+pub mod evict;
+
+pub use bc_cas::is_sha256_hex;
+pub use evict::{CachedArtifact, EvictionPlan, plan_eviction};
+
+use bc_backoff::{ExponentialBackoff, Jitter};
+use bc_cas::{CasError, Expect, Sha256Hex};
+use bc_error_chain::InlineErrorChain;
 use bc_proto::v1;
-use sha2::{Digest as _, Sha256};
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -55,34 +60,17 @@ pub enum FetchError {
         size: u64,
         secs: u64,
     },
-    #[error(
-        "artifact {sha256}: truncated: {got} of {size} bytes; discarded, fetched again at the next round"
-    )]
-    Truncated { sha256: String, got: u64, size: u64 },
-    #[error(
-        "artifact {sha256}: more than the {size} bytes announced; discarded, fetched again at the next round"
-    )]
-    TooLong { sha256: String, size: u64 },
-    #[error(
-        "artifact {sha256}: content hashes to {got} (corrupt or tampered in transit or at rest); discarded, \
-         fetched again at the next round"
-    )]
-    HashMismatch { sha256: String, got: String },
-    #[error("artifact {sha256}: {what} {path}")]
-    Io {
+    /// The bytes were refused (length, hash) or could not be stored; nothing was kept.
+    #[error("artifact {sha256} not kept (fetched again at the next round)")]
+    NotKept {
         sha256: String,
-        what: &'static str,
-        path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: CasError,
     },
+    #[error("artifact {sha256}: the write was cut short (the agent is stopping)")]
+    Interrupted { sha256: String },
     #[error("artifact reference {0:?} is not 64 lowercase hex characters")]
     BadReference(String),
-}
-
-/// True for 64 lowercase hex characters (the only names the cache creates).
-pub fn is_sha256_hex(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// Counts for logs and tests.
@@ -241,7 +229,7 @@ impl ArtifactCache {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => {
-                    tracing::error!(sha256, path = %path.display(), error = %e, "evicting an artifact failed")
+                    tracing::error!(sha256, path = %path.display(), error = %bc_error_chain::InlineErrorChain::new(&e), "evicting an artifact failed")
                 }
             }
         }
@@ -318,7 +306,7 @@ impl ArtifactCache {
             if let Ok(mut retry) = cache.retry.lock() {
                 if failed {
                     let failures = retry.get(&a.sha256).map_or(0, |(_, n)| *n) + 1;
-                    let at = Instant::now() + retry_delay(failures, rand::random::<f64>());
+                    let at = Instant::now() + RETRY.delay(failures - 1, rand::random::<f64>());
                     retry.insert(a.sha256.clone(), (at, failures));
                 } else {
                     retry.remove(&a.sha256);
@@ -333,7 +321,9 @@ impl ArtifactCache {
                     ms = started.elapsed().as_millis() as u64,
                     "artifact cached (verified)"
                 ),
-                Err(e) => tracing::error!(name = a.name, error = %e, "artifact download failed"),
+                Err(e) => {
+                    tracing::error!(name = a.name, error = %InlineErrorChain::new(&e), "artifact download failed")
+                }
             }
             if let Ok(mut f) = cache.in_flight.lock() {
                 f.remove(&a.sha256);
@@ -376,7 +366,7 @@ fn mark_used(path: &Path, now: SystemTime) {
     let set = std::fs::File::open(path)
         .and_then(|f| f.set_times(std::fs::FileTimes::new().set_accessed(now)));
     if let Err(e) = set {
-        tracing::debug!(path = %path.display(), error = %e, "marking an artifact used failed");
+        tracing::debug!(path = %path.display(), error = %bc_error_chain::InlineErrorChain::new(&e), "marking an artifact used failed");
     }
 }
 
@@ -391,173 +381,60 @@ pub fn referenced(table: &v1::NetbootResponse) -> BTreeSet<String> {
         .collect()
 }
 
-// === eviction ===
-
-/// A verified artifact in the cache, as eviction sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CachedArtifact {
-    pub sha256: String,
-    pub size: u64,
-    /// When a table last referenced it (or when it was written).
-    pub last_used: SystemTime,
-}
-
-/// What an eviction pass deletes.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct EvictionPlan {
-    /// (hash, size), least recently used first.
-    pub evict: Vec<(String, u64)>,
-    /// Bytes cached once the plan is applied, downloads still to come included.
-    pub bytes_after: u64,
-    /// Bytes of the referenced artifacts (cached or still to come).
-    pub referenced_bytes: u64,
-    /// The referenced artifacts alone exceed the cap: they are all kept.
-    pub over_cap: bool,
-}
-
-/// Picks the artifacts to delete so that the cache (plus `incoming` bytes of downloads still to come) fits in
-/// `max_bytes`: unreferenced ones only, least recently used first (ties by hash, so the choice is stable).
-pub fn plan_eviction(
-    cached: &[CachedArtifact],
-    referenced: &BTreeSet<String>,
-    incoming: u64,
-    max_bytes: u64,
-) -> EvictionPlan {
-    let mut total = cached
-        .iter()
-        .map(|c| c.size)
-        .fold(incoming, u64::saturating_add);
-    let referenced_bytes = cached
-        .iter()
-        .filter(|c| referenced.contains(&c.sha256))
-        .map(|c| c.size)
-        .fold(incoming, u64::saturating_add);
-    let mut candidates: Vec<&CachedArtifact> = cached
-        .iter()
-        .filter(|c| !referenced.contains(&c.sha256))
-        .collect();
-    candidates.sort_by(|a, b| {
-        a.last_used
-            .cmp(&b.last_used)
-            .then_with(|| a.sha256.cmp(&b.sha256))
-    });
-    let mut evict = Vec::new();
-    for c in candidates {
-        if total <= max_bytes {
-            break;
-        }
-        total = total.saturating_sub(c.size);
-        evict.push((c.sha256.clone(), c.size));
-    }
-    EvictionPlan {
-        evict,
-        bytes_after: total,
-        referenced_bytes,
-        over_cap: total > max_bytes,
-    }
-}
-
 /// A download that delivers nothing for this long is abandoned (it would hold a download slot forever).
 pub const STALL: Duration = Duration::from_secs(30);
 
-/// Delay before the next try after `failures` failures in a row: 1 s doubling to 60 s, ±20% jitter from `unit`
-/// (0..1).
-pub fn retry_delay(failures: u32, unit: f64) -> Duration {
-    let base =
-        Duration::from_secs(1u64 << failures.saturating_sub(1).min(6)).min(Duration::from_secs(60));
-    base.mul_f64(0.8 + 0.4 * unit.clamp(0.0, 1.0))
-}
+/// Between tries of an artifact that failed: 1 s doubling to 60 s, each at least 80 % of its ceiling.
+pub const RETRY: ExponentialBackoff = ExponentialBackoff::new(
+    Duration::from_secs(1),
+    Duration::from_secs(60),
+    Jitter::Fraction(0.2),
+);
 
-/// Writes `stream` to a temporary file in `dir`, checking length and SHA-256 as it goes; renames it to
-/// `dir/sha256/<sha256>` (0644) only when both match. On any error the temporary file is removed.
+/// Writes `stream` through bc-cas's writer into `dir` (`dir/sha256/<sha256>`, 0644), checking length and SHA-256 as
+/// it goes; on any error nothing is kept. A stream that sends nothing for [`STALL`] is abandoned.
 pub async fn write_verified(
     dir: &Path,
     sha256: &str,
     size: u64,
     mut stream: impl tokio_stream::Stream<Item = Result<v1::ArtifactChunk, tonic::Status>> + Unpin,
 ) -> Result<PathBuf, FetchError> {
-    if !is_sha256_hex(sha256) {
-        return Err(FetchError::BadReference(sha256.to_string()));
-    }
-    let io = |what: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        let sha256 = sha256.to_string();
-        move |source| FetchError::Io {
-            sha256,
-            what,
-            path,
-            source,
-        }
+    let want =
+        Sha256Hex::parse(sha256).map_err(|_| FetchError::BadReference(sha256.to_string()))?;
+    let not_kept = |source| FetchError::NotKept {
+        sha256: sha256.to_string(),
+        source,
     };
-    let final_dir = dir.join("sha256");
-    std::fs::create_dir_all(&final_dir).map_err(io("creating", &final_dir))?;
-    let tmp = tempfile::Builder::new()
-        .prefix(".partial-")
-        .tempfile_in(dir)
-        .map_err(io("creating a temporary file in", dir))?;
-    let mut hasher = Sha256::new();
-    let mut got = 0u64;
-    {
-        let mut file = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
-        loop {
-            let Ok(next) = tokio::time::timeout(STALL, stream.next()).await else {
-                return Err(FetchError::Stalled {
-                    sha256: sha256.to_string(),
-                    got,
-                    size,
-                    secs: STALL.as_secs(),
-                });
-            };
-            let Some(chunk) = next else { break };
-            let chunk = chunk.map_err(|s| FetchError::Broken {
+    let mut writer = bc_cas::Store::new(dir)
+        .begin(Expect::exact(want, size))
+        .map_err(not_kept)?;
+    loop {
+        let Ok(next) = tokio::time::timeout(STALL, stream.next()).await else {
+            return Err(FetchError::Stalled {
                 sha256: sha256.to_string(),
-                got,
+                got: writer.received(),
                 size,
-                code: s.code(),
-                message: s.message().to_string(),
-            })?;
-            got += chunk.data.len() as u64;
-            if got > size {
-                return Err(FetchError::TooLong {
-                    sha256: sha256.to_string(),
-                    size,
-                });
-            }
-            hasher.update(&chunk.data);
-            file.write_all(&chunk.data)
-                .map_err(io("writing", tmp.path()))?;
-        }
-        file.flush().map_err(io("writing", tmp.path()))?;
-    }
-    if got != size {
-        return Err(FetchError::Truncated {
+                secs: STALL.as_secs(),
+            });
+        };
+        let Some(chunk) = next else { break };
+        let chunk = chunk.map_err(|s| FetchError::Broken {
             sha256: sha256.to_string(),
-            got,
+            got: writer.received(),
             size,
-        });
+            code: s.code(),
+            message: s.message().to_string(),
+        })?;
+        writer.write(&chunk.data).map_err(not_kept)?;
     }
-    let digest = hex::encode(hasher.finalize());
-    if digest != sha256 {
-        return Err(FetchError::HashMismatch {
+    // The fsync of a large image must not hold a runtime thread.
+    let stored = tokio::task::spawn_blocking(move || writer.commit())
+        .await
+        .map_err(|_| FetchError::Interrupted {
             sha256: sha256.to_string(),
-            got: digest,
-        });
-    }
-    tmp.as_file()
-        .sync_all()
-        .map_err(io("syncing", tmp.path()))?;
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644))
-            .map_err(io("setting the mode of", tmp.path()))?;
-    }
-    let path = final_dir.join(sha256);
-    tmp.persist(&path)
-        .map_err(|e| io("moving into place", &path)(e.error))?;
-    if let Ok(d) = std::fs::File::open(&final_dir) {
-        let _ = d.sync_all();
-    }
-    Ok(path)
+        })?
+        .map_err(not_kept)?;
+    Ok(stored.path)
 }
 
 #[cfg(test)]
@@ -587,10 +464,11 @@ mod tests {
 
     #[test]
     fn retries_back_off_to_a_cap() {
-        assert_eq!(retry_delay(1, 0.5), Duration::from_secs(1));
-        assert_eq!(retry_delay(3, 0.5), Duration::from_secs(4));
-        assert_eq!(retry_delay(40, 0.5), Duration::from_secs(60));
-        assert!(retry_delay(2, 0.0) < retry_delay(2, 1.0));
+        assert_eq!(RETRY.delay(0, 1.0), Duration::from_secs(1));
+        assert_eq!(RETRY.delay(2, 1.0), Duration::from_secs(4));
+        assert_eq!(RETRY.delay(39, 1.0), Duration::from_secs(60));
+        assert_eq!(RETRY.delay(39, 0.0), Duration::from_secs(48));
+        assert!(RETRY.delay(1, 0.0) < RETRY.delay(1, 1.0));
     }
 
     #[tokio::test]
@@ -598,7 +476,7 @@ mod tests {
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         let content = b"kernel bytes".repeat(1000);
-        let sha = hex::encode(Sha256::digest(&content));
+        let sha = Sha256Hex::of(&content).into_string();
         let size = content.len() as u64;
         let (a, b) = content.split_at(5000);
 
@@ -606,14 +484,38 @@ mod tests {
         tampered[7] ^= 1;
         let (ta, tb) = tampered.split_at(5000);
         let e = write_verified(dir.path(), &sha, size, chunks(&[ta, tb])).await;
-        assert!(matches!(e, Err(FetchError::HashMismatch { .. })), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                Err(FetchError::NotKept {
+                    source: CasError::HashMismatch { .. },
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
         let e = write_verified(dir.path(), &sha, size, chunks(&[a])).await;
         assert!(
-            matches!(e, Err(FetchError::Truncated { got: 5000, .. })),
+            matches!(
+                e,
+                Err(FetchError::NotKept {
+                    source: CasError::Truncated { got: 5000, .. },
+                    ..
+                })
+            ),
             "{e:?}"
         );
         let e = write_verified(dir.path(), &sha, size, chunks(&[a, b, b"x"])).await;
-        assert!(matches!(e, Err(FetchError::TooLong { .. })), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                Err(FetchError::NotKept {
+                    source: CasError::TooLong { .. },
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
         let broken = tokio_stream::iter(vec![
             Ok(v1::ArtifactChunk { data: a.to_vec() }),
             Err(tonic::Status::unavailable("gateway went away")),
@@ -652,62 +554,8 @@ mod tests {
         assert_eq!(leftovers(dir.path()), Vec::<String>::new());
         Ok(())
     }
-    fn art(sha: char, size: u64, used_s: u64) -> CachedArtifact {
-        CachedArtifact {
-            sha256: sha.to_string().repeat(64),
-            size,
-            last_used: SystemTime::UNIX_EPOCH + Duration::from_secs(used_s),
-        }
-    }
-
-    fn refs(shas: &[char]) -> BTreeSet<String> {
-        shas.iter().map(|c| c.to_string().repeat(64)).collect()
-    }
-
-    #[test]
-    fn eviction_takes_least_recently_used_unreferenced_first() {
-        let cached = [
-            art('a', 40, 300),
-            art('b', 30, 100),
-            art('c', 20, 200),
-            art('d', 10, 50),
-        ];
-        // 100 bytes under a cap of 100: nothing to do.
-        assert_eq!(plan_eviction(&cached, &refs(&[]), 0, 100).evict, vec![]);
-        // Cap 60, 'd' referenced: 'b' (oldest unreferenced) then 'c' go; 'd' stays although it is older.
-        let p = plan_eviction(&cached, &refs(&['d']), 0, 60);
-        let gone: Vec<char> = p
-            .evict
-            .iter()
-            .filter_map(|(s, _)| s.chars().next())
-            .collect();
-        assert_eq!(gone, vec!['b', 'c']);
-        assert_eq!(p.bytes_after, 50);
-        assert!(!p.over_cap);
-        // Downloads still to come count against the cap.
-        let p = plan_eviction(&cached, &refs(&['d']), 25, 60);
-        assert_eq!(p.evict.len(), 3, "{p:?}");
-        assert_eq!(p.bytes_after, 35);
-        // The referenced ones alone exceed the cap: everything else goes, they are kept, and that is reported.
-        let p = plan_eviction(&cached, &refs(&['a', 'b']), 0, 50);
-        let gone: Vec<char> = p
-            .evict
-            .iter()
-            .filter_map(|(s, _)| s.chars().next())
-            .collect();
-        assert_eq!(gone, vec!['d', 'c']);
-        assert_eq!(
-            (p.bytes_after, p.referenced_bytes, p.over_cap),
-            (70, 70, true)
-        );
-        // Same last use: the hash decides, so the choice is stable.
-        let tie = [art('f', 10, 7), art('e', 10, 7)];
-        let p = plan_eviction(&tie, &refs(&[]), 0, 10);
-        assert_eq!(p.evict, vec![("e".repeat(64), 10)]);
-    }
-
     fn put(dir: &Path, content: &[u8], used: SystemTime) -> Result<String, std::io::Error> {
-        let sha = hex::encode(Sha256::digest(content));
+        let sha = Sha256Hex::of(content).into_string();
         let path = dir.join("sha256").join(&sha);
         std::fs::create_dir_all(dir.join("sha256"))?;
         std::fs::write(&path, content)?;
