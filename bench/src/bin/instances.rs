@@ -176,6 +176,8 @@ async fn main() -> anyhow::Result<()> {
             image.display()
         );
     }
+    // Absolute: qemu-img resolves a relative backing path against the overlay's directory.
+    let image = std::fs::canonicalize(&image)?;
     let sha256 = std::fs::read_to_string(image.with_extension("qcow2.sha256"))?
         .trim()
         .to_string();
