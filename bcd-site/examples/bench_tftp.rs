@@ -1,15 +1,18 @@
 //! TFTP benchmark: time for `curl --tftp-blksize 1468` to fetch a loader from our server and from dnsmasq's TFTP
 //! (the peer), alternating fetches in the same invocation, inside a network namespace of its own (dnsmasq needs
-//! port 69; the namespace's private loopback keeps it off the host's). Prints median and p90 per server and the
-//! ratio (dnsmasq time / our time: above 1 means we are faster), ending with `tftp: <ms> ms` (our median). Because
-//! the medians swing with load from elsewhere on a shared 2-vCPU machine, it also prints the p10 (the
-//! undisturbed path) and each server's CPU time per transfer (utime + stime from /proc, which noise barely moves).
+//! port 69; the namespace's private loopback keeps it off the host's). Prints p10, median and p90 per server, the
+//! ratio of the medians (dnsmasq time / our time: above 1 means we are faster) and of the p90s, the load average
+//! at the start and the end, and each server's CPU time per transfer (utime + stime from /proc, which noise barely
+//! moves), ending with `tftp: <ms> ms` (our median). 300 fetches per server by default: at 30 the median and p90
+//! were a handful of samples and two runs on a quiet machine gave ratios of 0.55 and 1.08.
 //!
 //! Needs root, iproute2, curl and dnsmasq. The namespace is created and deleted here under a name carrying this
 //! process's PID, on every exit path.
 //!
-//! usage: bench_tftp [--file PATH] [--fetches N] [--blksize N]
-//! (the file defaults to /usr/lib/ipxe/snponly.efi when the `ipxe` package is installed, else 1 MiB of noise)
+//! usage: bench_tftp [--file PATH] [--fetches N] [--blksize N] [--samples CSV] [--trace LOG] [--ack-spin-us N]
+//! (the file defaults to /usr/lib/ipxe/snponly.efi when the `ipxe` package is installed, else 1 MiB of noise;
+//! `--samples` writes every fetch's time, `--trace` our server's debug log (per transfer: ACKs caught spinning or
+//! asleep, contended spins), `--ack-spin-us` sets our server's `[tftp] ack_spin_us`)
 
 use std::io::Read as _;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -47,6 +50,23 @@ fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
 
 async fn serve(args: &[String]) -> Result<()> {
     let root = PathBuf::from(flag(args, "--root").context("--root")?);
+    let mut limits = Limits::default();
+    if let Some(us) = flag(args, "--ack-spin-us") {
+        limits.ack_spin = Duration::from_micros(us.parse()?);
+    }
+    // --trace FILE: the server's debug log (one line per transfer: time, ACKs caught spinning / asleep).
+    let _trace = match flag(args, "--trace") {
+        Some(path) => {
+            let file = std::fs::File::create(path)?;
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(std::sync::Mutex::new(file))
+                .with_ansi(false)
+                .with_env_filter("bcd_site::tftp=debug")
+                .finish();
+            Some(tracing::subscriber::set_default(subscriber))
+        }
+        None => None,
+    };
     let socket = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, OUR_PORT)).await?;
     println!("ready");
     let stop = async {
@@ -57,7 +77,7 @@ async fn serve(args: &[String]) -> Result<()> {
         .await;
     };
     let counters = Arc::new(TftpCounters::default());
-    run(socket, &root, Limits::default(), counters, stop).await?;
+    run(socket, &root, limits, counters, stop).await?;
     Ok(())
 }
 
@@ -134,7 +154,7 @@ fn cpu_us(before: Option<u64>, after: Option<u64>, transfers: usize) -> Option<f
 }
 
 async fn bench(args: &[String]) -> Result<()> {
-    let fetches: usize = flag(args, "--fetches").unwrap_or("30").parse()?;
+    let fetches: usize = flag(args, "--fetches").unwrap_or("300").parse()?;
     let blksize = flag(args, "--blksize").unwrap_or("1468").to_owned();
     let dir = tempfile::tempdir()?;
     let root = dir.path().join("root");
@@ -175,27 +195,71 @@ async fn bench(args: &[String]) -> Result<()> {
     let size = std::fs::metadata(&file)?.len();
     let ns = format!("bcd-tbench-{}", std::process::id());
     let _guard = Namespace(ns.clone());
+    let mut server_args = Vec::new();
+    for f in ["--ack-spin-us", "--trace"] {
+        if let Some(v) = flag(args, f) {
+            server_args.extend([f.to_owned(), v.to_owned()]);
+        }
+    }
+    let run = Run {
+        ns: &ns,
+        root: &root,
+        name: &name,
+        size,
+        fetches,
+        blksize: &blksize,
+        tmp: dir.path(),
+        server_args,
+        samples: flag(args, "--samples").map(PathBuf::from),
+    };
     tokio::select! {
-        r = measure(&ns, &root, &name, size, fetches, &blksize, dir.path()) => r,
+        r = measure(run) => r,
         _ = tokio::signal::ctrl_c() => bail!("interrupted"),
     }
 }
 
-async fn measure(
-    ns: &str,
-    root: &Path,
-    name: &str,
+/// One benchmark invocation's settings.
+struct Run<'a> {
+    ns: &'a str,
+    root: &'a Path,
+    name: &'a str,
     size: u64,
     fetches: usize,
-    blksize: &str,
-    tmp: &Path,
-) -> Result<()> {
+    blksize: &'a str,
+    tmp: &'a Path,
+    /// Passed to our server (`--ack-spin-us`, `--trace`).
+    server_args: Vec<String>,
+    /// Where to write every fetch's time (CSV: index, dnsmasq ms, bcd-site ms).
+    samples: Option<PathBuf>,
+}
+
+/// The 1-minute load average, from /proc/loadavg.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
+async fn measure(run: Run<'_>) -> Result<()> {
+    let Run {
+        ns,
+        root,
+        name,
+        size,
+        fetches,
+        blksize,
+        tmp,
+        ..
+    } = run;
     ip(&["netns", "add", ns]).await?;
     ip(&["-n", ns, "link", "set", "lo", "up"]).await?;
     let got = tmp.join("got");
     let want = std::fs::read(root.join(name))?;
     println!(
-        "# {name} ({size} bytes), curl --tftp-blksize {blksize}, {fetches} fetches per server, alternating"
+        "# {name} ({size} bytes), curl --tftp-blksize {blksize}, {fetches} fetches per server, alternating; \
+         load average {} at the start",
+        load_average()
     );
 
     let mut dnsmasq = Command::new("ip")
@@ -224,6 +288,7 @@ async fn measure(
         .arg(std::env::current_exe()?)
         .args(["serve", "--root"])
         .arg(root)
+        .args(&run.server_args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -251,6 +316,14 @@ async fn measure(
         theirs.push(fetch(ns, &their_url, blksize, Path::new("/dev/null")).await?);
         ours.push(fetch(ns, &our_url, blksize, Path::new("/dev/null")).await?);
     }
+    let load_end = load_average();
+    if let Some(path) = &run.samples {
+        let mut csv = String::from("fetch,dnsmasq_ms,bcd_site_ms\n");
+        for (i, (t, o)) in theirs.iter().zip(&ours).enumerate() {
+            csv.push_str(&format!("{i},{t:.3},{o:.3}\n"));
+        }
+        std::fs::write(path, csv)?;
+    }
     let their_cpu = cpu_us(their_cpu0, cpu_ticks(their_pid), fetches);
     let our_cpu = cpu_us(our_cpu0, cpu_ticks(our_pid), fetches);
     let _ = dnsmasq.kill().await;
@@ -261,11 +334,11 @@ async fn measure(
     let (o10, o50, o90) = summary(ours);
     let cpu = |c: Option<f64>| c.map_or("cpu n/a".to_owned(), |c| format!("cpu {c:.0} µs"));
     println!(
-        "dnsmasq:  median {d50:.2} ms, p10 {d10:.2} ms, p90 {d90:.1} ms, {} per transfer",
+        "dnsmasq:  p10 {d10:.2} ms, median {d50:.2} ms, p90 {d90:.2} ms, {} per transfer",
         cpu(their_cpu)
     );
     println!(
-        "bcd-site: median {o50:.2} ms, p10 {o10:.2} ms, p90 {o90:.1} ms, {} per transfer",
+        "bcd-site: p10 {o10:.2} ms, median {o50:.2} ms, p90 {o90:.2} ms, {} per transfer",
         cpu(our_cpu)
     );
     if let (Some(t), Some(o)) = (their_cpu, our_cpu) {
@@ -274,7 +347,12 @@ async fn measure(
             t / o.max(1.0)
         );
     }
-    println!("p10 ratio {:.2} (their p10 / ours)", d10 / o10.max(0.001));
+    println!(
+        "p10 ratio {:.2}, p90 ratio {:.2} (theirs / ours)",
+        d10 / o10.max(0.001),
+        d90 / o90.max(0.001)
+    );
+    println!("load average {load_end} at the end");
     println!(
         "ratio {:.2} vs dnsmasq (their median time / ours)",
         d50 / o50.max(0.001)

@@ -453,3 +453,221 @@ async fn slow_request_heads_time_out_and_idle_connections_close() -> Result<()> 
     done.await??;
     Ok(())
 }
+
+/// Sends `request` on a fresh connection and returns everything the server sent until it closed.
+async fn raw(addr: SocketAddr, request: &str) -> Result<String> {
+    let mut tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.write_all(request.as_bytes()).await?;
+    let mut all = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read_to_end(&mut all)).await??;
+    Ok(String::from_utf8_lossy(&all).into_owned())
+}
+
+fn get(path: &str, headers: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: boot\r\n{headers}Connection: close\r\n\r\n")
+}
+
+/// A header's value in a raw response.
+fn header<'a>(response: &'a str, name: &str) -> Option<&'a str> {
+    let head = response.split("\r\n\r\n").next()?;
+    head.lines().skip(1).find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+#[tokio::test]
+async fn long_names_get_404_and_no_echo() -> Result<()> {
+    let srv = start().await?;
+    let long = "a".repeat(300);
+    let deep = "d/".repeat(2100);
+    for path in [
+        format!("/ipxe/{long}.efi"),
+        format!("/artifacts/{long}"),
+        format!("/artifacts/{deep}x"),
+        format!("/boot/{long}.ipxe"),
+        format!("/boot/{long}"),
+        format!("/{long}"),
+    ] {
+        let resp = raw(srv.addr, &get(&path, "")).await?;
+        assert!(resp.starts_with("HTTP/1.1 404 "), "{}: {resp}", &path[..20]);
+        assert!(
+            !resp.contains("aaaaaaaaaa") && !resp.contains("d/d/d/d/"),
+            "the name is echoed: {resp}"
+        );
+    }
+    // Short ones are not echoed either.
+    let resp = raw(srv.addr, &get("/artifacts/no-such-kernel", "")).await?;
+    assert!(resp.starts_with("HTTP/1.1 404 "), "{resp}");
+    assert!(!resp.contains("no-such-kernel"), "{resp}");
+    assert!(resp.ends_with("file not found\n"), "{resp}");
+    srv.stop().await
+}
+
+#[tokio::test]
+async fn host_must_be_sent_once() -> Result<()> {
+    let srv = start().await?;
+    let path = "/ipxe/snponly.efi";
+    for (request, status) in [
+        (
+            format!("GET {path} HTTP/1.1\r\nConnection: close\r\n\r\n"),
+            400,
+        ),
+        (
+            format!("GET {path} HTTP/1.1\r\nHost: a\r\nHost: a\r\nConnection: close\r\n\r\n"),
+            400,
+        ),
+        (
+            format!("GET {path} HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n"),
+            400,
+        ),
+        (
+            format!("GET {path} HTTP/1.1\r\nHost: a b\r\nConnection: close\r\n\r\n"),
+            400,
+        ),
+        (format!("GET {path} HTTP/1.0\r\n\r\n"), 200),
+        (
+            format!("GET {path} HTTP/1.1\r\nHost: 10.0.0.2:8080\r\nConnection: close\r\n\r\n"),
+            200,
+        ),
+    ] {
+        let resp = raw(srv.addr, &request).await?;
+        assert!(
+            resp.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{request:?}: {resp}"
+        );
+        if status == 400 {
+            assert!(resp.contains("Host"), "{resp}");
+            assert!(header(&resp, "connection") == Some("close"), "{resp}");
+        }
+    }
+    assert!(srv.http.counters().bad_requests >= 4);
+    srv.stop().await
+}
+
+#[tokio::test]
+async fn absolute_form_targets_are_served() -> Result<()> {
+    let srv = start().await?;
+    let resp = raw(
+        srv.addr,
+        &get(&format!("http://{}/ipxe/snponly.efi", srv.addr), ""),
+    )
+    .await?;
+    assert!(resp.starts_with("HTTP/1.1 200 "), "{resp}");
+    assert!(resp.ends_with("\r\n\r\nMZ loader"), "{resp}");
+    // The URI's host, not the Host field, names the server (RFC 9112 §3.2.2): another Host is no error.
+    let resp = raw(
+        srv.addr,
+        &get("HTTP://10.0.0.2:8080/artifacts/ramdisk/initrd.zst?x=1", ""),
+    )
+    .await?;
+    assert!(resp.ends_with("\r\n\r\ninitrd"), "{resp}");
+    let resp = raw(srv.addr, &get(&format!("http://{}", srv.addr), "")).await?;
+    assert!(
+        resp.starts_with("HTTP/1.1 404 "),
+        "the root is no route: {resp}"
+    );
+    for target in [
+        "*",
+        "ipxe/snponly.efi",
+        "ftp://h/ipxe/snponly.efi",
+        "http:///ipxe/snponly.efi",
+    ] {
+        let resp = raw(srv.addr, &get(target, "")).await?;
+        assert!(resp.starts_with("HTTP/1.1 400 "), "{target}: {resp}");
+    }
+    srv.stop().await
+}
+
+#[tokio::test]
+async fn conditional_requests_get_304_and_412() -> Result<()> {
+    let srv = start().await?;
+    let path = "/artifacts/ramdisk/initrd.zst";
+    let full = raw(srv.addr, &get(path, "")).await?;
+    assert!(full.starts_with("HTTP/1.1 200 "), "{full}");
+    let etag = header(&full, "etag").context("etag")?.to_owned();
+    let modified = header(&full, "last-modified")
+        .context("last-modified")?
+        .to_owned();
+    let earlier = httpdate::fmt_http_date(
+        httpdate::parse_http_date(&modified)? - std::time::Duration::from_secs(1),
+    );
+
+    let status = |resp: &str| resp.get(9..12).unwrap_or_default().to_owned();
+    for (headers, want) in [
+        (format!("If-None-Match: {etag}\r\n"), "304"),
+        (format!("If-None-Match: W/{etag}\r\n"), "304"),
+        (format!("If-None-Match: \"x\", {etag}\r\n"), "304"),
+        ("If-None-Match: *\r\n".to_owned(), "304"),
+        ("If-None-Match: \"stale\"\r\n".to_owned(), "200"),
+        (format!("If-Modified-Since: {modified}\r\n"), "304"),
+        (format!("If-Modified-Since: {earlier}\r\n"), "200"),
+        ("If-Modified-Since: not a date\r\n".to_owned(), "200"),
+        // If-None-Match wins: no match means the file, whatever If-Modified-Since says.
+        (
+            format!("If-None-Match: \"stale\"\r\nIf-Modified-Since: {modified}\r\n"),
+            "200",
+        ),
+        (
+            format!("If-None-Match: {etag}\r\nIf-Modified-Since: {earlier}\r\n"),
+            "304",
+        ),
+        (format!("If-Match: {etag}\r\n"), "200"),
+        ("If-Match: \"stale\"\r\n".to_owned(), "412"),
+        (format!("If-Match: W/{etag}\r\n"), "412"),
+        (format!("If-Unmodified-Since: {earlier}\r\n"), "412"),
+        (format!("If-Unmodified-Since: {modified}\r\n"), "200"),
+    ] {
+        let resp = raw(srv.addr, &get(path, &headers)).await?;
+        assert_eq!(status(&resp), want, "{headers:?}: {resp}");
+        if want == "304" {
+            assert!(resp.ends_with("\r\n\r\n"), "a 304 has no body: {resp}");
+            assert_eq!(header(&resp, "etag"), Some(etag.as_str()), "{resp}");
+            assert_eq!(header(&resp, "content-length"), None, "{resp}");
+        }
+    }
+    // HEAD too, and a 304 keeps the connection usable for the next pipelined request.
+    let resp = raw(
+        srv.addr,
+        &format!(
+            "HEAD {path} HTTP/1.1\r\nHost: b\r\nIf-None-Match: {etag}\r\n\r\nGET {path} HTTP/1.1\r\nHost: b\r\nIf-None-Match: {etag}\r\n\r\nGET {path} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await?;
+    assert_eq!(
+        resp.matches("HTTP/1.1 304 Not Modified\r\n").count(),
+        2,
+        "{resp}"
+    );
+    assert!(resp.ends_with("\r\n\r\ninitrd"), "{resp}");
+    // A range of a current copy is served; a conditional GET that fails is not a range request.
+    let resp = raw(
+        srv.addr,
+        &get(path, &format!("Range: bytes=0-1\r\nIf-Range: {etag}\r\n")),
+    )
+    .await?;
+    assert!(
+        resp.starts_with("HTTP/1.1 206 ") && resp.ends_with("in"),
+        "{resp}"
+    );
+    let resp = raw(
+        srv.addr,
+        &get(
+            path,
+            &format!("Range: bytes=0-1\r\nIf-Range: {modified}\r\n"),
+        ),
+    )
+    .await?;
+    assert!(resp.starts_with("HTTP/1.1 206 "), "{resp}");
+    let resp = raw(
+        srv.addr,
+        &get(path, &format!("Range: bytes=0-1\r\nIf-Range: W/{etag}\r\n")),
+    )
+    .await?;
+    assert!(resp.starts_with("HTTP/1.1 200 "), "weak If-Range: {resp}");
+    // Preconditions are not evaluated when the answer would not be 2xx.
+    let resp = raw(srv.addr, &get("/artifacts/missing", "If-None-Match: *\r\n")).await?;
+    assert!(resp.starts_with("HTTP/1.1 404 "), "{resp}");
+    assert_eq!(srv.http.counters().not_modified, 8);
+    srv.stop().await
+}

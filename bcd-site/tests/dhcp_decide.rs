@@ -11,8 +11,8 @@ use anyhow::{Context, Result, bail};
 use bcd_site::dhcp::render::render;
 use bcd_site::dhcp::wire::{decode, encode};
 use bcd_site::dhcp::{
-    BOOT_SERVER_TYPE, Decision, Destination, IgnoreReason, ListenPort, MacAddr, NetbootTable,
-    OfferStyle, ServerInfo, decide,
+    BOOT_SERVER_TYPE, Decision, Destination, IgnoreReason, ListenPort, Loader, MacAddr,
+    NetbootTable, OfferStyle, ServerInfo, decide,
 };
 use dhcproto::v4::{Architecture, DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
 use dhcproto::{Encodable, Encoder};
@@ -408,20 +408,104 @@ fn other_silences_have_reasons() -> Result<()> {
     // A 4011 request for another boot server.
     req.server_id = Some(Ipv4Addr::new(10, 20, 0, 3));
     assert_eq!(ignored(&req, ListenPort::PxeBoot)?.kind(), "other_server");
-    // Architectures we have no loader for: IA32 UEFI (6), ARM32 UEFI (10) unless configured.
-    for arch in [6, 10] {
-        let req = Req::pxe(arch, "PXEClient");
-        assert_eq!(
-            ignored(&req, ListenPort::Dhcp)?,
-            IgnoreReason::UnsupportedArchitecture {
-                mac: MacAddr(KNOWN),
-                code: arch
-            }
-        );
-    }
+    // An architecture no loader boots: IA32 UEFI (6).
+    assert_eq!(
+        ignored(&Req::pxe(6, "PXEClient"), ListenPort::Dhcp)?,
+        IgnoreReason::UnsupportedArchitecture {
+            mac: MacAddr(KNOWN),
+            code: 6
+        }
+    );
+    // ARM32 UEFI (10) has no loader unless one is configured.
+    assert_eq!(
+        ignored(&Req::pxe(10, "PXEClient"), ListenPort::Dhcp)?,
+        IgnoreReason::NoLoader {
+            mac: MacAddr(KNOWN),
+            code: 10,
+            loader: Loader::Arm32Uefi,
+        }
+    );
     let mut req = Req::pxe(0, "PXEClient");
     req.arch = None;
     assert_eq!(ignored(&req, ListenPort::Dhcp)?.kind(), "no_architecture");
+    Ok(())
+}
+
+/// A loader left out (not configured, or absent from the TFTP root at start: `serve::served_loaders`) is offered
+/// to nobody: its clients, PXE and HTTP boot alike, are ignored with the reason, on both ports and in both offer
+/// styles; the other architectures are still answered.
+#[test]
+fn an_absent_loader_is_not_offered() -> Result<()> {
+    let mut without_arm64 = server();
+    without_arm64
+        .files
+        .retain(|loader, _| loader != Loader::Arm64Uefi);
+    assert_eq!(without_arm64.files.arm64_uefi, None);
+    assert_eq!(without_arm64.files.x64_uefi.as_deref(), Some("snponly.efi"));
+    let mut request = Req::pxe(11, "PXEClient:Arch:00011:UNDI:003016");
+    for info in [
+        without_arm64.clone(),
+        ServerInfo {
+            offer: OfferStyle::BootServer,
+            ..without_arm64.clone()
+        },
+    ] {
+        for (arch, class) in [
+            (11, "PXEClient:Arch:00011:UNDI:003016"),
+            (19, "HTTPClient:Arch:00019:UNDI:003016"),
+        ] {
+            for (port, msg_type) in [
+                (ListenPort::Dhcp, MessageType::Discover),
+                (ListenPort::PxeBoot, MessageType::Request),
+            ] {
+                request = Req::pxe(arch, class);
+                request.msg_type = msg_type;
+                match request.decide_with(port, &info)? {
+                    Decision::Ignore { reason } => {
+                        assert_eq!(
+                            reason,
+                            IgnoreReason::NoLoader {
+                                mac: MacAddr(KNOWN),
+                                code: arch,
+                                loader: Loader::Arm64Uefi
+                            }
+                        );
+                        assert_eq!(reason.kind(), "no_loader");
+                    }
+                    Decision::Reply(r) => bail!("arch {arch} on {port:?} offered {}", r.bootfile),
+                }
+            }
+        }
+        for arch in [7, 9, 16] {
+            let class = if arch == 16 {
+                "HTTPClient"
+            } else {
+                "PXEClient"
+            };
+            assert!(
+                matches!(
+                    Req::pxe(arch, class).decide_with(ListenPort::Dhcp, &info)?,
+                    Decision::Reply(_)
+                ),
+                "arch {arch} must still be answered"
+            );
+        }
+    }
+    // With the loader present the same request is answered (the golden offer-arch11-uefi-arm64).
+    assert!(matches!(
+        request.decide_with(ListenPort::PxeBoot, &server())?,
+        Decision::Reply(_)
+    ));
+    assert_eq!(
+        IgnoreReason::NoLoader {
+            mac: MacAddr(KNOWN),
+            code: 11,
+            loader: Loader::Arm64Uefi
+        }
+        .to_string(),
+        "52:54:00:12:34:56 has client architecture 11 (arm64 UEFI (option 93 = 11; HTTP boot 19)), and no \
+         boot.loaders.arm64_uefi is served: set one, or put the file in the TFTP root and restart"
+    );
     Ok(())
 }
 
@@ -442,7 +526,7 @@ fn load_generator_prefix_and_configurable_loader() -> Result<()> {
     req.mac = [0x02, 0x0b, 0, 0, 0, 1];
     let msg = decode(&req.bytes()?)?;
     let mut info = server();
-    info.files.x64_uefi = "ipxe.efi".into();
+    info.files.x64_uefi = Some("ipxe.efi".into());
     match decide(&msg, ListenPort::Dhcp, &table()?, &info) {
         Decision::Reply(r) => {
             assert_eq!(r.bootfile, "ipxe.efi");

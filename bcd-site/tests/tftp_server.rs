@@ -588,3 +588,70 @@ async fn window_gap_ack_triggers_immediate_resend() -> Result<()> {
     ));
     f.stop().await
 }
+
+/// A lockstep client on its own thread (blocking std socket) that answers the first `slow` DATA blocks after
+/// `delay` and every later one at once. Returns the bytes received.
+fn lockstep_client(server: SocketAddr, name: &str, slow: u16, delay: Duration) -> Result<Vec<u8>> {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut out = Vec::new();
+    Packet::Rrq(Request {
+        filename: name.into(),
+        mode: Mode::Octet,
+        options: RequestOptions::default(),
+    })
+    .encode(&mut out);
+    sock.send_to(&out, server)?;
+    let mut buf = [0u8; 1024];
+    let mut data = Vec::new();
+    let mut expect: u16 = 1;
+    loop {
+        let (n, from) = sock.recv_from(&mut buf)?;
+        let Packet::Data { block, data: chunk } = Packet::decode(&buf[..n])? else {
+            bail!("expected DATA");
+        };
+        if block == expect {
+            data.extend_from_slice(chunk);
+            expect = expect.wrapping_add(1);
+        }
+        if block <= slow {
+            std::thread::sleep(delay);
+        }
+        out.clear();
+        Packet::Ack { block }.encode(&mut out);
+        sock.send_to(&out, from)?;
+        if chunk.len() < 512 && block + 1 == expect {
+            return Ok(data);
+        }
+    }
+}
+
+/// A client slower than the spin budget at first is not spun for (its ACKs are awaited asleep), and once it
+/// answers quickly it is spun for again: the estimate of its answer time follows every ACK. Before, four slow ACKs
+/// in a row stopped spinning for the rest of the transfer.
+#[tokio::test]
+async fn spinning_resumes_when_a_slow_client_speeds_up() -> Result<()> {
+    let f = start(Limits {
+        ack_spin: Duration::from_micros(1000),
+        ..Limits::default()
+    })
+    .await?;
+    // 1 MiB at 512 bytes: 2,049 blocks, the first 8 answered 5 ms late.
+    let want = fs::read(f.root.join("efi/snponly.efi"))?;
+    let addr = f.addr;
+    let got = tokio::task::spawn_blocking(move || {
+        lockstep_client(addr, "efi/snponly.efi", 8, Duration::from_millis(5))
+    })
+    .await??;
+    assert!(got == want, "bytes differ");
+    wait_counter(&f.counters.completed, 1).await?;
+    let spun = f.counters.acks_spun.load(Ordering::Relaxed);
+    let slept = f.counters.acks_slept.load(Ordering::Relaxed);
+    assert_eq!(spun + slept, 2049, "every ACK counted once");
+    assert!(slept >= 6, "the slow ACKs were awaited asleep: {slept}");
+    assert!(
+        spun > 200,
+        "the fast part was not spun for: {spun} spun, {slept} slept"
+    );
+    f.stop().await
+}

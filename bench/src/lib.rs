@@ -1,6 +1,9 @@
 //! bc-bench: benchmark programs run by `scripts/bench <name>`; each prints figures beside a peer measured in the same
-//! run and ends with one summary line. This library holds what the programs share: a `better-compute dev` child and
-//! PostgreSQL's client tools.
+//! run and ends with one summary line. This library holds what the programs share: a `better-compute dev` child,
+//! PostgreSQL's client tools, and hostile connections against the gateway ([`flood`], also used by the gateway's
+//! flood regression tests).
+
+pub mod flood;
 
 use anyhow::{Context as _, bail};
 use std::collections::HashMap;
@@ -21,8 +24,31 @@ impl Dev {
     /// Starts `bin/better-compute dev` on `dir` with the gateway on `gateway` (`127.0.0.1:0` for any port) and waits
     /// until it is ready.
     pub fn start(bin: &Path, dir: &Path, gateway: &str) -> anyhow::Result<Dev> {
+        Dev::spawn(Command::new(bin.join("better-compute")), dir, gateway)
+    }
+
+    /// As [`Dev::start`], under a descriptor limit (RLIMIT_NOFILE): soft `soft`, and hard `hard` when given (else
+    /// the one this process has). Set by the shell that execs the binary, so the process id stays dev's.
+    pub fn start_limited(
+        bin: &Path,
+        dir: &Path,
+        gateway: &str,
+        soft: u64,
+        hard: Option<u64>,
+    ) -> anyhow::Result<Dev> {
+        let hard = hard
+            .map(|h| format!(" && ulimit -Hn {h}"))
+            .unwrap_or_default();
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg(format!("ulimit -Sn {soft}{hard} && exec \"$0\" \"$@\""))
+            .arg(bin.join("better-compute"));
+        Dev::spawn(sh, dir, gateway)
+    }
+
+    fn spawn(mut command: Command, dir: &Path, gateway: &str) -> anyhow::Result<Dev> {
         let t0 = Instant::now();
-        let mut child = Command::new(bin.join("better-compute"))
+        let mut child = command
             .args([
                 "dev",
                 "--api-listen",

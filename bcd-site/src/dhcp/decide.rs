@@ -16,26 +16,102 @@ pub enum ListenPort {
     PxeBoot,
 }
 
-/// Loader file names, relative to the TFTP root (and to `/ipxe/` on the boot HTTP server for HTTP boot).
+/// Loader file names, relative to the TFTP root (and to `/ipxe/` on the boot HTTP server for HTTP boot). `None`:
+/// no loader is offered to those clients, and they are ignored with [`IgnoreReason::NoLoader`]; `bcd site serve`
+/// also leaves out every configured file that is absent from the TFTP root ([`BootFiles::retain`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootFiles {
     /// Option 93 = 0 (x86 BIOS).
-    pub bios: String,
-    /// Option 93 = 7 or 9 (x64 UEFI): `snponly.efi` uses the firmware's own NIC driver, `ipxe.efi` brings its own.
-    pub x64_uefi: String,
-    /// Option 93 = 11 (arm64 UEFI).
-    pub arm64_uefi: String,
-    /// Option 93 = 10 (32-bit ARM UEFI); `None` ignores such clients with a reason.
+    pub bios: Option<String>,
+    /// Option 93 = 7 or 9 (x64 UEFI), and 16 (x64 HTTP boot): `snponly.efi` uses the firmware's own NIC driver,
+    /// `ipxe.efi` brings its own.
+    pub x64_uefi: Option<String>,
+    /// Option 93 = 11 (arm64 UEFI), and 19 (arm64 HTTP boot).
+    pub arm64_uefi: Option<String>,
+    /// Option 93 = 10 (32-bit ARM UEFI); none by default.
     pub arm32_uefi: Option<String>,
 }
 
 impl Default for BootFiles {
     fn default() -> Self {
         BootFiles {
-            bios: "undionly.kpxe".into(),
-            x64_uefi: "snponly.efi".into(),
-            arm64_uefi: "snp-arm64.efi".into(),
+            bios: Some("undionly.kpxe".into()),
+            x64_uefi: Some("snponly.efi".into()),
+            arm64_uefi: Some("snp-arm64.efi".into()),
             arm32_uefi: None,
+        }
+    }
+}
+
+/// One loader of [`BootFiles`]: which clients it boots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Loader {
+    Bios,
+    X64Uefi,
+    Arm64Uefi,
+    Arm32Uefi,
+}
+
+impl Loader {
+    pub const ALL: [Loader; 4] = [
+        Loader::Bios,
+        Loader::X64Uefi,
+        Loader::Arm64Uefi,
+        Loader::Arm32Uefi,
+    ];
+
+    /// Its key in `[boot.loaders]` of `site.toml`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Loader::Bios => "bios",
+            Loader::X64Uefi => "x64_uefi",
+            Loader::Arm64Uefi => "arm64_uefi",
+            Loader::Arm32Uefi => "arm32_uefi",
+        }
+    }
+
+    /// The clients it boots, by architecture and option 93 code, for operators' messages.
+    pub fn clients(self) -> &'static str {
+        match self {
+            Loader::Bios => "x86 BIOS (option 93 = 0)",
+            Loader::X64Uefi => "x64 UEFI (option 93 = 7, 9; HTTP boot 16)",
+            Loader::Arm64Uefi => "arm64 UEFI (option 93 = 11; HTTP boot 19)",
+            Loader::Arm32Uefi => "32-bit ARM UEFI (option 93 = 10)",
+        }
+    }
+}
+
+impl BootFiles {
+    /// The file offered to `loader`'s clients, if any.
+    pub fn get(&self, loader: Loader) -> Option<&str> {
+        self.slot(loader).as_deref()
+    }
+
+    fn slot(&self, loader: Loader) -> &Option<String> {
+        match loader {
+            Loader::Bios => &self.bios,
+            Loader::X64Uefi => &self.x64_uefi,
+            Loader::Arm64Uefi => &self.arm64_uefi,
+            Loader::Arm32Uefi => &self.arm32_uefi,
+        }
+    }
+
+    fn slot_mut(&mut self, loader: Loader) -> &mut Option<String> {
+        match loader {
+            Loader::Bios => &mut self.bios,
+            Loader::X64Uefi => &mut self.x64_uefi,
+            Loader::Arm64Uefi => &mut self.arm64_uefi,
+            Loader::Arm32Uefi => &mut self.arm32_uefi,
+        }
+    }
+
+    /// Keeps the loaders for which `keep(loader, file)` holds and leaves the others unset (no longer offered).
+    pub fn retain(&mut self, mut keep: impl FnMut(Loader, &str) -> bool) {
+        for loader in Loader::ALL {
+            let slot = self.slot_mut(loader);
+            if slot.as_deref().is_some_and(|file| !keep(loader, file)) {
+                *slot = None;
+            }
         }
     }
 }
@@ -106,6 +182,16 @@ impl Arch {
             _ => None,
         }
     }
+
+    /// The loader that boots it.
+    pub fn loader(self) -> Loader {
+        match self {
+            Arch::BiosX86 => Loader::Bios,
+            Arch::UefiX64 | Arch::HttpX64 => Loader::X64Uefi,
+            Arch::UefiArm32 => Loader::Arm32Uefi,
+            Arch::UefiArm64 | Arch::HttpArm64 => Loader::Arm64Uefi,
+        }
+    }
 }
 
 /// Where a reply goes; the server turns this into a socket address.
@@ -154,9 +240,16 @@ pub enum IgnoreReason {
     NoArchitecture {
         mac: MacAddr,
     },
+    /// An architecture code none of our loaders boots.
     UnsupportedArchitecture {
         mac: MacAddr,
         code: u16,
+    },
+    /// A known architecture whose loader is not configured, or was absent from the TFTP root at start.
+    NoLoader {
+        mac: MacAddr,
+        code: u16,
+        loader: Loader,
     },
     /// A 4011 request addressed (option 54) to another boot server.
     OtherServer {
@@ -177,6 +270,7 @@ impl IgnoreReason {
             IgnoreReason::NotMarkedForNetboot { .. } => "not_marked_for_netboot",
             IgnoreReason::NoArchitecture { .. } => "no_architecture",
             IgnoreReason::UnsupportedArchitecture { .. } => "unsupported_architecture",
+            IgnoreReason::NoLoader { .. } => "no_loader",
             IgnoreReason::OtherServer { .. } => "other_server",
         }
     }
@@ -211,7 +305,16 @@ impl fmt::Display for IgnoreReason {
             IgnoreReason::UnsupportedArchitecture { mac, code } => {
                 write!(
                     f,
-                    "{mac} has client architecture {code}, for which no loader is configured"
+                    "{mac} has client architecture {code}, which no loader boots"
+                )
+            }
+            IgnoreReason::NoLoader { mac, code, loader } => {
+                write!(
+                    f,
+                    "{mac} has client architecture {code} ({}), and no boot.loaders.{} is served: set one, or \
+                     put the file in the TFTP root and restart",
+                    loader.clients(),
+                    loader.key()
                 )
             }
             IgnoreReason::OtherServer { mac, server_id } => {
@@ -318,18 +421,18 @@ fn decide_inner(
         (server.ipxe_script_url(&mac), class)
     } else {
         let code = client_arch(opts, class).ok_or(IgnoreReason::NoArchitecture { mac })?;
-        let unsupported = || IgnoreReason::UnsupportedArchitecture { mac, code };
-        let files = &server.files;
-        match Arch::from_code(code).ok_or_else(unsupported)? {
-            Arch::BiosX86 => (files.bios.clone(), ANSWER_PXE),
-            Arch::UefiX64 => (files.x64_uefi.clone(), ANSWER_PXE),
-            Arch::UefiArm64 => (files.arm64_uefi.clone(), ANSWER_PXE),
-            Arch::UefiArm32 => (
-                files.arm32_uefi.clone().ok_or_else(unsupported)?,
-                ANSWER_PXE,
-            ),
-            Arch::HttpX64 => (server.http_loader_url(&files.x64_uefi), ANSWER_HTTP),
-            Arch::HttpArm64 => (server.http_loader_url(&files.arm64_uefi), ANSWER_HTTP),
+        let arch =
+            Arch::from_code(code).ok_or(IgnoreReason::UnsupportedArchitecture { mac, code })?;
+        let loader = arch.loader();
+        let file = server
+            .files
+            .get(loader)
+            .ok_or(IgnoreReason::NoLoader { mac, code, loader })?;
+        match arch {
+            Arch::HttpX64 | Arch::HttpArm64 => (server.http_loader_url(file), ANSWER_HTTP),
+            Arch::BiosX86 | Arch::UefiX64 | Arch::UefiArm32 | Arch::UefiArm64 => {
+                (file.to_owned(), ANSWER_PXE)
+            }
         }
     };
 

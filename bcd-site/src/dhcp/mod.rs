@@ -22,7 +22,7 @@ pub mod wire;
 pub use dhcproto;
 
 pub use decide::{
-    Arch, BOOT_SERVER_TYPE, BootFiles, Decision, Destination, IgnoreReason, ListenPort, OfferStyle,
-    Reply, ServerInfo, decide,
+    Arch, BOOT_SERVER_TYPE, BootFiles, Decision, Destination, IgnoreReason, ListenPort, Loader,
+    OfferStyle, Reply, ServerInfo, decide,
 };
 pub use table::{MacAddr, MacParseError, NetbootRule, NetbootTable};

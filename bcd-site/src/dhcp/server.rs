@@ -25,8 +25,8 @@ use super::wire::{decode, encode};
 
 /// Largest datagram we read; DHCP messages fit in 1500 bytes, anything longer is truncated and rejected.
 const MAX_PACKET: usize = 2048;
-/// Distinct unmarked MACs remembered for the once-per-MAC info log before the memory is cleared.
-const UNMARKED_LOGGED: usize = 4096;
+/// Distinct (MAC, reason) pairs remembered for the once-per-MAC info log before the memory is cleared.
+const INFO_LOGGED: usize = 4096;
 
 /// The already-bound sockets the server reads.
 #[derive(Debug)]
@@ -186,8 +186,9 @@ async fn serve_port(
 ) {
     let mut buf = vec![0u8; MAX_PACKET];
     let mut out = Vec::with_capacity(600);
-    // PXE clients refused for not being marked are logged at info once per MAC (bounded), the rest at debug.
-    let mut unmarked_seen: HashSet<MacAddr> = HashSet::new();
+    // Refusals an operator must hear of are logged at info once per MAC and reason (bounded), the rest at debug:
+    // a PXE client that is not marked, and a marked one whose architecture no served loader boots.
+    let mut logged: HashSet<(MacAddr, &'static str)> = HashSet::new();
     loop {
         let (len, src) = match socket.recv_from(&mut buf).await {
             Ok(r) => r,
@@ -214,12 +215,19 @@ async fn serve_port(
             Decision::Reply(reply) => reply,
             Decision::Ignore { reason } => {
                 counters.ignore(reason.kind());
-                if let IgnoreReason::NotMarkedForNetboot { mac } = &reason {
-                    if unmarked_seen.len() >= UNMARKED_LOGGED {
-                        unmarked_seen.clear();
+                if let Some(mac) = worth_info(&reason) {
+                    if logged.len() >= INFO_LOGGED {
+                        logged.clear();
                     }
-                    if unmarked_seen.insert(*mac) {
-                        info!(?port, %mac, "PXE client not marked for netboot: not answered");
+                    if logged.insert((mac, reason.kind())) {
+                        match reason {
+                            IgnoreReason::NotMarkedForNetboot { .. } => {
+                                info!(?port, %mac, "PXE client not marked for netboot: not answered");
+                            }
+                            _ => {
+                                info!(?port, %mac, %reason, "netboot client not answered: no loader for its architecture");
+                            }
+                        }
                     }
                 }
                 debug!(?port, %src, xid = request.xid(), %reason, "ignored");
@@ -250,6 +258,17 @@ async fn serve_port(
                 debug!(?port, mac = %reply.mac, %dest, error = %e, "send failed");
             }
         }
+    }
+}
+
+/// The MAC to log at info for `reason`, when an operator must hear of it.
+fn worth_info(reason: &IgnoreReason) -> Option<MacAddr> {
+    match reason {
+        IgnoreReason::NotMarkedForNetboot { mac }
+        | IgnoreReason::NoArchitecture { mac }
+        | IgnoreReason::UnsupportedArchitecture { mac, .. }
+        | IgnoreReason::NoLoader { mac, .. } => Some(*mac),
+        _ => None,
     }
 }
 

@@ -14,15 +14,14 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use super::conditional::{self, Precondition, Validators};
 use super::range::{self, RangeDecision};
+use super::request::{self, Parsed, Rejection, RequestHead};
 use super::{BootCatalog, HttpConfig, HttpCounters, render_script};
 use crate::dhcp::MacAddr;
 use crate::tftp::codec::ErrorCode;
 use crate::tftp::root::ServeRoot;
 
-/// Request heads larger than this are refused with 431.
-const MAX_HEAD: usize = 16 * 1024;
-const MAX_HEADERS: usize = 48;
 /// Bytes asked of one `sendfile` call; the kernel sends what the socket buffer takes.
 const SENDFILE_CHUNK: usize = 8 << 20;
 
@@ -34,21 +33,15 @@ pub(super) struct Shared {
     pub counters: std::sync::Arc<HttpCounters>,
 }
 
-/// The parts of a request head this server uses.
-#[derive(Debug)]
-struct Request {
-    head_only: bool,
-    method: String,
-    target: String,
-    keep_alive: bool,
-    range: Option<String>,
-    if_range: Option<String>,
-    has_body: bool,
-}
-
 enum Body {
     Text(String),
-    File { file: File, first: u64, len: u64 },
+    /// 304: no body and no `Content-Length`.
+    None,
+    File {
+        file: File,
+        first: u64,
+        len: u64,
+    },
 }
 
 struct Response {
@@ -74,6 +67,7 @@ impl Response {
     fn body_len(&self) -> u64 {
         match &self.body {
             Body::Text(t) => t.len() as u64,
+            Body::None => 0,
             Body::File { len, .. } => *len,
         }
     }
@@ -105,10 +99,10 @@ pub(super) async fn serve(
         let mut resp = route(&req, peer, shared, &catalog).await;
         let keep_alive = req.keep_alive && !req.has_body && !resp.close;
         resp.close = !keep_alive;
-        debug!(%peer, method = %req.method, target = %req.target, status = resp.status, "boot HTTP");
-        if let Err(e) = write_response(&mut stream, resp, req.head_only, shared).await {
+        debug!(%peer, method = %req.method, target = %req.raw_target, status = resp.status, "boot HTTP");
+        if let Err(e) = write_response(&mut stream, resp, req.head_only(), shared).await {
             counters.aborted.fetch_add(1, Ordering::Relaxed);
-            debug!(%peer, target = %req.target, error = %e, "boot HTTP response cut");
+            debug!(%peer, target = %req.raw_target, error = %e, "boot HTTP response cut");
             return;
         }
         if !keep_alive {
@@ -124,34 +118,19 @@ async fn read_request(
     buf: &mut Vec<u8>,
     config: &HttpConfig,
     stop: &mut watch::Receiver<bool>,
-) -> Result<Option<Request>, Option<Response>> {
+) -> Result<Option<RequestHead>, Option<Response>> {
     // The head timeout runs from its first byte; waiting for that byte is the idle timeout.
     let mut head_started = (!buf.is_empty()).then(tokio::time::Instant::now);
     loop {
         if !buf.is_empty() {
-            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let mut parsed = httparse::Request::new(&mut headers);
-            match parsed.parse(buf) {
-                Ok(httparse::Status::Complete(n)) => {
-                    let req = to_request(&parsed);
-                    buf.drain(..n);
-                    return req.map(Some).map_err(Some);
+            match request::parse(buf) {
+                Ok(Parsed::Complete { head, len }) => {
+                    buf.drain(..len);
+                    return Ok(Some(*head));
                 }
-                Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => {
-                    return Err(Some(closing(Response::text(431, "request head too large"))));
-                }
-                Ok(httparse::Status::Partial) => {}
-                Err(httparse::Error::TooManyHeaders) => {
-                    return Err(Some(closing(Response::text(
-                        431,
-                        "too many request headers",
-                    ))));
-                }
-                Err(e) => {
-                    return Err(Some(closing(Response::text(
-                        400,
-                        format!("malformed request: {e}"),
-                    ))));
+                Ok(Parsed::Partial) => {}
+                Err(Rejection { status, message }) => {
+                    return Err(Some(closing(Response::text(status, message))));
                 }
             }
         }
@@ -187,43 +166,8 @@ fn closing(mut r: Response) -> Response {
     r
 }
 
-fn to_request(parsed: &httparse::Request<'_, '_>) -> Result<Request, Response> {
-    let method = parsed.method.unwrap_or_default().to_owned();
-    let target = parsed.path.unwrap_or_default().to_owned();
-    let version = parsed.version.unwrap_or(1);
-    let header = |name: &str| {
-        parsed
-            .headers
-            .iter()
-            .find(|h| h.name.eq_ignore_ascii_case(name))
-            .and_then(|h| std::str::from_utf8(h.value).ok())
-            .map(|v| v.trim().to_owned())
-    };
-    let connection = header("connection")
-        .unwrap_or_default()
-        .to_ascii_lowercase();
-    let has_token = |t: &str| connection.split(',').any(|c| c.trim() == t);
-    let keep_alive = if version >= 1 {
-        !has_token("close")
-    } else {
-        has_token("keep-alive")
-    };
-    let content_length = header("content-length");
-    let has_body = header("transfer-encoding").is_some()
-        || content_length.as_deref().is_some_and(|v| v != "0");
-    Ok(Request {
-        head_only: method == "HEAD",
-        method,
-        target,
-        keep_alive,
-        range: header("range"),
-        if_range: header("if-range"),
-        has_body,
-    })
-}
-
 async fn route(
-    req: &Request,
+    req: &RequestHead,
     peer: SocketAddr,
     shared: &Shared,
     catalog: &watch::Receiver<BootCatalog>,
@@ -247,7 +191,13 @@ async fn route(
         r.headers.push(("Allow", "GET, HEAD".into()));
         return refused(r);
     }
-    let raw_path = req.target.split(['?', '#']).next().unwrap_or_default();
+    let Some(target) = &req.target else {
+        return refused(Response::text(
+            400,
+            "the request target must be a path (/ipxe/<loader>) or an http URI",
+        ));
+    };
+    let raw_path = target.split(['?', '#']).next().unwrap_or_default();
     let Ok(path) = percent_decode_str(raw_path).decode_utf8() else {
         return refused(Response::text(400, "path is not valid UTF-8"));
     };
@@ -266,9 +216,7 @@ async fn route(
     counters.not_found.fetch_add(1, Ordering::Relaxed);
     Response::text(
         404,
-        format!(
-            "no route for {path}: served are /boot/<mac>.ipxe, /ipxe/<loader>, /artifacts/<path>"
-        ),
+        "no such route: served are /boot/<mac>.ipxe, /ipxe/<loader>, /artifacts/<path>",
     )
 }
 
@@ -283,11 +231,16 @@ fn boot_script(
         Response::text(404, msg)
     };
     let Some(mac) = name.strip_suffix(".ipxe") else {
-        return not_found(format!("{name}: boot scripts are named <mac>.ipxe"));
+        return not_found("boot scripts are named /boot/<mac>.ipxe".into());
     };
     let mac: MacAddr = match mac.parse() {
         Ok(mac) => mac,
-        Err(e) => return not_found(e.to_string()),
+        Err(e) => {
+            return not_found(format!(
+                "invalid MAC in /boot/<mac>.ipxe: expected six hex bytes separated by ':' or '-' ({})",
+                e.why
+            ));
+        }
     };
     let rendered = match catalog.borrow().get(&mac) {
         None => {
@@ -316,7 +269,12 @@ fn boot_script(
     }
 }
 
-async fn file(root: &ServeRoot, name: &str, req: &Request, counters: &HttpCounters) -> Response {
+async fn file(
+    root: &ServeRoot,
+    name: &str,
+    req: &RequestHead,
+    counters: &HttpCounters,
+) -> Response {
     let root = root.clone();
     let owned = name.to_owned();
     let opened = tokio::task::spawn_blocking(move || {
@@ -325,6 +283,7 @@ async fn file(root: &ServeRoot, name: &str, req: &Request, counters: &HttpCounte
         Ok::<_, crate::tftp::root::Refusal>((file, len, modified))
     })
     .await;
+    // Bodies name neither the file nor the path: what the client sent is not echoed (it is in the debug log).
     let (file, len, modified) = match opened {
         Ok(Ok(found)) => found,
         Ok(Err(refusal)) => {
@@ -340,27 +299,48 @@ async fn file(root: &ServeRoot, name: &str, req: &Request, counters: &HttpCounte
                 _ => 500,
             };
             debug!(name, detail = %refusal.detail, status, "boot HTTP file refused");
-            return Response::text(status, format!("{name}: {}", refusal.message));
+            return Response::text(status, refusal.message);
         }
-        Err(e) => return Response::text(500, format!("{name}: {e}")),
+        Err(e) => {
+            warn!(name, error = %e, "boot HTTP file open task failed");
+            return Response::text(500, "the file could not be opened");
+        }
     };
     let secs = modified
         .and_then(|m| m.duration_since(UNIX_EPOCH).ok())
         .unwrap_or(Duration::ZERO)
         .as_secs();
-    let etag = format!("\"{secs:x}-{len:x}\"");
-    let last_modified = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(secs));
-    // If-Range: the range applies only to the representation the client already has.
-    let range_header = match &req.if_range {
-        Some(v) if *v != etag && *v != last_modified => None,
-        _ => req.range.as_deref(),
-    };
+    let validators = Validators::for_file(secs, len);
+    let last_modified = validators.last_modified();
     let mut headers = vec![
         ("Content-Type", "application/octet-stream".to_owned()),
         ("Accept-Ranges", "bytes".to_owned()),
-        ("ETag", etag),
+        ("ETag", validators.etag.clone()),
         ("Last-Modified", last_modified),
     ];
+    // Only GET and HEAD reach here.
+    match conditional::evaluate(&req.conditions, true, &validators) {
+        Precondition::Proceed => {}
+        Precondition::NotModified => {
+            counters.not_modified.fetch_add(1, Ordering::Relaxed);
+            headers.retain(|(n, _)| *n != "Content-Type");
+            return Response {
+                status: 304,
+                headers,
+                body: Body::None,
+                close: false,
+            };
+        }
+        Precondition::Failed => {
+            counters.refused.fetch_add(1, Ordering::Relaxed);
+            return Response::text(412, "precondition failed: the file has changed");
+        }
+    }
+    // If-Range: the range applies only to the representation the client already has.
+    let range_header = match &req.if_range {
+        Some(v) if !conditional::if_range_holds(v, &validators) => None,
+        _ => req.range.as_deref(),
+    };
     let (status, first, count) = match range::decide(range_header, len) {
         RangeDecision::Full => (200, 0, len),
         RangeDecision::Partial { first, last } => {
@@ -373,7 +353,7 @@ async fn file(root: &ServeRoot, name: &str, req: &Request, counters: &HttpCounte
             headers.push(("Content-Range", format!("bytes */{len}")));
             let mut r = Response::text(
                 416,
-                format!("range not satisfiable: {name} has {len} bytes"),
+                format!("range not satisfiable: the file has {len} bytes"),
             );
             r.headers.extend(headers);
             return r;
@@ -396,12 +376,14 @@ fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
         206 => "Partial Content",
+        304 => "Not Modified",
         400 => "Bad Request",
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
         413 => "Content Too Large",
+        412 => "Precondition Failed",
         416 => "Range Not Satisfiable",
         431 => "Request Header Fields Too Large",
         _ => "Internal Server Error",
@@ -421,7 +403,9 @@ async fn write_response(
         "Server: bcd-site\r\nDate: {}\r\n",
         httpdate::fmt_http_date(SystemTime::now())
     );
-    let _ = write!(head, "Content-Length: {}\r\n", resp.body_len());
+    if !matches!(resp.body, Body::None) {
+        let _ = write!(head, "Content-Length: {}\r\n", resp.body_len());
+    }
     for (name, value) in &resp.headers {
         let _ = write!(head, "{name}: {value}\r\n");
     }

@@ -3,23 +3,28 @@
 //! Routes (GET and HEAD only):
 //! - `/boot/<mac>.ipxe`: the machine's desired boot from the [`BootCatalog`] rendered by [`render_script`]; the
 //!   MAC may be upper or lower case, `:` or `-` separated. Unknown MACs get 404 with the reason.
+//!   Targets may also come in absolute form (`http://host/ipxe/...`, RFC 9112 §3.2.2).
 //! - `/ipxe/<loader>`: the loaders the proxy DHCP names for HTTP-boot clients, from the loader directory (usually
 //!   the TFTP root).
 //! - `/artifacts/<path>`: kernels, initramfs and images from the artifact cache the site fills.
 //!
 //! Files go out with `sendfile(2)` straight from the page cache (no copy through user space, no whole-file reads),
-//! with `Content-Length`, `ETag`, `Last-Modified`, single `Range` requests (206 / 416) and `If-Range`. What may be
-//! opened follows the TFTP rules ([`crate::tftp::root::ServeRoot`]): relative names, no `..`, nothing a symlink
-//! leads outside the directory, regular world-readable files only.
+//! with `Content-Length`, `ETag`, `Last-Modified`, conditional requests (304 / 412, [`conditional`]), single
+//! `Range` requests (206 / 416) and `If-Range`. What may be opened follows the TFTP rules
+//! ([`crate::tftp::root::ServeRoot`]): relative names, no `..`, nothing a symlink leads outside the directory,
+//! regular world-readable files only. Error bodies never echo the request's path.
 //!
-//! The HTTP/1.1 framing is this module's own (requests are parsed by `httparse`): a boot server needs GET/HEAD,
-//! keep-alive and pipelining, never request bodies, and a generic stack (hyper/axum) cannot hand a socket to
-//! `sendfile`, which is what keeps up with nginx. Requests with a body are refused (413) and the connection closed.
+//! The HTTP/1.1 framing is this module's own (request heads are parsed by `httparse` and checked by [`request`]:
+//! Host, target forms): a boot server needs GET/HEAD, keep-alive and pipelining, never request bodies, and a
+//! generic stack (hyper/axum) cannot hand a socket to `sendfile`, which is what keeps up with nginx. Requests with
+//! a body are refused (413) and the connection closed.
 //! Start reading at [`run`]; [`conn`] holds the per-connection loop.
 
+pub mod conditional;
 mod conn;
 mod ipxe;
 pub mod range;
+pub mod request;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -129,6 +134,7 @@ pub struct HttpCounters {
     requests: AtomicU64,
     scripts: AtomicU64,
     files: AtomicU64,
+    not_modified: AtomicU64,
     not_found: AtomicU64,
     refused: AtomicU64,
     bad_requests: AtomicU64,
@@ -144,11 +150,13 @@ pub struct HttpCountersSnapshot {
     pub scripts: u64,
     /// File responses (200 or 206) started.
     pub files: u64,
+    /// 304: the client's copy (If-None-Match / If-Modified-Since) is current.
+    pub not_modified: u64,
     /// 404: unknown MAC, missing file, unknown route.
     pub not_found: u64,
-    /// 403 / 416 / 405 / 413 and renders refused.
+    /// 403 / 412 / 416 / 405 / 413, requests with a target of neither form (400), and renders refused.
     pub refused: u64,
-    /// Unparseable requests (400 / 431) and header timeouts.
+    /// Unparseable heads (400, a missing or repeated Host included / 431) and header timeouts.
     pub bad_requests: u64,
     /// File body bytes handed to the kernel.
     pub bytes_sent: u64,
@@ -163,6 +171,7 @@ impl HttpCounters {
             requests: get(&self.requests),
             scripts: get(&self.scripts),
             files: get(&self.files),
+            not_modified: get(&self.not_modified),
             not_found: get(&self.not_found),
             refused: get(&self.refused),
             bad_requests: get(&self.bad_requests),

@@ -216,21 +216,25 @@ impl SiteConfigWire {
         let artifacts = dir("boot.artifacts", boot.artifacts)?;
 
         let defaults = BootFiles::default();
-        let loader =
-            |name: &str, v: Option<String>, default: String| -> Result<String, SiteConfigError> {
-                let v = v.unwrap_or(default);
-                if v.is_empty()
-                    || v.starts_with('/')
-                    || v.split('/').any(|c| c == "..")
-                    || v.chars().any(char::is_control)
-                {
-                    return Err(field(
-                        name,
-                        "must be a relative file name in boot.tftp_root",
-                    ));
-                }
-                Ok(v)
+        let loader = |name: &str,
+                      v: Option<String>,
+                      default: Option<String>|
+         -> Result<Option<String>, SiteConfigError> {
+            let Some(v) = v.or(default) else {
+                return Ok(None);
             };
+            if v.is_empty()
+                || v.starts_with('/')
+                || v.split('/').any(|c| c == "..")
+                || v.chars().any(char::is_control)
+            {
+                return Err(field(
+                    name,
+                    "must be a relative file name in boot.tftp_root",
+                ));
+            }
+            Ok(Some(v))
+        };
         let loaders = BootFiles {
             bios: loader("boot.loaders.bios", boot.loaders.bios, defaults.bios)?,
             x64_uefi: loader(
@@ -243,10 +247,11 @@ impl SiteConfigWire {
                 boot.loaders.arm64_uefi,
                 defaults.arm64_uefi,
             )?,
-            arm32_uefi: match boot.loaders.arm32_uefi {
-                Some(v) => Some(loader("boot.loaders.arm32_uefi", Some(v), String::new())?),
-                None => None,
-            },
+            arm32_uefi: loader(
+                "boot.loaders.arm32_uefi",
+                boot.loaders.arm32_uefi,
+                defaults.arm32_uefi,
+            )?,
         };
 
         let offer = match self.dhcp.offer.as_deref() {

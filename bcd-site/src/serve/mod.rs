@@ -23,8 +23,9 @@ use tracing::{info, warn};
 pub use config::{DEFAULT_CACHE_MAX_BYTES, SiteConfig, SiteConfigError, SiteConfigWire};
 
 use crate::dhcp::server::{self as dhcp_server, DhcpCounters, DhcpSockets, ServerConfig, bind_udp};
-use crate::dhcp::{MacAddr, NetbootRule, NetbootTable, ServerInfo};
+use crate::dhcp::{BootFiles, MacAddr, NetbootRule, NetbootTable, ServerInfo};
 use crate::http::{self, BootCatalog, BootHttp, DesiredBoot, HttpConfig};
+use crate::tftp::root::ServeRoot;
 use crate::tftp::server::{self as tftp_server, TftpCounters};
 
 /// The netboot table: which machines may netboot and what each should boot. Both the proxy DHCP's view (who is
@@ -169,25 +170,20 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     // Fail before serving anything when a directory is unusable, naming the config field.
-    for (field, dir) in [
-        ("boot.tftp_root", &config.tftp_root),
-        ("boot.artifacts", &config.artifacts),
-    ] {
-        crate::tftp::root::ServeRoot::new(dir).map_err(|e| ServeError::Dir {
+    let root = |field, dir: &std::path::Path| {
+        ServeRoot::new(dir).map_err(|e| ServeError::Dir {
             field,
             path: e.path,
             source: e.source,
-        })?;
-    }
+        })
+    };
+    let tftp_root = root("boot.tftp_root", &config.tftp_root)?;
+    root("boot.artifacts", &config.artifacts)?;
     let http = BootHttp::with_counters(
         HttpConfig::new(&config.artifacts, &config.tftp_root),
         counters.http.clone(),
     )?;
-    for file in [&config.loaders.bios, &config.loaders.x64_uefi] {
-        if !config.tftp_root.join(file).is_file() {
-            warn!(root = %config.tftp_root.display(), file, "loader missing from the TFTP root: clients asking for it will fail");
-        }
-    }
+    let loaders = served_loaders(&config.loaders, &tftp_root);
 
     let (table_tx, table_rx) = watch::channel(netboot.borrow().dhcp_table());
     let (catalog_tx, catalog_rx) = watch::channel(netboot.borrow().catalog());
@@ -195,7 +191,7 @@ pub async fn run(
         ServerConfig::new(ServerInfo {
             server_ip: config.server_ip,
             http_port: config.http_port,
-            files: config.loaders.clone(),
+            files: loaders,
             offer: config.offer,
         })
     });
@@ -284,6 +280,30 @@ pub async fn run(
     }
 }
 
+/// The configured loaders that `root` serves (by the rules TFTP and `/ipxe/` serve them under). A loader that is
+/// absent would be offered to clients that then fail to fetch it, so it is left out, with a warning naming the
+/// architectures it boots; their clients are then ignored with [`crate::dhcp::IgnoreReason::NoLoader`]. Checked
+/// once, at start: a loader put in place later is offered after a restart. Blocking (metadata only).
+pub fn served_loaders(configured: &BootFiles, root: &ServeRoot) -> BootFiles {
+    let mut offered = configured.clone();
+    offered.retain(|loader, file| match root.resolve(file) {
+        Ok(_) => true,
+        Err(refusal) => {
+            warn!(
+                clients = loader.clients(),
+                field = %format_args!("boot.loaders.{}", loader.key()),
+                file,
+                root = %root.path().display(),
+                reason = %refusal,
+                "loader not served from the TFTP root: its clients are not offered a boot (put the file there, \
+                 or name another in the field, and restart)"
+            );
+            false
+        }
+    });
+    offered
+}
+
 /// One log line per service with its counters; a line naming the last rogue server while any were seen.
 fn report(counters: &SiteCounters, http: &BootHttp) {
     let d = counters.dhcp.snapshot();
@@ -309,6 +329,8 @@ fn report(counters: &SiteCounters, http: &BootHttp) {
         failed = get(&t.failed),
         refused = get(&t.refused),
         malformed = get(&t.malformed),
+        acks_spun = get(&t.acks_spun),
+        acks_slept = get(&t.acks_slept),
         "TFTP counters"
     );
     let h = http.counters();
@@ -316,6 +338,7 @@ fn report(counters: &SiteCounters, http: &BootHttp) {
         requests = h.requests,
         scripts = h.scripts,
         files = h.files,
+        not_modified = h.not_modified,
         not_found = h.not_found,
         refused = h.refused,
         bad_requests = h.bad_requests,

@@ -31,7 +31,8 @@ pub struct Limits {
     /// Memory all cached files may take together.
     pub cache_max_total: u64,
     /// How long a transfer waits for each ACK awake (yielding the CPU) before sleeping until it arrives: saves a
-    /// wake-up per block in lockstep transfers, at the cost of at most this much CPU per block. Zero: never.
+    /// wake-up per block in lockstep transfers, at the cost of at most this much CPU per block. Paused for clients
+    /// slower than this and while the CPU is contended (see `server::Spin`). Zero: never.
     pub ack_spin: Duration,
 }
 

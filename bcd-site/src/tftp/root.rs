@@ -124,7 +124,8 @@ impl ServeRoot {
 /// The refusal for an I/O error while resolving or opening `requested`.
 pub(crate) fn not_found(requested: &str, e: io::Error) -> Refusal {
     match e.kind() {
-        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => {
+        // ENAMETOOLONG: a component over 255 bytes or a path over 4096 names no file there can be.
+        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory | io::ErrorKind::InvalidFilename => {
             refuse(ErrorCode::FileNotFound, "file not found", requested)
         }
         io::ErrorKind::PermissionDenied => refuse(
@@ -177,6 +178,9 @@ mod tests {
         assert_eq!(code("sub"), Some(ErrorCode::AccessViolation));
         assert_eq!(code("missing"), Some(ErrorCode::FileNotFound));
         assert_eq!(code("sub/ok.efi/x"), Some(ErrorCode::FileNotFound));
+        // Longer than a file name (255) or a path (4096) can be: no such file, not a server error.
+        assert_eq!(code(&"a".repeat(300)), Some(ErrorCode::FileNotFound));
+        assert_eq!(code(&"a/".repeat(2100)), Some(ErrorCode::FileNotFound));
         Ok(())
     }
 }

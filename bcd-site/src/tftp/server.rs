@@ -33,6 +33,10 @@ pub struct TftpCounters {
     pub failed: AtomicU64,
     pub refused: AtomicU64,
     pub malformed: AtomicU64,
+    /// ACKs of completed transfers caught while awaiting them awake ([`Limits::ack_spin`]).
+    pub acks_spun: AtomicU64,
+    /// ACKs of completed transfers awaited asleep on the reactor.
+    pub acks_slept: AtomicU64,
 }
 
 /// Serves `root` read-only until `shutdown` completes; running transfers are then cancelled.
@@ -94,10 +98,21 @@ pub async fn run(
                         let _permit = permit;
                         let file = req.filename.clone();
                         let _running = Running::start(&active);
+                        let began = Instant::now();
                         match transfer(local_ip, peer, req, &root, &cache, &limits, &active).await {
-                            Ok(Outcome::Sent { bytes }) => {
+                            Ok(Outcome::Sent { bytes, waits }) => {
                                 counters.completed.fetch_add(1, Ordering::Relaxed);
-                                debug!(%peer, %file, bytes, "TFTP transfer complete");
+                                counters.acks_spun.fetch_add(u64::from(waits.spun), Ordering::Relaxed);
+                                counters.acks_slept.fetch_add(u64::from(waits.slept), Ordering::Relaxed);
+                                debug!(
+                                    %peer, %file, bytes,
+                                    us = began.elapsed().as_micros() as u64,
+                                    acks_spun = waits.spun, acks_slept = waits.slept,
+                                    spins_missed = waits.missed, contended = waits.contended,
+                                    resent = waits.resent,
+                                    ack_wait_us = waits.ack_wait_us / u64::from((waits.spun + waits.slept).max(1)),
+                                    "TFTP transfer complete"
+                                );
                             }
                             Ok(Outcome::Declined { code, message }) => {
                                 counters.completed.fetch_add(1, Ordering::Relaxed);
@@ -160,6 +175,7 @@ impl Drop for Running {
 enum Outcome {
     Sent {
         bytes: u64,
+        waits: Waits,
     },
     /// The client answered the OACK with an error (a `tsize` probe, or options it dislikes).
     Declined {
@@ -216,9 +232,9 @@ async fn transfer(
         max_retries: limits.max_retries,
         buf: vec![0u8; MAX_CLIENT_PACKET],
         timer,
-        spin: limits.ack_spin,
-        spin_missed: 0,
+        spin: Spin::new(limits.ack_spin),
         active: active.clone(),
+        waits: Waits::default(),
     };
     if !link.n.oack.is_empty() {
         Packet::Oack(link.n.oack.clone()).encode(&mut out);
@@ -233,7 +249,10 @@ async fn transfer(
         }
     }
     match link.send_file(source, size).await {
-        Ok(bytes) => Ok(Outcome::Sent { bytes }),
+        Ok(bytes) => Ok(Outcome::Sent {
+            bytes,
+            waits: link.waits,
+        }),
         Err(e) => {
             // Our side failed (read error, file changed): tell the client rather than leave it waiting.
             if matches!(e, TransferError::Io(_) | TransferError::SizeChanged) {
@@ -328,12 +347,28 @@ struct Link {
     buf: Vec<u8>,
     /// Retransmission timer; its deadline trails the real one (see [`Link::send_until_acked`]).
     timer: std::pin::Pin<Box<tokio::time::Sleep>>,
-    /// How long to wait for an ACK awake before sleeping on the reactor.
-    spin: Duration,
-    /// Consecutive spins that ended without an ACK.
-    spin_missed: u32,
+    /// Whether and how long to await ACKs awake.
+    spin: Spin,
     /// Transfers running now (this one included).
     active: Arc<AtomicUsize>,
+    waits: Waits,
+}
+
+/// How a transfer's ACKs arrived, for the debug log.
+#[derive(Debug, Default, Clone, Copy)]
+struct Waits {
+    /// ACKs caught while spinning.
+    spun: u32,
+    /// ACKs waited for on the reactor.
+    slept: u32,
+    /// Spins that ended without an ACK.
+    missed: u32,
+    /// Windows sent again (timeout or a gap the client reported).
+    resent: u32,
+    /// Spins cut short because a yield ran some other task.
+    contended: u32,
+    /// Sum of the waits for ACKs, in microseconds (divided by the ACKs: the client's mean answer time).
+    ack_wait_us: u64,
 }
 
 impl Link {
@@ -399,25 +434,33 @@ impl Link {
             for (_, p) in packets {
                 self.socket.send(p).await?;
             }
+            let sent = Instant::now();
             // The timer is not re-armed per block (that costs a timer-wheel insert and removal for every ACK):
             // it fires at its old deadline, and only then is the real one (last send + timeout) checked.
-            let deadline = Instant::now() + self.n.timeout;
-            let mut spin = self.spin_budget();
+            let deadline = sent + self.n.timeout;
+            let mut spin = self.spin.budget(self.active.load(Ordering::Relaxed));
             loop {
-                // Lockstep clients answer within microseconds on a LAN: wait for the ACK awake for a moment rather
-                // than sleep and pay a wake-up (on a VM, an idle vCPU's wake-up) for every block.
+                // Lockstep clients answer within tens of microseconds on a LAN: wait for the ACK awake for a moment
+                // rather than sleep and pay a wake-up (on a VM, an idle vCPU's wake-up) for every block.
                 if !spin.is_zero() {
-                    let r = spin_recv(&self.socket, &mut self.buf, spin);
+                    let (r, contended) = spin_recv(&self.socket, &mut self.buf, spin);
                     spin = Duration::ZERO;
-                    self.spin_missed = if r.is_some() { 0 } else { self.spin_missed + 1 };
-                    if let Some(r) = r {
-                        let len = r?;
-                        match self.on_packet(len, first, last, packets.len()) {
-                            Verdict::Acked(abs) => return Ok(abs),
-                            Verdict::Resend => break,
-                            Verdict::Failed(e) => return Err(e),
-                            Verdict::Ignore => continue,
+                    if contended {
+                        self.spin.contended();
+                        self.waits.contended += 1;
+                    }
+                    match r {
+                        Some(r) => {
+                            self.waits.spun += 1;
+                            let len = r?;
+                            match self.on_packet(len, first, last, packets.len()) {
+                                Verdict::Acked(abs) => return Ok(self.acked(abs, sent)),
+                                Verdict::Resend => break,
+                                Verdict::Failed(e) => return Err(e),
+                                Verdict::Ignore => continue,
+                            }
                         }
+                        None => self.waits.missed += 1,
                     }
                 }
                 let received = tokio::select! {
@@ -427,7 +470,10 @@ impl Link {
                 };
                 let len = match received {
                     // ICMP port unreachable surfaces as ECONNREFUSED on a connected socket: the client left.
-                    Some(r) => r?,
+                    Some(r) => {
+                        self.waits.slept += 1;
+                        r?
+                    }
                     None if Instant::now() < deadline => {
                         self.timer.as_mut().reset(deadline);
                         continue;
@@ -439,13 +485,14 @@ impl Link {
                     }
                 };
                 match self.on_packet(len, first, last, packets.len()) {
-                    Verdict::Acked(abs) => return Ok(abs),
+                    Verdict::Acked(abs) => return Ok(self.acked(abs, sent)),
                     Verdict::Resend => break,
                     Verdict::Failed(e) => return Err(e),
                     Verdict::Ignore => {}
                 }
             }
             retries += 1;
+            self.waits.resent += 1;
             if retries > self.max_retries {
                 return Err(TransferError::TimedOut {
                     retries: retries - 1,
@@ -455,20 +502,13 @@ impl Link {
     }
 }
 
-/// Consecutive ACKs that missed the spin window after which a transfer stops spinning (a slow client or link).
-const SPIN_GIVE_UP: u32 = 4;
-/// Transfers running at once above which none spins (spinning tasks would delay each other's packets).
-const SPIN_MAX_ACTIVE: usize = 2;
-
 impl Link {
-    /// How long to wait awake for the next ACK: nothing once this client proved slower than the budget, or while
-    /// several transfers share the workers.
-    fn spin_budget(&self) -> Duration {
-        if self.spin_missed >= SPIN_GIVE_UP || self.active.load(Ordering::Relaxed) > SPIN_MAX_ACTIVE
-        {
-            return Duration::ZERO;
-        }
-        self.spin
+    /// Notes an ACK of block `abs` that came `sent.elapsed()` after the window went out; returns `abs`.
+    fn acked(&mut self, abs: u64, sent: Instant) -> u64 {
+        let waited = sent.elapsed();
+        self.waits.ack_wait_us += waited.as_micros() as u64;
+        self.spin.answered(waited);
+        abs
     }
 
     /// What a packet from the client means for the window `first..=last` (absolute block numbers).
@@ -501,24 +541,104 @@ enum Verdict {
     Ignore,
 }
 
-/// Tries to receive for up to `budget`, yielding the CPU between tries (a client on the same CPU gets to run).
-/// `None`: nothing arrived. Reads the socket directly: tokio's `try_recv` trusts readiness cached from the last
-/// poll of the reactor and would not see a datagram that arrived since.
-fn spin_recv(socket: &UdpSocket, buf: &mut [u8], budget: Duration) -> Option<io::Result<usize>> {
+/// When a transfer awaits its ACKs awake, and for how long.
+///
+/// Lockstep clients answer within tens of microseconds on a LAN; waiting awake for that saves a sleep and a
+/// wake-up (on a VM, an idle vCPU's wake-up) per block. Two things make it a loss, and each pauses it:
+/// - A client slower than the budget: spinning only burns CPU. The client's answer time is smoothed over every
+///   ACK, spun or slept for ([`Spin::answered`]); while it exceeds the budget the transfer sleeps, and a client
+///   that speeds up is spun for again.
+/// - A contended CPU: a `sched_yield` while a CPU-bound task is runnable hands it the CPU until the next
+///   scheduler tick (up to 4 ms at 250 Hz), while a sleeping server would be woken ahead of it when the ACK lands.
+///   That was this server's transfer-time tail (and, with a busy process beside it, its p99 went from 15 to 180
+///   ms). A yield that kept the thread off the CPU longer than [`YIELD_LONG`] pauses spinning for
+///   [`PAUSE_FIRST`] blocks, doubling on each further one up to [`PAUSE_MAX`]; a spin that catches its ACK
+///   without one halves it again.
+#[derive(Debug)]
+struct Spin {
+    budget: Duration,
+    /// The client's smoothed answer time.
+    answer: Duration,
+    /// Waits left before spinning again after contention.
+    paused: u32,
+    /// The next pause.
+    pause: u32,
+}
+
+/// Transfers running at once above which none spins (spinning tasks would delay each other's packets).
+const SPIN_MAX_ACTIVE: usize = 2;
+/// A `sched_yield` that kept this thread off the CPU longer than this ran some other task, not just a client
+/// answering (tens of microseconds).
+const YIELD_LONG: Duration = Duration::from_micros(200);
+const PAUSE_FIRST: u32 = 8;
+const PAUSE_MAX: u32 = 1024;
+
+impl Spin {
+    fn new(budget: Duration) -> Self {
+        Spin {
+            budget,
+            answer: Duration::ZERO,
+            paused: 0,
+            pause: PAUSE_FIRST,
+        }
+    }
+
+    /// How long to await the next ACK awake, with `active` transfers running (this one included); zero: sleep.
+    fn budget(&mut self, active: usize) -> Duration {
+        if self.paused > 0 {
+            self.paused -= 1;
+            return Duration::ZERO;
+        }
+        if self.answer > self.budget || active > SPIN_MAX_ACTIVE {
+            return Duration::ZERO;
+        }
+        self.budget
+    }
+
+    /// An ACK came `waited` after the window went out.
+    fn answered(&mut self, waited: Duration) {
+        // Exponentially weighted, 1/4 per sample: one late ACK pauses spinning for a few blocks, a client that is
+        // slow every time stops it within two.
+        self.answer = (self.answer * 3 + waited) / 4;
+        if waited <= self.budget {
+            self.pause = (self.pause / 2).max(PAUSE_FIRST);
+        }
+    }
+
+    /// A yield ran another task.
+    fn contended(&mut self) {
+        self.paused = self.pause;
+        self.pause = (self.pause * 2).min(PAUSE_MAX);
+    }
+}
+
+/// Tries to receive for up to `budget`, yielding the CPU between tries (a client woken on this CPU gets to run).
+/// The first of the result is `None` when nothing arrived within the budget; the second says a yield kept this
+/// thread off the CPU longer than [`YIELD_LONG`], after which it looks once more and stops. Reads the socket
+/// directly: tokio's `try_recv` trusts readiness cached from the last poll of the reactor and would not see a
+/// datagram that arrived since.
+fn spin_recv(
+    socket: &UdpSocket,
+    buf: &mut [u8],
+    budget: Duration,
+) -> (Option<io::Result<usize>>, bool) {
     use std::io::Read as _;
     let sock = socket2::SockRef::from(socket);
     let until = std::time::Instant::now() + budget;
+    let mut contended = false;
     loop {
         match (&*sock).read(buf) {
-            Ok(n) => return Some(Ok(n)),
+            Ok(n) => return (Some(Ok(n)), contended),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Some(Err(e)),
+            Err(e) => return (Some(Err(e)), contended),
         }
-        if std::time::Instant::now() >= until {
-            return None;
+        let now = std::time::Instant::now();
+        if contended || now >= until {
+            return (None, contended);
         }
         std::thread::yield_now();
+        contended = now.elapsed() > YIELD_LONG;
     }
 }
 
@@ -590,5 +710,48 @@ impl ChunkReader {
             }
         }
         Ok(filled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: Duration = Duration::from_micros(1);
+
+    #[test]
+    fn spin_follows_the_client_and_backs_off_under_contention() {
+        let mut s = Spin::new(100 * US);
+        assert_eq!(s.budget(1), 100 * US);
+        assert_eq!(s.budget(SPIN_MAX_ACTIVE + 1), Duration::ZERO, "busy server");
+        // A slow client: sleep while its answer time exceeds the budget, spin again once it is fast.
+        s.answered(2000 * US);
+        assert_eq!(s.budget(1), Duration::ZERO);
+        let mut fast = 0;
+        while s.budget(1).is_zero() {
+            s.answered(20 * US);
+            fast += 1;
+            assert!(fast < 20, "never spins again");
+        }
+        assert!(fast >= 5, "recovered after {fast}");
+        // Contention: pauses of 8, 16, 32 … waits, capped; a clean ACK halves the next one.
+        for pause in [8, 16, 32, 64] {
+            s.contended();
+            for _ in 0..pause {
+                assert_eq!(s.budget(1), Duration::ZERO);
+            }
+            assert_eq!(s.budget(1), 100 * US);
+        }
+        for _ in 0..20 {
+            s.contended();
+        }
+        assert_eq!(s.pause, PAUSE_MAX);
+        s.paused = 0;
+        s.answered(10 * US);
+        assert_eq!(s.pause, PAUSE_MAX / 2);
+        for _ in 0..20 {
+            s.answered(10 * US);
+        }
+        assert_eq!(s.pause, PAUSE_FIRST);
     }
 }

@@ -3,8 +3,11 @@
 //! It terminates TLS ([`tls`]: server certificate from the control-plane CA, optional client certificates verified
 //! against the same CA) and serves the `bettercompute.v1` services over HTTP/2. It holds no CA and no signing key:
 //! Join, the site services ([`site`]: boot lease, netboot table, SecretRequest) are handed to services it receives as traits ([`JoinHandler`]). It must
-//! not import bc-store or bc-control. Start with [`serve`].
+//! not import bc-store or bc-control. Start with [`serve`]; what a peer may hold before it authenticates, and for
+//! how long, is [`conns`] (the policy) and `accept` (the accept loop applying it).
 
+mod accept;
+pub mod conns;
 pub mod session;
 pub mod site;
 pub mod tls;
@@ -47,23 +50,29 @@ pub struct Services {
 /// Limits on what a peer may make the gateway do.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// TLS handshakes in progress at once; further connections wait in the kernel's accept queue.
-    pub concurrent_handshakes: usize,
-    pub handshake_timeout: Duration,
+    /// Connections: how many, how many unauthenticated, per source, and the deadlines of each stage.
+    pub connections: conns::ConnLimits,
     /// Largest gRPC message accepted (Join requests are a few KiB).
     pub max_message_bytes: usize,
     /// How long a shutdown waits for in-flight calls after closing sessions.
     pub shutdown_grace: Duration,
 }
 
-impl Default for Limits {
-    fn default() -> Limits {
+impl Limits {
+    /// Limits for a process that may open `descriptors` files.
+    pub fn for_descriptors(descriptors: u64) -> Limits {
         Limits {
-            concurrent_handshakes: 512,
-            handshake_timeout: Duration::from_secs(10),
+            connections: conns::ConnLimits::for_descriptors(descriptors),
             max_message_bytes: 64 * 1024,
             shutdown_grace: Duration::from_secs(5),
         }
+    }
+}
+
+impl Default for Limits {
+    /// Limits for the descriptor limit (RLIMIT_NOFILE) in force.
+    fn default() -> Limits {
+        Limits::for_descriptors(bc_proto::runtime::nofile_limit())
     }
 }
 
@@ -100,43 +109,28 @@ pub async fn serve(
     if let Some((backend, _, registry)) = &services.session {
         revocation_watermark = session::refresh_revocations(backend.as_ref(), registry, None).await;
     }
-    let (tx, rx) = tokio::sync::mpsc::channel(limits.concurrent_handshakes);
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let handshakes = Arc::new(tokio::sync::Semaphore::new(limits.concurrent_handshakes));
-    let accept_loop = tokio::spawn(async move {
-        loop {
-            let Ok(permit) = handshakes.clone().acquire_owned().await else {
-                return;
-            };
-            let (tcp, addr) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    // EMFILE and friends: back off briefly rather than spin.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
-            let acceptor = acceptor.clone();
-            let tx = tx.clone();
-            let timeout = limits.handshake_timeout;
-            tokio::spawn(async move {
-                let _permit = permit;
-                match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok::<_, std::io::Error>(stream)).await;
-                    }
-                    Ok(Err(e)) => tracing::info!(%addr, error = %e, "TLS handshake refused"),
-                    Err(_) => tracing::info!(%addr, "TLS handshake timed out"),
-                }
-            });
-        }
-    });
+    let c = &limits.connections;
+    tracing::info!(
+        max_connections = c.max_connections,
+        max_unauthenticated = c.max_unauthenticated,
+        max_stalled_per_source = c.max_stalled_per_source,
+        "gateway connection limits"
+    );
+    let gate = accept::Gate::new(c.clone());
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    let accept_loop = tokio::spawn(accept::accept(
+        listener,
+        tokio_rustls::TlsAcceptor::from(tls),
+        gate.clone(),
+        tx,
+        c.handshake.base,
+    ));
+    let sweeper = tokio::spawn(accept::sweep(gate.clone()));
     let join = v1::join_service_server::JoinServiceServer::new(JoinSvc(services.join))
         .max_decoding_message_size(limits.max_message_bytes);
     let mut router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .layer(accept::CountRequests { gate })
         .add_service(join);
     let mut housekeeping = None;
     let mut registry_for_shutdown = None;
@@ -200,6 +194,7 @@ pub async fn serve(
         }
     };
     accept_loop.abort();
+    sweeper.abort();
     if let Some(h) = housekeeping {
         h.abort();
     }

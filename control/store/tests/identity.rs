@@ -384,7 +384,10 @@ async fn a_gpu_uuid_belongs_to_one_node_and_a_second_report_is_a_condition() {
         .await
         .expect("revoke");
     assert!(
-        matches!(change, bc_store::reservations::NodeStateChange::Changed { .. }),
+        matches!(
+            change,
+            bc_store::reservations::NodeStateChange::Changed { .. }
+        ),
         "{change:?}"
     );
     assert_eq!(
