@@ -63,7 +63,8 @@ impl serde::Serialize for ApiCode {
 impl<'de> serde::Deserialize<'de> for ApiCode {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ApiCode, D::Error> {
         let s = String::deserialize(d)?;
-        ApiCode::parse(&s).ok_or_else(|| serde::de::Error::custom(format!("unknown error code {s:?}")))
+        ApiCode::parse(&s)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown error code {s:?}")))
     }
 }
 

@@ -75,5 +75,6 @@ pub trait Membership: Send + Sync + 'static {
 /// The IAM: who holds a bearer API key.
 pub trait Authenticator: Send + Sync + 'static {
     /// The caller that `api_key` (the bearer token, as sent) authenticates, or UNAUTHENTICATED saying why.
-    fn authenticate<'a>(&'a self, api_key: &'a str) -> BoxFuture<'a, Result<Arc<Caller>, ApiError>>;
+    fn authenticate<'a>(&'a self, api_key: &'a str)
+    -> BoxFuture<'a, Result<Arc<Caller>, ApiError>>;
 }

@@ -54,7 +54,10 @@ impl ApiError {
     }
 
     /// Keeps `source` as the cause (logged with the error, never sent).
-    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> ApiError {
+    pub fn with_source(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> ApiError {
         self.source = Some(Box::new(source));
         self
     }

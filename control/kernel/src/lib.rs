@@ -29,7 +29,9 @@ pub use backend::{Authenticator, Backend, Membership, Notice};
 pub use error::{ApiCode, ApiError, Coded, InvalidConfig, http_status};
 pub use method::{ApiMethod, BoxFuture, Caller, Cx, Method, Permission, Scope, ScopeKind};
 pub use module::{IntoModule, Migration, Module, Route, StartCx};
-pub use plane::{ControlPlane, ControlPlaneBuilder, DEFAULT_SHARD_LEASE, Initialized, Options, RoleSet, Running};
+pub use plane::{
+    ControlPlane, ControlPlaneBuilder, DEFAULT_SHARD_LEASE, Initialized, Options, RoleSet, Running,
+};
 pub use reconcile::{ROLES, ReconcileCx, Reconciler, StepCx, Stop, Tick, Worker};
 pub use registry::{ApiDocument, Empty, ListMethods, MethodEntry};
 pub use resources::Resources;

@@ -192,8 +192,9 @@ impl Cx {
 }
 
 /// A registered method with its types erased: what the router calls.
-pub(crate) type CallFn =
-    Arc<dyn Fn(Cx, serde_json::Value) -> BoxFuture<'static, Result<Vec<u8>, ApiError>> + Send + Sync>;
+pub(crate) type CallFn = Arc<
+    dyn Fn(Cx, serde_json::Value) -> BoxFuture<'static, Result<Vec<u8>, ApiError>> + Send + Sync,
+>;
 
 /// A method as the registry holds it.
 #[derive(Clone)]
@@ -311,8 +312,10 @@ impl<M: ApiMethod> Method<M> {
                     )));
                 }
                 serde_json::to_vec(&response).map_err(|e| {
-                    ApiError::unavailable("the answer could not be encoded; the control plane logged why")
-                        .with_source(e)
+                    ApiError::unavailable(
+                        "the answer could not be encoded; the control plane logged why",
+                    )
+                    .with_source(e)
                 })
             })
         }));

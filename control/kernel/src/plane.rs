@@ -40,7 +40,8 @@ impl Options {
 
     fn validate(&self) -> Result<(), InvalidConfig> {
         let id = &self.worker_id;
-        if id.is_empty() || id.len() > 200 || !id.bytes().all(|b| b.is_ascii_graphic() && b != b'/') {
+        if id.is_empty() || id.len() > 200 || !id.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
+        {
             return Err(InvalidConfig::new(
                 "worker_id",
                 "must be 1 to 200 visible ASCII characters without '/'",
@@ -232,7 +233,12 @@ impl ControlPlane {
             start(cx.clone()).await.map_err(|e| {
                 ApiError::new(
                     e.code(),
-                    format!("{} {} did not start: {}", kind.label(), module.name, e.message()),
+                    format!(
+                        "{} {} did not start: {}",
+                        kind.label(),
+                        module.name,
+                        e.message()
+                    ),
                 )
                 .with_source(e)
             })?;
@@ -297,10 +303,8 @@ impl Initialized {
             .lock()
             .map(|mut r| std::mem::take(&mut *r))
             .unwrap_or_default();
-        let mut allowed: Vec<(&'static str, &'static str)> = routes
-            .iter()
-            .map(|r| (r.path, r.http_method))
-            .collect();
+        let mut allowed: Vec<(&'static str, &'static str)> =
+            routes.iter().map(|r| (r.path, r.http_method)).collect();
         allowed.sort_unstable();
         let state = crate::router::RouterState::new(
             self.resources.clone(),
@@ -308,7 +312,10 @@ impl Initialized {
             &self.methods,
             allowed,
         );
-        crate::router::router(state, routes.into_iter().map(|r| (r.path, r.router)).collect())
+        crate::router::router(
+            state,
+            routes.into_iter().map(|r| (r.path, r.router)).collect(),
+        )
     }
 
     /// Starts the reconcilers of `roles`: one membership loop per role that has shard-scoped ones, one listening

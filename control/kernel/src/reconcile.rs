@@ -250,7 +250,12 @@ async fn renew(
 }
 
 /// The loop of a step reconciler.
-pub(crate) async fn step_loop(name: &'static str, shard_scoped: bool, step: StepFn, mut cx: ReconcileCx) {
+pub(crate) async fn step_loop(
+    name: &'static str,
+    shard_scoped: bool,
+    step: StepFn,
+    mut cx: ReconcileCx,
+) {
     let mut tick = tokio::time::interval(cx.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut listening = true;
@@ -293,7 +298,12 @@ pub(crate) async fn step_loop(name: &'static str, shard_scoped: bool, step: Step
     }
 }
 
-pub(crate) fn run_body(body: &Body, name: &'static str, shard_scoped: bool, cx: ReconcileCx) -> BoxFuture<'static, ()> {
+pub(crate) fn run_body(
+    body: &Body,
+    name: &'static str,
+    shard_scoped: bool,
+    cx: ReconcileCx,
+) -> BoxFuture<'static, ()> {
     match body {
         Body::Loop(run) => run(cx),
         Body::Step(step) => Box::pin(step_loop(name, shard_scoped, step.clone(), cx)),

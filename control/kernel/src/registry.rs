@@ -2,7 +2,7 @@
 //! (`system.methods`: the API document of this control plane).
 
 use crate::error::{ApiError, InvalidConfig};
-use crate::method::{Cx, Method, Permission, Scope};
+use crate::method::{Cx, Method, Permission};
 use crate::module::Module;
 use crate::plane::Kind;
 use crate::reconcile::ROLES;
@@ -25,9 +25,12 @@ pub(crate) fn check(modules: &[(Kind, Module)]) -> Result<Vec<usize>, InvalidCon
     let mut migrations: HashMap<i64, &str> = HashMap::new();
     let mut routes: HashMap<&str, &str> = HashMap::new();
     for (i, (kind, m)) in modules.iter().enumerate() {
-        let at = |reason: String| InvalidConfig::new(format!("{} {}", kind.label(), m.name), reason);
+        let at =
+            |reason: String| InvalidConfig::new(format!("{} {}", kind.label(), m.name), reason);
         if !valid_name(m.name) {
-            return Err(at("a module name is 1 to 64 of [a-z0-9-], starting with a letter".into()));
+            return Err(at(
+                "a module name is 1 to 64 of [a-z0-9-], starting with a letter".into(),
+            ));
         }
         if names.insert(m.name, i).is_some() {
             return Err(at("registered twice: module names are unique".into()));
@@ -107,13 +110,19 @@ pub(crate) fn check(modules: &[(Kind, Module)]) -> Result<Vec<usize>, InvalidCon
         }
         for r in &m.routes {
             if r.permission.is_none() {
-                return Err(at(format!("route {} {} has no permission", r.http_method, r.path)));
+                return Err(at(format!(
+                    "route {} {} has no permission",
+                    r.http_method, r.path
+                )));
             }
             if r.path.starts_with("/api/compute/") || r.path == "/healthz" {
                 return Err(at(format!("route {} is the kernel's", r.path)));
             }
             if let Some(first) = routes.insert(r.path, m.name) {
-                return Err(at(format!("route {} is registered twice (first by {first})", r.path)));
+                return Err(at(format!(
+                    "route {} is registered twice (first by {first})",
+                    r.path
+                )));
             }
         }
     }
@@ -129,7 +138,10 @@ fn start_order(
         if let Some(d) = m.depends_on.iter().find(|d| !names.contains_key(*d)) {
             return Err(InvalidConfig::new(
                 format!("{} {}", kind.label(), m.name),
-                format!("depends on module {d}, which is not registered: register it (or drop {})", m.name),
+                format!(
+                    "depends on module {d}, which is not registered: register it (or drop {})",
+                    m.name
+                ),
             ));
         }
     }
@@ -196,7 +208,11 @@ impl ApiDocument {
                     module: m.name.to_string(),
                     group: d.group.to_string(),
                     method: d.method.to_string(),
-                    permission: d.permission.map(|p| p.name()).unwrap_or_default().to_string(),
+                    permission: d
+                        .permission
+                        .map(|p| p.name())
+                        .unwrap_or_default()
+                        .to_string(),
                     scope: d.scope.map(|s| s.pattern).unwrap_or("-").to_string(),
                     request: short(d.request),
                     response: short(d.response),
@@ -229,9 +245,7 @@ crate::api_method!(
 );
 
 pub(crate) fn system_module() -> Module {
-    Module::new("system").method(
-        Method::<ListMethods>::new()
-            .any_caller()
-            .handler(|cx: Cx, _: Empty| async move { Ok::<_, ApiError>(cx.get::<ApiDocument>()?.clone()) }),
-    )
+    Module::new("system").method(Method::<ListMethods>::new().any_caller().handler(
+        |cx: Cx, _: Empty| async move { Ok::<_, ApiError>(cx.get::<ApiDocument>()?.clone()) },
+    ))
 }

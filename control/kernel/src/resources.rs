@@ -116,6 +116,9 @@ mod tests {
         other.insert(5u32);
         other.insert("x".to_string());
         assert_eq!(r.merge(other), vec!["u32"]);
-        assert_eq!(r.get_arc::<String>().as_deref().map(String::as_str), Some("x"));
+        assert_eq!(
+            r.get_arc::<String>().as_deref().map(String::as_str),
+            Some("x")
+        );
     }
 }

@@ -67,7 +67,10 @@ impl RouterState {
     }
 }
 
-pub(crate) fn router(state: RouterState, extra: Vec<(&'static str, axum::routing::MethodRouter<RouterState>)>) -> axum::Router {
+pub(crate) fn router(
+    state: RouterState,
+    extra: Vec<(&'static str, axum::routing::MethodRouter<RouterState>)>,
+) -> axum::Router {
     let mut router = axum::Router::new()
         .route(
             "/api/compute/{group}/{method}",
