@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod api;
 pub mod artifacts;
+pub mod backend;
 pub mod ca;
 pub mod client;
 pub mod commands_api;
