@@ -91,6 +91,9 @@ pub enum ScopeKind {
     Resource,
     /// A list: each item is shown where [`Cx::allows`] says so.
     Filtered,
+    /// The handler checks the permission itself, outside [`Cx`]: only for the server's groups registered from its
+    /// former dispatch until each moves into its module crate (the router cannot tell whether it did).
+    Handler,
 }
 
 /// A method's scope: how it is found and, for the API document, its pattern (`pool/<pool>`).
@@ -111,6 +114,14 @@ impl Scope {
     pub fn resource(pattern: &'static str) -> Scope {
         Scope {
             kind: ScopeKind::Resource,
+            pattern,
+        }
+    }
+
+    /// See [`ScopeKind::Handler`].
+    pub fn checked_by_handler(pattern: &'static str) -> Scope {
+        Scope {
+            kind: ScopeKind::Handler,
             pattern,
         }
     }

@@ -3,8 +3,8 @@
 
 use crate::ca::Ca;
 use axum::Json;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+
+use axum::http::HeaderMap;
 use bc_core::iam::allows;
 use bc_core::join::Expectations;
 use bc_proto::token::{Token, TokenKind};
@@ -64,39 +64,6 @@ impl PrincipalCache {
 pub use bc_kernel::router::BODY_DEADLINE;
 pub use bc_kernel::{ApiCode, ApiError, MAX_BODY, check_strings, read_body};
 
-pub fn router(state: ApiState) -> axum::Router {
-    axum::Router::new()
-        .route(
-            "/api/compute/{group}/{method}",
-            axum::routing::post(dispatch),
-        )
-        .route("/api/artifacts", axum::routing::put(crate::artifacts::put))
-        .route("/healthz", axum::routing::get(|| async { "ok" }))
-        .fallback(unknown_route)
-        .method_not_allowed_fallback(wrong_method)
-        .with_state(state)
-}
-
-async fn unknown_route(uri: axum::http::Uri) -> ApiError {
-    ApiError::not_found(format!(
-        "no route {}: API methods are POST /api/compute/{{group}}/{{method}}, uploads PUT /api/artifacts",
-        uri.path()
-    ))
-}
-
-async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
-    let allowed = match uri.path() {
-        "/api/artifacts" => "PUT",
-        "/healthz" => "GET",
-        _ => "POST",
-    };
-    ApiError::invalid(format!(
-        "{method} is not allowed on {}: use {allowed}",
-        uri.path()
-    ))
-    .with_status(StatusCode::METHOD_NOT_ALLOWED)
-}
-
 pub(crate) async fn authenticate(
     store: &Store,
     cache: &PrincipalCache,
@@ -154,61 +121,54 @@ pub(crate) fn parse<T: for<'de> Deserialize<'de>>(body: Value) -> Result<T, ApiE
     serde_json::from_value(body).map_err(|e| ApiError::invalid(format!("request body: {e}")))
 }
 
-async fn dispatch(
-    State(state): State<ApiState>,
-    path: Result<Path<(String, String)>, axum::extract::rejection::PathRejection>,
-    request: axum::extract::Request,
+/// Answers `group.method` for `principal` (already authenticated; each handler checks its own grant). The kernel
+/// calls it for the groups the server registers ([`crate::plane`]) until each moves into its module crate.
+pub(crate) async fn call(
+    state: &ApiState,
+    principal: &Principal,
+    group: &str,
+    method: &str,
+    body: Value,
 ) -> Result<Json<Value>, ApiError> {
-    let Path((group, method)) = path.map_err(|e| {
-        ApiError::not_found(format!(
-            "no such method ({e}): API methods are POST /api/compute/{{group}}/{{method}}"
-        ))
-    })?;
-    let (parts, body) = request.into_parts();
-    // The caller first: an unauthenticated request is answered before its body is read.
-    let principal = authenticate(&state.store, &state.principals, &parts.headers).await?;
-    let body = read_body(&parts.headers, body).await?;
-    match (group.as_str(), method.as_str()) {
-        ("join-tokens", "create") => create_join_token(&state, &principal, parse(body)?).await,
-        ("join-tokens", "list") => list_join_tokens(&state, &principal, parse(body)?).await,
-        ("join-tokens", "revoke") => revoke_join_token(&state, &principal, parse(body)?).await,
-        ("reservations", "create") => crate::admission::create(&state, &principal, body)
+    match (group, method) {
+        ("join-tokens", "create") => create_join_token(state, principal, parse(body)?).await,
+        ("join-tokens", "list") => list_join_tokens(state, principal, parse(body)?).await,
+        ("join-tokens", "revoke") => revoke_join_token(state, principal, parse(body)?).await,
+        ("reservations", "create") => crate::admission::create(state, principal, body)
             .await
             .map(Json),
-        ("reservations", "get") => crate::admission::get(&state, &principal, parse(body)?)
+        ("reservations", "get") => crate::admission::get(state, principal, parse(body)?)
             .await
             .map(Json),
-        ("reservations", "list") => crate::admission::list(&state, &principal, parse(body)?)
+        ("reservations", "list") => crate::admission::list(state, principal, parse(body)?)
             .await
             .map(Json),
-        ("reservations", "release") => crate::admission::release(&state, &principal, parse(body)?)
+        ("reservations", "release") => crate::admission::release(state, principal, parse(body)?)
             .await
             .map(Json),
-        ("tenants", "create") => crate::admission::create_tenant(&state, &principal, parse(body)?)
+        ("tenants", "create") => crate::admission::create_tenant(state, principal, parse(body)?)
             .await
             .map(Json),
         ("principals", "create") => {
-            crate::admission::create_principal(&state, &principal, parse(body)?)
+            crate::admission::create_principal(state, principal, parse(body)?)
                 .await
                 .map(Json)
         }
         ("sites", _) | ("site-tokens", _) | ("machines", _) | ("secrets", _) => {
-            crate::site_api::dispatch(&state, &principal, &group, &method, body).await
+            crate::site_api::dispatch(state, principal, group, method, body).await
         }
-        ("artifacts", "list") => crate::artifacts::list(&state, &principal).await,
-        ("nodes", "list") => list_nodes(&state, &principal).await,
-        ("nodes", "get") => get_node(&state, &principal, parse(body)?).await,
-        ("nodes", "drain") => {
-            set_node_state(&state, &principal, parse(body)?, NodeVerb::Drain).await
-        }
+        ("artifacts", "list") => crate::artifacts::list(state, principal).await,
+        ("nodes", "list") => list_nodes(state, principal).await,
+        ("nodes", "get") => get_node(state, principal, parse(body)?).await,
+        ("nodes", "drain") => set_node_state(state, principal, parse(body)?, NodeVerb::Drain).await,
         ("nodes", "undrain") => {
-            set_node_state(&state, &principal, parse(body)?, NodeVerb::Undrain).await
+            set_node_state(state, principal, parse(body)?, NodeVerb::Undrain).await
         }
         ("nodes", "revoke") => {
-            set_node_state(&state, &principal, parse(body)?, NodeVerb::Revoke).await
+            set_node_state(state, principal, parse(body)?, NodeVerb::Revoke).await
         }
-        ("nodes", "command") => crate::commands_api::queue(&state, &principal, parse(body)?).await,
-        ("commands", "get") => crate::commands_api::get(&state, &principal, parse(body)?).await,
+        ("nodes", "command") => crate::commands_api::queue(state, principal, parse(body)?).await,
+        ("commands", "get") => crate::commands_api::get(state, principal, parse(body)?).await,
         ("system", "stats") => {
             let s = state.sessions.as_ref().map(|r| r.stats());
             Ok(Json(json!({
