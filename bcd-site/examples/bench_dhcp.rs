@@ -282,7 +282,8 @@ async fn bench(args: &[String]) -> Result<()> {
     let tmp = tempfile::tempdir()?;
     tokio::select! {
         r = measure(&s, &conf, tmp.path(), rounds) => r,
-        _ = tokio::signal::ctrl_c() => bail!("interrupted"),
+        // SIGTERM too (`kill`, a timeout): the namespace guard and the servers' kill-on-drop run either way.
+        s = interrupted() => bail!("interrupted by {s}"),
     }
 }
 
@@ -349,4 +350,19 @@ async fn measure(s: &Setup, conf: &PathBuf, tmp: &std::path::Path, rounds: u32) 
     );
     println!("proxy-dhcp: {:.0} answers/s", o.answers_per_s);
     Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM, naming it.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        },
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
 }

@@ -7,6 +7,7 @@
 
 use anyhow::{Context as _, Result, bail};
 use bc_telemetry::{Registry, Telemetry, TelemetryWire};
+use bc_testkit::prometheus::{PROMETHEUS, Prometheus, free_port};
 use bcd::gpu::fixture::{self, FixtureFile};
 use bcd::gpu::{GpuBackend, GpuSample, Reading};
 use serde_json::Value;
@@ -16,125 +17,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const PROMETHEUS: &str = "/usr/bin/prometheus";
-
 fn init() {
     bc_proto::install_crypto_provider();
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-/// A Prometheus child process, killed on drop.
-struct Prometheus {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Prometheus {
-    async fn start_on(port: u16) -> Result<Prometheus> {
-        let dir = tempfile::tempdir()?;
-        let cfg = dir.path().join("prometheus.yml");
-        std::fs::write(&cfg, "global:\n  scrape_interval: 1h\n")?;
-        let log = std::fs::File::create(dir.path().join("prometheus.log"))?;
-        let child = Command::new(PROMETHEUS)
-            .arg(format!("--config.file={}", cfg.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--web.enable-remote-write-receiver")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("starting prometheus")?;
-        let p = Prometheus {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let http = reqwest::Client::new();
-        loop {
-            if let Ok(r) = http.get(format!("{}/-/ready", p.url)).send().await
-                && r.status().is_success()
-            {
-                return Ok(p);
-            }
-            if Instant::now() > deadline {
-                let log = std::fs::read_to_string(p._dir.path().join("prometheus.log"))
-                    .unwrap_or_default();
-                bail!("prometheus not ready after 30 s:\n{log}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn start() -> Result<Option<Prometheus>> {
-        if !Path::new(PROMETHEUS).exists() {
-            return Ok(None);
-        }
-        Ok(Some(Prometheus::start_on(free_port()?).await?))
-    }
-
-    fn write_url(&self) -> String {
-        format!("{}/api/v1/write", self.url)
-    }
-
-    /// An instant query's result vector/matrix.
-    async fn query(&self, q: &str) -> Result<Vec<Value>> {
-        let encoded: String = q
-            .bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect();
-        let v: Value = reqwest::Client::new()
-            .get(format!("{}/api/v1/query?query={encoded}", self.url))
-            .send()
-            .await?
-            .json()
-            .await?;
-        if v["status"] != "success" {
-            bail!("query {q}: {v}");
-        }
-        Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
-    }
-
-    /// Raw samples of every series matching `selector` in the last 10 minutes: labels → [(ms, value)].
-    async fn samples(
-        &self,
-        selector: &str,
-    ) -> Result<Vec<(BTreeMap<String, String>, Vec<(i64, f64)>)>> {
-        let mut out = Vec::new();
-        for s in self.query(&format!("{selector}[10m]")).await? {
-            let labels: BTreeMap<String, String> = serde_json::from_value(s["metric"].clone())?;
-            let mut points = Vec::new();
-            for p in s["values"].as_array().cloned().unwrap_or_default() {
-                let t = p[0].as_f64().context("timestamp")?;
-                let v: f64 = p[1].as_str().context("value")?.parse()?;
-                points.push(((t * 1000.0).round() as i64, v));
-            }
-            out.push((labels, points));
-        }
-        Ok(out)
-    }
 }
 
 /// A node: the fixture (file in `dir`), an empty hardware root unless `host` (so the series are only the GPUs'),

@@ -6,7 +6,11 @@
 //! - [`assert_golden`]: compares output with a checked-in golden file; `BC_UPDATE_GOLDEN=1` rewrites the files
 //!   instead (review the diff like code). No other update variable exists.
 //!
-//! It depends on nothing but std.
+//! It depends on nothing but std, except behind the `prometheus` feature: [`prometheus`], Debian's Prometheus
+//! as a real remote-write receiver (bcd's and the control plane's telemetry tests).
+
+#[cfg(feature = "prometheus")]
+pub mod prometheus;
 
 use std::fmt::Write as _;
 use std::path::Path;

@@ -72,6 +72,9 @@ pub struct ServeConfigWire {
     /// How long a process's role membership and shard leases last without renewal (milliseconds; default
     /// 10000). A dead process's shards move to the others within this.
     pub shard_lease_ms: Option<u64>,
+    /// The process's own metrics (`bc_telemetry::config`; docs/telemetry.md): API latency per method, sessions per
+    /// gateway, placement latency, shard leases held, queue depths.
+    pub telemetry: Option<bc_telemetry::TelemetryWire>,
 }
 
 #[derive(Debug, Clone)]
@@ -94,6 +97,8 @@ pub struct ServeConfig {
     pub shard_lease: Option<std::time::Duration>,
     /// How often the scheduler rereads all free capacity (tests); None means [`crate::scheduler::FULL_RELOAD`].
     pub capacity_reload: Option<std::time::Duration>,
+    /// Where the process's own metrics go ([`crate::telemetry`]); None exports nothing.
+    pub telemetry: Option<bc_telemetry::TelemetryConfig>,
 }
 
 impl ServeConfig {
@@ -116,6 +121,7 @@ impl ServeConfig {
             leaf_lifetime: None,
             shard_lease: None,
             capacity_reload: None,
+            telemetry: None,
         }
     }
 }
@@ -141,6 +147,8 @@ pub enum ConfigError {
     },
     #[error("INVALID_CONFIG: {path}: {message}")]
     Parse { path: PathBuf, message: String },
+    #[error("INVALID_CONFIG: {0}")]
+    Telemetry(#[from] bc_telemetry::config::TelemetryConfigError),
     #[error("INVALID_CONFIG: {origin}: field {field}: {message}")]
     Field {
         origin: String,
@@ -173,6 +181,7 @@ impl ServeConfigWire {
             gateway_hosts: over.gateway_hosts.or(self.gateway_hosts),
             gateway_url: over.gateway_url.or(self.gateway_url),
             shard_lease_ms: over.shard_lease_ms.or(self.shard_lease_ms),
+            telemetry: over.telemetry.or(self.telemetry),
         }
     }
 
@@ -209,10 +218,15 @@ impl ServeConfigWire {
             bc_proto::channel::parse_gateway_url(url)
                 .map_err(|e| field("gateway_url", e.to_string()))?;
         }
+        let state_dir = self
+            .state_dir
+            .unwrap_or_else(|| PathBuf::from("/var/lib/better-compute"));
+        let telemetry = match self.telemetry {
+            None => None,
+            Some(t) => Some(t.validate(origin, state_dir.join("telemetry"))?),
+        };
         Ok(ServeConfig {
-            state_dir: self
-                .state_dir
-                .unwrap_or_else(|| PathBuf::from("/var/lib/better-compute")),
+            state_dir,
             database_url: self.database_url,
             trust_domain,
             roles,
@@ -238,6 +252,7 @@ impl ServeConfigWire {
                 }
             },
             capacity_reload: None,
+            telemetry,
         })
     }
 }

@@ -27,6 +27,7 @@ pub mod site;
 pub mod site_api;
 pub mod site_cli;
 pub mod statistics;
+pub mod telemetry;
 
 use crate::ca::Ca;
 use crate::config::ServeConfig;
@@ -51,6 +52,8 @@ pub enum StartError {
     Tls(#[from] bc_gateway::tls::TlsError),
     #[error("store")]
     Store(#[from] bc_store::StoreError),
+    #[error("telemetry")]
+    Telemetry(#[from] bc_telemetry::TelemetryError),
     #[error(transparent)]
     Config(#[from] bc_kernel::InvalidConfig),
     #[error("initializing the control plane: {0}")]
@@ -115,6 +118,8 @@ async fn bind(
 
 /// The gateway role, bound and ready to serve: its listener, TLS and services.
 struct Gateway {
+    /// Its name in certificates and metrics (`gw-<port>`).
+    id: String,
     listener: tokio::net::TcpListener,
     addr: SocketAddr,
     url: String,
@@ -173,6 +178,7 @@ async fn gateway(
         site: Some((Arc::new(site), config.trust_domain.clone())),
     };
     Ok(Gateway {
+        id: gateway_id,
         listener,
         addr,
         url,
@@ -210,6 +216,8 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         .unwrap_or_else(|| config.gateway_url.clone().unwrap_or_default());
     let sessions = gateway.as_ref().map(|g| g.registry.clone());
     let gateway_addr = gateway.as_ref().map(|g| g.addr);
+    let gateway_id = gateway.as_ref().map(|g| g.id.clone());
+    let metrics = telemetry::ControlMetrics::default();
     let worker = controllers::worker_id();
     let lease = config.shard_lease.unwrap_or(config::DEFAULT_SHARD_LEASE);
     let mut options = bc_kernel::Options::new(worker.clone());
@@ -217,12 +225,13 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     options.migrate = false;
     let loops = plane::Loops {
         store: store.clone(),
-        worker,
+        worker: worker.clone(),
         lease,
         lifecycle: config.lifecycle_timing.unwrap_or_default(),
         capacity_reload: config.capacity_reload.unwrap_or(scheduler::FULL_RELOAD),
         gateway: sessions.clone(),
         lifecycle_poke: config.roles.controllers.then(Default::default),
+        metrics: metrics.clone(),
     };
     let mut builder = bc_kernel::ControlPlane::builder(options).module(plane::module(loops));
     if api.is_some() {
@@ -250,7 +259,13 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     let mut api_addr = None;
     if let Some((listener, addr)) = api {
         api_addr = Some(addr);
-        let (router, mut stop) = (initialized.router(), plane.stop_signal());
+        let router = initialized
+            .router()
+            .layer(axum::middleware::from_fn_with_state(
+                metrics.clone(),
+                telemetry::count_api,
+            ));
+        let mut stop = plane.stop_signal();
         plane.spawn(async move {
             if let Err(e) = axum::serve(listener, router)
                 .with_graceful_shutdown(async move { stop.stopped().await })
@@ -261,6 +276,14 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         });
         tracing::info!(%addr, "api role listening");
     }
+    let sources = telemetry::Sources {
+        store: store.clone(),
+        worker: worker.clone(),
+        gateway: gateway_id.zip(sessions.clone()),
+        lease_roles: Vec::new(),
+        queues: config.roles.controllers,
+    };
+    export_metrics(config, &metrics, sources, &mut plane).await?;
     if config.roles.sinks {
         tracing::info!(
             "sinks role: the outbox sink runs inside the controllers role in this version"
@@ -282,6 +305,36 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         trust_domain: config.trust_domain.clone(),
         plane,
     })
+}
+
+/// With a `[telemetry]` table: samples the control plane's own metrics and exports them until the plane stops.
+async fn export_metrics(
+    config: &ServeConfig,
+    metrics: &telemetry::ControlMetrics,
+    mut sources: telemetry::Sources,
+    plane: &mut bc_kernel::Running,
+) -> Result<(), StartError> {
+    let Some(pipeline) =
+        telemetry::pipeline(config.telemetry.as_ref(), metrics, &sources.worker).await?
+    else {
+        return Ok(());
+    };
+    let interval = config
+        .telemetry
+        .as_ref()
+        .map_or(bc_telemetry::config::DEFAULT_INTERVAL, |t| t.interval);
+    if config.roles.controllers {
+        sources.lease_roles.push(controllers::ROLE);
+    }
+    if config.roles.scheduler {
+        sources.lease_roles.push(scheduler::ROLE);
+    }
+    let stop = plane::stop_watch(plane.stop_signal());
+    plane.spawn(telemetry::sample(metrics.clone(), sources, interval, stop));
+    let mut stop = plane.stop_signal();
+    plane.spawn(pipeline.run(async move { stop.stopped().await }));
+    tracing::info!("telemetry: the control plane's own metrics are exported");
+    Ok(())
 }
 
 async fn serve_gateway(g: Gateway, mut stop: bc_kernel::Stop) {

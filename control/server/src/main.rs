@@ -682,6 +682,7 @@ async fn serve(command: Command) -> anyhow::Result<()> {
             gateway_hosts: (!gateway_hosts.is_empty()).then_some(gateway_hosts),
             gateway_url,
             shard_lease_ms: None,
+            telemetry: None,
         })
         .validate(&origin)?;
     let url = cfg.database_url.clone().context(

@@ -118,6 +118,8 @@ pub struct Loops {
     pub gateway: Option<bc_gateway::session::Registry>,
     /// Wakes the lifecycle controller, when this process runs the controllers role (on `bc_lifecycle`).
     pub lifecycle_poke: Option<Arc<Notify>>,
+    /// The control plane's own metrics (the placer records placement latency).
+    pub metrics: crate::telemetry::ControlMetrics,
 }
 
 /// The `server` module: its methods, its upload route, the gateway services it serves and its role loops.
@@ -146,7 +148,7 @@ pub fn module(loops: Loops) -> Module {
 }
 
 /// The kernel's stop signal as the watch channel the role loops take.
-fn stop_watch(mut stop: Stop) -> watch::Receiver<bool> {
+pub(crate) fn stop_watch(mut stop: Stop) -> watch::Receiver<bool> {
     let (tx, rx) = watch::channel(stop.is_stopped());
     tokio::spawn(async move {
         stop.stopped().await;
@@ -193,6 +195,7 @@ fn scheduler_loop(loops: Loops) -> Reconciler {
                 l.worker,
                 l.lease,
                 l.capacity_reload,
+                l.metrics,
                 stop_watch(cx.stop),
             )
         })

@@ -26,6 +26,7 @@ pub async fn run(
     worker_id: String,
     lease: Duration,
     full_reload: Duration,
+    metrics: crate::telemetry::ControlMetrics,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut notices = notify::listen(&store, &[PENDING_CHANNEL, CAPACITY_CHANNEL], stop.clone());
@@ -147,11 +148,26 @@ pub async fn run(
         let round = async {
             for ids in named.chunks(BATCH as usize) {
                 let (tx, pending) = store.claim_pending_ids(ids, &my_shards).await?;
-                place_batch(&store, &mut capacity, tx, pending, touched.as_deref_mut()).await?;
+                place_batch(
+                    &store,
+                    &metrics,
+                    &mut capacity,
+                    tx,
+                    pending,
+                    touched.as_deref_mut(),
+                )
+                .await?;
             }
             named.clear();
             if scan {
-                place_all(&store, &mut capacity, &my_shards, touched.as_deref_mut()).await?;
+                place_all(
+                    &store,
+                    &metrics,
+                    &mut capacity,
+                    &my_shards,
+                    touched.as_deref_mut(),
+                )
+                .await?;
                 scan = false;
             }
             Ok::<(), bc_store::StoreError>(())
@@ -250,6 +266,7 @@ fn fill(capacity: &mut Capacity, devices: Vec<bc_store::reservations::FreeDevice
 /// Scans the queue and places pending reservations batch by batch until none are left.
 async fn place_all(
     store: &Store,
+    metrics: &crate::telemetry::ControlMetrics,
     capacity: &mut Capacity,
     my_shards: &[i16],
     mut touched: Option<&mut HashSet<String>>,
@@ -257,7 +274,15 @@ async fn place_all(
     loop {
         let (tx, pending) = store.claim_pending(my_shards, BATCH).await?;
         let n = pending.len();
-        place_batch(store, capacity, tx, pending, touched.as_deref_mut()).await?;
+        place_batch(
+            store,
+            metrics,
+            capacity,
+            tx,
+            pending,
+            touched.as_deref_mut(),
+        )
+        .await?;
         // A short batch drained the queue; anything admitted since then has notified us already.
         if (n as i64) < BATCH {
             return Ok(());
@@ -270,11 +295,13 @@ async fn place_all(
 /// on go into `touched` (while a capacity refresh is in flight).
 async fn place_batch(
     store: &Store,
+    metrics: &crate::telemetry::ControlMetrics,
     capacity: &mut Capacity,
     tx: bc_store::sqlx::Transaction<'static, bc_store::sqlx::Postgres>,
     pending: Vec<bc_store::reservations::Pending>,
     touched: Option<&mut HashSet<String>>,
 ) -> Result<(), bc_store::StoreError> {
+    let claimed = Instant::now();
     if pending.is_empty() {
         tx.rollback().await?;
         return Ok(());
@@ -331,6 +358,12 @@ async fn place_batch(
             }
         }
         let retry = store.commit_placements(tx, &decisions).await?;
+        let since_claim = claimed.elapsed();
+        for (p, d) in pending.iter().zip(&decisions) {
+            if matches!(d, Decision::Place { id, .. } if !retry.contains(id)) {
+                metrics.observe_placement(p.age + since_claim);
+            }
+        }
         let placed = decisions
             .iter()
             .filter(|d| matches!(d, Decision::Place { .. }))

@@ -85,6 +85,18 @@ pub struct NewReservation<'a> {
 pub struct Pending {
     pub id: String,
     pub request: serde_json::Value,
+    /// How long ago it was admitted when it was claimed, by the database's clock (the one that stamped
+    /// `created_at`): the start of its placement latency.
+    pub age: std::time::Duration,
+}
+
+fn pending_row(r: &sqlx::postgres::PgRow) -> Pending {
+    let age: f64 = r.get(3);
+    Pending {
+        id: r.get(0),
+        request: r.get(1),
+        age: std::time::Duration::try_from_secs_f64(age).unwrap_or_default(),
+    }
 }
 
 /// The placer's decision for one claimed reservation.
@@ -282,7 +294,8 @@ impl Store {
         // `reservations_pending` index, which carries every placed reservation's dead entry until vacuum (2.8 ms
         // instead of 0.05 ms at 40k reservations, EXPLAIN ANALYZE). The state is checked on the locked rows.
         let rows = sqlx::query(
-            "SELECT id, request, state FROM reservations WHERE id = ANY($1) AND shard = ANY($2) \
+            "SELECT id, request, state, extract(epoch FROM clock_timestamp() - created_at)::float8 \
+             FROM reservations WHERE id = ANY($1) AND shard = ANY($2) \
              ORDER BY created_at FOR UPDATE SKIP LOCKED",
         )
         .bind(ids)
@@ -292,10 +305,7 @@ impl Store {
         let pending = rows
             .iter()
             .filter(|r| r.get::<&str, _>(2) == "pending")
-            .map(|r| Pending {
-                id: r.get(0),
-                request: r.get(1),
-            })
+            .map(pending_row)
             .collect();
         Ok((tx, pending))
     }
@@ -309,20 +319,15 @@ impl Store {
     ) -> Result<(Transaction<'static, Postgres>, Vec<Pending>), StoreError> {
         let mut tx = self.pool.begin().await?;
         let rows = sqlx::query(
-            "SELECT id, request FROM reservations WHERE state = 'pending' AND shard = ANY($1) \
+            "SELECT id, request, state, extract(epoch FROM clock_timestamp() - created_at)::float8 \
+             FROM reservations WHERE state = 'pending' AND shard = ANY($1) \
              ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED",
         )
         .bind(shards)
         .bind(limit)
         .fetch_all(&mut *tx)
         .await?;
-        let pending = rows
-            .iter()
-            .map(|r| Pending {
-                id: r.get(0),
-                request: r.get(1),
-            })
-            .collect();
+        let pending = rows.iter().map(pending_row).collect();
         Ok((tx, pending))
     }
 
