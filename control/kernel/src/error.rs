@@ -127,9 +127,9 @@ struct Wire<'a> {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status.unwrap_or_else(|| http_status(self.code));
-        if self.source.is_some() {
-            // TODO(t12-daemon): log the whole chain with the shared error-chain display once it lands.
-            tracing::error!(code = %self.code, message = self.message, source = ?self.source, "request failed");
+        if let Some(source) = &self.source {
+            let source: &(dyn std::error::Error + 'static) = source.as_ref();
+            tracing::error!(code = %self.code, message = self.message, source = %bc_error_chain::InlineErrorChain::new(source), "request failed");
         }
         (
             status,

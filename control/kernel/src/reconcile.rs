@@ -292,8 +292,8 @@ pub(crate) async fn step_loop(
             pokes,
         };
         if let Err(e) = step(step_cx).await {
-            // TODO(t12-daemon): the shared error-chain display once it lands.
-            tracing::warn!(reconciler = name, error = %e, source = ?e.source(), "step failed; retrying next tick");
+            let e: &(dyn std::error::Error + 'static) = e.as_ref();
+            tracing::warn!(reconciler = name, error = %bc_error_chain::InlineErrorChain::new(e), "step failed; retrying next tick");
         }
     }
 }
