@@ -293,14 +293,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 signal.await;
                 let _ = signal_tx.send(true);
             });
+            // VPS instances ([vmm] in bcd.toml): the supervisor stops with the daemon; its VMs keep running.
+            #[cfg(feature = "vmm")]
+            let vmm =
+                crate::vmm::host::start(&config_path, &config.state_dir, stopped(stop_rx.clone()))
+                    .await?;
             let mut daemon = crate::session::Daemon::new(config, gpu);
             daemon.rejoin_token = rejoin_token;
+            #[cfg(feature = "vmm")]
+            if let Some(v) = &vmm {
+                daemon.instances = Some(v.host.clone());
+                daemon.hook = Some(v.hook.clone());
+            }
             let result = daemon.run(stopped(stop_rx.clone())).await;
             let _ = stop_tx.send(true);
             watcher.abort();
             #[cfg(feature = "telemetry")]
             if let Some(t) = telemetry {
                 let _ = t.await;
+            }
+            #[cfg(feature = "vmm")]
+            if let Some(v) = vmm {
+                let _ = v.task.await;
             }
             result?;
         }

@@ -103,6 +103,8 @@ impl ConfigWire {
             message: e.to_string(),
         })?;
         table.remove(TELEMETRY_TABLE);
+        // [vmm] is read on its own too (crate::vmm::config).
+        table.remove(crate::vmm::config::TABLE);
         table
             .try_into()
             .map_err(|e: toml::de::Error| ConfigError::Parse {

@@ -8,6 +8,9 @@
 //! cache, secrets. [`cli`] is the command line (`main.rs` only calls [`cli::main`]). With default features off (as the
 //! ramdisk builds it) it has no NVML, no site code and no telemetry. It never links the control plane (bc-control,
 //! bc-store, bc-gateway, sqlx: `scripts/check-deps`).
+//! [`vmm`] runs the node's VPS instances (QEMU over QMP; feature `vmm`, which needs `site`): without the feature
+//! only its pure parts are built (the desired-spec parser, the planner, the seed renderer, VFIO logic), and a
+//! desired state listing instances is refused.
 //! Start with [`join::join`], and [`site::lease`] for the site agent.
 
 pub mod cdi;
@@ -25,3 +28,4 @@ pub mod site;
 pub mod state;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;
+pub mod vmm;

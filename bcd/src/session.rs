@@ -88,12 +88,16 @@ pub struct Daemon {
     pub gpu: Option<Arc<dyn GpuBackend>>,
     /// A join token to rejoin with (by reclaim) if the certificate expired while the node was offline.
     pub rejoin_token: Option<String>,
-    /// Extra command kinds (the ramdisk's); `None` in `bcd run`.
+    /// Extra command kinds (the ramdisk's; `instance.console` in a `bcd run` with a VMM).
     pub hook: Option<Arc<dyn CommandHook>>,
+    /// The VPS instances this node runs (`[vmm]` in bcd.toml); `None` refuses a desired state that lists some.
+    pub instances: Option<Arc<dyn crate::vmm::InstanceHost>>,
     /// At most one progress message per running command per this interval (1 s).
     pub progress_interval: Duration,
     /// Hashes of inventory sections sent in this process's earlier sessions.
     known: HashMap<String, [u8; 32]>,
+    /// The gateway asked for the `instances` section by name: from then on it is pushed when it changes.
+    instances_asked: bool,
     boot_id: String,
     /// Running and recently finished commands, and the outbox their results wait in between sessions.
     commands: crate::commands::Commands,
@@ -135,8 +139,10 @@ impl Daemon {
             gpu,
             rejoin_token: None,
             hook: None,
+            instances: None,
             progress_interval: Duration::from_secs(1),
             known: HashMap::new(),
+            instances_asked: false,
             boot_id,
             commands: crate::commands::Commands::new(),
             retry: None,
@@ -236,6 +242,7 @@ impl Daemon {
         }
         // Inventory hashes were for the old node's sessions; send everything again.
         self.known.clear();
+        self.instances_asked = false;
         Ok(())
     }
 
@@ -340,6 +347,7 @@ impl Daemon {
         // messages are forwarded as they come.
         let outbox = self.commands.outbox();
         let mut outbox = outbox.lock().await;
+        let mut instance_changes = self.instances.as_ref().map(|h| h.subscribe());
         loop {
             let retry_due = self.retry.as_ref().map(|r| r.due);
             tokio::select! {
@@ -372,6 +380,13 @@ impl Daemon {
                                 hook.delivered(&id);
                             }
                         });
+                    }
+                }
+                changed = instances_changed(&mut instance_changes) => {
+                    if !changed {
+                        instance_changes = None;
+                    } else if self.push_instances(&tx).await.is_err() {
+                        return SessionEnd::Closed;
                     }
                 }
                 _ = heartbeat.tick() => {
@@ -456,6 +471,13 @@ impl Daemon {
                         break;
                     }
                 }
+                // Instance status goes only to a gateway that asks for it by name (an older one refuses unknown
+                // sections); from then on it is pushed whenever it changes.
+                if r.sections.iter().any(|s| s == crate::vmm::SECTION) && self.instances.is_some() {
+                    self.instances_asked = true;
+                    self.known.remove(crate::vmm::SECTION);
+                    let _ = self.push_instances(tx).await;
+                }
             }
             Msg::DesiredState(d) => {
                 // A newer generation (or the same one again, on a new session) replaces any retry.
@@ -530,6 +552,27 @@ impl Daemon {
                 sent
             }
         }
+    }
+
+    /// Sends the `instances` section when the gateway has asked for it before and it changed since it was sent.
+    /// Err when the session's outbound queue is closed.
+    async fn push_instances(&mut self, tx: &mpsc::Sender<v1::NodeMessage>) -> Result<(), ()> {
+        let Some(host) = &self.instances else {
+            return Ok(());
+        };
+        let section = crate::inventory::Section::new(crate::vmm::SECTION, &host.section());
+        if !self.instances_asked || self.known.get(crate::vmm::SECTION) == Some(&section.hash) {
+            return Ok(());
+        }
+        self.known.insert(section.name.clone(), section.hash);
+        let out = v1::InventorySection {
+            name: section.name,
+            hash: section.hash.to_vec(),
+            payload: section.payload,
+        };
+        tx.send(msg(v1::node_message::Msg::Inventory(out)))
+            .await
+            .map_err(|_| ())
     }
 
     fn sections(&self, names: &[String]) -> Vec<crate::inventory::Section> {
@@ -607,6 +650,14 @@ pub(crate) fn store_renewal(
     state
         .store_join(&r.cert_der, &bundle, identity)
         .map_err(|e| e.to_string())
+}
+
+/// Waits for the instance status to change; false once it never can (no VMM, or its supervisor is gone).
+async fn instances_changed(rx: &mut Option<tokio::sync::watch::Receiver<u64>>) -> bool {
+    match rx {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
 }
 
 /// Acknowledges desired generation `generation`: applied, or failed for `reason`.
@@ -756,11 +807,47 @@ impl Daemon {
             None => Vec::new(),
         };
         let cdi = crate::cdi::render(&bookings, &local).map_err(|e| e.to_string())?;
+        let instances = crate::vmm::spec::parse(&spec).map_err(|e| e.to_string())?;
         crate::cdi::apply(&self.config.cdi_dir, cdi.as_ref()).map_err(|e| chain(&e))?;
+        self.apply_instances(d.generation, instances)?;
         let doc = serde_json::json!({"generation": d.generation, "spec": spec});
         state
             .write_file("desired.json", doc.to_string().as_bytes(), 0o600)
             .map_err(|e| e.to_string())
+    }
+}
+
+impl Daemon {
+    /// Hands the desired instances to the VMM (VM work happens afterwards and shows in the `instances` section).
+    fn apply_instances(
+        &self,
+        generation: u64,
+        instances: Vec<crate::vmm::InstanceSpec>,
+    ) -> Result<(), String> {
+        let Some(host) = &self.instances else {
+            if instances.is_empty() {
+                return Ok(());
+            }
+            return Err(format!(
+                "the desired state lists {} instance(s) but this node runs no VMM: add a [vmm] table to bcd.toml \
+                 (docs/instances.md) or place instances on a vps-host pool's nodes",
+                instances.len()
+            ));
+        };
+        let gpus: Vec<crate::vmm::LocalGpu> =
+            match (&self.gpu, instances.iter().any(|i| !i.gpus.is_empty())) {
+                (Some(g), true) => g
+                    .gpus()
+                    .map_err(|e| format!("listing GPUs for the instances: {e}"))?
+                    .into_iter()
+                    .map(|g| crate::vmm::LocalGpu {
+                        uuid: g.uuid,
+                        pci_bus_id: g.pci_bus_id,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+        host.apply(generation, instances, &gpus)
     }
 }
 
