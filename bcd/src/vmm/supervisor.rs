@@ -328,7 +328,7 @@ impl<V: Vmm> Supervisor<V> {
 
     /// Runs one step; Err is the reason to report.
     async fn step(&self, step: StepKind, id: &str, entry: Option<Entry>) -> Result<(), String> {
-        let chain = |e: &(dyn std::error::Error + 'static)| crate::join::error_chain(e);
+        let chain = |e: &(dyn std::error::Error + 'static)| bc_error_chain::chain(e);
         match (step, entry) {
             (StepKind::Delete, _) => {
                 self.vmm.delete(id).await.map_err(|e| chain(&e))?;

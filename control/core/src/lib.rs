@@ -7,6 +7,7 @@
 //! tonic, axum or reqwest, and never reads the clock, the RNG or the environment: time arrives as an argument (Unix
 //! milliseconds). Start with [`join_commit::plan`].
 
+pub mod api;
 pub mod devices;
 pub mod hardware;
 pub mod iam;

@@ -3,9 +3,8 @@
 
 use crate::ca::Ca;
 use axum::Json;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+
+use axum::http::HeaderMap;
 use bc_core::iam::allows;
 use bc_core::join::Expectations;
 use bc_proto::token::{Token, TokenKind};
@@ -62,278 +61,8 @@ impl PrincipalCache {
     }
 }
 
-/// The stable error codes of the API. Every error the API answers, its own and the HTTP layer's (a malformed or
-/// oversized body, a wrong content type or method, an unknown route), is `{code, message}` with one of these.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ApiCode {
-    InvalidConfig,
-    InvalidArgument,
-    Unauthenticated,
-    AccessDenied,
-    NotFound,
-    Conflict,
-    FailedPrecondition,
-    Unavailable,
-}
-
-impl ApiCode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApiCode::InvalidConfig => "INVALID_CONFIG",
-            ApiCode::InvalidArgument => "INVALID_ARGUMENT",
-            ApiCode::Unauthenticated => "UNAUTHENTICATED",
-            ApiCode::AccessDenied => "ACCESS_DENIED",
-            ApiCode::NotFound => "NOT_FOUND",
-            ApiCode::Conflict => "CONFLICT",
-            ApiCode::FailedPrecondition => "FAILED_PRECONDITION",
-            ApiCode::Unavailable => "UNAVAILABLE",
-        }
-    }
-
-    /// The HTTP status a code answers with (unless the error names a more precise one).
-    pub fn status(self) -> StatusCode {
-        match self {
-            ApiCode::InvalidArgument | ApiCode::InvalidConfig => StatusCode::BAD_REQUEST,
-            ApiCode::Unauthenticated => StatusCode::UNAUTHORIZED,
-            ApiCode::AccessDenied => StatusCode::FORBIDDEN,
-            ApiCode::NotFound => StatusCode::NOT_FOUND,
-            ApiCode::Conflict | ApiCode::FailedPrecondition => StatusCode::CONFLICT,
-            ApiCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        }
-    }
-}
-
-impl std::fmt::Display for ApiCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-#[derive(Debug)]
-pub struct ApiError {
-    code: ApiCode,
-    message: String,
-    /// A more precise HTTP status than the code's own (405, 413, 415).
-    status: Option<StatusCode>,
-}
-
-impl ApiError {
-    pub fn new(code: ApiCode, message: impl Into<String>) -> ApiError {
-        ApiError {
-            code,
-            message: message.into(),
-            status: None,
-        }
-    }
-
-    pub fn code(&self) -> ApiCode {
-        self.code
-    }
-
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-
-    pub(crate) fn with_status(mut self, status: StatusCode) -> ApiError {
-        self.status = Some(status);
-        self
-    }
-
-    pub(crate) fn invalid(message: impl Into<String>) -> ApiError {
-        ApiError::new(ApiCode::InvalidArgument, message)
-    }
-
-    pub(crate) fn denied(message: impl Into<String>) -> ApiError {
-        ApiError::new(ApiCode::AccessDenied, message)
-    }
-
-    pub(crate) fn not_found(message: impl Into<String>) -> ApiError {
-        ApiError::new(ApiCode::NotFound, message)
-    }
-
-    pub(crate) fn unavailable(message: impl Into<String>) -> ApiError {
-        ApiError::new(ApiCode::Unavailable, message)
-    }
-}
-
-impl From<bc_store::StoreError> for ApiError {
-    fn from(e: bc_store::StoreError) -> ApiError {
-        match e {
-            bc_store::StoreError::NotFound { what, id } => {
-                ApiError::not_found(format!("{what} {id:?} not found"))
-            }
-            bc_store::StoreError::Conflict(m) => ApiError::new(ApiCode::Conflict, m),
-            other => {
-                tracing::error!(error = %other, source = ?std::error::Error::source(&other), "store error");
-                ApiError::unavailable("the database is unavailable; retry later")
-            }
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = self.status.unwrap_or_else(|| self.code.status());
-        (
-            status,
-            Json(json!({"code": self.code.as_str(), "message": self.message})),
-        )
-            .into_response()
-    }
-}
-
-/// The largest body of an API method the server reads (artifacts have their own streamed route).
-pub const MAX_BODY: usize = 2 << 20;
-/// A method body must arrive whole within this long.
-pub const BODY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
-
-pub fn router(state: ApiState) -> axum::Router {
-    axum::Router::new()
-        .route(
-            "/api/compute/{group}/{method}",
-            axum::routing::post(dispatch),
-        )
-        .route("/api/artifacts", axum::routing::put(crate::artifacts::put))
-        .route("/healthz", axum::routing::get(|| async { "ok" }))
-        .fallback(unknown_route)
-        .method_not_allowed_fallback(wrong_method)
-        .with_state(state)
-}
-
-async fn unknown_route(uri: axum::http::Uri) -> ApiError {
-    ApiError::not_found(format!(
-        "no route {}: API methods are POST /api/compute/{{group}}/{{method}}, uploads PUT /api/artifacts",
-        uri.path()
-    ))
-}
-
-async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
-    let allowed = match uri.path() {
-        "/api/artifacts" => "PUT",
-        "/healthz" => "GET",
-        _ => "POST",
-    };
-    ApiError::invalid(format!(
-        "{method} is not allowed on {}: use {allowed}",
-        uri.path()
-    ))
-    .with_status(StatusCode::METHOD_NOT_ALLOWED)
-}
-
-/// Reads a method's JSON body: at most [`MAX_BODY`] bytes within [`BODY_DEADLINE`]; an empty body is `{}`; any
-/// other body must be `Content-Type: application/json` and valid JSON whose strings pass [`check_strings`]. Every
-/// rejection is an [`ApiError`] saying what to send instead.
-pub(crate) async fn read_body(
-    headers: &HeaderMap,
-    body: axum::body::Body,
-) -> Result<Value, ApiError> {
-    use tokio_stream::StreamExt as _;
-    let too_large = || {
-        ApiError::invalid(format!(
-            "the request body is larger than {MAX_BODY} bytes; send less (artifacts go to PUT /api/artifacts)"
-        ))
-        .with_status(StatusCode::PAYLOAD_TOO_LARGE)
-    };
-    let declared = headers
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY as u64) {
-        return Err(too_large());
-    }
-    let mut stream = body.into_data_stream();
-    let read = async {
-        let mut bytes = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                ApiError::invalid(format!(
-                    "reading the request body failed: {e}; send it again"
-                ))
-            })?;
-            if bytes.len() + chunk.len() > MAX_BODY {
-                return Err(too_large());
-            }
-            bytes.extend_from_slice(&chunk);
-        }
-        Ok(bytes)
-    };
-    let bytes = tokio::time::timeout(BODY_DEADLINE, read)
-        .await
-        .map_err(|_| {
-            ApiError::invalid(format!(
-                "the request body did not arrive within {} s; send it again",
-                BODY_DEADLINE.as_secs()
-            ))
-        })??;
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(json!({}));
-    }
-    let content_type = headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    let is_json = content_type.as_deref().is_some_and(|ct| {
-        let essence = ct.split(';').next().unwrap_or_default().trim();
-        essence.eq_ignore_ascii_case("application/json")
-            || essence.to_ascii_lowercase().ends_with("+json")
-    });
-    if !is_json {
-        return Err(ApiError::invalid(format!(
-            "the request body must be JSON with Content-Type: application/json (got {})",
-            content_type.map_or_else(|| "no Content-Type".to_string(), |c| format!("{c:?}"))
-        ))
-        .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE));
-    }
-    let value: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}")))?;
-    check_strings(&value)?;
-    Ok(value)
-}
-
-/// Refuses a request whose JSON holds a string (or an object key) with a NUL character anywhere: no field of any
-/// method accepts one (PostgreSQL cannot store it, and no name, id or secret needs it). The error names the field
-/// as a path (`grants[0].scope`).
-pub fn check_strings(value: &Value) -> Result<(), ApiError> {
-    fn walk(v: &Value, path: &mut String) -> Result<(), ApiError> {
-        let nul = |path: &str| {
-            ApiError::invalid(format!(
-                "field {} contains a NUL character (\\u0000), which no field accepts; remove it",
-                if path.is_empty() { "(the body)" } else { path }
-            ))
-        };
-        match v {
-            Value::String(s) if s.contains('\0') => Err(nul(path)),
-            Value::Array(items) => {
-                for (i, item) in items.iter().enumerate() {
-                    let len = path.len();
-                    path.push_str(&format!("[{i}]"));
-                    walk(item, path)?;
-                    path.truncate(len);
-                }
-                Ok(())
-            }
-            Value::Object(map) => {
-                for (key, item) in map {
-                    let len = path.len();
-                    if !path.is_empty() {
-                        path.push('.');
-                    }
-                    if key.contains('\0') {
-                        path.push_str(&key.replace('\0', "\\u0000"));
-                        return Err(ApiError::invalid(format!(
-                            "field name {path:?} contains a NUL character, which no field accepts; remove it"
-                        )));
-                    }
-                    path.push_str(key);
-                    walk(item, path)?;
-                    path.truncate(len);
-                }
-                Ok(())
-            }
-            _ => Ok(()),
-        }
-    }
-    walk(value, &mut String::new())
-}
+pub use bc_kernel::router::BODY_DEADLINE;
+pub use bc_kernel::{ApiCode, ApiError, MAX_BODY, check_strings, read_body};
 
 pub(crate) async fn authenticate(
     store: &Store,
@@ -348,6 +77,16 @@ pub(crate) async fn authenticate(
     let key = header
         .strip_prefix("Bearer ")
         .ok_or_else(|| unauth("Authorization must be Bearer <api key>"))?;
+    authenticate_key(store, cache, key).await
+}
+
+/// The principal a bearer API key (as sent) names, or UNAUTHENTICATED saying why.
+pub(crate) async fn authenticate_key(
+    store: &Store,
+    cache: &PrincipalCache,
+    key: &str,
+) -> Result<Principal, ApiError> {
+    let unauth = |m: &str| ApiError::new(ApiCode::Unauthenticated, m.to_string());
     let key = Token::parse(TokenKind::ApiKey, key)
         .map_err(|e| unauth(&format!("malformed API key: {e}")))?;
     let principal = match cache.get(key.id()) {
@@ -382,61 +121,54 @@ pub(crate) fn parse<T: for<'de> Deserialize<'de>>(body: Value) -> Result<T, ApiE
     serde_json::from_value(body).map_err(|e| ApiError::invalid(format!("request body: {e}")))
 }
 
-async fn dispatch(
-    State(state): State<ApiState>,
-    path: Result<Path<(String, String)>, axum::extract::rejection::PathRejection>,
-    request: axum::extract::Request,
+/// Answers `group.method` for `principal` (already authenticated; each handler checks its own grant). The kernel
+/// calls it for the groups the server registers ([`crate::plane`]) until each moves into its module crate.
+pub(crate) async fn call(
+    state: &ApiState,
+    principal: &Principal,
+    group: &str,
+    method: &str,
+    body: Value,
 ) -> Result<Json<Value>, ApiError> {
-    let Path((group, method)) = path.map_err(|e| {
-        ApiError::not_found(format!(
-            "no such method ({e}): API methods are POST /api/compute/{{group}}/{{method}}"
-        ))
-    })?;
-    let (parts, body) = request.into_parts();
-    // The caller first: an unauthenticated request is answered before its body is read.
-    let principal = authenticate(&state.store, &state.principals, &parts.headers).await?;
-    let body = read_body(&parts.headers, body).await?;
-    match (group.as_str(), method.as_str()) {
-        ("join-tokens", "create") => create_join_token(&state, &principal, parse(body)?).await,
-        ("join-tokens", "list") => list_join_tokens(&state, &principal, parse(body)?).await,
-        ("join-tokens", "revoke") => revoke_join_token(&state, &principal, parse(body)?).await,
-        ("reservations", "create") => crate::admission::create(&state, &principal, body)
+    match (group, method) {
+        ("join-tokens", "create") => create_join_token(state, principal, parse(body)?).await,
+        ("join-tokens", "list") => list_join_tokens(state, principal, parse(body)?).await,
+        ("join-tokens", "revoke") => revoke_join_token(state, principal, parse(body)?).await,
+        ("reservations", "create") => crate::admission::create(state, principal, body)
             .await
             .map(Json),
-        ("reservations", "get") => crate::admission::get(&state, &principal, parse(body)?)
+        ("reservations", "get") => crate::admission::get(state, principal, parse(body)?)
             .await
             .map(Json),
-        ("reservations", "list") => crate::admission::list(&state, &principal, parse(body)?)
+        ("reservations", "list") => crate::admission::list(state, principal, parse(body)?)
             .await
             .map(Json),
-        ("reservations", "release") => crate::admission::release(&state, &principal, parse(body)?)
+        ("reservations", "release") => crate::admission::release(state, principal, parse(body)?)
             .await
             .map(Json),
-        ("tenants", "create") => crate::admission::create_tenant(&state, &principal, parse(body)?)
+        ("tenants", "create") => crate::admission::create_tenant(state, principal, parse(body)?)
             .await
             .map(Json),
         ("principals", "create") => {
-            crate::admission::create_principal(&state, &principal, parse(body)?)
+            crate::admission::create_principal(state, principal, parse(body)?)
                 .await
                 .map(Json)
         }
         ("sites", _) | ("site-tokens", _) | ("machines", _) | ("secrets", _) => {
-            crate::site_api::dispatch(&state, &principal, &group, &method, body).await
+            crate::site_api::dispatch(state, principal, group, method, body).await
         }
-        ("artifacts", "list") => crate::artifacts::list(&state, &principal).await,
-        ("nodes", "list") => list_nodes(&state, &principal).await,
-        ("nodes", "get") => get_node(&state, &principal, parse(body)?).await,
-        ("nodes", "drain") => {
-            set_node_state(&state, &principal, parse(body)?, NodeVerb::Drain).await
-        }
+        ("artifacts", "list") => crate::artifacts::list(state, principal).await,
+        ("nodes", "list") => list_nodes(state, principal).await,
+        ("nodes", "get") => get_node(state, principal, parse(body)?).await,
+        ("nodes", "drain") => set_node_state(state, principal, parse(body)?, NodeVerb::Drain).await,
         ("nodes", "undrain") => {
-            set_node_state(&state, &principal, parse(body)?, NodeVerb::Undrain).await
+            set_node_state(state, principal, parse(body)?, NodeVerb::Undrain).await
         }
         ("nodes", "revoke") => {
-            set_node_state(&state, &principal, parse(body)?, NodeVerb::Revoke).await
+            set_node_state(state, principal, parse(body)?, NodeVerb::Revoke).await
         }
-        ("nodes", "command") => crate::commands_api::queue(&state, &principal, parse(body)?).await,
-        ("commands", "get") => crate::commands_api::get(&state, &principal, parse(body)?).await,
+        ("nodes", "command") => crate::commands_api::queue(state, principal, parse(body)?).await,
+        ("commands", "get") => crate::commands_api::get(state, principal, parse(body)?).await,
         ("system", "stats") => {
             let s = state.sessions.as_ref().map(|r| r.stats());
             Ok(Json(json!({

@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod api;
 pub mod artifacts;
+pub mod backend;
 pub mod ca;
 pub mod client;
 pub mod commands_api;
@@ -17,6 +18,7 @@ pub mod dev;
 pub mod join;
 pub mod lifecycle;
 pub mod notify;
+pub mod plane;
 pub mod pokes;
 pub mod scheduler;
 pub mod secrets;
@@ -34,8 +36,6 @@ use bc_proto::token::{Token, TokenKind};
 use bc_store::Store;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -54,6 +54,10 @@ pub enum StartError {
     Store(#[from] bc_store::StoreError),
     #[error("telemetry")]
     Telemetry(#[from] bc_telemetry::TelemetryError),
+    #[error(transparent)]
+    Config(#[from] bc_kernel::InvalidConfig),
+    #[error("initializing the control plane: {0}")]
+    Initialize(#[from] bc_kernel::ApiError),
 }
 
 /// A started control plane: where it listens and what nodes need to trust it.
@@ -66,8 +70,7 @@ pub struct Running {
     pub ca_pin: String,
     pub join_public_key: String,
     pub trust_domain: String,
-    tasks: JoinSet<()>,
-    stop: watch::Sender<bool>,
+    plane: bc_kernel::Running,
 }
 
 impl Running {
@@ -78,19 +81,118 @@ impl Running {
 
     /// Stops every role and waits for them, in place.
     pub async fn stop(&mut self) {
-        let _ = self.stop.send(true);
-        while self.tasks.join_next().await.is_some() {}
+        self.plane.stop().await;
     }
 
     /// Waits until a role task ends on its own (which is an error in a server), then stops the rest.
     pub async fn wait_any(&mut self) {
-        let _ = self.tasks.join_next().await;
+        self.plane.wait_any().await;
     }
 }
 
-/// Starts the roles of `config` against `store` (already migrated). Nothing blocks: the listeners are bound before
-/// this returns, so callers can print addresses and tests can connect at once.
+/// The kernel's role set for `roles`.
+fn role_set(roles: &config::Roles) -> Result<bc_kernel::RoleSet, StartError> {
+    let on = [
+        (roles.api, "api"),
+        (roles.gateway, "gateway"),
+        (roles.controllers, "controllers"),
+        (roles.scheduler, "scheduler"),
+        (roles.sinks, "sinks"),
+        (roles.iam, "iam"),
+    ];
+    let list: Vec<&str> = on.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
+    Ok(bc_kernel::RoleSet::parse(&list.join(","))?)
+}
+
+async fn bind(
+    what: &'static str,
+    addr: SocketAddr,
+) -> Result<(tokio::net::TcpListener, SocketAddr), StartError> {
+    let bind_error = |source| StartError::Bind { what, addr, source };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(bind_error)?;
+    let local = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, local))
+}
+
+/// The gateway role, bound and ready to serve: its listener, TLS and services.
+struct Gateway {
+    /// Its name in certificates and metrics (`gw-<port>`).
+    id: String,
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    url: String,
+    registry: bc_gateway::session::Registry,
+    tls: Arc<rustls::ServerConfig>,
+    services: bc_gateway::Services,
+}
+
+async fn gateway(
+    config: &ServeConfig,
+    store: &Store,
+    ca: &Arc<Ca>,
+    join_key: bc_proto::seal::JoinPrivateKey,
+    secrets: &Arc<secrets::SecretBox>,
+) -> Result<Gateway, StartError> {
+    let (listener, addr) = bind("gateway", config.gateway_listen).await?;
+    let url = match &config.gateway_url {
+        Some(url) if !url.is_empty() => url.clone(),
+        _ => {
+            let host = config
+                .gateway_hosts
+                .first()
+                .cloned()
+                .unwrap_or_else(|| addr.ip().to_string());
+            format!("https://{host}:{}", addr.port())
+        }
+    };
+    let gateway_id = format!("gw-{}", addr.port());
+    let (chain, key) = ca.issue_gateway(&gateway_id, &config.gateway_hosts)?;
+    let registry = bc_gateway::session::Registry::default();
+    let tls = bc_gateway::tls::server_config(
+        chain,
+        key,
+        std::slice::from_ref(ca.cert_der()),
+        registry.revocations(),
+    )?;
+    let join = join::JoinService::start(store.clone(), ca.clone(), join_key);
+    let mut session_config = bc_gateway::session::SessionConfig::new(&config.trust_domain);
+    if let Some(t) = config.session_timing {
+        session_config.heartbeat = t.heartbeat;
+        session_config.liveness_interval = t.liveness_interval;
+        session_config.pending_interval = t.pending_interval;
+        session_config.idle_timeout = t.idle_timeout;
+        session_config.revocation_interval = t.revocation_interval;
+    }
+    let backend = Arc::new(session::ControlSessions::new(store.clone(), ca.clone()));
+    let site = site::SiteBackend::new(
+        store.clone(),
+        ca.clone(),
+        secrets.clone(),
+        artifacts::ArtifactDir::new(&config.state_dir),
+    );
+    let services = bc_gateway::Services {
+        join,
+        session: Some((backend, session_config, registry.clone())),
+        site: Some((Arc::new(site), config.trust_domain.clone())),
+    };
+    Ok(Gateway {
+        id: gateway_id,
+        listener,
+        addr,
+        url,
+        registry,
+        tls,
+        services,
+    })
+}
+
+/// Builds the control plane of `config` through the kernel (`build` → `initialize` → `start(roles)`) and serves
+/// its listeners. Nothing blocks: the listeners are bound before this returns, so callers can print addresses and
+/// tests can connect at once. `store` must be migrated (`initialize` verifies it).
 pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartError> {
+    let roles = role_set(&config.roles)?;
     let mut ca = Ca::load_or_create(&config.state_dir, &config.trust_domain)?;
     if let Some(l) = config.leaf_lifetime {
         ca = ca.with_leaf_lifetime(time::Duration::try_from(l).unwrap_or(ca::LEAF_LIFETIME));
@@ -99,135 +201,74 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     let join_key = ca::load_or_create_join_key(&config.state_dir)?;
     let join_public_key = join_key.public_key().encode();
     let secrets = Arc::new(secrets::SecretBox::load_or_create(&config.state_dir)?);
-    store.ensure_root_tenant().await?;
-    let (stop, stop_rx) = watch::channel(false);
-    let mut tasks = JoinSet::new();
-    let bind = |what: &'static str, addr: SocketAddr| async move {
-        tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| StartError::Bind { what, addr, source })
+    let backend = backend::StoreBackend::new(store.clone());
+    let gateway = match config.roles.gateway {
+        true => Some(gateway(config, &store, &ca, join_key, &secrets).await?),
+        false => None,
     };
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
+    let api = match config.roles.api {
+        true => Some(bind("api", config.api_listen).await?),
+        false => None,
     };
+    let gateway_url = gateway
+        .as_ref()
+        .map(|g| g.url.clone())
+        .unwrap_or_else(|| config.gateway_url.clone().unwrap_or_default());
+    let sessions = gateway.as_ref().map(|g| g.registry.clone());
+    let gateway_addr = gateway.as_ref().map(|g| g.addr);
+    let gateway_id = gateway.as_ref().map(|g| g.id.clone());
     let metrics = telemetry::ControlMetrics::default();
     let worker = controllers::worker_id();
-
-    let mut gateway_addr = None;
-    let mut gateway_registry = None;
-    let mut gateway_id_for_metrics = None;
-    let mut gateway_url = config.gateway_url.clone().unwrap_or_default();
-    if config.roles.gateway {
-        let listener = bind("gateway", config.gateway_listen).await?;
-        let addr = listener.local_addr().map_err(|source| StartError::Bind {
-            what: "gateway",
-            addr: config.gateway_listen,
-            source,
-        })?;
-        gateway_addr = Some(addr);
-        if gateway_url.is_empty() {
-            let host = config
-                .gateway_hosts
-                .first()
-                .cloned()
-                .unwrap_or_else(|| addr.ip().to_string());
-            gateway_url = format!("https://{host}:{}", addr.port());
-        }
-        let gateway_id = format!("gw-{}", addr.port());
-        gateway_id_for_metrics = Some(gateway_id.clone());
-        let (chain, key) = ca.issue_gateway(&gateway_id, &config.gateway_hosts)?;
-        let registry = bc_gateway::session::Registry::default();
-        let tls = bc_gateway::tls::server_config(
-            chain,
-            key,
-            std::slice::from_ref(ca.cert_der()),
-            registry.revocations(),
-        )?;
-        let join = join::JoinService::start(store.clone(), ca.clone(), join_key);
-        let mut session_config = bc_gateway::session::SessionConfig::new(&config.trust_domain);
-        if let Some(t) = config.session_timing {
-            session_config.heartbeat = t.heartbeat;
-            session_config.liveness_interval = t.liveness_interval;
-            session_config.pending_interval = t.pending_interval;
-            session_config.idle_timeout = t.idle_timeout;
-            session_config.revocation_interval = t.revocation_interval;
-        }
-        let backend = Arc::new(session::ControlSessions::new(store.clone(), ca.clone()));
-        let services = bc_gateway::Services {
-            join,
-            session: Some((backend, session_config, registry.clone())),
-            site: Some((
-                Arc::new(site::SiteBackend::new(
-                    store.clone(),
-                    ca.clone(),
-                    secrets.clone(),
-                    artifacts::ArtifactDir::new(&config.state_dir),
-                )),
-                config.trust_domain.clone(),
-            )),
-        };
-        gateway_registry = Some(registry);
-        let rx = stop_rx.clone();
-        tasks.spawn(async move {
-            if let Err(e) = bc_gateway::serve(
-                listener,
-                tls,
-                services,
-                bc_gateway::Limits::default(),
-                stopped(rx),
-            )
-            .await
-            {
-                tracing::error!(error = %e, "gateway stopped");
-            }
-        });
-        tracing::info!(%addr, "gateway role listening");
-    }
-
-    let mut api_addr = None;
-    if config.roles.api {
-        let listener = bind("api", config.api_listen).await?;
-        let addr = listener.local_addr().map_err(|source| StartError::Bind {
-            what: "api",
-            addr: config.api_listen,
-            source,
-        })?;
-        api_addr = Some(addr);
-        let decisions = Arc::new(admission::Decisions::default());
-        let mut decided = notify::listen(
-            &store,
-            &[bc_store::reservations::DECIDED_CHANNEL],
-            stop_rx.clone(),
-        );
-        let (d, st) = (decisions.clone(), store.clone());
-        tasks.spawn(async move {
-            while let Some(n) = decided.recv().await {
-                if let notify::Notice::Message { payload, .. } = n {
-                    d.decided(&st, &payload).await;
-                }
-            }
-        });
-        let state = api::ApiState {
+    let lease = config.shard_lease.unwrap_or(config::DEFAULT_SHARD_LEASE);
+    let mut options = bc_kernel::Options::new(worker.clone());
+    options.shard_lease = lease;
+    options.migrate = false;
+    let loops = plane::Loops {
+        store: store.clone(),
+        worker: worker.clone(),
+        lease,
+        lifecycle: config.lifecycle_timing.unwrap_or_default(),
+        capacity_reload: config.capacity_reload.unwrap_or(scheduler::FULL_RELOAD),
+        gateway: sessions.clone(),
+        lifecycle_poke: config.roles.controllers.then(Default::default),
+        metrics: metrics.clone(),
+    };
+    let mut builder = bc_kernel::ControlPlane::builder(options).module(plane::module(loops));
+    if api.is_some() {
+        builder = builder.resource(api::ApiState {
             store: store.clone(),
             ca: ca.clone(),
             join_public_key: join_public_key.clone(),
             gateway_url: gateway_url.clone(),
-            sessions: gateway_registry.clone(),
-            decisions: Some(decisions),
+            sessions: sessions.clone(),
+            decisions: Some(Arc::new(admission::Decisions::default())),
             admitter: Some(admission::Admitter::start(store.clone())),
-            principals: Arc::new(api::PrincipalCache::default()),
+            principals: backend.principals(),
             secrets: secrets.clone(),
             artifacts: artifacts::ArtifactDir::new(&config.state_dir),
-        };
-        let rx = stop_rx.clone();
-        let api_metrics = metrics.clone();
-        tasks.spawn(async move {
-            let router = api::router(state).layer(axum::middleware::from_fn_with_state(
-                api_metrics,
+        });
+    }
+    let initialized = builder.build()?.initialize(backend).await?;
+    store.ensure_root_tenant().await?;
+    let mut plane = initialized.start(&roles);
+    if let Some(g) = gateway {
+        let (addr, stop) = (g.addr, plane.stop_signal());
+        plane.spawn(serve_gateway(g, stop));
+        tracing::info!(%addr, "gateway role listening");
+    }
+    let mut api_addr = None;
+    if let Some((listener, addr)) = api {
+        api_addr = Some(addr);
+        let router = initialized
+            .router()
+            .layer(axum::middleware::from_fn_with_state(
+                metrics.clone(),
                 telemetry::count_api,
             ));
+        let mut stop = plane.stop_signal();
+        plane.spawn(async move {
             if let Err(e) = axum::serve(listener, router)
-                .with_graceful_shutdown(stopped(rx))
+                .with_graceful_shutdown(async move { stop.stopped().await })
                 .await
             {
                 tracing::error!(error = %e, "api stopped");
@@ -235,106 +276,80 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         });
         tracing::info!(%addr, "api role listening");
     }
-    let lease = config.shard_lease.unwrap_or(config::DEFAULT_SHARD_LEASE);
-    let mut lifecycle_poke = None;
-    if config.roles.controllers {
-        let timing = config.lifecycle_timing.unwrap_or_default();
-        let (shards_tx, shards_rx) = watch::channel(Vec::new());
-        tasks.spawn(controllers::run(
-            store.clone(),
-            worker.clone(),
-            lease,
-            shards_tx,
-            stop_rx.clone(),
-        ));
-        let poke = Arc::new(tokio::sync::Notify::new());
-        lifecycle_poke = Some(poke.clone());
-        tasks.spawn(lifecycle::run(
-            store.clone(),
-            timing,
-            shards_rx,
-            poke,
-            stop_rx.clone(),
-        ));
-        tracing::info!(
-            worker,
-            "controllers role: lifecycle, expiry and outbox sink running"
-        );
-    }
-    tasks.spawn(pokes::run(
-        store.clone(),
-        gateway_registry.clone(),
-        lifecycle_poke,
-        stop_rx.clone(),
-    ));
-    if config.roles.scheduler {
-        tasks.spawn(scheduler::run(
-            store.clone(),
-            worker.clone(),
-            lease,
-            config.capacity_reload.unwrap_or(scheduler::FULL_RELOAD),
-            metrics.clone(),
-            stop_rx.clone(),
-        ));
-        tracing::info!(worker, "scheduler role: placer running");
-    }
-    if config.roles.controllers || config.roles.scheduler {
-        tasks.spawn(statistics::run(store.clone(), stop_rx.clone()));
-    }
+    let sources = telemetry::Sources {
+        store: store.clone(),
+        worker: worker.clone(),
+        gateway: gateway_id.zip(sessions.clone()),
+        lease_roles: Vec::new(),
+        queues: config.roles.controllers,
+    };
+    export_metrics(config, &metrics, sources, &mut plane).await?;
     if config.roles.sinks {
         tracing::info!(
             "sinks role: the outbox sink runs inside the controllers role in this version"
         );
     }
-    for (on, name) in [(config.roles.iam, "iam")] {
-        if on {
-            tracing::info!(
-                role = name,
-                "role enabled; no loops of this role exist in this version yet"
-            );
-        }
-    }
-    if let Some(pipeline) =
-        telemetry::pipeline(config.telemetry.as_ref(), &metrics, &worker).await?
-    {
-        let interval = config
-            .telemetry
-            .as_ref()
-            .map_or(bc_telemetry::config::DEFAULT_INTERVAL, |t| t.interval);
-        let mut lease_roles = Vec::new();
-        if config.roles.controllers {
-            lease_roles.push(controllers::ROLE);
-        }
-        if config.roles.scheduler {
-            lease_roles.push(scheduler::ROLE);
-        }
-        let sources = telemetry::Sources {
-            store: store.clone(),
-            worker: worker.clone(),
-            gateway: gateway_id_for_metrics.zip(gateway_registry.clone()),
-            lease_roles,
-            queues: config.roles.controllers,
-        };
-        tasks.spawn(telemetry::sample(
-            metrics.clone(),
-            sources,
-            interval,
-            stop_rx.clone(),
-        ));
-        tasks.spawn(pipeline.run(stopped(stop_rx.clone())));
-        tracing::info!("telemetry: the control plane's own metrics are exported");
+    if config.roles.iam {
+        tracing::info!(
+            role = "iam",
+            "role enabled; no loops of this role exist in this version yet"
+        );
     }
     Ok(Running {
         api_addr,
         gateway_addr,
         gateway_url,
-        sessions: gateway_registry,
+        sessions,
         ca_pin: ca.pin(),
         join_public_key,
         trust_domain: config.trust_domain.clone(),
-        tasks,
-        stop,
+        plane,
     })
+}
+
+/// With a `[telemetry]` table: samples the control plane's own metrics and exports them until the plane stops.
+async fn export_metrics(
+    config: &ServeConfig,
+    metrics: &telemetry::ControlMetrics,
+    mut sources: telemetry::Sources,
+    plane: &mut bc_kernel::Running,
+) -> Result<(), StartError> {
+    let Some(pipeline) =
+        telemetry::pipeline(config.telemetry.as_ref(), metrics, &sources.worker).await?
+    else {
+        return Ok(());
+    };
+    let interval = config
+        .telemetry
+        .as_ref()
+        .map_or(bc_telemetry::config::DEFAULT_INTERVAL, |t| t.interval);
+    if config.roles.controllers {
+        sources.lease_roles.push(controllers::ROLE);
+    }
+    if config.roles.scheduler {
+        sources.lease_roles.push(scheduler::ROLE);
+    }
+    let stop = plane::stop_watch(plane.stop_signal());
+    plane.spawn(telemetry::sample(metrics.clone(), sources, interval, stop));
+    let mut stop = plane.stop_signal();
+    plane.spawn(pipeline.run(async move { stop.stopped().await }));
+    tracing::info!("telemetry: the control plane's own metrics are exported");
+    Ok(())
+}
+
+async fn serve_gateway(g: Gateway, mut stop: bc_kernel::Stop) {
+    let stopped = async move { stop.stopped().await };
+    if let Err(e) = bc_gateway::serve(
+        g.listener,
+        g.tls,
+        g.services,
+        bc_gateway::Limits::default(),
+        stopped,
+    )
+    .await
+    {
+        tracing::error!(error = %e, "gateway stopped");
+    }
 }
 
 /// Creates (or re-keys) the administrator principal of the root tenant with every permission; returns its API key.

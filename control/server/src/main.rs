@@ -289,64 +289,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let store = connect(&database_url).await?;
             println!("{}", bc_control::bootstrap_admin(&store).await?);
         }
-        Command::Serve {
-            config,
-            roles,
-            database_url,
-            state_dir,
-            trust_domain,
-            api_listen,
-            gateway_listen,
-            gateway_hosts,
-            gateway_url,
-            no_migrate,
-        } => {
-            let (base, origin) = match &config {
-                Some(p) => (ServeConfigWire::from_file(p)?, p.display().to_string()),
-                None => (ServeConfigWire::default(), "command line".to_string()),
-            };
-            let cfg = base
-                .overlay(ServeConfigWire {
-                    state_dir,
-                    database_url,
-                    trust_domain,
-                    roles,
-                    api_listen,
-                    gateway_listen,
-                    gateway_hosts: (!gateway_hosts.is_empty()).then_some(gateway_hosts),
-                    gateway_url,
-                    shard_lease_ms: None,
-                    telemetry: None,
-                })
-                .validate(&origin)?;
-            let url = cfg.database_url.clone().context(
-                "INVALID_CONFIG: database_url is required (flag --database-url or BC_DATABASE_URL)",
-            )?;
-            let store = connect(&url).await?;
-            if !no_migrate {
-                bc_store::migrate::migrate(store.pool()).await?;
-            }
-            let mut running = bc_control::start(&cfg, store).await?;
-            let stop = bc_proto::runtime::shutdown_signal();
-            println!(
-                "serving: api={} gateway={} ca_pin={} join_key={}",
-                running
-                    .api_addr
-                    .map(|a| a.to_string())
-                    .unwrap_or_else(|| "-".into()),
-                running
-                    .gateway_addr
-                    .map(|a| a.to_string())
-                    .unwrap_or_else(|| "-".into()),
-                running.ca_pin,
-                running.join_public_key
-            );
-            tokio::select! {
-                _ = stop => {}
-                _ = running.wait_any() => tracing::error!("a role stopped on its own"),
-            }
-            running.shutdown().await;
-        }
+        command @ Command::Serve { .. } => serve(command).await?,
         Command::Dev {
             data_dir,
             api_listen,
@@ -384,62 +327,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::JoinTokens { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);
-            match command {
-                JoinTokenCommand::Create {
-                    pool,
-                    uses,
-                    ttl,
-                    expect,
-                    reclaim,
-                } => {
-                    let mut exp = serde_json::Map::new();
-                    for e in expect {
-                        let (k, v) = e.split_once('=').context("--expect must be CLAIM=VALUE")?;
-                        exp.insert(k.to_string(), Value::String(v.to_string()));
-                    }
-                    let v = client
-                        .call(
-                            "join-tokens",
-                            "create",
-                            json!({"pool": pool, "uses": uses, "ttl_seconds": parse_ttl(&ttl)?, "expect": exp, "reclaim": reclaim}),
-                        )
-                        .await?;
-                    println!("{}", v["token"].as_str().unwrap_or_default());
-                    eprintln!(
-                        "join token {} for pool {}: {} use(s), reclaim {}; the secret is shown only once",
-                        v["id"].as_str().unwrap_or_default(),
-                        v["pool"].as_str().unwrap_or_default(),
-                        v["uses"],
-                        v["reclaim"]
-                    );
-                }
-                JoinTokenCommand::List { pool } => {
-                    let v = client
-                        .call("join-tokens", "list", json!({"pool": pool}))
-                        .await?;
-                    println!(
-                        "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
-                        "ID", "POOL", "LEFT", "TOTAL", "REVOKED", "RECLAIM"
-                    );
-                    for t in v["tokens"].as_array().into_iter().flatten() {
-                        println!(
-                            "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
-                            t["id"].as_str().unwrap_or_default(),
-                            t["pool_id"].as_str().unwrap_or_default(),
-                            t["uses_left"].to_string(),
-                            t["uses_total"].to_string(),
-                            t["revoked"].to_string(),
-                            t["reclaim"].to_string()
-                        );
-                    }
-                }
-                JoinTokenCommand::Revoke { id } => {
-                    client
-                        .call("join-tokens", "revoke", json!({"id": id}))
-                        .await?;
-                    println!("revoked {id}");
-                }
-            }
+            join_tokens(&client, command).await?;
         }
         Command::Sites { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);
@@ -463,226 +351,366 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Reservations { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);
-            let print = |r: &serde_json::Value| {
-                let gpus: Vec<String> = r["gpus"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|g| {
-                        format!(
-                            "{}:{}",
-                            g["node"].as_str().unwrap_or_default(),
-                            g["uuid"].as_str().unwrap_or_default()
-                        )
-                    })
-                    .collect();
-                println!(
-                    "{:<40} {:<10} {:<9} {}",
-                    r["id"].as_str().unwrap_or_default(),
-                    r["tenant"].as_str().unwrap_or_default(),
-                    r["state"].as_str().unwrap_or_default(),
-                    gpus.join(" ")
-                );
-            };
-            match command {
-                ReservationCommand::Create {
-                    tenant,
-                    gpus,
-                    model,
-                    topology,
-                    duration,
-                    idempotency_key,
-                } => {
-                    let mut body = json!({
-                        "tenant": tenant, "gpus": gpus, "topology": topology,
-                        "duration_s": parse_ttl(&duration)?,
-                    });
-                    if let Some(m) = model {
-                        body["model"] = json!(m);
-                    }
-                    if let Some(k) = idempotency_key {
-                        body["idempotency_key"] = json!(k);
-                    }
-                    let v = client.call("reservations", "create", body).await?;
-                    print(&v["reservation"]);
-                }
-                ReservationCommand::List { tenant } => {
-                    let v = client
-                        .call("reservations", "list", json!({ "tenant": tenant }))
-                        .await?;
-                    for r in v["reservations"].as_array().into_iter().flatten() {
-                        print(r);
-                    }
-                }
-                ReservationCommand::Show { id } => {
-                    let v = client
-                        .call("reservations", "get", json!({ "id": id }))
-                        .await?;
-                    let r = &v["reservation"];
-                    print(r);
-                    if let Some(e) = r["error"].as_str() {
-                        println!("error: {e}");
-                    }
-                    if !r["delivery"].is_null() {
-                        println!(
-                            "delivery: {}",
-                            r["delivery"]["state"].as_str().unwrap_or_default()
-                        );
-                    }
-                    for n in r["delivery"]["nodes"].as_array().into_iter().flatten() {
-                        println!(
-                            "  node {} generation {}: {}{}",
-                            n["node"].as_str().unwrap_or_default(),
-                            n["generation"],
-                            n["state"].as_str().unwrap_or_default(),
-                            n["message"]
-                                .as_str()
-                                .map(|m| format!(": {m}"))
-                                .unwrap_or_default()
-                        );
-                    }
-                    println!("{}", serde_json::to_string_pretty(r)?);
-                }
-                ReservationCommand::Release { id } => {
-                    let v = client
-                        .call("reservations", "release", json!({ "id": id }))
-                        .await?;
-                    print(&v["reservation"]);
-                }
-            }
+            reservations(&client, command).await?;
         }
         Command::Nodes { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);
-            match command {
-                NodeCommand::List => {
-                    let v = client.call("nodes", "list", json!({})).await?;
-                    let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
-                    println!(
-                        "{:<38} {:<10} {:<10} {:<7} {:>5} {:>9} {:<20}",
-                        "NODE", "POOL", "STATE", "ONLINE", "GPUS", "SEEN", "HOSTNAME"
-                    );
-                    for n in v["nodes"].as_array().into_iter().flatten() {
-                        let seen = n["last_seen_ms"]
-                            .as_i64()
-                            .map(|t| format!("{}s ago", (now - t).max(0) / 1000))
-                            .unwrap_or_else(|| "never".into());
-                        println!(
-                            "{:<38} {:<10} {:<10} {:<7} {:>5} {:>9} {:<20}",
-                            n["id"].as_str().unwrap_or_default(),
-                            n["pool_id"].as_str().unwrap_or_default(),
-                            n["state"].as_str().unwrap_or_default(),
-                            if n["online"].as_bool().unwrap_or(false) {
-                                "yes"
-                            } else {
-                                "no"
-                            },
-                            n["claims"]["gpus"].as_array().map(|g| g.len()).unwrap_or(0),
-                            seen,
-                            n["claims"]["hostname"].as_str().unwrap_or_default()
-                        );
-                    }
-                }
-                NodeCommand::Show { id } => {
-                    let v = client.call("nodes", "get", json!({"id": id})).await?;
-                    let n = &v["node"];
-                    println!(
-                        "node {}  pool {}  state {}",
-                        n["id"], n["pool_id"], n["state"]
-                    );
-                    println!(
-                        "online {}  last seen {}  epoch {}",
-                        n["online"], n["last_seen_ms"], n["session_epoch"]
-                    );
-                    println!(
-                        "desired generation {}  applied {}{}",
-                        n["desired_generation"],
-                        n["acked_generation"],
-                        if n["desired_state"]["failing"] == true {
-                            format!(
-                                "  generation {} FAILED to apply (see the condition)",
-                                n["desired_state"]["failed_generation"]
-                            )
-                        } else {
-                            String::new()
-                        }
-                    );
-                    for c in n["conditions"].as_array().into_iter().flatten() {
-                        println!("condition: {}", c.as_str().unwrap_or_default());
-                    }
-                    for g in v["inventory"]["gpus"]["gpus"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                    {
-                        println!(
-                            "gpu {} {} {}",
-                            g["index"],
-                            g["uuid"].as_str().unwrap_or_default(),
-                            g["model"].as_str().unwrap_or_default()
-                        );
-                    }
-                    println!("{}", serde_json::to_string_pretty(&v)?);
-                }
-                NodeCommand::Drain { id } => {
-                    client.call("nodes", "drain", json!({"id": id})).await?;
-                    println!("draining {id}: no new bookings; existing ones stay until released");
-                }
-                NodeCommand::Undrain { id } => {
-                    client.call("nodes", "undrain", json!({"id": id})).await?;
-                    println!("undrained {id}: its free GPUs are bookable again");
-                }
-                NodeCommand::Revoke { id } => {
-                    client.call("nodes", "revoke", json!({"id": id})).await?;
-                    println!("revoked {id}");
-                }
-                NodeCommand::Command {
-                    node,
-                    kind,
-                    args,
-                    timeout,
-                } => {
-                    let args: serde_json::Value = serde_json::from_str(&args)
-                        .with_context(|| format!("--args {args:?} is not JSON"))?;
-                    let v = client
-                        .call(
-                            "nodes",
-                            "command",
-                            json!({"node_id": node, "kind": kind, "args": args, "timeout_s": timeout}),
-                        )
-                        .await?;
-                    println!("{}", v["id"].as_str().unwrap_or_default());
-                }
-            }
+            nodes(&client, command).await?;
         }
         Command::Commands { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);
-            match command {
-                CommandsCommand::Show { id, wait } => {
-                    let mut last_progress = serde_json::Value::Null;
-                    loop {
-                        let v = client.call("commands", "get", json!({"id": id})).await?;
-                        let c = &v["command"];
-                        let state = c["state"].as_str().unwrap_or_default();
-                        let finished = matches!(state, "done" | "failed" | "expired");
-                        if !wait || finished {
-                            println!("{}", serde_json::to_string_pretty(c)?);
-                            if state == "failed" || state == "expired" {
-                                anyhow::bail!(
-                                    "command {id} {state}: {}",
-                                    c["error"].as_str().unwrap_or("no error recorded")
-                                );
-                            }
-                            break;
-                        }
-                        if c["progress"] != last_progress {
-                            last_progress = c["progress"].clone();
-                            println!("{state}: {last_progress}");
-                        }
-                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                    }
+            commands(&client, command).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn join_tokens(client: &ApiClient, command: JoinTokenCommand) -> anyhow::Result<()> {
+    match command {
+        JoinTokenCommand::Create {
+            pool,
+            uses,
+            ttl,
+            expect,
+            reclaim,
+        } => {
+            let mut exp = serde_json::Map::new();
+            for e in expect {
+                let (k, v) = e.split_once('=').context("--expect must be CLAIM=VALUE")?;
+                exp.insert(k.to_string(), Value::String(v.to_string()));
+            }
+            let v = client
+                .call(
+                    "join-tokens",
+                    "create",
+                    json!({"pool": pool, "uses": uses, "ttl_seconds": parse_ttl(&ttl)?, "expect": exp, "reclaim": reclaim}),
+                )
+                .await?;
+            println!("{}", v["token"].as_str().unwrap_or_default());
+            eprintln!(
+                "join token {} for pool {}: {} use(s), reclaim {}; the secret is shown only once",
+                v["id"].as_str().unwrap_or_default(),
+                v["pool"].as_str().unwrap_or_default(),
+                v["uses"],
+                v["reclaim"]
+            );
+        }
+        JoinTokenCommand::List { pool } => {
+            let v = client
+                .call("join-tokens", "list", json!({"pool": pool}))
+                .await?;
+            println!(
+                "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
+                "ID", "POOL", "LEFT", "TOTAL", "REVOKED", "RECLAIM"
+            );
+            for t in v["tokens"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
+                    t["id"].as_str().unwrap_or_default(),
+                    t["pool_id"].as_str().unwrap_or_default(),
+                    t["uses_left"].to_string(),
+                    t["uses_total"].to_string(),
+                    t["revoked"].to_string(),
+                    t["reclaim"].to_string()
+                );
+            }
+        }
+        JoinTokenCommand::Revoke { id } => {
+            client
+                .call("join-tokens", "revoke", json!({"id": id}))
+                .await?;
+            println!("revoked {id}");
+        }
+    }
+    Ok(())
+}
+
+async fn reservations(client: &ApiClient, command: ReservationCommand) -> anyhow::Result<()> {
+    let print = |r: &serde_json::Value| {
+        let gpus: Vec<String> = r["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|g| {
+                format!(
+                    "{}:{}",
+                    g["node"].as_str().unwrap_or_default(),
+                    g["uuid"].as_str().unwrap_or_default()
+                )
+            })
+            .collect();
+        println!(
+            "{:<40} {:<10} {:<9} {}",
+            r["id"].as_str().unwrap_or_default(),
+            r["tenant"].as_str().unwrap_or_default(),
+            r["state"].as_str().unwrap_or_default(),
+            gpus.join(" ")
+        );
+    };
+    match command {
+        ReservationCommand::Create {
+            tenant,
+            gpus,
+            model,
+            topology,
+            duration,
+            idempotency_key,
+        } => {
+            let mut body = json!({
+                "tenant": tenant, "gpus": gpus, "topology": topology,
+                "duration_s": parse_ttl(&duration)?,
+            });
+            if let Some(m) = model {
+                body["model"] = json!(m);
+            }
+            if let Some(k) = idempotency_key {
+                body["idempotency_key"] = json!(k);
+            }
+            let v = client.call("reservations", "create", body).await?;
+            print(&v["reservation"]);
+        }
+        ReservationCommand::List { tenant } => {
+            let v = client
+                .call("reservations", "list", json!({ "tenant": tenant }))
+                .await?;
+            for r in v["reservations"].as_array().into_iter().flatten() {
+                print(r);
+            }
+        }
+        ReservationCommand::Show { id } => {
+            let v = client
+                .call("reservations", "get", json!({ "id": id }))
+                .await?;
+            let r = &v["reservation"];
+            print(r);
+            if let Some(e) = r["error"].as_str() {
+                println!("error: {e}");
+            }
+            if !r["delivery"].is_null() {
+                println!(
+                    "delivery: {}",
+                    r["delivery"]["state"].as_str().unwrap_or_default()
+                );
+            }
+            for n in r["delivery"]["nodes"].as_array().into_iter().flatten() {
+                println!(
+                    "  node {} generation {}: {}{}",
+                    n["node"].as_str().unwrap_or_default(),
+                    n["generation"],
+                    n["state"].as_str().unwrap_or_default(),
+                    n["message"]
+                        .as_str()
+                        .map(|m| format!(": {m}"))
+                        .unwrap_or_default()
+                );
+            }
+            println!("{}", serde_json::to_string_pretty(r)?);
+        }
+        ReservationCommand::Release { id } => {
+            let v = client
+                .call("reservations", "release", json!({ "id": id }))
+                .await?;
+            print(&v["reservation"]);
+        }
+    }
+    Ok(())
+}
+
+async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
+    match command {
+        NodeCommand::List => {
+            let v = client.call("nodes", "list", json!({})).await?;
+            let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+            println!(
+                "{:<38} {:<10} {:<10} {:<7} {:>5} {:>9} {:<20}",
+                "NODE", "POOL", "STATE", "ONLINE", "GPUS", "SEEN", "HOSTNAME"
+            );
+            for n in v["nodes"].as_array().into_iter().flatten() {
+                let seen = n["last_seen_ms"]
+                    .as_i64()
+                    .map(|t| format!("{}s ago", (now - t).max(0) / 1000))
+                    .unwrap_or_else(|| "never".into());
+                println!(
+                    "{:<38} {:<10} {:<10} {:<7} {:>5} {:>9} {:<20}",
+                    n["id"].as_str().unwrap_or_default(),
+                    n["pool_id"].as_str().unwrap_or_default(),
+                    n["state"].as_str().unwrap_or_default(),
+                    if n["online"].as_bool().unwrap_or(false) {
+                        "yes"
+                    } else {
+                        "no"
+                    },
+                    n["claims"]["gpus"].as_array().map(|g| g.len()).unwrap_or(0),
+                    seen,
+                    n["claims"]["hostname"].as_str().unwrap_or_default()
+                );
+            }
+        }
+        NodeCommand::Show { id } => {
+            let v = client.call("nodes", "get", json!({"id": id})).await?;
+            let n = &v["node"];
+            println!(
+                "node {}  pool {}  state {}",
+                n["id"], n["pool_id"], n["state"]
+            );
+            println!(
+                "online {}  last seen {}  epoch {}",
+                n["online"], n["last_seen_ms"], n["session_epoch"]
+            );
+            println!(
+                "desired generation {}  applied {}{}",
+                n["desired_generation"],
+                n["acked_generation"],
+                if n["desired_state"]["failing"] == true {
+                    format!(
+                        "  generation {} FAILED to apply (see the condition)",
+                        n["desired_state"]["failed_generation"]
+                    )
+                } else {
+                    String::new()
                 }
+            );
+            for c in n["conditions"].as_array().into_iter().flatten() {
+                println!("condition: {}", c.as_str().unwrap_or_default());
+            }
+            for g in v["inventory"]["gpus"]["gpus"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                println!(
+                    "gpu {} {} {}",
+                    g["index"],
+                    g["uuid"].as_str().unwrap_or_default(),
+                    g["model"].as_str().unwrap_or_default()
+                );
+            }
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        NodeCommand::Drain { id } => {
+            client.call("nodes", "drain", json!({"id": id})).await?;
+            println!("draining {id}: no new bookings; existing ones stay until released");
+        }
+        NodeCommand::Undrain { id } => {
+            client.call("nodes", "undrain", json!({"id": id})).await?;
+            println!("undrained {id}: its free GPUs are bookable again");
+        }
+        NodeCommand::Revoke { id } => {
+            client.call("nodes", "revoke", json!({"id": id})).await?;
+            println!("revoked {id}");
+        }
+        NodeCommand::Command {
+            node,
+            kind,
+            args,
+            timeout,
+        } => {
+            let args: serde_json::Value = serde_json::from_str(&args)
+                .with_context(|| format!("--args {args:?} is not JSON"))?;
+            let v = client
+                .call(
+                    "nodes",
+                    "command",
+                    json!({"node_id": node, "kind": kind, "args": args, "timeout_s": timeout}),
+                )
+                .await?;
+            println!("{}", v["id"].as_str().unwrap_or_default());
+        }
+    }
+    Ok(())
+}
+
+async fn commands(client: &ApiClient, command: CommandsCommand) -> anyhow::Result<()> {
+    match command {
+        CommandsCommand::Show { id, wait } => {
+            let mut last_progress = serde_json::Value::Null;
+            loop {
+                let v = client.call("commands", "get", json!({"id": id})).await?;
+                let c = &v["command"];
+                let state = c["state"].as_str().unwrap_or_default();
+                let finished = matches!(state, "done" | "failed" | "expired");
+                if !wait || finished {
+                    println!("{}", serde_json::to_string_pretty(c)?);
+                    if state == "failed" || state == "expired" {
+                        anyhow::bail!(
+                            "command {id} {state}: {}",
+                            c["error"].as_str().unwrap_or("no error recorded")
+                        );
+                    }
+                    break;
+                }
+                if c["progress"] != last_progress {
+                    last_progress = c["progress"].clone();
+                    println!("{state}: {last_progress}");
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
         }
     }
+    Ok(())
+}
+
+/// `better-compute serve`: the configured roles until a shutdown signal.
+async fn serve(command: Command) -> anyhow::Result<()> {
+    let Command::Serve {
+        config,
+        roles,
+        database_url,
+        state_dir,
+        trust_domain,
+        api_listen,
+        gateway_listen,
+        gateway_hosts,
+        gateway_url,
+        no_migrate,
+    } = command
+    else {
+        anyhow::bail!("serve: not a serve command");
+    };
+    let (base, origin) = match &config {
+        Some(p) => (ServeConfigWire::from_file(p)?, p.display().to_string()),
+        None => (ServeConfigWire::default(), "command line".to_string()),
+    };
+    let cfg = base
+        .overlay(ServeConfigWire {
+            state_dir,
+            database_url,
+            trust_domain,
+            roles,
+            api_listen,
+            gateway_listen,
+            gateway_hosts: (!gateway_hosts.is_empty()).then_some(gateway_hosts),
+            gateway_url,
+            shard_lease_ms: None,
+            telemetry: None,
+        })
+        .validate(&origin)?;
+    let url = cfg.database_url.clone().context(
+        "INVALID_CONFIG: database_url is required (flag --database-url or BC_DATABASE_URL)",
+    )?;
+    let store = connect(&url).await?;
+    if !no_migrate {
+        bc_store::migrate::migrate(store.pool()).await?;
+    }
+    let mut running = bc_control::start(&cfg, store).await?;
+    let stop = bc_proto::runtime::shutdown_signal();
+    println!(
+        "serving: api={} gateway={} ca_pin={} join_key={}",
+        running
+            .api_addr
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "-".into()),
+        running
+            .gateway_addr
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "-".into()),
+        running.ca_pin,
+        running.join_public_key
+    );
+    tokio::select! {
+        _ = stop => {}
+        _ = running.wait_any() => tracing::error!("a role stopped on its own"),
+    }
+    running.shutdown().await;
     Ok(())
 }

@@ -216,8 +216,7 @@ pub async fn sample(
             Ok(()) => failing = false,
             Err(e) if !failing => {
                 failing = true;
-                // TODO(t12-daemon): bc-error-chain's InlineErrorChain once merged (StoreError's Display drops the cause).
-                tracing::warn!(error = %e, cause = ?std::error::Error::source(&e), "control-plane metrics: reading the database failed; the gauges keep their last values");
+                tracing::warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "control-plane metrics: reading the database failed; the gauges keep their last values");
             }
             Err(_) => {}
         }

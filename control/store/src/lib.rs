@@ -64,3 +64,25 @@ pub(crate) fn from_ms(ms: i64) -> time::OffsetDateTime {
     time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
 }
+
+/// The API code of a store error (the control plane's kernel turns it into `{code, message}`): a missing row is
+/// NOT_FOUND, a refused change CONFLICT, anything else UNAVAILABLE with the cause kept for the log.
+impl bc_core::api::Coded for StoreError {
+    fn api_code(&self) -> bc_core::api::ApiCode {
+        use bc_core::api::ApiCode;
+        match self {
+            StoreError::NotFound { .. } => ApiCode::NotFound,
+            StoreError::Conflict(_) => ApiCode::Conflict,
+            StoreError::Db(_) | StoreError::Corrupt(_) => ApiCode::Unavailable,
+        }
+    }
+
+    fn public_message(&self) -> String {
+        match self {
+            StoreError::NotFound { .. } | StoreError::Conflict(_) => self.to_string(),
+            StoreError::Db(_) | StoreError::Corrupt(_) => {
+                "the database is unavailable; retry later".into()
+            }
+        }
+    }
+}

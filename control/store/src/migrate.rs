@@ -5,6 +5,7 @@
 use sha2::{Digest, Sha256};
 use sqlx::{PgPool, Row};
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Migration {
     pub version: i64,
     pub name: &'static str,
@@ -87,6 +88,8 @@ pub enum MigrateError {
         "database has migration {version} which this binary does not know: it is newer than this binary"
     )]
     DatabaseNewer { version: i64 },
+    #[error("migration version {version} ({name}) is used twice")]
+    Duplicate { version: i64, name: String },
 }
 
 fn checksum(sql: &str) -> String {
@@ -95,12 +98,56 @@ fn checksum(sql: &str) -> String {
 
 /// Applies pending migrations; returns how many ran.
 pub async fn migrate(pool: &PgPool) -> Result<usize, MigrateError> {
+    migrate_with(pool, &[]).await
+}
+
+/// The base schema's migrations and `extra` (the control plane's modules', numbered from 1000), in version order;
+/// a version used twice is refused.
+fn all_migrations(extra: &[Migration]) -> Result<Vec<Migration>, MigrateError> {
+    let mut all: Vec<Migration> = MIGRATIONS.iter().chain(extra).copied().collect();
+    all.sort_by_key(|m| m.version);
+    if let Some(w) = all.windows(2).find(|w| w[0].version == w[1].version) {
+        return Err(MigrateError::Duplicate {
+            version: w[0].version,
+            name: w[1].name.to_string(),
+        });
+    }
+    Ok(all)
+}
+
+/// The migrations of [`all_migrations`] not applied yet, as `(version, name)` (none when the table is missing:
+/// then every one is pending).
+pub async fn pending(
+    pool: &PgPool,
+    extra: &[Migration],
+) -> Result<Vec<(i64, &'static str)>, MigrateError> {
+    let all = all_migrations(extra)?;
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('bc_migrations') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    let applied: Vec<i64> = if exists {
+        sqlx::query_scalar("SELECT version FROM bc_migrations")
+            .fetch_all(pool)
+            .await?
+    } else {
+        Vec::new()
+    };
+    Ok(all
+        .iter()
+        .filter(|m| !applied.contains(&m.version))
+        .map(|m| (m.version, m.name))
+        .collect())
+}
+
+/// Applies the pending migrations of the base schema and `extra`; returns how many ran.
+pub async fn migrate_with(pool: &PgPool, extra: &[Migration]) -> Result<usize, MigrateError> {
+    let all = all_migrations(extra)?;
     let mut conn = pool.acquire().await?;
     sqlx::query("SELECT pg_advisory_lock($1)")
         .bind(LOCK_KEY)
         .execute(&mut *conn)
         .await?;
-    let result = apply(&mut conn).await;
+    let result = apply(&mut conn, &all).await;
     let unlock = sqlx::query("SELECT pg_advisory_unlock($1)")
         .bind(LOCK_KEY)
         .execute(&mut *conn)
@@ -110,7 +157,7 @@ pub async fn migrate(pool: &PgPool) -> Result<usize, MigrateError> {
     Ok(n)
 }
 
-async fn apply(conn: &mut sqlx::PgConnection) -> Result<usize, MigrateError> {
+async fn apply(conn: &mut sqlx::PgConnection, all: &[Migration]) -> Result<usize, MigrateError> {
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS bc_migrations (version bigint PRIMARY KEY, name text NOT NULL, \
          checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
@@ -122,7 +169,7 @@ async fn apply(conn: &mut sqlx::PgConnection) -> Result<usize, MigrateError> {
         .await?;
     for row in &applied {
         let version: i64 = row.get(0);
-        let Some(m) = MIGRATIONS.iter().find(|m| m.version == version) else {
+        let Some(m) = all.iter().find(|m| m.version == version) else {
             return Err(MigrateError::DatabaseNewer { version });
         };
         if row.get::<String, _>(2) != checksum(m.sql) {
@@ -133,7 +180,7 @@ async fn apply(conn: &mut sqlx::PgConnection) -> Result<usize, MigrateError> {
         }
     }
     let mut ran = 0;
-    for m in MIGRATIONS {
+    for m in all {
         if applied.iter().any(|r| r.get::<i64, _>(0) == m.version) {
             continue;
         }

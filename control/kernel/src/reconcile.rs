@@ -1,0 +1,311 @@
+//! Reconcilers and the role runner. A reconciler runs in a role (`controllers`, `scheduler`, ...), optionally on
+//! the shards that role's processes spread among themselves (rendezvous hashing over live workers, made real by
+//! fenced leases through [`Membership`]), on its own tick and, sooner, when a notification it listens to arrives.
+//! Every loop has a shutdown path; a lost notification costs latency, never correctness.
+
+use crate::backend::{Membership, Notice};
+use crate::error::ApiError;
+use crate::method::BoxFuture;
+use crate::resources::Resources;
+use bc_core::shards::ShardLease;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// The roles a process can run. Several processes of each share its work through the database.
+pub const ROLES: &[&str] = &["api", "gateway", "controllers", "scheduler", "sinks", "iam"];
+
+/// How often a reconciler runs without being poked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tick {
+    Every(Duration),
+    /// A quarter of the shard lease (at least 100 ms): as often as membership is renewed.
+    QuarterLease,
+}
+
+impl Tick {
+    pub(crate) fn resolve(self, lease: Duration) -> Duration {
+        match self {
+            Tick::Every(d) => d,
+            Tick::QuarterLease => (lease / 4).max(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// Says when the process is stopping.
+#[derive(Clone, Debug)]
+pub struct Stop(watch::Receiver<bool>);
+
+impl Stop {
+    pub(crate) fn new(rx: watch::Receiver<bool>) -> Stop {
+        Stop(rx)
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once the process stops.
+    pub async fn stopped(&mut self) {
+        let _ = self.0.wait_for(|s| *s).await;
+    }
+
+    /// Sleeps for `d`; true when the process stopped first.
+    pub async fn sleep(&mut self, d: Duration) -> bool {
+        if self.is_stopped() {
+            return true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(d) => false,
+            _ = self.stopped() => true,
+        }
+    }
+}
+
+/// A process in a role: `<role>/<id>` (the worker row and the owner of its leases).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Worker {
+    pub role: &'static str,
+    pub id: String,
+}
+
+/// What a reconciler that runs its own loop gets.
+pub struct ReconcileCx {
+    pub resources: Arc<Resources>,
+    pub worker: Worker,
+    /// The shards this process leases in the reconciler's role (always empty when it is not shard-scoped).
+    pub shards: watch::Receiver<Arc<[ShardLease]>>,
+    /// The notifications it listens to (closed when it listens to none).
+    pub pokes: mpsc::Receiver<Notice>,
+    pub tick: Duration,
+    /// The role membership and shard lease lifetime.
+    pub lease: Duration,
+    pub membership: Arc<dyn Membership>,
+    pub stop: Stop,
+}
+
+/// What one step of a step reconciler gets.
+pub struct StepCx {
+    pub resources: Arc<Resources>,
+    pub worker: Worker,
+    /// The shards this process leases now (never empty for a shard-scoped reconciler: it is not stepped without).
+    pub leases: Arc<[ShardLease]>,
+    /// The notifications that woke this step (empty on a tick).
+    pub pokes: Vec<Notice>,
+}
+
+type LoopFn = Arc<dyn Fn(ReconcileCx) -> BoxFuture<'static, ()> + Send + Sync>;
+type StepFn = Arc<
+    dyn Fn(StepCx) -> BoxFuture<'static, Result<(), Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + Sync,
+>;
+
+#[derive(Clone)]
+pub(crate) enum Body {
+    Loop(LoopFn),
+    Step(StepFn),
+}
+
+/// A reconciler: `Reconciler::new("lifecycle").role("controllers").shard_scoped().tick(..).poked_by(..).step(..)`.
+#[derive(Clone)]
+pub struct Reconciler {
+    pub(crate) name: &'static str,
+    pub(crate) roles: Vec<String>,
+    pub(crate) shard_scoped: bool,
+    pub(crate) tick: Tick,
+    pub(crate) pokes: Vec<&'static str>,
+    pub(crate) body: Option<Body>,
+}
+
+impl Reconciler {
+    pub fn new(name: &'static str) -> Reconciler {
+        Reconciler {
+            name,
+            roles: Vec::new(),
+            shard_scoped: false,
+            tick: Tick::Every(Duration::from_secs(5)),
+            pokes: Vec::new(),
+            body: None,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// A role it runs in; several roles: it runs once in a process that runs any of them.
+    pub fn role(mut self, role: &str) -> Reconciler {
+        self.roles.push(role.to_string());
+        self
+    }
+
+    /// Acts only on the shards this process leases in its role.
+    pub fn shard_scoped(mut self) -> Reconciler {
+        self.shard_scoped = true;
+        self
+    }
+
+    pub fn tick(mut self, tick: Tick) -> Reconciler {
+        self.tick = tick;
+        self
+    }
+
+    /// Woken sooner by notifications on `channel` (LISTEN/NOTIFY).
+    pub fn poked_by(mut self, channel: &'static str) -> Reconciler {
+        self.pokes.push(channel);
+        self
+    }
+
+    /// Runs `run` as the reconciler's own loop (it must return when `cx.stop` fires).
+    pub fn run<F, Fut>(mut self, run: F) -> Reconciler
+    where
+        F: Fn(ReconcileCx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.body = Some(Body::Loop(Arc::new(move |cx| Box::pin(run(cx)))));
+        self
+    }
+
+    /// Runs `step` on every tick, notification and change of shards (a shard-scoped one only while it holds
+    /// shards); a failed step is logged and retried on the next tick.
+    pub fn step<F, Fut, E>(mut self, step: F) -> Reconciler
+    where
+        F: Fn(StepCx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let step = Arc::new(step);
+        self.body = Some(Body::Step(Arc::new(move |cx| {
+            let step = step.clone();
+            Box::pin(async move {
+                step(cx)
+                    .await
+                    .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+            })
+        })));
+        self
+    }
+}
+
+// === the role runner ===
+
+/// Keeps this process's membership of `role` and its shard leases, and publishes the leases held.
+pub(crate) async fn membership_loop(
+    membership: Arc<dyn Membership>,
+    worker: Worker,
+    lease: Duration,
+    shards: watch::Sender<Arc<[ShardLease]>>,
+    mut stop: Stop,
+) {
+    let every = Tick::QuarterLease.resolve(lease);
+    loop {
+        let next = match renew(membership.as_ref(), &worker, lease).await {
+            Ok(held) => {
+                if held.len() != shards.borrow().len() {
+                    tracing::info!(
+                        role = worker.role,
+                        worker = worker.id,
+                        shards = held.len(),
+                        "{} shards",
+                        worker.role
+                    );
+                }
+                // Reconcilers wake on a change of the leases, not on every renewal.
+                shards.send_if_modified(|current| {
+                    let changed = current.as_ref() != held.as_slice();
+                    if changed {
+                        *current = held.into();
+                    }
+                    changed
+                });
+                every
+            }
+            Err(e) => {
+                tracing::warn!(role = worker.role, error = %e, "{} membership failed", worker.role);
+                Duration::from_millis(500)
+            }
+        };
+        if stop.sleep(next).await {
+            shards.send_replace(Arc::from(Vec::new()));
+            if let Err(e) = membership.leave(worker.role, &worker.id).await {
+                tracing::warn!(role = worker.role, error = %e, "leaving the role failed; its leases will expire");
+            }
+            return;
+        }
+    }
+}
+
+async fn renew(
+    membership: &dyn Membership,
+    worker: &Worker,
+    lease: Duration,
+) -> Result<Vec<ShardLease>, ApiError> {
+    let workers = membership.heartbeat(worker.role, &worker.id, lease).await?;
+    let want = bc_core::shards::shards_owned_by(&worker.id, &workers);
+    membership
+        .sync_leases(worker.role, &worker.id, &want, lease)
+        .await
+}
+
+/// The loop of a step reconciler.
+pub(crate) async fn step_loop(
+    name: &'static str,
+    shard_scoped: bool,
+    step: StepFn,
+    mut cx: ReconcileCx,
+) {
+    let mut tick = tokio::time::interval(cx.tick);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut listening = true;
+    let mut watching = shard_scoped;
+    loop {
+        let mut pokes = Vec::new();
+        tokio::select! {
+            _ = tick.tick() => {}
+            n = cx.pokes.recv(), if listening => match n {
+                Some(n) => {
+                    pokes.push(n);
+                    while let Ok(n) = cx.pokes.try_recv() {
+                        pokes.push(n);
+                    }
+                    tick.reset();
+                }
+                None => listening = false,
+            },
+            changed = cx.shards.changed(), if watching => {
+                if changed.is_err() {
+                    watching = false;
+                }
+            }
+            _ = cx.stop.stopped() => return,
+        }
+        let leases = cx.shards.borrow().clone();
+        if shard_scoped && leases.is_empty() {
+            continue;
+        }
+        let step_cx = StepCx {
+            resources: cx.resources.clone(),
+            worker: cx.worker.clone(),
+            leases,
+            pokes,
+        };
+        if let Err(e) = step(step_cx).await {
+            let e: &(dyn std::error::Error + 'static) = e.as_ref();
+            tracing::warn!(reconciler = name, error = %bc_error_chain::InlineErrorChain::new(e), "step failed; retrying next tick");
+        }
+    }
+}
+
+pub(crate) fn run_body(
+    body: &Body,
+    name: &'static str,
+    shard_scoped: bool,
+    cx: ReconcileCx,
+) -> BoxFuture<'static, ()> {
+    match body {
+        Body::Loop(run) => run(cx),
+        Body::Step(step) => Box::pin(step_loop(name, shard_scoped, step.clone(), cx)),
+    }
+}
