@@ -6,6 +6,9 @@
 //! ([`reservation`]), GPU placement ([`placer`]) and shard ownership ([`shards`]). It must not import tokio, sqlx,
 //! tonic, axum or reqwest, and never reads the clock, the RNG or the environment: time arrives as an argument (Unix
 //! milliseconds). Start with [`join_commit::plan`].
+// Decisions take `now`, random numbers and settings as arguments: no clock, global RNG or environment reads here
+// (the list is in the root clippy.toml; scripts/check-pure keeps this line).
+#![deny(clippy::disallowed_methods)]
 
 pub mod api;
 pub mod devices;
