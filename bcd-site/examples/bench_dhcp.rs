@@ -283,7 +283,7 @@ async fn bench(args: &[String]) -> Result<()> {
     tokio::select! {
         r = measure(&s, &conf, tmp.path(), rounds) => r,
         // SIGTERM too (`kill`, a timeout): the namespace guard and the servers' kill-on-drop run either way.
-        s = interrupted() => bail!("interrupted by {s}"),
+        _ = bc_proto::runtime::shutdown_signal() => bail!("interrupted (SIGINT or SIGTERM)"),
     }
 }
 
@@ -350,19 +350,4 @@ async fn measure(s: &Setup, conf: &PathBuf, tmp: &std::path::Path, rounds: u32) 
     );
     println!("proxy-dhcp: {:.0} answers/s", o.answers_per_s);
     Ok(())
-}
-
-/// Resolves on SIGINT or SIGTERM, naming it.
-async fn interrupted() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => tokio::select! {
-            _ = tokio::signal::ctrl_c() => "SIGINT",
-            _ = term.recv() => "SIGTERM",
-        },
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            "SIGINT"
-        }
-    }
 }

@@ -215,7 +215,7 @@ async fn bench(args: &[String]) -> Result<()> {
     tokio::select! {
         r = measure(run) => r,
         // SIGTERM too (`kill`, a timeout): the namespace guard and the servers' kill-on-drop run either way.
-        s = interrupted() => bail!("interrupted by {s}"),
+        _ = bc_proto::runtime::shutdown_signal() => bail!("interrupted (SIGINT or SIGTERM)"),
     }
 }
 
@@ -361,19 +361,4 @@ async fn measure(run: Run<'_>) -> Result<()> {
     println!("# {name}: {size} bytes at blksize {blksize}");
     println!("tftp: {o50:.1} ms");
     Ok(())
-}
-
-/// Resolves on SIGINT or SIGTERM, naming it.
-async fn interrupted() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => tokio::select! {
-            _ = tokio::signal::ctrl_c() => "SIGINT",
-            _ = term.recv() => "SIGTERM",
-        },
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            "SIGINT"
-        }
-    }
 }

@@ -117,6 +117,29 @@ pub fn query_i64(url: &str, q: &str) -> anyhow::Result<i64> {
 }
 
 /// The `p` quantile of sorted durations, in milliseconds.
+/// A process's resident set (VmRSS) in KiB; 0 once it is gone.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+/// A process's utime + stime in clock ticks (100 per second); 0 once it is gone.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0)
+}
+
 pub fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;

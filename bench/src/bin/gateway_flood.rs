@@ -18,7 +18,7 @@
 
 use anyhow::Context as _;
 use bc_bench::flood::{Flood, Kind, Reopen, loopback_sources};
-use bc_bench::{Dev, percentile_ms};
+use bc_bench::{Dev, cpu_ticks, percentile_ms, rss_kib};
 use bc_proto::channel::{self, ServerTrust};
 use bc_proto::v1;
 use rustls::pki_types::pem::PemObject as _;
@@ -44,28 +44,6 @@ const REOPEN: Reopen = Reopen {
     after: Duration::from_secs(1),
     per_second: 500.0,
 };
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
-}
-
-/// utime + stime of a process in clock ticks (100 a second).
-fn cpu_ticks(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
-            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
-        })
-        .unwrap_or(0)
-}
 
 fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))

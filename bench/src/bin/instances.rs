@@ -12,6 +12,7 @@
 //! Ends with `instances: <s> s create-to-cloud-init median`. BC_INSTANCES_WINDOW: the measured window (30 s).
 
 use anyhow::{Context as _, bail};
+use bc_bench::{cpu_ticks, rss_kib};
 use bcd::vmm::config::{NetworkWire, VmmWire};
 use bcd::vmm::image::ImageStore;
 use bcd::vmm::qemu::Qemu;
@@ -24,28 +25,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const DONE_DEADLINE: Duration = Duration::from_secs(400);
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
-}
-
-/// utime + stime in clock ticks (100 per second).
-fn cpu_ticks(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
-            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
-        })
-        .unwrap_or(0)
-}
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);

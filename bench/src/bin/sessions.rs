@@ -9,7 +9,7 @@
 //! writes/s at 5k nodes; Teleport's agent ≈ 176 MiB.
 
 use anyhow::{Context as _, bail};
-use bc_bench::{Dev, pg_tool, query_i64};
+use bc_bench::{Dev, cpu_ticks, pg_tool, query_i64, rss_kib};
 use bc_proto::channel::{self, ServerTrust};
 use bc_proto::v1;
 use rustls::pki_types::pem::PemObject as _;
@@ -21,28 +21,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc, watch};
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
-}
-
-/// utime + stime of a process in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
-            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
-        })
-        .unwrap_or(0)
-}
 
 fn xact_commits(url: &str) -> anyhow::Result<u64> {
     let out = Command::new(pg_tool("psql")?)

@@ -11,35 +11,13 @@
 //! BC_BIN_DIR: where `bcd` and `better-compute` are (target/release); BC_TELEMETRY_SECONDS: the window (60).
 
 use anyhow::{Context as _, bail};
-use bc_bench::{Dev, percentile_ms};
+use bc_bench::{Dev, cpu_ticks, percentile_ms, rss_kib};
 use bc_telemetry::export::{ExporterCounters, HttpSink, Outbox, Protocol, Sink};
 use bc_telemetry::{Family, Kind, Labels, Registry};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
-}
-
-/// utime + stime in clock ticks (100 per second).
-fn cpu_ticks(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
-            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
-        })
-        .unwrap_or(0)
-}
 
 /// This process's CPU seconds (the in-process exporter of the push test).
 fn self_cpu_s() -> f64 {

@@ -314,15 +314,11 @@ async fn export_metrics(
     mut sources: telemetry::Sources,
     plane: &mut bc_kernel::Running,
 ) -> Result<(), StartError> {
-    let Some(pipeline) =
-        telemetry::pipeline(config.telemetry.as_ref(), metrics, &sources.worker).await?
-    else {
+    let Some(table) = &config.telemetry else {
         return Ok(());
     };
-    let interval = config
-        .telemetry
-        .as_ref()
-        .map_or(bc_telemetry::config::DEFAULT_INTERVAL, |t| t.interval);
+    let pipeline = telemetry::pipeline(table, metrics, &sources.worker).await?;
+    let interval = table.interval;
     if config.roles.controllers {
         sources.lease_roles.push(controllers::ROLE);
     }

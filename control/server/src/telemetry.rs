@@ -227,22 +227,17 @@ pub async fn sample(
     }
 }
 
-/// The pipeline for this process: `None` without a `[telemetry]` table.
+/// The exporter for this process's `[telemetry]` table.
 pub async fn pipeline(
-    config: Option<&TelemetryConfig>,
+    config: &TelemetryConfig,
     metrics: &ControlMetrics,
     instance: &str,
-) -> Result<Option<bc_telemetry::Telemetry>, bc_telemetry::TelemetryError> {
-    let Some(config) = config else {
-        return Ok(None);
-    };
+) -> Result<bc_telemetry::Telemetry, bc_telemetry::TelemetryError> {
     let origin = bc_telemetry::Origin {
         service: "better-compute".into(),
         instance: instance.to_string(),
     };
-    Ok(Some(
-        bc_telemetry::Telemetry::new(config.clone(), metrics.registry.clone(), origin).await?,
-    ))
+    bc_telemetry::Telemetry::new(config.clone(), metrics.registry.clone(), origin).await
 }
 
 #[cfg(test)]
