@@ -14,6 +14,7 @@ pub mod api;
 pub mod devices;
 pub mod hardware;
 pub mod iam;
+pub mod ids;
 pub mod join;
 pub mod join_commit;
 pub mod lifecycle;

@@ -1,0 +1,1 @@
+//! The control plane's capacity module (moving in from bc-control).

@@ -1,0 +1,1 @@
+//! The control plane's inventory module (moving in from bc-control).

@@ -1,0 +1,1 @@
+//! The control plane's nodes module (moving in from bc-control).

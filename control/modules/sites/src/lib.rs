@@ -1,0 +1,1 @@
+//! The control plane's sites module (moving in from bc-control).
