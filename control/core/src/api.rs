@@ -1,7 +1,16 @@
 //! The API's stable error codes ([`ApiCode`]) and how a library error names its code ([`Coded`]): the store's
 //! errors implement it, so the kernel turns them into `{code, message}` without either crate knowing the other.
 
+//!
+//! The typed requests and responses of each module's methods live in the submodules, shared by the handlers and
+//! the CLI's client.
+
 use std::fmt;
+
+pub mod capacity;
+pub mod inventory;
+pub mod nodes;
+pub mod sites;
 
 /// The stable error codes of the API. Every error the API answers, its own and the HTTP layer's (a malformed or
 /// oversized body, a wrong content type or method, an unknown route), is `{code, message}` with one of these.

@@ -9,7 +9,7 @@ pub mod admission;
 pub mod api;
 pub mod artifacts;
 pub mod backend;
-pub mod ca;
+pub use bc_ca as ca;
 pub mod client;
 pub mod commands_api;
 pub mod config;

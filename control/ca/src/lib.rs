@@ -97,7 +97,7 @@ pub struct Issued {
 }
 
 /// Writes `bytes` to `path` with mode 0600, atomically (temporary file, fsync, rename).
-pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CaError> {
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CaError> {
     let io = |source| CaError::Io {
         what: "writing",
         path: path.to_path_buf(),

@@ -1,0 +1,1 @@
+//! The typed requests and responses of the inventory module's methods.

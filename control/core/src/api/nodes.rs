@@ -1,0 +1,1 @@
+//! The typed requests and responses of the nodes module's methods.
