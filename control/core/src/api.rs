@@ -1,6 +1,5 @@
 //! The API's stable error codes ([`ApiCode`]) and how a library error names its code ([`Coded`]): the store's
 //! errors implement it, so the kernel turns them into `{code, message}` without either crate knowing the other.
-
 //!
 //! The typed requests and responses of each module's methods live in the submodules, shared by the handlers and
 //! the CLI's client.
