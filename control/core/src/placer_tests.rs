@@ -24,6 +24,7 @@ fn req(n: u32, topology: Topology, model: Option<&str>) -> ReservationRequest {
         model: model.map(str::to_string),
         topology,
         duration_s: 60,
+        pool: None,
     }
 }
 

@@ -29,6 +29,9 @@ pub struct ReservationRequest {
     #[serde(default)]
     pub topology: Topology,
     pub duration_s: u32,
+    /// The pool to book in (any pool when absent); required when the control plane places by pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<crate::ids::PoolId>,
 }
 
 pub const MAX_GPUS: u32 = 1024;
@@ -100,6 +103,45 @@ pub enum ReservationState {
     Released,
     /// Ran past its duration; GPUs freed by the controllers.
     Expired,
+}
+
+impl ReservationState {
+    pub const ALL: [ReservationState; 5] = [
+        ReservationState::Pending,
+        ReservationState::Placed,
+        ReservationState::Failed,
+        ReservationState::Released,
+        ReservationState::Expired,
+    ];
+
+    /// The state as stored and on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReservationState::Pending => "pending",
+            ReservationState::Placed => "placed",
+            ReservationState::Failed => "failed",
+            ReservationState::Released => "released",
+            ReservationState::Expired => "expired",
+        }
+    }
+
+    /// The state a stored string names (None for one this build does not know).
+    pub fn parse(s: &str) -> Option<ReservationState> {
+        ReservationState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+    }
+
+    /// Released, expired or failed: nothing more happens to it.
+    pub fn is_ended(self) -> bool {
+        !matches!(self, ReservationState::Pending | ReservationState::Placed)
+    }
+}
+
+impl std::fmt::Display for ReservationState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// How far a placed reservation's booking has reached a node (or, summed up, all of its nodes).
@@ -175,6 +217,7 @@ mod tests {
             model: None,
             topology: Topology::Node,
             duration_s: 3600,
+            pool: None,
         }
     }
 

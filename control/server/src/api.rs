@@ -24,10 +24,6 @@ pub struct ApiState {
     pub gateway_url: String,
     /// The sessions of this process's gateway role, when it runs one.
     pub sessions: Option<bc_gateway::session::Registry>,
-    /// API calls waiting for the placer (None: this process does not admit reservations).
-    pub decisions: Option<Arc<crate::admission::Decisions>>,
-    /// Admission's tx 1, group-committed.
-    pub admitter: Option<crate::admission::Admitter>,
     pub principals: Arc<PrincipalCache>,
     /// Seals secrets at rest (`secrets.put`).
     pub secrets: Arc<crate::secrets::SecretBox>,
@@ -134,23 +130,11 @@ pub(crate) async fn call(
         ("join-tokens", "create") => create_join_token(state, principal, parse(body)?).await,
         ("join-tokens", "list") => list_join_tokens(state, principal, parse(body)?).await,
         ("join-tokens", "revoke") => revoke_join_token(state, principal, parse(body)?).await,
-        ("reservations", "create") => crate::admission::create(state, principal, body)
-            .await
-            .map(Json),
-        ("reservations", "get") => crate::admission::get(state, principal, parse(body)?)
-            .await
-            .map(Json),
-        ("reservations", "list") => crate::admission::list(state, principal, parse(body)?)
-            .await
-            .map(Json),
-        ("reservations", "release") => crate::admission::release(state, principal, parse(body)?)
-            .await
-            .map(Json),
-        ("tenants", "create") => crate::admission::create_tenant(state, principal, parse(body)?)
+        ("tenants", "create") => crate::iam_api::create_tenant(state, principal, parse(body)?)
             .await
             .map(Json),
         ("principals", "create") => {
-            crate::admission::create_principal(state, principal, parse(body)?)
+            crate::iam_api::create_principal(state, principal, parse(body)?)
                 .await
                 .map(Json)
         }

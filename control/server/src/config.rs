@@ -75,6 +75,17 @@ pub struct ServeConfigWire {
     /// The process's own metrics (`bc_telemetry::config`; docs/telemetry.md): API latency per method, sessions per
     /// gateway, placement latency, shard leases held, queue depths.
     pub telemetry: Option<bc_telemetry::TelemetryWire>,
+    /// The capacity module (`[capacity]`): which placer books reservations.
+    pub capacity: Option<CapacityWire>,
+}
+
+/// `[capacity]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapacityWire {
+    /// `"shard"` (the default: reservations split by shard over the scheduler processes) or `"pool-lease"` (one
+    /// scheduler process per pool is its only booking writer; reservations name their pool).
+    pub placer: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -95,8 +106,10 @@ pub struct ServeConfig {
     pub leaf_lifetime: Option<std::time::Duration>,
     /// Role membership and shard lease lifetime; None means [`DEFAULT_SHARD_LEASE`].
     pub shard_lease: Option<std::time::Duration>,
-    /// How often the scheduler rereads all free capacity (tests); None means [`crate::scheduler::FULL_RELOAD`].
+    /// How often the scheduler rereads all free capacity (tests); None means [`bc_mod_capacity::FULL_RELOAD`].
     pub capacity_reload: Option<std::time::Duration>,
+    /// Which placer books reservations (`[capacity] placer`).
+    pub placer: bc_mod_capacity::Placer,
     /// Where the process's own metrics go ([`crate::telemetry`]); None exports nothing.
     pub telemetry: Option<bc_telemetry::TelemetryConfig>,
 }
@@ -121,6 +134,7 @@ impl ServeConfig {
             leaf_lifetime: None,
             shard_lease: None,
             capacity_reload: None,
+            placer: bc_mod_capacity::Placer::Shard,
             telemetry: None,
         }
     }
@@ -182,6 +196,7 @@ impl ServeConfigWire {
             gateway_url: over.gateway_url.or(self.gateway_url),
             shard_lease_ms: over.shard_lease_ms.or(self.shard_lease_ms),
             telemetry: over.telemetry.or(self.telemetry),
+            capacity: over.capacity.or(self.capacity),
         }
     }
 
@@ -221,6 +236,11 @@ impl ServeConfigWire {
         let state_dir = self
             .state_dir
             .unwrap_or_else(|| PathBuf::from("/var/lib/better-compute"));
+        let placer = match self.capacity.and_then(|c| c.placer) {
+            None => bc_mod_capacity::Placer::Shard,
+            Some(p) => bc_mod_capacity::Placer::parse(&p)
+                .map_err(|e| field("capacity.placer", e.reason))?,
+        };
         let telemetry = match self.telemetry {
             None => None,
             Some(t) => Some(t.validate(origin, state_dir.join("telemetry"))?),
@@ -252,6 +272,7 @@ impl ServeConfigWire {
                 }
             },
             capacity_reload: None,
+            placer,
             telemetry,
         })
     }
@@ -287,5 +308,24 @@ mod tests {
             ..Default::default()
         };
         assert!(wire.validate("cli").is_err());
+    }
+
+    #[test]
+    fn a_bad_placer_is_invalid_config_naming_capacity_placer() {
+        let wire: ServeConfigWire =
+            toml::from_str("[capacity]\nplacer = \"round-robin\"\n").unwrap();
+        let e = wire.validate("x.toml").map(|_| ()).unwrap_err().to_string();
+        assert!(
+            e.starts_with("INVALID_CONFIG")
+                && e.contains("capacity.placer")
+                && e.contains("pool-lease"),
+            "{e}"
+        );
+        let wire: ServeConfigWire =
+            toml::from_str("[capacity]\nplacer = \"pool-lease\"\n").unwrap();
+        assert_eq!(
+            wire.validate("x.toml").map(|c| c.placer).ok(),
+            Some(bc_mod_capacity::Placer::PoolLease)
+        );
     }
 }

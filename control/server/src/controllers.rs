@@ -77,7 +77,7 @@ pub async fn run(
             match store.run_due_expiries(ROLE, &worker_id, &leases, 500).await {
                 Ok(ended) => {
                     for r in ended {
-                        tracing::info!(reservation = r.id, nodes = ?r.nodes, "reservation expired; GPUs freed");
+                        tracing::info!(reservation = %r.id, nodes = ?r.nodes, "reservation expired; GPUs freed");
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "expiry round failed"),

@@ -5,7 +5,6 @@
 //! ([`client`]). Decisions live in bc-core, state in bc-store, the daemon-facing server in bc-gateway; this crate
 //! wires them. Start with [`start`].
 
-pub mod admission;
 pub mod api;
 pub mod artifacts;
 pub mod backend;
@@ -15,12 +14,12 @@ pub mod commands_api;
 pub mod config;
 pub mod controllers;
 pub mod dev;
+pub mod iam_api;
 pub mod join;
 pub mod lifecycle;
 pub mod notify;
 pub mod plane;
 pub mod pokes;
-pub mod scheduler;
 pub mod secrets;
 pub mod session;
 pub mod site;
@@ -228,12 +227,21 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         worker: worker.clone(),
         lease,
         lifecycle: config.lifecycle_timing.unwrap_or_default(),
-        capacity_reload: config.capacity_reload.unwrap_or(scheduler::FULL_RELOAD),
         gateway: sessions.clone(),
         lifecycle_poke: config.roles.controllers.then(Default::default),
-        metrics: metrics.clone(),
     };
-    let mut builder = bc_kernel::ControlPlane::builder(options).module(plane::module(loops));
+    let observer = metrics.clone();
+    let capacity = bc_mod_capacity::CapacityOptions {
+        placer: config.placer,
+        full_reload: config.capacity_reload,
+        runs_scheduler: config.roles.scheduler,
+        observer: bc_mod_capacity::PlacementObserver(Arc::new(move |d| {
+            observer.observe_placement(d)
+        })),
+    };
+    let mut builder = bc_kernel::ControlPlane::builder(options)
+        .module(plane::module(loops))
+        .module(bc_mod_capacity::module(capacity));
     if api.is_some() {
         builder = builder.resource(api::ApiState {
             store: store.clone(),
@@ -241,8 +249,6 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             join_public_key: join_public_key.clone(),
             gateway_url: gateway_url.clone(),
             sessions: sessions.clone(),
-            decisions: Some(Arc::new(admission::Decisions::default())),
-            admitter: Some(admission::Admitter::start(store.clone())),
             principals: backend.principals(),
             secrets: secrets.clone(),
             artifacts: artifacts::ArtifactDir::new(&config.state_dir),
@@ -323,7 +329,7 @@ async fn export_metrics(
         sources.lease_roles.push(controllers::ROLE);
     }
     if config.roles.scheduler {
-        sources.lease_roles.push(scheduler::ROLE);
+        sources.lease_roles.push(bc_mod_capacity::ROLE);
     }
     let stop = plane::stop_watch(plane.stop_signal());
     plane.spawn(telemetry::sample(metrics.clone(), sources, interval, stop));

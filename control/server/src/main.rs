@@ -161,6 +161,9 @@ enum ReservationCommand {
         /// How long: 90s, 30m, 24h, 7d.
         #[arg(long, default_value = "1h")]
         duration: String,
+        /// The pool to book in (required when the control plane places by pool).
+        #[arg(long)]
+        pool: Option<String>,
         /// Retrying with the same key and request returns the same reservation.
         #[arg(long)]
         idempotency_key: Option<String>,
@@ -425,27 +428,48 @@ async fn join_tokens(client: &ApiClient, command: JoinTokenCommand) -> anyhow::R
     Ok(())
 }
 
+/// Calls `M` with its typed request and reads its typed answer.
+async fn call_typed<M: bc_kernel::ApiMethod>(
+    client: &ApiClient,
+    request: &M::Request,
+) -> anyhow::Result<M::Response> {
+    let v = client
+        .call(M::GROUP, M::METHOD, serde_json::to_value(request)?)
+        .await?;
+    serde_json::from_value(v).map_err(|e| {
+        anyhow::anyhow!(
+            "{}.{}: the control plane's answer is not what this CLI reads ({e}); use a CLI of the server's version",
+            M::GROUP,
+            M::METHOD
+        )
+    })
+}
+
+fn print_reservation(r: &bc_core::api::capacity::Reservation) {
+    let gpus: Vec<String> = r
+        .gpus
+        .iter()
+        .map(|g| format!("{}:{}", g.node, g.uuid))
+        .collect();
+    println!(
+        "{:<40} {:<10} {:<9} {}",
+        r.id,
+        r.tenant,
+        r.state,
+        gpus.join(" ")
+    );
+}
+
 async fn reservations(client: &ApiClient, command: ReservationCommand) -> anyhow::Result<()> {
-    let print = |r: &serde_json::Value| {
-        let gpus: Vec<String> = r["gpus"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|g| {
-                format!(
-                    "{}:{}",
-                    g["node"].as_str().unwrap_or_default(),
-                    g["uuid"].as_str().unwrap_or_default()
-                )
-            })
-            .collect();
-        println!(
-            "{:<40} {:<10} {:<9} {}",
-            r["id"].as_str().unwrap_or_default(),
-            r["tenant"].as_str().unwrap_or_default(),
-            r["state"].as_str().unwrap_or_default(),
-            gpus.join(" ")
-        );
+    use bc_core::api::capacity::{CreateReservation, ListReservations, ReservationById};
+    use bc_mod_capacity::admission::{
+        CreateReservationMethod, GetReservationMethod, ListReservationsMethod,
+        ReleaseReservationMethod,
+    };
+    let by_id = |id: &str| -> anyhow::Result<ReservationById> {
+        Ok(ReservationById {
+            id: bc_core::ids::ReservationId::parse(id)?,
+        })
     };
     match command {
         ReservationCommand::Create {
@@ -454,66 +478,74 @@ async fn reservations(client: &ApiClient, command: ReservationCommand) -> anyhow
             model,
             topology,
             duration,
+            pool,
             idempotency_key,
         } => {
-            let mut body = json!({
-                "tenant": tenant, "gpus": gpus, "topology": topology,
-                "duration_s": parse_ttl(&duration)?,
-            });
-            if let Some(m) = model {
-                body["model"] = json!(m);
-            }
-            if let Some(k) = idempotency_key {
-                body["idempotency_key"] = json!(k);
-            }
-            let v = client.call("reservations", "create", body).await?;
-            print(&v["reservation"]);
+            let topology = serde_json::from_value(json!(topology))
+                .map_err(|_| anyhow::anyhow!("--topology {topology:?}: use node, nvlink or any"))?;
+            let pool = pool.map(|p| bc_core::ids::PoolId::parse(&p)).transpose()?;
+            let request = CreateReservation {
+                tenant,
+                gpus,
+                model,
+                topology,
+                duration_s: u32::try_from(parse_ttl(&duration)?)
+                    .map_err(|_| anyhow::anyhow!("--duration {duration:?} is too long"))?,
+                pool,
+                idempotency_key,
+            };
+            let answer = call_typed::<CreateReservationMethod>(client, &request).await?;
+            print_reservation(&answer.reservation.reservation);
         }
         ReservationCommand::List { tenant } => {
-            let v = client
-                .call("reservations", "list", json!({ "tenant": tenant }))
-                .await?;
-            for r in v["reservations"].as_array().into_iter().flatten() {
-                print(r);
+            let request = ListReservations {
+                tenant,
+                limit: None,
+            };
+            let list = call_typed::<ListReservationsMethod>(client, &request).await?;
+            for r in &list.reservations {
+                print_reservation(&r.reservation);
             }
         }
         ReservationCommand::Show { id } => {
-            let v = client
-                .call("reservations", "get", json!({ "id": id }))
-                .await?;
-            let r = &v["reservation"];
-            print(r);
-            if let Some(e) = r["error"].as_str() {
+            let answer = call_typed::<GetReservationMethod>(client, &by_id(&id)?).await?;
+            let shown = &answer.reservation;
+            let r = &shown.reservation;
+            print_reservation(r);
+            if let Some(e) = &r.error {
                 println!("error: {e}");
             }
-            if !r["delivery"].is_null() {
-                println!(
-                    "delivery: {}",
-                    r["delivery"]["state"].as_str().unwrap_or_default()
-                );
+            if let Some(d) = &shown.delivery {
+                println!("delivery: {}", delivery_name(d.state));
+                for n in &d.nodes {
+                    println!(
+                        "  node {} generation {}: {}{}",
+                        n.node,
+                        n.generation,
+                        delivery_name(n.state),
+                        n.message
+                            .as_deref()
+                            .map(|m| format!(": {m}"))
+                            .unwrap_or_default()
+                    );
+                }
             }
-            for n in r["delivery"]["nodes"].as_array().into_iter().flatten() {
-                println!(
-                    "  node {} generation {}: {}{}",
-                    n["node"].as_str().unwrap_or_default(),
-                    n["generation"],
-                    n["state"].as_str().unwrap_or_default(),
-                    n["message"]
-                        .as_str()
-                        .map(|m| format!(": {m}"))
-                        .unwrap_or_default()
-                );
-            }
-            println!("{}", serde_json::to_string_pretty(r)?);
+            println!("{}", serde_json::to_string_pretty(shown)?);
         }
         ReservationCommand::Release { id } => {
-            let v = client
-                .call("reservations", "release", json!({ "id": id }))
-                .await?;
-            print(&v["reservation"]);
+            let answer = call_typed::<ReleaseReservationMethod>(client, &by_id(&id)?).await?;
+            print_reservation(&answer.reservation.reservation);
         }
     }
     Ok(())
+}
+
+fn delivery_name(d: bc_core::reservation::Delivery) -> &'static str {
+    match d {
+        bc_core::reservation::Delivery::Pending => "pending",
+        bc_core::reservation::Delivery::Applied => "applied",
+        bc_core::reservation::Delivery::Failed => "failed",
+    }
 }
 
 async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
@@ -683,6 +715,7 @@ async fn serve(command: Command) -> anyhow::Result<()> {
             gateway_url,
             shard_lease_ms: None,
             telemetry: None,
+            capacity: None,
         })
         .validate(&origin)?;
     let url = cfg.database_url.clone().context(

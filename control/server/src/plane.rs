@@ -1,19 +1,19 @@
 //! The server's own API groups and role loops as the kernel's `server` module: every method of the former dispatch
 //! registered with its permission and scope ([`ServerMethod`] types: JSON in, JSON out, until each group moves into
 //! its module crate under `control/modules/`), the artifact upload route, and the role loops as reconcilers the
-//! kernel starts for the roles a process runs (`controllers`: membership, expiry, outbox and lifecycle;
-//! `scheduler`: the placer; `api`: admission's decided notices; every role: the notification pokes).
+//! kernel starts for the roles a process runs (`controllers`: membership, expiry, outbox and lifecycle; every
+//! role: the notification pokes). The capacity groups and the placer are bc-mod-capacity's.
 
 use crate::api::{self, ApiState};
 use crate::lifecycle::LifecycleTiming;
-use crate::{controllers, lifecycle, pokes, scheduler, statistics};
+use crate::{controllers, lifecycle, pokes, statistics};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use bc_kernel::{
-    ApiError, ApiMethod, Cx, Method, Module, Notice, ROLES, ReconcileCx, Reconciler, Route,
-    RouterState, Scope, Stop,
+    ApiError, ApiMethod, Cx, Method, Module, ROLES, ReconcileCx, Reconciler, Route, RouterState,
+    Scope, Stop,
 };
 use bc_store::Store;
 use bc_store::iam::Principal;
@@ -45,10 +45,6 @@ server_methods! {
     CreateJoinToken = "join-tokens" / "create": "compute:join-tokens:create" on "pool/<pool>";
     ListJoinTokens = "join-tokens" / "list": "compute:join-tokens:list" on "pool/<pool>";
     RevokeJoinToken = "join-tokens" / "revoke": "compute:join-tokens:revoke" on "pool/<pool>";
-    CreateReservation = "reservations" / "create": "compute:reservations:create" on "tenant/<tenant>";
-    GetReservation = "reservations" / "get": "compute:reservations:get" on "tenant/<tenant>";
-    ListReservations = "reservations" / "list": "compute:reservations:list" on "tenant/<tenant>";
-    ReleaseReservation = "reservations" / "release": "compute:reservations:release" on "tenant/<tenant>";
     CreateTenant = "tenants" / "create": "compute:tenants:create" on "tenant/<id>";
     CreatePrincipal = "principals" / "create": "compute:principals:create" on "tenant/<tenant>";
     RevokeSite = "sites" / "revoke": "compute:sites:revoke" on "site/<site>";
@@ -113,13 +109,10 @@ pub struct Loops {
     pub worker: String,
     pub lease: Duration,
     pub lifecycle: LifecycleTiming,
-    pub capacity_reload: Duration,
     /// The gateway's sessions, when this process runs the gateway role (woken on `bc_outbox`).
     pub gateway: Option<bc_gateway::session::Registry>,
     /// Wakes the lifecycle controller, when this process runs the controllers role (on `bc_lifecycle`).
     pub lifecycle_poke: Option<Arc<Notify>>,
-    /// The control plane's own metrics (the placer records placement latency).
-    pub metrics: crate::telemetry::ControlMetrics,
 }
 
 /// The `server` module: its methods, its upload route, the gateway services it serves and its role loops.
@@ -134,9 +127,7 @@ pub fn module(loops: Loops) -> Module {
         );
     let module = register_methods(module)
         .reconciler(controllers_loop(loops.clone()))
-        .reconciler(scheduler_loop(loops.clone()))
-        .reconciler(statistics_loop(loops.store.clone()))
-        .reconciler(admission_decisions());
+        .reconciler(statistics_loop(loops.store.clone()));
     let mut pokes = Reconciler::new("pokes");
     for role in ROLES {
         pokes = pokes.role(role);
@@ -184,51 +175,9 @@ fn controllers_loop(loops: Loops) -> Reconciler {
         })
 }
 
-fn scheduler_loop(loops: Loops) -> Reconciler {
-    Reconciler::new("placer")
-        .role("scheduler")
-        .run(move |cx: ReconcileCx| {
-            let l = loops.clone();
-            tracing::info!(worker = l.worker, "scheduler role: placer running");
-            scheduler::run(
-                l.store,
-                l.worker,
-                l.lease,
-                l.capacity_reload,
-                l.metrics,
-                stop_watch(cx.stop),
-            )
-        })
-}
-
 fn statistics_loop(store: Store) -> Reconciler {
     Reconciler::new("statistics")
         .role("controllers")
         .role("scheduler")
         .run(move |cx: ReconcileCx| statistics::run(store.clone(), stop_watch(cx.stop)))
-}
-
-/// Hands admission's waiting API calls the placer's decisions (`bc_reservation_decided`).
-fn admission_decisions() -> Reconciler {
-    Reconciler::new("admission-decisions")
-        .role("api")
-        .poked_by(bc_store::reservations::DECIDED_CHANNEL)
-        .run(|mut cx: ReconcileCx| async move {
-            let decisions = cx
-                .resources
-                .get::<ApiState>()
-                .and_then(|s| Some((s.store.clone(), s.decisions.clone()?)));
-            loop {
-                tokio::select! {
-                    n = cx.pokes.recv() => match (n, &decisions) {
-                        (Some(Notice::Message { payload, .. }), Some((store, d))) => d.decided(store, &payload).await,
-                        (Some(_), _) => {}
-                        // The listener ended: the process is stopping.
-                        (None, _) => break,
-                    },
-                    _ = cx.stop.stopped() => return,
-                }
-            }
-            cx.stop.stopped().await;
-        })
 }

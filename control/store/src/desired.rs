@@ -42,16 +42,7 @@ impl DesiredStatus {
     }
 }
 
-/// One node's share of a placed reservation.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct NodeDelivery {
-    pub node: String,
-    /// The desired generation that first carried the booking to this node.
-    pub generation: i64,
-    pub state: Delivery,
-    /// The node's reason, while `state` is failed.
-    pub message: Option<String>,
-}
+pub use bc_core::api::capacity::NodeDelivery;
 
 impl Store {
     /// The desired-state status of `nodes` (those that exist), by node id.
@@ -105,8 +96,11 @@ impl Store {
         for r in &rows {
             let generation: i64 = r.get(2);
             let state = node_delivery(generation, r.get(3), r.get(4));
+            let node: String = r.get(1);
+            let node = bc_core::ids::NodeId::new(node)
+                .map_err(|e| StoreError::Corrupt(format!("delivery of a reservation: {e}")))?;
             out.entry(r.get(0)).or_default().push(NodeDelivery {
-                node: r.get(1),
+                node,
                 generation,
                 state,
                 message: (state == Delivery::Failed)

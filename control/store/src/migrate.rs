@@ -73,6 +73,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "desired_state_failures",
         sql: include_str!("../migrations/0012_desired_state_failures.sql"),
     },
+    Migration {
+        version: 13,
+        name: "pool_leases",
+        sql: include_str!("../migrations/0013_pool_leases.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.

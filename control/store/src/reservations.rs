@@ -16,42 +16,44 @@ pub const CAPACITY_CHANNEL: &str = "bc_capacity";
 /// Channel notified when outbox rows were written, so the sink drains them before its tick.
 pub const OUTBOX_WRITTEN_CHANNEL: &str = "bc_outbox_written";
 
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Reservation {
-    pub id: String,
-    pub tenant: String,
-    pub principal: String,
-    pub state: String,
-    pub request: serde_json::Value,
-    pub nodes: Vec<String>,
-    /// [{node, uuid, index, model}]
-    pub gpus: serde_json::Value,
-    pub error: Option<String>,
-    pub created_at_ms: i64,
-    pub placed_at_ms: Option<i64>,
-    pub expires_at_ms: Option<i64>,
-    pub ended_at_ms: Option<i64>,
-}
+use bc_core::api::capacity::BookedGpu;
+pub use bc_core::api::capacity::Reservation;
+use bc_core::ids::{NodeId, ReservationId, TenantId};
+use bc_core::reservation::ReservationState;
 
 const COLUMNS: &str = "r.id, r.tenant_id, r.principal_id, r.state, r.request, r.node_ids, r.gpus, r.error, \
                        r.created_at, r.placed_at, r.expires_at, r.ended_at";
 
-fn row_to_reservation(r: &sqlx::postgres::PgRow, at: usize) -> Reservation {
+/// A reservation row, parsed once: an id, state, request or booking this build cannot read is an error naming
+/// the row (never a panic, never a string passed on).
+fn row_to_reservation(r: &sqlx::postgres::PgRow, at: usize) -> Result<Reservation, StoreError> {
+    let id: String = r.get(at);
+    let corrupt = |what: &str, e: &dyn std::fmt::Display| {
+        StoreError::Corrupt(format!("reservation {id:?}: {what}: {e}"))
+    };
     let ts = |i: usize| r.get::<Option<time::OffsetDateTime>, _>(at + i).map(to_ms);
-    Reservation {
-        id: r.get(at),
-        tenant: r.get(at + 1),
+    let state: String = r.get(at + 3);
+    let nodes: Vec<String> = r.get(at + 5);
+    Ok(Reservation {
+        id: ReservationId::new(id.clone()).map_err(|e| corrupt("id", &e))?,
+        tenant: TenantId::new(r.get(at + 1)).map_err(|e| corrupt("tenant", &e))?,
         principal: r.get(at + 2),
-        state: r.get(at + 3),
-        request: r.get(at + 4),
-        nodes: r.get(at + 5),
-        gpus: r.get(at + 6),
+        state: ReservationState::parse(&state)
+            .ok_or_else(|| corrupt("state", &format!("unknown state {state:?}")))?,
+        request: serde_json::from_value(r.get(at + 4)).map_err(|e| corrupt("request", &e))?,
+        nodes: nodes
+            .into_iter()
+            .map(NodeId::new)
+            .collect::<Result<_, _>>()
+            .map_err(|e| corrupt("nodes", &e))?,
+        gpus: serde_json::from_value::<Vec<BookedGpu>>(r.get(at + 6))
+            .map_err(|e| corrupt("gpus", &e))?,
         error: r.get(at + 7),
         created_at_ms: ts(8).unwrap_or(0),
         placed_at_ms: ts(9),
         expires_at_ms: ts(10),
         ended_at_ms: ts(11),
-    }
+    })
 }
 
 /// What tx 1 found.
@@ -90,7 +92,8 @@ pub struct Pending {
     pub age: std::time::Duration,
 }
 
-fn pending_row(r: &sqlx::postgres::PgRow) -> Pending {
+/// A pending row as `SELECT id, request, state, <age in seconds>` reads it.
+pub fn pending_row(r: &sqlx::postgres::PgRow) -> Pending {
     let age: f64 = r.get(3);
     Pending {
         id: r.get(0),
@@ -171,7 +174,7 @@ impl Store {
         .ok_or_else(|| StoreError::Corrupt(format!("idempotency key {key:?} has no reservation")))?;
         Ok(Admission::Existing {
             body_hash: row.get(0),
-            reservation: Box::new(row_to_reservation(&row, 1)),
+            reservation: Box::new(row_to_reservation(&row, 1)?),
         })
     }
 
@@ -218,14 +221,14 @@ impl Store {
         Ok(batch.iter().map(|r| recorded.contains(r.id)).collect())
     }
 
-    pub async fn reservation(&self, id: &str) -> Result<Option<Reservation>, StoreError> {
+    pub async fn reservation(&self, id: &ReservationId) -> Result<Option<Reservation>, StoreError> {
         let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {COLUMNS} FROM reservations r WHERE r.id = $1"
         )))
-        .bind(id)
+        .bind(id.as_str())
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|r| row_to_reservation(&r, 0)))
+        row.map(|r| row_to_reservation(&r, 0)).transpose()
     }
 
     /// Several reservations by id (one statement), in no particular order.
@@ -236,7 +239,7 @@ impl Store {
         .bind(ids)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.iter().map(|r| row_to_reservation(r, 0)).collect())
+        rows.iter().map(|r| row_to_reservation(r, 0)).collect()
     }
 
     /// A tenant's reservations (every tenant's when None), newest first.
@@ -253,7 +256,7 @@ impl Store {
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.iter().map(|r| row_to_reservation(r, 0)).collect())
+        rows.iter().map(|r| row_to_reservation(r, 0)).collect()
     }
 
     /// Free devices of adopted nodes (all, or only on `nodes`): (node, model, device id, uuid, index, clique).
@@ -262,7 +265,7 @@ impl Store {
         nodes: Option<&[String]>,
     ) -> Result<Vec<FreeDevice>, StoreError> {
         let rows = sqlx::query(
-            "SELECT d.node_id, d.model, d.id, d.uuid, d.idx, d.clique FROM devices d JOIN nodes n ON n.id = d.node_id \
+            "SELECT d.node_id, d.model, d.id, d.uuid, d.idx, d.clique, n.pool_id FROM devices d JOIN nodes n ON n.id = d.node_id \
              WHERE n.state = 'adopted' AND d.present AND d.reservation_id IS NULL \
              AND ($1::text[] IS NULL OR d.node_id = ANY($1))",
         )
@@ -278,6 +281,7 @@ impl Store {
                 uuid: r.get(3),
                 idx: r.get(4),
                 clique: r.get(5),
+                pool: r.get(6),
             })
             .collect())
     }
@@ -471,12 +475,12 @@ impl Store {
     /// reservation after the change, or None when it was already ended (nothing changed).
     pub async fn end_reservation(
         &self,
-        id: &str,
-        to: &str,
+        id: &ReservationId,
+        to: ReservationState,
         actor: &str,
     ) -> Result<Option<Reservation>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let r = end_reservation_in(&mut tx, id, to, actor).await?;
+        let r = end_reservation_in(&mut tx, id.as_str(), to, actor).await?;
         tx.commit().await?;
         Ok(r)
     }
@@ -555,12 +559,13 @@ pub struct FreeDevice {
     pub uuid: String,
     pub idx: i32,
     pub clique: Option<String>,
+    pub pool: String,
 }
 
 pub(crate) async fn end_reservation_in(
     tx: &mut PgConnection,
     id: &str,
-    to: &str,
+    to: ReservationState,
     actor: &str,
 ) -> Result<Option<Reservation>, StoreError> {
     let row = sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -568,13 +573,14 @@ pub(crate) async fn end_reservation_in(
          RETURNING {COLUMNS}"
     )))
     .bind(id)
-    .bind(to)
+    .bind(to.as_str())
     .fetch_optional(&mut *tx)
     .await?;
     let Some(row) = row else {
         return Ok(None);
     };
-    let r = row_to_reservation(&row, 0);
+    let r = row_to_reservation(&row, 0)?;
+    let nodes: Vec<String> = r.nodes.iter().map(|n| n.to_string()).collect();
     sqlx::query("UPDATE devices SET reservation_id = NULL WHERE reservation_id = $1")
         .bind(id)
         .execute(&mut *tx)
@@ -583,14 +589,14 @@ pub(crate) async fn end_reservation_in(
         .bind(id)
         .execute(&mut *tx)
         .await?;
-    publish_bookings(tx, &r.nodes).await?;
-    notify_ids(tx, CAPACITY_CHANNEL, &r.nodes).await?;
+    publish_bookings(tx, &nodes).await?;
+    notify_ids(tx, CAPACITY_CHANNEL, &nodes).await?;
     audit(
         tx,
         actor,
         &format!("reservation.{to}"),
         &format!("reservation/{id}"),
-        serde_json::json!({"nodes": r.nodes}),
+        serde_json::json!({ "nodes": nodes }),
     )
     .await?;
     Ok(Some(r))

@@ -166,7 +166,7 @@ impl Store {
             if let Some(r) = end_reservation_in(
                 &mut tx,
                 &item.subject,
-                "expired",
+                bc_core::reservation::ReservationState::Expired,
                 &format!("controller/{me}"),
             )
             .await?

@@ -1,18 +1,71 @@
 //! `reservations.create|get|list|release` and the admission sequence: validation and the tenant check are pure and
-//! run before any database access (the caller's principal comes from the authentication cache); tx 1 records the
-//! request under its idempotency key; the scheduler's placer books it (tx 2) and notifies; the call waits for
-//! that decision, bounded, and answers with the reservation.
+//! run before any database access (the caller comes from the authentication cache; the kernel checks the grant
+//! on `tenant/<tenant>` from the request before the handler runs); tx 1 records the request under its idempotency
+//! key; the scheduler's placer books it (tx 2) and notifies; the call waits for that decision, bounded, and
+//! answers with the reservation.
 
-use crate::api::{ApiCode, ApiError, ApiState, require};
-use bc_core::reservation::{ReservationRequest, tenant_allowed, valid_id};
-use bc_store::iam::Principal;
-use bc_store::reservations::{Admission, Reservation};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use crate::{Capacity, Placer};
+use bc_core::api::capacity::{
+    CreateReservation, ListReservations, Reservation, ReservationAnswer, ReservationById,
+    ReservationDelivery, ReservationList, ReservationView,
+};
+use bc_core::ids::ReservationId;
+use bc_core::reservation::{ReservationState, tenant_allowed};
+use bc_kernel::{
+    ApiCode, ApiError, Caller, Cx, Method, Module, Notice, ReconcileCx, Reconciler, Scope,
+};
+use bc_store::reservations::Admission;
+use serde_json::Value;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::oneshot;
+
+bc_kernel::api_method!(
+    /// `reservations.create`.
+    pub CreateReservationMethod = "reservations" / "create": CreateReservation => ReservationAnswer
+);
+bc_kernel::api_method!(
+    /// `reservations.get`.
+    pub GetReservationMethod = "reservations" / "get": ReservationById => ReservationAnswer
+);
+bc_kernel::api_method!(
+    /// `reservations.list`.
+    pub ListReservationsMethod = "reservations" / "list": ListReservations => ReservationList
+);
+bc_kernel::api_method!(
+    /// `reservations.release`.
+    pub ReleaseReservationMethod = "reservations" / "release": ReservationById => ReservationAnswer
+);
+
+/// Registers the four methods on `module`.
+pub fn register(module: Module) -> Module {
+    module
+        .method(
+            Method::<CreateReservationMethod>::new()
+                .permission("compute:reservations:create")
+                .scope_from_request("tenant/<tenant>", |r| format!("tenant/{}", r.tenant))
+                .handler(create),
+        )
+        .method(
+            Method::<GetReservationMethod>::new()
+                .permission("compute:reservations:get")
+                .scope(Scope::resource("tenant/<tenant>"))
+                .handler(get),
+        )
+        .method(
+            Method::<ListReservationsMethod>::new()
+                .permission("compute:reservations:list")
+                .scope(Scope::filtered("tenant/<tenant>"))
+                .handler(list),
+        )
+        .method(
+            Method::<ReleaseReservationMethod>::new()
+                .permission("compute:reservations:release")
+                .scope(Scope::resource("tenant/<tenant>"))
+                .handler(release),
+        )
+}
 
 /// How long `create` waits for the placer before answering with the still-pending reservation.
 const DECISION_WAIT: Duration = Duration::from_secs(5);
@@ -60,7 +113,7 @@ impl Decisions {
                     return;
                 };
                 for r in rows {
-                    for tx in w.remove(&r.id).unwrap_or_default() {
+                    for tx in w.remove(r.id.as_str()).unwrap_or_default() {
                         let _ = tx.send(r.clone());
                     }
                 }
@@ -163,74 +216,46 @@ impl Admitter {
     }
 }
 
-fn body_tenant_check(p: &Principal, tenant: &str) -> Result<(), ApiError> {
-    if tenant_allowed(&p.tenant_id, p.tenant_is_root, tenant) {
+fn tenant_check(caller: &Caller, tenant: &str) -> Result<(), ApiError> {
+    if tenant_allowed(&caller.tenant_id, caller.tenant_is_root, tenant) {
         Ok(())
     } else {
         Err(ApiError::new(
             ApiCode::AccessDenied,
             format!(
                 "principal {} belongs to tenant {} and cannot act in tenant {tenant}",
-                p.id, p.tenant_id
+                caller.id, caller.tenant_id
             ),
         ))
     }
 }
 
-pub async fn create(state: &ApiState, p: &Principal, body: Value) -> Result<Value, ApiError> {
-    let mut body = match body {
-        Value::Object(m) => m,
-        _ => {
-            return Err(ApiError::new(
-                ApiCode::InvalidArgument,
-                "body must be an object",
-            ));
-        }
-    };
-    let key = match body.remove("idempotency_key") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(k))
-            if !k.is_empty() && k.len() <= 128 && k.chars().all(|c| c.is_ascii_graphic()) =>
-        {
-            Some(k)
-        }
-        Some(_) => {
-            return Err(ApiError::new(
-                ApiCode::InvalidArgument,
-                "idempotency_key must be 1 to 128 printable ASCII characters",
-            ));
-        }
-    };
-    let req: ReservationRequest = serde_json::from_value(Value::Object(body))
-        .map_err(|e| ApiError::new(ApiCode::InvalidArgument, format!("request body: {e}")))?;
+async fn create(cx: Cx, body: CreateReservation) -> Result<ReservationAnswer, ApiError> {
+    if !body.key_is_valid() {
+        return Err(ApiError::invalid(
+            "idempotency_key must be 1 to 128 printable ASCII characters",
+        ));
+    }
+    let req = body.request();
     req.validate()
-        .map_err(|e| ApiError::new(ApiCode::InvalidArgument, e.to_string()))?;
-    // Before any database access: the tenant boundary, then the grant.
-    body_tenant_check(p, &req.tenant)?;
-    require(
-        p,
-        "compute:reservations:create",
-        &format!("tenant/{}", req.tenant),
-    )?;
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    // Before any database access: the tenant boundary (the kernel checked the grant).
+    tenant_check(cx.caller(), &req.tenant)?;
+    let capacity = cx.get::<Capacity>()?;
+    if capacity.placer == Placer::PoolLease && req.pool.is_none() {
+        return Err(ApiError::invalid(
+            "pool is required: this control plane places reservations by pool (capacity.placer = \
+             \"pool-lease\"); name the pool to book in",
+        ));
+    }
     let id = format!("rsv-{}", uuid::Uuid::now_v7().simple());
-    let key = key.unwrap_or_else(|| id.clone());
-    let decisions = state.decisions.clone().ok_or_else(|| {
-        ApiError::new(
-            ApiCode::Unavailable,
-            "this process does not admit reservations",
-        )
-    })?;
+    let key = body.idempotency_key.unwrap_or_else(|| id.clone());
+    let decisions = &capacity.decisions;
     let waiter = decisions.wait(&id);
-    let admitter = state.admitter.clone().ok_or_else(|| {
-        ApiError::new(
-            ApiCode::Unavailable,
-            "this process does not admit reservations",
-        )
-    })?;
     let (reply, rx) = oneshot::channel();
     let ask = Ask {
         id: id.clone(),
-        principal_id: p.id.clone(),
+        principal_id: cx.caller().id.clone(),
         key: key.clone(),
         body_hash: req.body_hash(),
         tenant: req.tenant.clone(),
@@ -238,8 +263,7 @@ pub async fn create(state: &ApiState, p: &Principal, body: Value) -> Result<Valu
         duration_s: i64::from(req.duration_s),
         reply,
     };
-    let admitted = admitter.admit(ask, rx).await;
-    let admitted = match admitted {
+    let admitted = match capacity.admitter.admit(ask, rx).await {
         Ok(a) => a,
         Err(e) => {
             decisions.forget(&id);
@@ -247,7 +271,7 @@ pub async fn create(state: &ApiState, p: &Principal, body: Value) -> Result<Valu
         }
     };
     let reservation = match admitted {
-        Admission::Recorded => await_decision(state, &decisions, &id, waiter).await?,
+        Admission::Recorded => await_decision(capacity, &id, waiter).await?,
         Admission::Existing {
             body_hash,
             reservation,
@@ -262,9 +286,10 @@ pub async fn create(state: &ApiState, p: &Principal, body: Value) -> Result<Valu
                     ),
                 ));
             }
-            if reservation.state == "pending" {
-                let waiter = decisions.wait(&reservation.id);
-                await_decision(state, &decisions, &reservation.id, waiter).await?
+            if reservation.state == ReservationState::Pending {
+                let id = reservation.id.as_str();
+                let waiter = decisions.wait(id);
+                await_decision(capacity, id, waiter).await?
             } else {
                 *reservation
             }
@@ -274,26 +299,26 @@ pub async fn create(state: &ApiState, p: &Principal, body: Value) -> Result<Valu
 }
 
 async fn await_decision(
-    state: &ApiState,
-    decisions: &Decisions,
+    capacity: &Capacity,
     id: &str,
     waiter: oneshot::Receiver<Reservation>,
 ) -> Result<Reservation, ApiError> {
     match tokio::time::timeout(DECISION_WAIT, waiter).await {
-        Ok(Ok(r)) if r.state != "pending" => Ok(r),
+        Ok(Ok(r)) if r.state != ReservationState::Pending => Ok(r),
         _ => {
-            decisions.forget(id);
+            capacity.decisions.forget(id);
             // Missed or slow: read what is there (possibly still pending; `get` follows it).
-            state.store.reservation(id).await?.ok_or_else(|| {
-                ApiError::new(ApiCode::NotFound, format!("reservation {id:?} not found"))
-            })
+            let not_found =
+                || ApiError::new(ApiCode::NotFound, format!("reservation {id:?} not found"));
+            let id = ReservationId::parse(id).map_err(|_| not_found())?;
+            capacity.store.reservation(&id).await?.ok_or_else(not_found)
         }
     }
 }
 
 /// A failed placement is an error the caller can act on; anything else is the reservation.
-fn answer(r: Reservation) -> Result<Value, ApiError> {
-    if r.state == "failed" {
+fn answer(r: Reservation) -> Result<ReservationAnswer, ApiError> {
+    if r.state == ReservationState::Failed {
         return Err(ApiError::new(
             ApiCode::Unavailable,
             format!(
@@ -303,112 +328,114 @@ fn answer(r: Reservation) -> Result<Value, ApiError> {
             ),
         ));
     }
-    Ok(json!({ "reservation": r }))
+    Ok(plain(r))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ById {
-    id: String,
+fn plain(reservation: Reservation) -> ReservationAnswer {
+    ReservationAnswer {
+        reservation: ReservationView {
+            reservation,
+            delivery: None,
+        },
+    }
 }
 
-async fn visible(
-    state: &ApiState,
-    p: &Principal,
-    id: &str,
-    verb: &str,
-) -> Result<Reservation, ApiError> {
-    let not_found = || ApiError::new(ApiCode::NotFound, format!("reservation {id:?} not found"));
-    let r = state.store.reservation(id).await?.ok_or_else(not_found)?;
-    // Another tenant's reservation does not exist as far as this caller can tell.
-    if !tenant_allowed(&p.tenant_id, p.tenant_is_root, &r.tenant) {
+/// The reservation `id` if the caller may see it (another tenant's does not exist as far as it can tell), with
+/// the method's grant checked on its tenant.
+async fn visible(cx: &Cx, id: &ReservationId) -> Result<Reservation, ApiError> {
+    let not_found = || ApiError::new(ApiCode::NotFound, format!("reservation {id} not found"));
+    let capacity = cx.get::<Capacity>()?;
+    let r = capacity
+        .store
+        .reservation(id)
+        .await?
+        .ok_or_else(not_found)?;
+    let caller = cx.caller();
+    if !tenant_allowed(&caller.tenant_id, caller.tenant_is_root, r.tenant.as_str()) {
         return Err(not_found());
     }
-    require(
-        p,
-        &format!("compute:reservations:{verb}"),
-        &format!("tenant/{}", r.tenant),
-    )?;
+    cx.authorize(&format!("tenant/{}", r.tenant))?;
     Ok(r)
 }
 
-pub async fn get(state: &ApiState, p: &Principal, req: ById) -> Result<Value, ApiError> {
-    let r = visible(state, p, &req.id, "get").await?;
-    let mut shown = with_delivery(state, vec![r]).await?;
-    Ok(json!({ "reservation": shown.pop() }))
+async fn get(cx: Cx, req: ReservationById) -> Result<ReservationAnswer, ApiError> {
+    let r = visible(&cx, &req.id).await?;
+    let capacity = cx.get::<Capacity>()?;
+    let mut shown = with_delivery(capacity, vec![r]).await?;
+    let reservation = shown
+        .pop()
+        .ok_or_else(|| ApiError::not_found(format!("reservation {} not found", req.id)))?;
+    Ok(ReservationAnswer { reservation })
 }
 
 /// Reservations as operators see them: a placed one carries `delivery`, how far its booking has reached its nodes
 /// (`state`: pending, applied or failed, and per node the generation carrying it, its state and, while it fails,
 /// the node's reason).
-async fn with_delivery(state: &ApiState, rows: Vec<Reservation>) -> Result<Vec<Value>, ApiError> {
+async fn with_delivery(
+    capacity: &Capacity,
+    rows: Vec<Reservation>,
+) -> Result<Vec<ReservationView>, ApiError> {
     let placed: Vec<String> = rows
         .iter()
-        .filter(|r| r.state == "placed")
-        .map(|r| r.id.clone())
+        .filter(|r| r.state == ReservationState::Placed)
+        .map(|r| r.id.to_string())
         .collect();
     let mut deliveries = if placed.is_empty() {
         HashMap::new()
     } else {
-        state.store.deliveries(&placed).await?
+        capacity.store.deliveries(&placed).await?
     };
     Ok(rows
         .into_iter()
         .map(|r| {
-            let nodes = deliveries.remove(&r.id);
-            let mut v = serde_json::to_value(r).unwrap_or_default();
-            if let Some(nodes) = nodes {
-                v["delivery"] = json!({
-                    "state": bc_core::reservation::delivery(nodes.iter().map(|n| n.state)),
-                    "nodes": nodes,
+            let delivery = deliveries
+                .remove(r.id.as_str())
+                .map(|nodes| ReservationDelivery {
+                    state: bc_core::reservation::delivery(nodes.iter().map(|n| n.state)),
+                    nodes,
                 });
+            ReservationView {
+                reservation: r,
+                delivery,
             }
-            v
         })
         .collect())
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct List {
-    tenant: Option<String>,
-    limit: Option<i64>,
-}
-
-pub async fn list(state: &ApiState, p: &Principal, req: List) -> Result<Value, ApiError> {
+async fn list(cx: Cx, req: ListReservations) -> Result<ReservationList, ApiError> {
+    let caller = cx.caller();
     let tenant = match req.tenant {
         Some(t) => {
-            body_tenant_check(p, &t)?;
+            tenant_check(caller, &t)?;
             Some(t)
         }
-        None if p.tenant_is_root => None,
-        None => Some(p.tenant_id.clone()),
+        None if caller.tenant_is_root => None,
+        None => Some(caller.tenant_id.clone()),
     };
     let limit = req.limit.unwrap_or(100).clamp(1, 1000);
-    let rows: Vec<Reservation> = state
+    let capacity = cx.get::<Capacity>()?;
+    let rows: Vec<Reservation> = capacity
         .store
         .list_reservations(tenant.as_deref(), limit)
         .await?
         .into_iter()
-        .filter(|r| {
-            bc_core::iam::allows(
-                &p.grants,
-                "compute:reservations:list",
-                &format!("tenant/{}", r.tenant),
-            )
-        })
+        .filter(|r| cx.allows(&format!("tenant/{}", r.tenant)))
         .collect();
-    Ok(json!({ "reservations": with_delivery(state, rows).await? }))
+    Ok(ReservationList {
+        reservations: with_delivery(capacity, rows).await?,
+    })
 }
 
-pub async fn release(state: &ApiState, p: &Principal, req: ById) -> Result<Value, ApiError> {
-    let r = visible(state, p, &req.id, "release").await?;
-    match state
+async fn release(cx: Cx, req: ReservationById) -> Result<ReservationAnswer, ApiError> {
+    let r = visible(&cx, &req.id).await?;
+    let capacity = cx.get::<Capacity>()?;
+    let actor = format!("principal/{}", cx.caller().id);
+    match capacity
         .store
-        .end_reservation(&r.id, "released", &format!("principal/{}", p.id))
+        .end_reservation(&r.id, ReservationState::Released, &actor)
         .await?
     {
-        Some(r) => Ok(json!({ "reservation": r })),
+        Some(r) => Ok(plain(r)),
         None => Err(ApiError::new(
             ApiCode::Conflict,
             format!("reservation {} has already ended ({})", r.id, r.state),
@@ -416,115 +443,24 @@ pub async fn release(state: &ApiState, p: &Principal, req: ById) -> Result<Value
     }
 }
 
-// === IAM: tenants and principals ===
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateTenant {
-    id: String,
-    name: Option<String>,
+/// Hands admission's waiting API calls the placer's decisions (`bc_reservation_decided`).
+pub(crate) fn decisions_reconciler() -> Reconciler {
+    Reconciler::new("admission-decisions")
+        .role("api")
+        .poked_by(bc_store::reservations::DECIDED_CHANNEL)
+        .run(|mut cx: ReconcileCx| async move {
+            let capacity = cx.resources.get_arc::<Capacity>();
+            loop {
+                tokio::select! {
+                    n = cx.pokes.recv() => match (n, &capacity) {
+                        (Some(Notice::Message { payload, .. }), Some(c)) => c.decisions.decided(&c.store, &payload).await,
+                        (Some(_), _) => {}
+                        // The listener ended: the process is stopping.
+                        (None, _) => break,
+                    },
+                    _ = cx.stop.stopped() => return,
+                }
+            }
+            cx.stop.stopped().await;
+        })
 }
-
-pub async fn create_tenant(
-    state: &ApiState,
-    p: &Principal,
-    req: CreateTenant,
-) -> Result<Value, ApiError> {
-    if !p.tenant_is_root {
-        return Err(ApiError::new(
-            ApiCode::AccessDenied,
-            "only the root tenant creates tenants",
-        ));
-    }
-    require(p, "compute:tenants:create", &format!("tenant/{}", req.id))?;
-    if !valid_id(&req.id) {
-        return Err(ApiError::new(
-            ApiCode::InvalidArgument,
-            "id must be letters, digits, '-' or '_' (at most 64)",
-        ));
-    }
-    let name = req.name.unwrap_or_else(|| req.id.clone());
-    state.store.ensure_tenant(&req.id, &name).await?;
-    Ok(json!({"id": req.id, "name": name}))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreatePrincipal {
-    id: String,
-    tenant: String,
-    name: Option<String>,
-    #[serde(default)]
-    grants: Vec<bc_core::iam::Grant>,
-}
-
-pub async fn create_principal(
-    state: &ApiState,
-    p: &Principal,
-    req: CreatePrincipal,
-) -> Result<Value, ApiError> {
-    body_tenant_check(p, &req.tenant)?;
-    require(
-        p,
-        "compute:principals:create",
-        &format!("tenant/{}", req.tenant),
-    )?;
-    if !valid_id(&req.id) {
-        return Err(ApiError::new(
-            ApiCode::InvalidArgument,
-            "id must be letters, digits, '-' or '_' (at most 64)",
-        ));
-    }
-    for (i, g) in req.grants.iter().enumerate() {
-        if !valid_pattern(&g.permission) || !valid_pattern(&g.scope) {
-            return Err(ApiError::invalid(format!(
-                "grants[{i}]: permission and scope must be 1 to 256 visible ASCII characters (e.g. \
-                 compute:nodes:get on pool/gpu-a)"
-            )));
-        }
-    }
-    // A non-root caller may hand out only grants scoped to its own tenant.
-    if !p.tenant_is_root {
-        let own = format!("tenant/{}", req.tenant);
-        if let Some(g) = req.grants.iter().find(|g| g.scope != own) {
-            return Err(ApiError::new(
-                ApiCode::AccessDenied,
-                format!("grant scope {:?} is outside tenant {}", g.scope, req.tenant),
-            ));
-        }
-    }
-    // Nobody hands out what it does not hold: each grant must be covered by one of the caller's own.
-    if let Some(g) = bc_core::iam::first_uncovered(&p.grants, &req.grants) {
-        return Err(ApiError::new(
-            ApiCode::AccessDenied,
-            format!(
-                "principal {} cannot grant {} on {}: none of its own grants covers it (a principal grants only \
-                 what it holds); ask a principal that holds it, or grant something narrower",
-                p.id, g.permission, g.scope
-            ),
-        ));
-    }
-    let key = bc_proto::token::Token::generate(bc_proto::token::TokenKind::ApiKey)
-        .map_err(|_| ApiError::new(ApiCode::Unavailable, "no randomness"))?;
-    let name = req.name.unwrap_or_else(|| req.id.clone());
-    state
-        .store
-        .create_principal(
-            &req.id,
-            &req.tenant,
-            &name,
-            key.id(),
-            &key.secret().hash(),
-            &req.grants,
-        )
-        .await?;
-    Ok(json!({"id": req.id, "tenant": req.tenant, "api_key": key.reveal()}))
-}
-
-/// A grant's permission or scope as stored: 1 to 256 visible ASCII characters.
-fn valid_pattern(s: &str) -> bool {
-    (1..=256).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_graphic())
-}
-
-/// Shared handle type for ApiState.
-pub type SharedDecisions = Arc<Decisions>;
