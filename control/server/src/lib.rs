@@ -69,6 +69,8 @@ pub struct Running {
     pub ca_pin: String,
     pub join_public_key: String,
     pub trust_domain: String,
+    /// What the modules said while the control plane initialized (a configuration that cannot work as it stands).
+    pub notes: Vec<String>,
     plane: bc_kernel::Running,
 }
 
@@ -230,18 +232,9 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         gateway: sessions.clone(),
         lifecycle_poke: config.roles.controllers.then(Default::default),
     };
-    let observer = metrics.clone();
-    let capacity = bc_mod_capacity::CapacityOptions {
-        placer: config.placer,
-        full_reload: config.capacity_reload,
-        runs_scheduler: config.roles.scheduler,
-        observer: bc_mod_capacity::PlacementObserver(Arc::new(move |d| {
-            observer.observe_placement(d)
-        })),
-    };
     let mut builder = bc_kernel::ControlPlane::builder(options)
         .module(plane::module(loops))
-        .module(bc_mod_capacity::module(capacity));
+        .module(capacity_module(config, &metrics));
     if api.is_some() {
         builder = builder.resource(api::ApiState {
             store: store.clone(),
@@ -309,7 +302,21 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         ca_pin: ca.pin(),
         join_public_key,
         trust_domain: config.trust_domain.clone(),
+        notes: initialized.notes().to_vec(),
         plane,
+    })
+}
+
+/// The capacity module as `config` sets it up, recording placement latency into `metrics`.
+fn capacity_module(config: &ServeConfig, metrics: &telemetry::ControlMetrics) -> bc_kernel::Module {
+    let observer = metrics.clone();
+    bc_mod_capacity::module(bc_mod_capacity::CapacityOptions {
+        placer: config.placer,
+        full_reload: config.capacity_reload,
+        runs_scheduler: config.roles.scheduler,
+        observer: bc_mod_capacity::PlacementObserver(Arc::new(move |d| {
+            observer.observe_placement(d)
+        })),
     })
 }
 

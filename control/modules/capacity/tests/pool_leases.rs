@@ -1,0 +1,123 @@
+//! The pool-lease placer's fencing, on a real PostgreSQL: a booking transaction holds its pool lease rows
+//! `FOR SHARE` with the fence it read, so a placer whose lease moved on claims nothing, and a takeover waits for
+//! the holder's transaction to end.
+
+use bc_mod_capacity::queries::{self, PoolLease};
+use bc_store::Store;
+use bc_store::reservations::{Admission, NewReservation};
+use bc_store::testing::{seed_gpu_nodes, test_db};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+async fn pending_in(store: &Store, id: &str, pool: &str) {
+    let request = serde_json::json!({
+        "tenant": "root", "gpus": 1, "topology": "node", "duration_s": 60, "pool": pool,
+    });
+    let admitted = store
+        .admit_reservation(NewReservation {
+            id,
+            principal_id: "admin",
+            key: id,
+            body_hash: "h",
+            tenant: "root",
+            request: &request,
+            duration_s: 60,
+        })
+        .await
+        .expect("admit");
+    assert!(matches!(admitted, Admission::Recorded));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placer_whose_pool_lease_moved_on_claims_nothing() {
+    let db = test_db().await;
+    let store = Store::new(db.pool.clone());
+    seed_gpu_nodes(&db.pool, "pa", "a", 1, 2, "H100")
+        .await
+        .expect("seed");
+    pending_in(&store, "rsv-1", "pa").await;
+
+    let a = queries::sync_pool_leases(&store, "A", &["pa".into()], 10_000)
+        .await
+        .expect("A takes pa");
+    assert_eq!(a.len(), 1);
+    let (tx, valid, pending) = queries::claim_pending_in_pools(&store, "A", &a, None, 10)
+        .await
+        .expect("claim");
+    assert_eq!(
+        (valid.len(), pending.len()),
+        (1, 1),
+        "the holder claims its pool's reservation"
+    );
+    tx.rollback().await.expect("rollback");
+
+    // A's lease ends (it stopped); B takes pa with a higher fence.
+    queries::leave_pools(&store, "A").await.expect("leave");
+    let b = queries::sync_pool_leases(&store, "B", &["pa".into()], 10_000)
+        .await
+        .expect("B takes pa");
+    assert_eq!(b.len(), 1);
+    assert!(b[0].fence > a[0].fence, "{b:?} after {a:?}");
+
+    // A, still believing it holds pa with its old fence, claims nothing; B claims it.
+    let (tx, valid, pending) = queries::claim_pending_in_pools(&store, "A", &a, None, 10)
+        .await
+        .expect("stale claim");
+    assert!(
+        valid.is_empty() && pending.is_empty(),
+        "a stale holder claimed {pending:?}"
+    );
+    tx.rollback().await.expect("rollback");
+    // Even A's own renewal cannot take pa back while B holds it.
+    let again = queries::sync_pool_leases(&store, "A", &["pa".into()], 10_000)
+        .await
+        .expect("sync");
+    assert!(again.is_empty(), "{again:?}");
+    let (tx, _, pending) = queries::claim_pending_in_pools(&store, "B", &b, None, 10)
+        .await
+        .expect("claim");
+    assert_eq!(pending.len(), 1);
+    tx.rollback().await.expect("rollback");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_waits_for_the_holders_booking_transaction() {
+    let db = test_db().await;
+    let store = Store::new(db.pool.clone());
+    seed_gpu_nodes(&db.pool, "pa", "a", 1, 2, "H100")
+        .await
+        .expect("seed");
+    pending_in(&store, "rsv-1", "pa").await;
+    // B holds pa for 300 ms and opens its booking transaction at once.
+    let b: Vec<PoolLease> = queries::sync_pool_leases(&store, "B", &["pa".into()], 300)
+        .await
+        .expect("B takes pa");
+    let (tx, valid, _) = queries::claim_pending_in_pools(&store, "B", &b, None, 10)
+        .await
+        .expect("claim");
+    assert_eq!(valid.len(), 1);
+    let committed = Arc::new(AtomicBool::new(false));
+    let done = committed.clone();
+    let holder = tokio::spawn(async move {
+        // The booking takes longer than the lease: the lease runs out while the transaction is open.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        done.store(true, Ordering::SeqCst);
+        tx.commit().await.expect("commit");
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let a = queries::sync_pool_leases(&store, "A", &["pa".into()], 10_000)
+        .await
+        .expect("A takes pa");
+    assert!(
+        committed.load(Ordering::SeqCst),
+        "A took pa while B's booking transaction, fenced on it, was still open"
+    );
+    assert_eq!(
+        a.len(),
+        1,
+        "A takes the expired lease once B's transaction ended"
+    );
+    assert!(a[0].fence > b[0].fence);
+    holder.await.expect("holder");
+}
