@@ -84,8 +84,14 @@ fn code(r: &Result<Value, ClientError>) -> String {
     }
 }
 
-/// Creates one 1-GPU reservation in each pool of `pools`, `rounds` times; returns (id, pool) of each, all placed.
-async fn book(admin: &ApiClient, pools: &[&str], rounds: usize) -> Vec<(String, String)> {
+/// Creates one 1-GPU reservation in each pool of `pools`, `rounds` times (keys tagged `tag`); returns (id, pool)
+/// of each, all placed.
+async fn book(
+    admin: &ApiClient,
+    tag: &str,
+    pools: &[&str],
+    rounds: usize,
+) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for round in 0..rounds {
         for pool in pools {
@@ -94,7 +100,7 @@ async fn book(admin: &ApiClient, pools: &[&str], rounds: usize) -> Vec<(String, 
                     "reservations",
                     "create",
                     json!({"tenant": "root", "gpus": 1, "duration_s": 600, "pool": pool,
-                           "idempotency_key": format!("{pool}-{round}-{}", out.len())}),
+                           "idempotency_key": format!("{tag}-{pool}-{round}")}),
                 )
                 .await;
             let v = r.unwrap_or_else(|e| panic!("create in {pool}: {e}"));
@@ -156,21 +162,16 @@ async fn pool_lease_books_each_pool_from_its_one_holder_and_hands_over_when_it_s
     )
     .await
     .expect("scheduler 1");
-    let mut w1 = Vec::new();
-    until(5, "scheduler 1 is a live worker", || {
-        let store = store.clone();
-        let w1 = &mut w1;
-        async move {
-            *w1 = live_schedulers(&store).await;
-            if w1.len() == 1 {
-                Ok(())
-            } else {
-                Err(format!("{w1:?}"))
-            }
+    until(5, "scheduler 1 is a live worker", || async {
+        let w = live_schedulers(&store).await;
+        if w.len() == 1 {
+            Ok(())
+        } else {
+            Err(format!("{w:?}"))
         }
     })
     .await;
-    let w1 = w1.remove(0);
+    let w1 = live_schedulers(&store).await.remove(0);
     let s2 = bc_control::start(
         &config(dirs[1].path(), scheduler_only(), Placer::PoolLease),
         store.clone(),
@@ -228,7 +229,7 @@ async fn pool_lease_books_each_pool_from_its_one_holder_and_hands_over_when_it_s
         "{said}"
     );
 
-    let mut booked = book(&admin, &POOLS, 2).await;
+    let mut booked = book(&admin, "before", &POOLS, 2).await;
     placed_once_in_their_pools(&store, &booked).await;
     // No lease changed hands while they were booked: each pool's bookings came from its one holder.
     assert_eq!(pool_holders(&store).await, before);
@@ -272,7 +273,7 @@ async fn pool_lease_books_each_pool_from_its_one_holder_and_hands_over_when_it_s
         before["pa"],
         moved["pa"]
     );
-    booked.extend(book(&admin, &POOLS, 1).await);
+    booked.extend(book(&admin, "after", &POOLS, 1).await);
     placed_once_in_their_pools(&store, &booked).await;
     survivor.shutdown().await;
     api.shutdown().await;

@@ -2,11 +2,15 @@
 //! `adopted` is never booked, and a drain waits for a placement that read the node as bookable), and a node's
 //! failed desired-state acknowledgements reach the node's status and the reservations they carry.
 
-use bc_core::reservation::Delivery;
+use bc_core::reservation::{Delivery, ReservationState};
 use bc_store::Store;
 use bc_store::reservations::{Decision, NewReservation, NodeStateChange};
 use bc_store::testing::{seed_gpu_nodes, test_db};
 use std::time::Duration;
+
+fn rsv(id: &str) -> bc_core::ids::ReservationId {
+    bc_core::ids::ReservationId::parse(id).expect("id")
+}
 
 const MODEL: &str = "NVIDIA H100 80GB HBM3";
 
@@ -79,11 +83,11 @@ async fn a_placement_on_a_node_that_left_adopted_is_retried_not_booked() {
     .expect("count");
     assert_eq!(booked, 0);
     let r = store
-        .reservation("rsv-1")
+        .reservation(&rsv("rsv-1"))
         .await
         .expect("read")
         .expect("row");
-    assert_eq!(r.state, "pending");
+    assert_eq!(r.state, ReservationState::Pending);
     assert!(
         store
             .free_devices(None)
@@ -111,12 +115,15 @@ async fn a_placement_on_a_node_that_left_adopted_is_retried_not_booked() {
         .expect("commit");
     assert!(retry.is_empty());
     let r = store
-        .reservation("rsv-1")
+        .reservation(&rsv("rsv-1"))
         .await
         .expect("read")
         .expect("row");
-    assert_eq!(r.state, "placed");
-    assert_eq!(r.nodes, vec!["n-1".to_string()]);
+    assert_eq!(r.state, ReservationState::Placed);
+    assert_eq!(
+        r.nodes,
+        vec![bc_core::ids::NodeId::parse("n-1").expect("id")]
+    );
 
     // Verbs on a state they do not apply to change nothing.
     assert_eq!(
@@ -319,7 +326,7 @@ async fn a_failed_acknowledgement_reaches_the_node_and_the_reservations_it_carri
     assert!(!store.desired_status(&nodes).await.expect("status")["n-1"].failing());
     // Released reservations have no delivery.
     store
-        .end_reservation("rsv-1", "released", "test")
+        .end_reservation(&rsv("rsv-1"), ReservationState::Released, "test")
         .await
         .expect("release");
     assert!(store.deliveries(&ids).await.expect("deliveries").is_empty());
