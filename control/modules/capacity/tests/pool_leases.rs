@@ -79,6 +79,22 @@ async fn a_placer_whose_pool_lease_moved_on_claims_nothing() {
         .expect("claim");
     assert_eq!(pending.len(), 1);
     tx.rollback().await.expect("rollback");
+
+    // B stops and A takes pa again, with a new fence: a claim still carrying A's first fence (work begun before
+    // it lost the lease) claims nothing, though the owner matches.
+    queries::leave_pools(&store, "B").await.expect("leave");
+    let a2 = queries::sync_pool_leases(&store, "A", &["pa".into()], 10_000)
+        .await
+        .expect("A takes pa again");
+    assert!(a2[0].fence > b[0].fence, "{a2:?} after {b:?}");
+    let (tx, valid, pending) = queries::claim_pending_in_pools(&store, "A", &a, None, 10)
+        .await
+        .expect("old-fence claim");
+    assert!(
+        valid.is_empty() && pending.is_empty(),
+        "a claim with a fence from an earlier tenure claimed {pending:?}"
+    );
+    tx.rollback().await.expect("rollback");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
