@@ -313,8 +313,13 @@ mod tests {
     #[test]
     fn a_bad_placer_is_invalid_config_naming_capacity_placer() {
         let wire: ServeConfigWire =
-            toml::from_str("[capacity]\nplacer = \"round-robin\"\n").unwrap();
-        let e = wire.validate("x.toml").map(|_| ()).unwrap_err().to_string();
+            toml::from_str("[capacity]\nplacer = \"round-robin\"\n").expect("toml");
+        let e = wire
+            .validate("x.toml")
+            .map(|_| ())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(
             e.starts_with("INVALID_CONFIG")
                 && e.contains("capacity.placer")
@@ -322,7 +327,7 @@ mod tests {
             "{e}"
         );
         let wire: ServeConfigWire =
-            toml::from_str("[capacity]\nplacer = \"pool-lease\"\n").unwrap();
+            toml::from_str("[capacity]\nplacer = \"pool-lease\"\n").expect("toml");
         assert_eq!(
             wire.validate("x.toml").map(|c| c.placer).ok(),
             Some(bc_mod_capacity::Placer::PoolLease)

@@ -147,10 +147,13 @@ mod tests {
             "delivery": {"state": "applied", "nodes": [
                 {"node": "node-1", "generation": 2, "state": "applied", "message": null}]},
         });
-        let view: ReservationView = serde_json::from_value(wire.clone()).unwrap();
+        let view: ReservationView = serde_json::from_value(wire.clone()).expect("reads");
         assert_eq!(view.reservation.nodes[0].as_str(), "node-1");
-        assert_eq!(view.delivery.as_ref().unwrap().state, Delivery::Applied);
-        assert_eq!(serde_json::to_value(&view).unwrap(), wire);
+        assert_eq!(
+            view.delivery.as_ref().expect("delivery").state,
+            Delivery::Applied
+        );
+        assert_eq!(serde_json::to_value(&view).expect("writes"), wire);
     }
 
     #[test]
@@ -162,7 +165,7 @@ mod tests {
         let c: CreateReservation = serde_json::from_value(serde_json::json!({
             "tenant": "a", "gpus": 1, "duration_s": 1, "idempotency_key": "has space"
         }))
-        .unwrap();
+        .expect("reads");
         assert!(!c.key_is_valid());
     }
 }
