@@ -152,9 +152,27 @@ mod tests {
     fn an_adopting_node_is_checked_once_its_gpus_are_reported_and_it_is_online() {
         let c = candidate(NodeState::Adopting);
         assert!(needs_check(&c, 0, 300_000));
-        assert!(!needs_check(&CheckCandidate { gpu_inventory: false, ..c }, 0, 300_000));
-        assert!(!needs_check(&CheckCandidate { online: false, ..c }, 0, 300_000));
-        assert!(!needs_check(&CheckCandidate { check_open: true, ..c }, 0, 300_000));
+        assert!(!needs_check(
+            &CheckCandidate {
+                gpu_inventory: false,
+                ..c
+            },
+            0,
+            300_000
+        ));
+        assert!(!needs_check(
+            &CheckCandidate { online: false, ..c },
+            0,
+            300_000
+        ));
+        assert!(!needs_check(
+            &CheckCandidate {
+                check_open: true,
+                ..c
+            },
+            0,
+            300_000
+        ));
     }
 
     #[test]
@@ -165,8 +183,22 @@ mod tests {
         };
         assert!(!needs_check(&c, 1_000_000 + 299_999, 300_000));
         assert!(needs_check(&c, 1_000_000 + 300_000, 300_000));
-        assert!(needs_check(&CheckCandidate { last_check_finished_ms: None, ..c }, 0, 300_000));
-        assert!(!needs_check(&CheckCandidate { check_open: true, ..c }, i64::MAX, 300_000));
+        assert!(needs_check(
+            &CheckCandidate {
+                last_check_finished_ms: None,
+                ..c
+            },
+            0,
+            300_000
+        ));
+        assert!(!needs_check(
+            &CheckCandidate {
+                check_open: true,
+                ..c
+            },
+            i64::MAX,
+            300_000
+        ));
         // A clock before the last check (another controller's skew) waits, never underflows.
         assert!(!needs_check(&c, i64::MIN, 300_000));
     }

@@ -201,15 +201,25 @@ mod tests {
             plan_verb(NodeVerb::Drain, "n", Adopted),
             change(LiveState::Adopted, Draining)
         );
-        assert_eq!(plan_verb(NodeVerb::Drain, "n", Draining), VerbPlan::Unchanged);
+        assert_eq!(
+            plan_verb(NodeVerb::Drain, "n", Draining),
+            VerbPlan::Unchanged
+        );
         assert_eq!(
             plan_verb(NodeVerb::Undrain, "n", Draining),
             change(LiveState::Draining, Adopted)
         );
-        assert_eq!(plan_verb(NodeVerb::Undrain, "n", Adopted), VerbPlan::Unchanged);
+        assert_eq!(
+            plan_verb(NodeVerb::Undrain, "n", Adopted),
+            VerbPlan::Unchanged
+        );
         for s in [Adopting, Failed] {
-            assert!(matches!(plan_verb(NodeVerb::Drain, "n", s), VerbPlan::Refused(m) if m.contains("only an adopted node")));
-            assert!(matches!(plan_verb(NodeVerb::Undrain, "n", s), VerbPlan::Refused(m) if m.contains("not draining")));
+            assert!(
+                matches!(plan_verb(NodeVerb::Drain, "n", s), VerbPlan::Refused(m) if m.contains("only an adopted node"))
+            );
+            assert!(
+                matches!(plan_verb(NodeVerb::Undrain, "n", s), VerbPlan::Refused(m) if m.contains("not draining"))
+            );
         }
     }
 
@@ -218,7 +228,13 @@ mod tests {
         for s in ALL {
             match (s.standing(), plan_verb(NodeVerb::Revoke, "n", s)) {
                 (Standing::Live(from), VerbPlan::Change(t)) => {
-                    assert_eq!(t, Transition { from, to: NodeState::Revoked })
+                    assert_eq!(
+                        t,
+                        Transition {
+                            from,
+                            to: NodeState::Revoked
+                        }
+                    )
                 }
                 (Standing::Revoked, VerbPlan::Unchanged) => {}
                 other => panic!("{s}: {other:?}"),

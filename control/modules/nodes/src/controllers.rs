@@ -1,80 +1,59 @@
-//! The `controllers` role's shared machinery: membership (a worker row renewed every quarter lease), the shards
-//! this process leases (rendezvous hashing over the live workers, made real by fenced leases), and the loops that
-//! work by shard: reservation expiry from the work queue and the outbox sink. The lifecycle controller reads the
-//! leased shards from the watch channel this loop publishes. Every loop converges on its tick; the outbox
-//! notification only makes delivery sooner.
+//! The `controllers` role's shard work: reservation expiry from the work queue and the outbox sink, on the shards
+//! this process leases (the kernel keeps the role's membership and fenced leases; see [`bc_kernel::Reconciler`]).
+//! It converges on its tick; the outbox notification only makes delivery sooner.
 
-use crate::notify::{self, Notice};
-use bc_core::shards;
+use bc_kernel::{Notice, ReconcileCx};
 use bc_store::Store;
 use bc_store::work::ShardLease;
-use std::time::Duration;
-use tokio::sync::watch;
-use tokio::time::Instant;
 
 pub const ROLE: &str = "controllers";
 /// Notified (by the booking transactions) when outbox rows were written.
 pub const OUTBOX_WRITTEN: &str = bc_store::reservations::OUTBOX_WRITTEN_CHANNEL;
 
-pub async fn run(
-    store: Store,
-    worker_id: String,
-    lease: Duration,
-    shards_out: watch::Sender<Vec<i16>>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut notices = notify::listen(&store, &[OUTBOX_WRITTEN], stop.clone());
-    let lease_ms = lease.as_millis() as i64;
-    let tick_every = (lease / 4).max(Duration::from_millis(100));
-    let mut tick = tokio::time::interval(tick_every);
+/// The leases the kernel holds, as the store's queries take them.
+pub(crate) fn store_leases(cx: &ReconcileCx) -> Vec<ShardLease> {
+    cx.shards
+        .borrow()
+        .iter()
+        .map(|l| ShardLease {
+            shard: l.shard.get(),
+            fence: l.fence,
+        })
+        .collect()
+}
+
+/// Runs expiry and the outbox sink on every tick and change of leases, and the outbox sink alone when poked.
+pub async fn run(mut cx: ReconcileCx) {
+    let Ok(store) = cx.resources.require::<Store>().cloned() else {
+        tracing::error!("controllers: no store; the role cannot run");
+        return cx.stop.stopped().await;
+    };
+    let worker = cx.worker.id.clone();
+    let mut tick = tokio::time::interval(cx.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut leases: Vec<ShardLease> = Vec::new();
-    let mut membership_due = Instant::now();
+    let mut listening = true;
     loop {
         let mut outbox_only = false;
         tokio::select! {
             _ = tick.tick() => {}
-            n = notices.recv() => match n {
+            n = cx.pokes.recv(), if listening => match n {
                 Some(Notice::Message { .. } | Notice::Resync) => outbox_only = true,
-                None => return,
+                None => listening = false,
             },
-            changed = stop.changed() => {
-                if changed.is_err() || *stop.borrow() {
-                    shards_out.send_replace(Vec::new());
-                    if let Err(e) = store.leave_role(ROLE, &worker_id).await {
-                        tracing::warn!(error = %e, "leaving the controllers role failed; leases will expire");
-                    }
-                    return;
+            changed = cx.shards.changed() => {
+                if changed.is_err() {
+                    return cx.stop.stopped().await;
                 }
             }
+            _ = cx.stop.stopped() => return,
         }
-        while notices.try_recv().is_ok() {}
-        if Instant::now() >= membership_due {
-            match membership(&store, &worker_id, lease_ms).await {
-                Ok(held) => {
-                    let mine: Vec<i16> = held.iter().map(|l| l.shard).collect();
-                    if mine.len() != leases.len() {
-                        tracing::info!(
-                            worker = worker_id,
-                            shards = mine.len(),
-                            "controller shards"
-                        );
-                    }
-                    leases = held;
-                    shards_out.send_replace(mine);
-                    membership_due = Instant::now() + tick_every;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "controllers membership failed");
-                    membership_due = Instant::now() + Duration::from_millis(500);
-                }
-            }
-        }
+        while cx.pokes.try_recv().is_ok() {}
+        let leases = store_leases(&cx);
         if leases.is_empty() {
             continue;
         }
         if !outbox_only {
-            match store.run_due_expiries(ROLE, &worker_id, &leases, 500).await {
+            match store.run_due_expiries(ROLE, &worker, &leases, 500).await {
                 Ok(ended) => {
                     for r in ended {
                         tracing::info!(reservation = r.id, nodes = ?r.nodes, "reservation expired; GPUs freed");
@@ -84,7 +63,7 @@ pub async fn run(
             }
         }
         loop {
-            match store.drain_outbox(ROLE, &worker_id, &leases, 1000).await {
+            match store.drain_outbox(ROLE, &worker, &leases, 1000).await {
                 Ok(n) if n >= 1000 => continue,
                 Ok(_) => break,
                 Err(e) => {
@@ -94,19 +73,6 @@ pub async fn run(
             }
         }
     }
-}
-
-async fn membership(
-    store: &Store,
-    me: &str,
-    lease_ms: i64,
-) -> Result<Vec<ShardLease>, bc_store::StoreError> {
-    let workers = store.heartbeat_worker(ROLE, me, lease_ms).await?;
-    let want: Vec<i16> = shards::owned_by(me, &workers)
-        .into_iter()
-        .map(|s| s as i16)
-        .collect();
-    store.sync_leases(ROLE, me, &want, lease_ms).await
 }
 
 /// A process-unique worker id: host, pid and a random suffix (a restarted process is a new worker).

@@ -3,7 +3,7 @@
 //! token's row lock and the WAL flush are paid once per batch instead of once per node, with every join still
 //! acknowledged only after its commit is durable.
 
-use crate::ca::{Ca, CsrError, Issued, verify_csr};
+use bc_ca::{Ca, CsrError, Issued, VerifiedCsr, verify_csr};
 use bc_core::hardware::{self, HardwareClaims};
 use bc_core::join::TokenRejection;
 use bc_proto::seal::{self, JoinPrivateKey, SealError};
@@ -39,7 +39,17 @@ pub struct JoinService {
     ca: Arc<Ca>,
     key: JoinPrivateKey,
     batches: mpsc::Sender<Job>,
+    /// Enrolls a site agent whose sealed token is a site token (the sites module's); none: site tokens are refused.
+    sites: Option<SiteEnroller>,
 }
+
+/// Enrolls a site agent from its (opened) site token and verified CSR: the sites module's, handed in by the binary
+/// that composes both (a module imports no other module).
+pub type SiteEnroller = Arc<
+    dyn Fn(Token, VerifiedCsr) -> bc_gateway::BoxFuture<'static, Result<v1::JoinResponse, Status>>
+        + Send
+        + Sync,
+>;
 
 struct Job {
     token_id: String,
@@ -89,7 +99,12 @@ fn internal(what: &str, e: &dyn std::error::Error) -> Status {
 
 impl JoinService {
     /// Creates the service and starts its batch committer on the current runtime.
-    pub fn start(store: Store, ca: Arc<Ca>, key: JoinPrivateKey) -> Arc<JoinService> {
+    pub fn start(
+        store: Store,
+        ca: Arc<Ca>,
+        key: JoinPrivateKey,
+        sites: Option<SiteEnroller>,
+    ) -> Arc<JoinService> {
         let (tx, rx) = mpsc::channel(4096);
         tokio::spawn(commit_loop(store.clone(), rx));
         Arc::new(JoinService {
@@ -98,6 +113,7 @@ impl JoinService {
             ca,
             key,
             batches: tx,
+            sites,
         })
     }
 
@@ -146,7 +162,12 @@ impl JoinService {
             let site = Token::parse(TokenKind::Site, &token).map_err(|e| {
                 Status::invalid_argument(format!("the sealed token is not a site token: {e}"))
             })?;
-            return crate::site::enroll(&self.store, &self.ca, &site, &csr).await;
+            let Some(enroll) = &self.sites else {
+                return Err(Status::failed_precondition(
+                    "this control plane enrolls no site agents (its sites module is not configured); use a join token",
+                ));
+            };
+            return enroll(site, csr).await;
         }
         let token = Token::parse(TokenKind::Join, &token).map_err(|e| {
             Status::invalid_argument(format!("the sealed token is not a join token: {e}"))
@@ -278,7 +299,7 @@ impl JoinService {
     /// A retry of a committed join (same token, same key): the same node and a fresh certificate, no use spent.
     async fn replay(
         &self,
-        csr: &crate::ca::VerifiedCsr,
+        csr: &VerifiedCsr,
         node_id: &str,
         pool_id: &str,
         t: OffsetDateTime,
