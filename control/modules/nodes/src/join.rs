@@ -119,35 +119,11 @@ impl JoinService {
 
     pub async fn join(
         &self,
-        req: v1::JoinRequest,
+        mut req: v1::JoinRequest,
         peer: Option<SocketAddr>,
     ) -> Result<v1::JoinResponse, Status> {
-        let claims = validate_claims(req.claims.unwrap_or_default())?;
-        check_len("agent_version".into(), &req.agent_version).map_err(|_| {
-            Status::invalid_argument(format!(
-                "agent_version must be at most {MAX_STRING} bytes without control characters"
-            ))
-        })?;
-        if req.csr_der.is_empty() {
-            return Err(Status::invalid_argument(
-                "csr_der is empty: send the node's PKCS#10 request",
-            ));
-        }
-        if req.sealed_token.is_empty() {
-            return Err(Status::invalid_argument(
-                "sealed_token is empty: seal the join token to JoinService",
-            ));
-        }
-        if req.sealed_token.len() > MAX_SEALED {
-            return Err(Status::invalid_argument(format!(
-                "sealed_token is longer than {MAX_SEALED} bytes"
-            )));
-        }
-        if req.csr_der.len() > MAX_CSR {
-            return Err(Status::invalid_argument(format!(
-                "csr_der is longer than {MAX_CSR} bytes"
-            )));
-        }
+        let claims = validate_claims(req.claims.take().unwrap_or_default())?;
+        check_request(&req)?;
         let csr = verify_csr(&req.csr_der).map_err(|e| match e {
             CsrError::BadSignature => Status::permission_denied(e.to_string()),
             _ => Status::invalid_argument(e.to_string()),
@@ -159,15 +135,7 @@ impl JoinService {
             })?;
         // Site tokens enroll site agents through the same sealed-token path; each kind only on its own path.
         if check_purpose(req.purpose, &token)? == TokenKind::Site {
-            let site = Token::parse(TokenKind::Site, &token).map_err(|e| {
-                Status::invalid_argument(format!("the sealed token is not a site token: {e}"))
-            })?;
-            let Some(enroll) = &self.sites else {
-                return Err(Status::failed_precondition(
-                    "this control plane enrolls no site agents (its sites module is not configured); use a join token",
-                ));
-            };
-            return enroll(site, csr).await;
+            return self.enroll_site(&token, csr).await;
         }
         let token = Token::parse(TokenKind::Join, &token).map_err(|e| {
             Status::invalid_argument(format!("the sealed token is not a join token: {e}"))
@@ -187,24 +155,7 @@ impl JoinService {
             .check(&claims)
             .map_err(|r| Status::permission_denied(r.to_string()))?;
         let hk = hardware::hardware_key(&claims);
-        let mut reclaim_of = None;
-        if row.reclaim
-            && let Some(hk) = &hk
-        {
-            let pool = self
-                .store
-                .pool_by_id(&row.pool_id)
-                .await
-                .map_err(|e| internal("reading the pool", &e))?;
-            if pool.allow_reclaim {
-                reclaim_of = self
-                    .store
-                    .node_by_hardware_key(hk)
-                    .await
-                    .map_err(|e| internal("reading nodes", &e))?
-                    .map(|o| o.node_id);
-            }
-        }
+        let reclaim_of = self.reclaim_target(&row, hk.as_deref()).await?;
         let node_id = reclaim_of
             .clone()
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
@@ -274,6 +225,45 @@ impl JoinService {
                 "another join of this machine or key committed at the same moment; retry",
             )),
         }
+    }
+
+    /// A site token on the join path: the sites module enrolls the agent.
+    async fn enroll_site(&self, token: &str, csr: VerifiedCsr) -> Result<v1::JoinResponse, Status> {
+        let site = Token::parse(TokenKind::Site, token).map_err(|e| {
+            Status::invalid_argument(format!("the sealed token is not a site token: {e}"))
+        })?;
+        let Some(enroll) = &self.sites else {
+            return Err(Status::failed_precondition(
+                "this control plane enrolls no site agents (its sites module is not configured); use a join token",
+            ));
+        };
+        enroll(site, csr).await
+    }
+
+    /// The node a reclaim token re-adopts: the live node with this hardware key, when the token and its pool allow
+    /// reclaim.
+    async fn reclaim_target(
+        &self,
+        row: &JoinTokenRow,
+        hk: Option<&str>,
+    ) -> Result<Option<String>, Status> {
+        let (true, Some(hk)) = (row.reclaim, hk) else {
+            return Ok(None);
+        };
+        let pool = self
+            .store
+            .pool_by_id(&row.pool_id)
+            .await
+            .map_err(|e| internal("reading the pool", &e))?;
+        if !pool.allow_reclaim {
+            return Ok(None);
+        }
+        Ok(self
+            .store
+            .node_by_hardware_key(hk)
+            .await
+            .map_err(|e| internal("reading nodes", &e))?
+            .map(|o| o.node_id))
     }
 
     async fn token(&self, id: &str) -> Result<Arc<JoinTokenRow>, Status> {
@@ -392,6 +382,36 @@ async fn commit_loop(store: Store, mut rx: mpsc::Receiver<Job>) {
 /// The path a request takes: the purpose the caller states must match the kind of the token it sealed. A site
 /// token sent to join a node, a join token sent to enroll a site agent, or no purpose at all is refused with what to
 /// run instead, before anything is read or spent.
+/// The request's sizes and required fields, before any cryptography.
+fn check_request(req: &v1::JoinRequest) -> Result<(), Status> {
+    check_len("agent_version".into(), &req.agent_version).map_err(|_| {
+        Status::invalid_argument(format!(
+            "agent_version must be at most {MAX_STRING} bytes without control characters"
+        ))
+    })?;
+    if req.csr_der.is_empty() {
+        return Err(Status::invalid_argument(
+            "csr_der is empty: send the node's PKCS#10 request",
+        ));
+    }
+    if req.sealed_token.is_empty() {
+        return Err(Status::invalid_argument(
+            "sealed_token is empty: seal the join token to JoinService",
+        ));
+    }
+    if req.sealed_token.len() > MAX_SEALED {
+        return Err(Status::invalid_argument(format!(
+            "sealed_token is longer than {MAX_SEALED} bytes"
+        )));
+    }
+    if req.csr_der.len() > MAX_CSR {
+        return Err(Status::invalid_argument(format!(
+            "csr_der is longer than {MAX_CSR} bytes"
+        )));
+    }
+    Ok(())
+}
+
 pub fn check_purpose(purpose: i32, token: &str) -> Result<TokenKind, Status> {
     let site = token.trim().starts_with(TokenKind::Site.prefix());
     match v1::JoinPurpose::try_from(purpose) {
