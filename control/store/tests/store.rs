@@ -376,3 +376,39 @@ async fn acceptance_checks_and_command_expiry_are_decided_at_the_given_clock() {
     assert!(due(t0 + 1_001 + RECHECK_MS - 1).await.is_empty());
     assert_eq!(due(t0 + 1_001 + RECHECK_MS).await, ["node-1"]);
 }
+
+/// A state this version does not know (a newer version wrote it, or a hand edit) is an error naming the row, from
+/// every read that parses it, never a panic or a guess; the node verbs refuse to act on it.
+#[tokio::test]
+async fn an_unknown_node_state_in_a_row_is_an_error_naming_the_row() {
+    let store = seeded(1).await;
+    store
+        .commit_joins("0123456789abcdef", "p1", &[candidate(1, "hk-1")], now_ms())
+        .await
+        .expect("commit");
+    bc_store::sqlx::query("ALTER TABLE nodes DROP CONSTRAINT nodes_state_check")
+        .execute(store.pool())
+        .await
+        .expect("drop the check");
+    bc_store::sqlx::query("UPDATE nodes SET state = 'retired' WHERE id = 'node-1'")
+        .execute(store.pool())
+        .await
+        .expect("an unknown state");
+    let named = |e: bc_store::StoreError| {
+        let m = e.to_string();
+        assert!(
+            matches!(e, bc_store::StoreError::Corrupt(_))
+                && m.contains("node-1")
+                && m.contains("retired"),
+            "{m}"
+        );
+    };
+    named(store.node("node-1").await.expect_err("node"));
+    named(store.list_nodes().await.expect_err("list"));
+    named(
+        store
+            .set_node_schedulable("node-1", bc_core::node::NodeVerb::Drain, "test")
+            .await
+            .expect_err("drain"),
+    );
+}
