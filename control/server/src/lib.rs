@@ -14,7 +14,7 @@ pub use bc_ca as ca;
 pub mod client;
 pub mod config;
 pub mod dev;
-pub use bc_mod_nodes::{join, lifecycle, session};
+pub use bc_mod_nodes::{join, lifecycle, methods as node_methods, session};
 pub mod notify;
 pub mod plane;
 pub mod scheduler;
