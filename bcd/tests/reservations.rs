@@ -303,21 +303,17 @@ async fn a_booking_that_fails_on_the_node_is_visible_and_applies_once_the_node_i
         "the reason names the CDI path: {reason:?}"
     );
     // The node: not counted as applied, the reason as a condition and in desired_state.
-    let n = p.admin.call("nodes", "get", json!({"id": node_id})).await?;
-    let node = &n["node"];
-    assert_eq!(node["acked_generation"], 1, "{n}");
-    assert_eq!(node["desired_state"]["failing"], true, "{n}");
-    assert_eq!(node["desired_state"]["failed_generation"], 2, "{n}");
-    assert_eq!(node["desired_state"]["message"], reason.as_str(), "{n}");
+    let n = get_node(&p, &node_id).await?.node;
+    assert_eq!(n.acked_generation, 1, "{n:?}");
+    let desired = n.desired_state.clone().ok_or("no desired_state")?;
+    assert!(desired.failing, "{n:?}");
+    assert_eq!(desired.failed_generation, 2, "{n:?}");
+    assert_eq!(desired.message.as_deref(), Some(reason.as_str()), "{n:?}");
     assert!(
-        node["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c
-                .as_str()
-                .is_some_and(|c| c.contains("generation 2") && c.contains(&reason))),
-        "{n}"
+        n.conditions
+            .iter()
+            .any(|c| c.contains("generation 2") && c.contains(&reason)),
+        "{n:?}"
     );
     assert!(!spec_path.exists());
 
@@ -350,14 +346,30 @@ async fn a_booking_that_fails_on_the_node_is_visible_and_applies_once_the_node_i
             .any(|d| d["name"] == booked),
         "{spec}"
     );
-    let n = p.admin.call("nodes", "get", json!({"id": node_id})).await?;
-    assert_eq!(n["node"]["acked_generation"], 2, "{n}");
-    assert_eq!(n["node"]["desired_state"]["failing"], false, "{n}");
+    let n = get_node(&p, &node_id).await?.node;
+    assert_eq!(n.acked_generation, 2, "{n:?}");
     assert!(
-        !n["node"]["conditions"]
-            .to_string()
-            .contains("could not be applied"),
-        "{n}"
+        n.desired_state.as_ref().is_some_and(|d| !d.failing),
+        "{n:?}"
+    );
+    assert!(
+        !n.conditions
+            .iter()
+            .any(|c| c.contains("could not be applied")),
+        "{n:?}"
     );
     Ok(())
+}
+
+/// `nodes.get`, typed.
+async fn get_node(
+    p: &Plane,
+    id: &str,
+) -> Result<bc_core::api::nodes::NodeDetail, Box<dyn std::error::Error>> {
+    let request = bc_core::api::nodes::NodeRef {
+        id: bc_core::ids::NodeId::parse(id)?,
+    };
+    Ok(p.admin
+        .invoke::<bc_control::node_methods::GetNodeMethod>(&request)
+        .await?)
 }

@@ -142,22 +142,22 @@ mod tests {
 
     #[test]
     fn ids_parse_once_and_refuse_what_is_malformed() {
-        let id = NodeId::parse("0193a5b2-7c1e-7d2a-9f00-1234567890ab").unwrap();
+        let id = NodeId::parse("0193a5b2-7c1e-7d2a-9f00-1234567890ab").expect("a node id");
         assert_eq!(id.as_str(), "0193a5b2-7c1e-7d2a-9f00-1234567890ab");
         assert_eq!(
             ReservationId::parse("rsv-0193a5b27c1e")
-                .unwrap()
+                .expect("a reservation id")
                 .to_string(),
             "rsv-0193a5b27c1e"
         );
         for bad in ["", "a b", "x\n", "é", &"a".repeat(129)] {
-            let e = NodeId::parse(bad).unwrap_err();
+            let e = NodeId::parse(bad).expect_err("malformed");
             assert_eq!(e.kind, "node");
             assert!(e.to_string().starts_with("node id"), "{e}");
         }
         let json: Result<SiteId, _> = serde_json::from_str("\"rack 1\"");
-        assert!(json.unwrap_err().to_string().contains("site id"));
-        let ok: SiteId = serde_json::from_str("\"rack-1\"").unwrap();
-        assert_eq!(serde_json::to_string(&ok).unwrap(), "\"rack-1\"");
+        assert!(json.expect_err("malformed").to_string().contains("site id"));
+        let ok: SiteId = serde_json::from_str("\"rack-1\"").expect("a site id");
+        assert_eq!(serde_json::to_string(&ok).expect("encode"), "\"rack-1\"");
     }
 }

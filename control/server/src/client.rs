@@ -12,6 +12,14 @@ pub enum ClientError {
     },
     #[error("{code}: {message}")]
     Api { code: String, message: String },
+    #[error(
+        "{method}: the answer is not what this client expects (is the control plane another version?)"
+    )]
+    Decode {
+        method: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("reading {path}")]
     Read {
         path: std::path::PathBuf,
@@ -45,6 +53,20 @@ impl ApiClient {
         let url = format!("{}/api/compute/{group}/{method}", self.base);
         let request = self.http.post(&url).json(&body);
         self.send(url, request).await
+    }
+
+    /// Calls the typed method `M`: its request as the body, its response read from the answer.
+    pub async fn invoke<M: bc_kernel::ApiMethod>(
+        &self,
+        request: &M::Request,
+    ) -> Result<M::Response, ClientError> {
+        let method = format!("{}.{}", M::GROUP, M::METHOD);
+        let body = serde_json::to_value(request).map_err(|source| ClientError::Decode {
+            method: method.clone(),
+            source,
+        })?;
+        let answer = self.call(M::GROUP, M::METHOD, body).await?;
+        serde_json::from_value(answer).map_err(|source| ClientError::Decode { method, source })
     }
 
     /// `PUT /api/artifacts`: uploads `content` (held in memory), named `name` when given.

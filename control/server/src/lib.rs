@@ -1,6 +1,7 @@
 //! bc-control: the `better-compute` control plane.
 //!
-//! It owns the HTTP API and IAM ([`api`]), JoinService and the CA ([`join`], [`ca`]), site enrollment and services ([`site`]), the secret broker ([`secrets`]), role wiring ([`start`]),
+//! It owns the HTTP API and IAM ([`api`]), the CA ([`ca`]), composes the nodes module (JoinService, sessions, the
+//! node verbs and controllers: [`bc_mod_nodes`]), site enrollment and services ([`site`]), the secret broker ([`secrets`]), role wiring ([`start`]),
 //! configuration ([`config`]), `dev` mode on an embedded PostgreSQL ([`dev`]) and the operator CLI's API client
 //! ([`client`]). Decisions live in bc-core, state in bc-store, the daemon-facing server in bc-gateway; this crate
 //! wires them. Start with [`start`].
@@ -10,18 +11,13 @@ pub mod artifacts;
 pub mod backend;
 pub use bc_ca as ca;
 pub mod client;
-pub mod commands_api;
 pub mod config;
-pub mod controllers;
 pub mod dev;
 pub mod iam_api;
-pub mod join;
-pub mod lifecycle;
+pub use bc_mod_nodes::{join, lifecycle, methods as node_methods, session};
 pub mod notify;
 pub mod plane;
-pub mod pokes;
 pub mod secrets;
-pub mod session;
 pub mod site;
 pub mod site_api;
 pub mod site_cli;
@@ -157,7 +153,14 @@ async fn gateway(
         std::slice::from_ref(ca.cert_der()),
         registry.revocations(),
     )?;
-    let join = join::JoinService::start(store.clone(), ca.clone(), join_key);
+    let sites: join::SiteEnroller = {
+        let (store, ca) = (store.clone(), ca.clone());
+        Arc::new(move |token, csr| {
+            let (store, ca) = (store.clone(), ca.clone());
+            Box::pin(async move { site::enroll(&store, &ca, &token, &csr).await })
+        })
+    };
+    let join = join::JoinService::start(store.clone(), ca.clone(), join_key, Some(sites));
     let mut session_config = bc_gateway::session::SessionConfig::new(&config.trust_domain);
     if let Some(t) = config.session_timing {
         session_config.heartbeat = t.heartbeat;
@@ -219,7 +222,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     let gateway_addr = gateway.as_ref().map(|g| g.addr);
     let gateway_id = gateway.as_ref().map(|g| g.id.clone());
     let metrics = telemetry::ControlMetrics::default();
-    let worker = controllers::worker_id();
+    let worker = bc_mod_nodes::controllers::worker_id();
     let lease = config.shard_lease.unwrap_or(config::DEFAULT_SHARD_LEASE);
     let mut options = bc_kernel::Options::new(worker.clone());
     options.shard_lease = lease;
@@ -228,12 +231,15 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         store: store.clone(),
         worker: worker.clone(),
         lease,
+    };
+    let nodes = bc_mod_nodes::Config {
+        ca: ca.clone(),
+        sessions: sessions.clone(),
         lifecycle: config.lifecycle_timing.unwrap_or_default(),
-        gateway: sessions.clone(),
-        lifecycle_poke: config.roles.controllers.then(Default::default),
     };
     let mut builder = bc_kernel::ControlPlane::builder(options)
         .module(plane::module(loops))
+        .module(bc_mod_nodes::module(nodes))
         .module(capacity_module(config, &metrics));
     if api.is_some() {
         builder = builder.resource(api::ApiState {
@@ -333,7 +339,7 @@ async fn export_metrics(
     let pipeline = telemetry::pipeline(table, metrics, &sources.worker).await?;
     let interval = table.interval;
     if config.roles.controllers {
-        sources.lease_roles.push(controllers::ROLE);
+        sources.lease_roles.push(bc_mod_nodes::controllers::ROLE);
     }
     if config.roles.scheduler {
         sources.lease_roles.push(bc_mod_capacity::ROLE);

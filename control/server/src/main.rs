@@ -3,9 +3,11 @@
 use anyhow::Context as _;
 use bc_control::client::ApiClient;
 use bc_control::config::ServeConfigWire;
+use bc_core::api::nodes::{self as api, CommandState};
+use bc_mod_nodes::methods as nodes;
 use bc_store::Store;
 use clap::{Parser, Subcommand};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -377,50 +379,45 @@ async fn join_tokens(client: &ApiClient, command: JoinTokenCommand) -> anyhow::R
             expect,
             reclaim,
         } => {
-            let mut exp = serde_json::Map::new();
+            let mut exp = std::collections::BTreeMap::new();
             for e in expect {
                 let (k, v) = e.split_once('=').context("--expect must be CLAIM=VALUE")?;
-                exp.insert(k.to_string(), Value::String(v.to_string()));
+                exp.insert(k.to_string(), v.to_string());
             }
-            let v = client
-                .call(
-                    "join-tokens",
-                    "create",
-                    json!({"pool": pool, "uses": uses, "ttl_seconds": parse_ttl(&ttl)?, "expect": exp, "reclaim": reclaim}),
-                )
+            let t = client
+                .invoke::<nodes::CreateJoinTokenMethod>(&api::CreateJoinToken {
+                    pool: pool_id(&pool)?,
+                    uses,
+                    ttl_seconds: parse_ttl(&ttl)?,
+                    expect: bc_core::join::Expectations(exp),
+                    reclaim,
+                })
                 .await?;
-            println!("{}", v["token"].as_str().unwrap_or_default());
+            println!("{}", t.token);
             eprintln!(
                 "join token {} for pool {}: {} use(s), reclaim {}; the secret is shown only once",
-                v["id"].as_str().unwrap_or_default(),
-                v["pool"].as_str().unwrap_or_default(),
-                v["uses"],
-                v["reclaim"]
+                t.id, t.pool, t.uses, t.reclaim
             );
         }
         JoinTokenCommand::List { pool } => {
+            let pool = pool.as_deref().map(pool_id).transpose()?;
             let v = client
-                .call("join-tokens", "list", json!({"pool": pool}))
+                .invoke::<nodes::ListJoinTokensMethod>(&api::ListJoinTokens { pool })
                 .await?;
             println!(
                 "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
                 "ID", "POOL", "LEFT", "TOTAL", "REVOKED", "RECLAIM"
             );
-            for t in v["tokens"].as_array().into_iter().flatten() {
+            for t in v.tokens {
                 println!(
                     "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
-                    t["id"].as_str().unwrap_or_default(),
-                    t["pool_id"].as_str().unwrap_or_default(),
-                    t["uses_left"].to_string(),
-                    t["uses_total"].to_string(),
-                    t["revoked"].to_string(),
-                    t["reclaim"].to_string()
+                    t.id, t.pool_id, t.uses_left, t.uses_total, t.revoked, t.reclaim
                 );
             }
         }
         JoinTokenCommand::Revoke { id } => {
             client
-                .call("join-tokens", "revoke", json!({"id": id}))
+                .invoke::<nodes::RevokeJoinTokenMethod>(&api::JoinTokenRef { id: id.clone() })
                 .await?;
             println!("revoked {id}");
         }
@@ -458,6 +455,16 @@ fn print_reservation(r: &bc_core::api::capacity::Reservation) {
         r.state,
         gpus.join(" ")
     );
+}
+
+fn pool_id(s: &str) -> anyhow::Result<bc_core::ids::PoolId> {
+    Ok(bc_core::ids::PoolId::parse(s)?)
+}
+
+fn node_ref(id: &str) -> anyhow::Result<api::NodeRef> {
+    Ok(api::NodeRef {
+        id: bc_core::ids::NodeId::parse(id)?,
+    })
 }
 
 async fn reservations(client: &ApiClient, command: ReservationCommand) -> anyhow::Result<()> {
@@ -551,65 +558,58 @@ fn delivery_name(d: bc_core::reservation::Delivery) -> &'static str {
 async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
     match command {
         NodeCommand::List => {
-            let v = client.call("nodes", "list", json!({})).await?;
+            let v = client
+                .invoke::<nodes::ListNodesMethod>(&api::ListNodes {})
+                .await?;
             let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
             println!(
                 "{:<38} {:<10} {:<10} {:<7} {:>5} {:>9} {:<20}",
                 "NODE", "POOL", "STATE", "ONLINE", "GPUS", "SEEN", "HOSTNAME"
             );
-            for n in v["nodes"].as_array().into_iter().flatten() {
-                let seen = n["last_seen_ms"]
-                    .as_i64()
+            for n in &v.nodes {
+                let seen = n
+                    .last_seen_ms
                     .map(|t| format!("{}s ago", (now - t).max(0) / 1000))
                     .unwrap_or_else(|| "never".into());
                 println!(
                     "{:<38} {:<10} {:<10} {:<7} {:>5} {:>9} {:<20}",
-                    n["id"].as_str().unwrap_or_default(),
-                    n["pool_id"].as_str().unwrap_or_default(),
-                    n["state"].as_str().unwrap_or_default(),
-                    if n["online"].as_bool().unwrap_or(false) {
-                        "yes"
-                    } else {
-                        "no"
-                    },
-                    n["claims"]["gpus"].as_array().map(|g| g.len()).unwrap_or(0),
+                    n.id.as_str(),
+                    n.pool_id.as_str(),
+                    n.state.as_str(),
+                    if n.online { "yes" } else { "no" },
+                    n.gpu_count(),
                     seen,
-                    n["claims"]["hostname"].as_str().unwrap_or_default()
+                    n.hostname()
                 );
             }
         }
         NodeCommand::Show { id } => {
-            let v = client.call("nodes", "get", json!({"id": id})).await?;
-            let n = &v["node"];
+            let v = client
+                .invoke::<nodes::GetNodeMethod>(&node_ref(&id)?)
+                .await?;
+            let n = &v.node;
+            println!("node {}  pool {}  state {}", n.id, n.pool_id, n.state);
+            let seen = n.last_seen_ms.map_or("never".into(), |t| t.to_string());
             println!(
-                "node {}  pool {}  state {}",
-                n["id"], n["pool_id"], n["state"]
+                "online {}  last seen {seen}  epoch {}",
+                n.online, n.session_epoch
             );
+            let failing = match &n.desired_state {
+                Some(d) if d.failing => format!(
+                    "  generation {} FAILED to apply (see the condition)",
+                    d.failed_generation
+                ),
+                _ => String::new(),
+            };
             println!(
-                "online {}  last seen {}  epoch {}",
-                n["online"], n["last_seen_ms"], n["session_epoch"]
+                "desired generation {}  applied {}{failing}",
+                n.desired_generation, n.acked_generation
             );
-            println!(
-                "desired generation {}  applied {}{}",
-                n["desired_generation"],
-                n["acked_generation"],
-                if n["desired_state"]["failing"] == true {
-                    format!(
-                        "  generation {} FAILED to apply (see the condition)",
-                        n["desired_state"]["failed_generation"]
-                    )
-                } else {
-                    String::new()
-                }
-            );
-            for c in n["conditions"].as_array().into_iter().flatten() {
-                println!("condition: {}", c.as_str().unwrap_or_default());
+            for c in &n.conditions {
+                println!("condition: {c}");
             }
-            for g in v["inventory"]["gpus"]["gpus"]
-                .as_array()
-                .into_iter()
-                .flatten()
-            {
+            let gpus = v.inventory.get("gpus").and_then(|g| g["gpus"].as_array());
+            for g in gpus.into_iter().flatten() {
                 println!(
                     "gpu {} {} {}",
                     g["index"],
@@ -620,15 +620,21 @@ async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&v)?);
         }
         NodeCommand::Drain { id } => {
-            client.call("nodes", "drain", json!({"id": id})).await?;
+            client
+                .invoke::<nodes::DrainNodeMethod>(&node_ref(&id)?)
+                .await?;
             println!("draining {id}: no new bookings; existing ones stay until released");
         }
         NodeCommand::Undrain { id } => {
-            client.call("nodes", "undrain", json!({"id": id})).await?;
+            client
+                .invoke::<nodes::UndrainNodeMethod>(&node_ref(&id)?)
+                .await?;
             println!("undrained {id}: its free GPUs are bookable again");
         }
         NodeCommand::Revoke { id } => {
-            client.call("nodes", "revoke", json!({"id": id})).await?;
+            client
+                .invoke::<nodes::RevokeNodeMethod>(&node_ref(&id)?)
+                .await?;
             println!("revoked {id}");
         }
         NodeCommand::Command {
@@ -639,14 +645,15 @@ async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
         } => {
             let args: serde_json::Value = serde_json::from_str(&args)
                 .with_context(|| format!("--args {args:?} is not JSON"))?;
-            let v = client
-                .call(
-                    "nodes",
-                    "command",
-                    json!({"node_id": node, "kind": kind, "args": args, "timeout_s": timeout}),
-                )
+            let queued = client
+                .invoke::<nodes::QueueCommandMethod>(&api::QueueCommand {
+                    node_id: bc_core::ids::NodeId::parse(&node)?,
+                    kind,
+                    args,
+                    timeout_s: timeout,
+                })
                 .await?;
-            println!("{}", v["id"].as_str().unwrap_or_default());
+            println!("{}", queued.id);
         }
     }
     Ok(())
@@ -655,25 +662,30 @@ async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
 async fn commands(client: &ApiClient, command: CommandsCommand) -> anyhow::Result<()> {
     match command {
         CommandsCommand::Show { id, wait } => {
-            let mut last_progress = serde_json::Value::Null;
+            let request = api::CommandRef {
+                id: bc_core::ids::CommandId::parse(&id)?,
+            };
+            let mut last_progress = None;
             loop {
-                let v = client.call("commands", "get", json!({"id": id})).await?;
-                let c = &v["command"];
-                let state = c["state"].as_str().unwrap_or_default();
-                let finished = matches!(state, "done" | "failed" | "expired");
-                if !wait || finished {
-                    println!("{}", serde_json::to_string_pretty(c)?);
-                    if state == "failed" || state == "expired" {
+                let c = client
+                    .invoke::<nodes::GetCommandMethod>(&request)
+                    .await?
+                    .command;
+                if !wait || c.state.is_finished() {
+                    println!("{}", serde_json::to_string_pretty(&c)?);
+                    if matches!(c.state, CommandState::Failed | CommandState::Expired) {
                         anyhow::bail!(
-                            "command {id} {state}: {}",
-                            c["error"].as_str().unwrap_or("no error recorded")
+                            "command {id} {}: {}",
+                            c.state,
+                            c.error.as_deref().unwrap_or("no error recorded")
                         );
                     }
                     break;
                 }
-                if c["progress"] != last_progress {
-                    last_progress = c["progress"].clone();
-                    println!("{state}: {last_progress}");
+                if c.progress != last_progress {
+                    last_progress = c.progress.clone();
+                    let shown = last_progress.clone().unwrap_or_default();
+                    println!("{}: {shown}", c.state);
                 }
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }

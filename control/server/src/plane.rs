@@ -1,26 +1,24 @@
 //! The server's own API groups and role loops as the kernel's `server` module: every method of the former dispatch
 //! registered with its permission and scope ([`ServerMethod`] types: JSON in, JSON out, until each group moves into
 //! its module crate under `control/modules/`), the artifact upload route, and the role loops as reconcilers the
-//! kernel starts for the roles a process runs (`controllers`: membership, expiry, outbox and lifecycle; every
-//! role: the notification pokes). The capacity groups and the placer are bc-mod-capacity's.
+//! kernel starts for the roles a process runs (`controllers` and `scheduler`: statistics). The nodes' groups and
+//! controllers are the nodes module's ([`bc_mod_nodes`]); the capacity groups and the placer bc-mod-capacity's.
 
 use crate::api::{self, ApiState};
-use crate::lifecycle::LifecycleTiming;
-use crate::{controllers, lifecycle, pokes, statistics};
+use crate::statistics;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use bc_kernel::{
-    ApiError, ApiMethod, Cx, Method, Module, ROLES, ReconcileCx, Reconciler, Route, RouterState,
+    ApiError, ApiMethod, Cx, Method, Module, ReconcileCx, Reconciler, Route, RouterState,
     Scope, Stop,
 };
 use bc_store::Store;
 use bc_store::iam::Principal;
 use serde_json::Value;
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 /// A method of the server's former dispatch: its request and response are JSON values until its group moves into
 /// a module crate with typed ones.
@@ -42,9 +40,6 @@ macro_rules! server_methods {
 }
 
 server_methods! {
-    CreateJoinToken = "join-tokens" / "create": "compute:join-tokens:create" on "pool/<pool>";
-    ListJoinTokens = "join-tokens" / "list": "compute:join-tokens:list" on "pool/<pool>";
-    RevokeJoinToken = "join-tokens" / "revoke": "compute:join-tokens:revoke" on "pool/<pool>";
     CreateTenant = "tenants" / "create": "compute:tenants:create" on "tenant/<id>";
     CreatePrincipal = "principals" / "create": "compute:principals:create" on "tenant/<tenant>";
     RevokeSite = "sites" / "revoke": "compute:sites:revoke" on "site/<site>";
@@ -56,13 +51,6 @@ server_methods! {
     SetMachineBoot = "machines" / "set-boot": "compute:machines:set-boot" on "site/<site>";
     PutSecret = "secrets" / "put": "compute:secrets:put" on "site/<site>";
     ListArtifacts = "artifacts" / "list": "compute:artifacts:list" on "artifacts";
-    ListNodes = "nodes" / "list": "compute:nodes:list" on "pool/<pool>";
-    GetNode = "nodes" / "get": "compute:nodes:get" on "pool/<pool>";
-    DrainNode = "nodes" / "drain": "compute:nodes:drain" on "pool/<pool>";
-    UndrainNode = "nodes" / "undrain": "compute:nodes:undrain" on "pool/<pool>";
-    RevokeNode = "nodes" / "revoke": "compute:nodes:revoke" on "pool/<pool>";
-    QueueCommand = "nodes" / "command": "compute:nodes:command" on "pool/<pool>";
-    GetCommand = "commands" / "get": "compute:nodes:get" on "pool/<pool>";
     Stats = "system" / "stats";
     Info = "system" / "info";
 }
@@ -108,34 +96,15 @@ pub struct Loops {
     pub store: Store,
     pub worker: String,
     pub lease: Duration,
-    pub lifecycle: LifecycleTiming,
-    /// The gateway's sessions, when this process runs the gateway role (woken on `bc_outbox`).
-    pub gateway: Option<bc_gateway::session::Registry>,
-    /// Wakes the lifecycle controller, when this process runs the controllers role (on `bc_lifecycle`).
-    pub lifecycle_poke: Option<Arc<Notify>>,
 }
 
 /// The `server` module: its methods, its upload route, the gateway services it serves and its role loops.
 pub fn module(loops: Loops) -> Module {
-    let module = Module::new("server")
-        .gateway_service("join")
-        .gateway_service("session")
-        .gateway_service("site")
-        .route(
-            Route::new("/api/artifacts", "PUT", axum::routing::put(put_artifact))
-                .permission("compute:artifacts:put"),
-        );
-    let module = register_methods(module)
-        .reconciler(controllers_loop(loops.clone()))
-        .reconciler(statistics_loop(loops.store.clone()));
-    let mut pokes = Reconciler::new("pokes");
-    for role in ROLES {
-        pokes = pokes.role(role);
-    }
-    module.reconciler(pokes.run(move |cx: ReconcileCx| {
-        let l = loops.clone();
-        pokes::run(l.store, l.gateway, l.lifecycle_poke, stop_watch(cx.stop))
-    }))
+    let module = Module::new("server").gateway_service("site").route(
+        Route::new("/api/artifacts", "PUT", axum::routing::put(put_artifact))
+            .permission("compute:artifacts:put"),
+    );
+    register_methods(module).reconciler(statistics_loop(loops.store.clone()))
 }
 
 /// The kernel's stop signal as the watch channel the role loops take.
@@ -146,33 +115,6 @@ pub(crate) fn stop_watch(mut stop: Stop) -> watch::Receiver<bool> {
         let _ = tx.send(true);
     });
     rx
-}
-
-fn controllers_loop(loops: Loops) -> Reconciler {
-    Reconciler::new("controllers")
-        .role("controllers")
-        .run(move |cx: ReconcileCx| {
-            let l = loops.clone();
-            async move {
-                let stop = stop_watch(cx.stop);
-                let (shards_tx, shards_rx) = watch::channel(Vec::new());
-                let poke = l.lifecycle_poke.clone().unwrap_or_default();
-                tracing::info!(
-                    worker = l.worker,
-                    "controllers role: lifecycle, expiry and outbox sink running"
-                );
-                tokio::join!(
-                    controllers::run(
-                        l.store.clone(),
-                        l.worker.clone(),
-                        l.lease,
-                        shards_tx,
-                        stop.clone()
-                    ),
-                    lifecycle::run(l.store, l.lifecycle, shards_rx, poke, stop),
-                );
-            }
-        })
 }
 
 fn statistics_loop(store: Store) -> Reconciler {

@@ -4,6 +4,10 @@
 
 use bc_control::client::{ApiClient, ClientError};
 use bc_control::config::{Roles, ServeConfig};
+use bc_core::api::nodes::NodeRef;
+use bc_core::ids::NodeId;
+use bc_core::node::NodeState;
+use bc_mod_nodes::methods::{DrainNodeMethod, RevokeNodeMethod, UndrainNodeMethod};
 use bc_store::Store;
 use bc_store::sqlx;
 use bc_store::sqlx::postgres::PgPoolOptions;
@@ -455,12 +459,15 @@ async fn a_drained_node_takes_no_booking_from_the_moment_drain_returns() {
         .await
         .expect("release");
     let drained = "n-1";
+    let node = |id: &str| NodeRef {
+        id: NodeId::parse(id).expect("a node id"),
+    };
     let d = f
         .admin
-        .call("nodes", "drain", json!({"id": drained}))
+        .invoke::<DrainNodeMethod>(&node(drained))
         .await
         .expect("drain");
-    assert_eq!(d["state"], "draining", "{d}");
+    assert_eq!((d.state, d.changed), (NodeState::Draining, true), "{d:?}");
     // At once, more single-GPU admissions than the other node holds, concurrently.
     let mut set = tokio::task::JoinSet::new();
     for i in 0..6 {
@@ -505,23 +512,23 @@ async fn a_drained_node_takes_no_booking_from_the_moment_drain_returns() {
     // Draining again, or undraining an adopted node, changes nothing.
     let again = f
         .admin
-        .call("nodes", "drain", json!({"id": drained}))
+        .invoke::<DrainNodeMethod>(&node(drained))
         .await
         .expect("drain again");
-    assert_eq!(again["changed"], false);
+    assert!(!again.changed, "{again:?}");
     let adopted = f
         .admin
-        .call("nodes", "undrain", json!({"id": "n-2"}))
+        .invoke::<UndrainNodeMethod>(&node("n-2"))
         .await
         .expect("undrain an adopted node");
-    assert_eq!(adopted["changed"], false);
+    assert!(!adopted.changed, "{adopted:?}");
     // Undrain: the next admission lands on it at once (the other node is full).
     let u = f
         .admin
-        .call("nodes", "undrain", json!({"id": drained}))
+        .invoke::<UndrainNodeMethod>(&node(drained))
         .await
         .expect("undrain");
-    assert_eq!(u["state"], "adopted", "{u}");
+    assert_eq!(u.state, NodeState::Adopted, "{u:?}");
     let r = f
         .admin
         .call(
@@ -532,6 +539,34 @@ async fn a_drained_node_takes_no_booking_from_the_moment_drain_returns() {
         .await
         .expect("placed after undrain");
     assert_eq!(r["reservation"]["nodes"], json!([drained]), "{r}");
+    // Revoked is terminal: revoking again changes nothing, and drain and undrain are refused saying why.
+    let revoked = f
+        .admin
+        .invoke::<RevokeNodeMethod>(&node("n-2"))
+        .await
+        .expect("revoke");
+    assert_eq!((revoked.state, revoked.changed), (NodeState::Revoked, true));
+    let again = f
+        .admin
+        .invoke::<RevokeNodeMethod>(&node("n-2"))
+        .await
+        .expect("revoke again");
+    assert!(!again.changed, "{again:?}");
+    for refused in [
+        f.admin.invoke::<DrainNodeMethod>(&node("n-2")).await.err(),
+        f.admin
+            .invoke::<UndrainNodeMethod>(&node("n-2"))
+            .await
+            .err(),
+    ] {
+        match refused {
+            Some(ClientError::Api { code, message }) => {
+                assert_eq!(code, "CONFLICT", "{message}");
+                assert_eq!(message, "node n-2 is revoked; nothing to change");
+            }
+            other => panic!("a verb on a revoked node: {other:?}"),
+        }
+    }
     f.stop().await;
 }
 

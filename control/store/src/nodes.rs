@@ -1,6 +1,8 @@
 //! Nodes: created or reclaimed by joins (in batches, one transaction per token per batch), listed by operators.
 
 use crate::{Store, StoreError, from_ms, to_ms};
+use bc_core::ids::{NodeId, PoolId};
+use bc_core::node::{NodeState, UnknownState};
 use sqlx::Row;
 
 /// One join that passed every check that does not need the token's row lock.
@@ -64,9 +66,9 @@ pub struct RevokedIdentities {
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct NodeRow {
-    pub id: String,
-    pub pool_id: String,
-    pub state: String,
+    pub id: NodeId,
+    pub pool_id: PoolId,
+    pub state: NodeState,
     pub hardware_key: Option<String>,
     pub claims: serde_json::Value,
     pub joined_at_ms: i64,
@@ -97,11 +99,17 @@ const NODE_COLUMNS: &str = "id, pool_id, state, hardware_key, claims, joined_at,
                             ARRAY(SELECT d.conflict_with FROM devices d \
                                   WHERE d.node_id = nodes.id AND d.conflict_with IS NOT NULL ORDER BY d.uuid)";
 
-fn node_from_row(row: &sqlx::postgres::PgRow) -> NodeRow {
-    NodeRow {
-        id: row.get(0),
-        pool_id: row.get(1),
-        state: row.get(2),
+/// A node row, its id, pool and state parsed (an unknown state or malformed id is an error naming the row).
+fn node_from_row(row: &sqlx::postgres::PgRow) -> Result<NodeRow, StoreError> {
+    let id: String = row.get(0);
+    let corrupt = |what: String| StoreError::Corrupt(format!("nodes row {id:?}: {what}"));
+    let state: String = row.get(2);
+    Ok(NodeRow {
+        id: NodeId::parse(&id).map_err(|e| corrupt(e.to_string()))?,
+        pool_id: PoolId::parse(row.get(1)).map_err(|e| corrupt(e.to_string()))?,
+        state: state
+            .parse()
+            .map_err(|e: UnknownState| corrupt(e.to_string()))?,
         hardware_key: row.get(3),
         claims: row.get(4),
         joined_at_ms: to_ms(row.get(5)),
@@ -113,7 +121,7 @@ fn node_from_row(row: &sqlx::postgres::PgRow) -> NodeRow {
         desired_generation: row.get(11),
         acked_generation: row.get(12),
         conditions: with_gpu_conflicts(row.get(13), row.get(14), row.get(15)),
-    }
+    })
 }
 
 /// The stored conditions (the lifecycle's) followed by one per GPU conflict: conflicts end when the GPUs do, not
@@ -353,7 +361,7 @@ impl Store {
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.as_ref().map(node_from_row))
+        row.as_ref().map(node_from_row).transpose()
     }
 
     pub async fn list_nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
@@ -362,7 +370,7 @@ impl Store {
         )))
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.iter().map(node_from_row).collect())
+        rows.iter().map(node_from_row).collect()
     }
 }
 

@@ -4,6 +4,9 @@
 
 use crate::iam::audit;
 use crate::{Store, StoreError, to_ms};
+use bc_core::node::{
+    LiveState, NodeState, NodeVerb, Transition, UnknownState, VerbPlan, plan_verb,
+};
 use sqlx::{PgConnection, Postgres, Row, Transaction};
 
 /// Channel the API's tx 1 notifies (payload: the new reservation ids, comma-separated) so a scheduler claims them at
@@ -490,18 +493,18 @@ impl Store {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeStateChange {
     /// The node moved from `from` to the new state.
-    Changed { from: String },
+    Changed { from: LiveState },
     /// The node was already in the new state; nothing changed.
     Unchanged,
-    /// The node is in a state the verb does not apply to; nothing changed.
-    Refused { state: String },
+    /// The node is in a state the verb does not apply to; nothing changed. `reason` says why and what to do.
+    Refused { state: NodeState, reason: String },
 }
 
 impl Store {
     // === impl drains ===
 
-    /// Moves a node to `to` if it is in one of `from` (drain: adopted → draining; undrain: draining → adopted;
-    /// revoke: any but revoked → revoked), fenced against the placer: the node row is locked FOR UPDATE, which
+    /// Applies `verb` to a node as [`bc_core::node::plan_verb`] decides from its state read under the row lock
+    /// (drain: adopted → draining; undrain: draining → adopted; revoke: any but revoked → revoked), fenced against the placer: the node row is locked FOR UPDATE, which
     /// waits for every placement transaction that read the node as bookable (they hold it FOR KEY SHARE, see
     /// [`Store::commit_placements`]), and no later placement books on it unless it is `adopted`. The schedulers
     /// hear the capacity change at commit. Once this returns, no booking is committed on a node that left
@@ -509,8 +512,7 @@ impl Store {
     pub async fn set_node_schedulable(
         &self,
         node_id: &str,
-        from: &[&str],
-        to: &str,
+        verb: NodeVerb,
         actor: &str,
     ) -> Result<NodeStateChange, StoreError> {
         let mut tx = self.pool.begin().await?;
@@ -522,15 +524,18 @@ impl Store {
                 what: "node",
                 id: node_id.to_string(),
             })?;
-        if state == to {
-            return Ok(NodeStateChange::Unchanged);
-        }
-        if !from.contains(&state.as_str()) {
-            return Ok(NodeStateChange::Refused { state });
-        }
+        let state: NodeState = state.parse().map_err(|e: UnknownState| {
+            StoreError::Corrupt(format!("nodes row {node_id:?}: {e}"))
+        })?;
+        let Transition { from, to } = match plan_verb(verb, node_id, state) {
+            VerbPlan::Change(t) => t,
+            VerbPlan::Unchanged => return Ok(NodeStateChange::Unchanged),
+            VerbPlan::Refused(reason) => return Ok(NodeStateChange::Refused { state, reason }),
+        };
+        let state = from.state();
         sqlx::query("UPDATE nodes SET state = $2, updated_at = now() WHERE id = $1")
             .bind(node_id)
-            .bind(to)
+            .bind(to.as_str())
             .execute(&mut *tx)
             .await?;
         audit(
@@ -538,16 +543,16 @@ impl Store {
             actor,
             &format!("node.{to}"),
             &format!("node/{node_id}"),
-            serde_json::json!({"from": state}),
+            serde_json::json!({"from": state.as_str()}),
         )
         .await?;
-        if to == "revoked" {
+        if to.is_revoked() {
             // A revoked node holds no GPU: each goes to a node that reported it meanwhile.
             crate::devices::release_all_in(&mut tx, node_id).await?;
         }
         notify_ids(&mut tx, CAPACITY_CHANNEL, &[node_id.to_string()]).await?;
         tx.commit().await?;
-        Ok(NodeStateChange::Changed { from: state })
+        Ok(NodeStateChange::Changed { from })
     }
 }
 

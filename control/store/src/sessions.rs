@@ -3,6 +3,10 @@
 
 use crate::iam::audit;
 use crate::{Store, StoreError};
+use bc_core::api::nodes::{CommandState, UnknownCommandState};
+use bc_core::ids::{CommandId, NodeId};
+use bc_core::lifecycle::CheckCandidate;
+use bc_core::node::{NodeState, UnknownState};
 use sqlx::Row;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -235,7 +239,12 @@ impl Store {
     /// command `sent` on an older session of the node (which may have died before the daemon received it) and not
     /// past its deadline is sent again on the current one. The daemon runs an id once and answers a repeat with
     /// its stored result; the gateway acknowledges a repeated result of a finished command and changes nothing.
-    pub async fn pending_for(&self, nodes: &[(String, i64)]) -> Result<Vec<Outgoing>, StoreError> {
+    /// `now_ms` is the caller's clock: a command whose deadline is not after it is not sent again.
+    pub async fn pending_for(
+        &self,
+        nodes: &[(String, i64)],
+        now_ms: i64,
+    ) -> Result<Vec<Outgoing>, StoreError> {
         let ids: Vec<&str> = nodes.iter().map(|n| n.0.as_str()).collect();
         let epochs: Vec<i64> = nodes.iter().map(|n| n.1).collect();
         let rows = sqlx::query(
@@ -244,7 +253,7 @@ impl Store {
                    deliveries = c.deliveries + 1 FROM nodes n, x \
                    WHERE c.node_id = n.id AND n.id = x.id AND n.session_epoch = x.epoch \
                    AND (c.state = 'pending' OR (c.state = 'sent' AND COALESCE(c.sent_epoch, 0) < x.epoch \
-                        AND c.deadline_at > now())) \
+                        AND c.deadline_at > to_timestamp($3 / 1000.0))) \
                    RETURNING c.node_id, c.id, c.kind, c.args, (extract(epoch FROM c.deadline_at) * 1000)::bigint AS ms) \
              SELECT true, node_id, id, kind, args, ms, NULL::bigint, NULL::jsonb FROM c \
              UNION ALL \
@@ -253,6 +262,7 @@ impl Store {
         )
         .bind(&ids)
         .bind(&epochs)
+        .bind(now_ms as f64)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows
@@ -422,12 +432,20 @@ impl Store {
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|r| CommandView {
-            id: r.get(0),
-            node_id: r.get(1),
+        let Some(r) = row else {
+            return Ok(None);
+        };
+        let id: String = r.get(0);
+        let corrupt = |what: String| StoreError::Corrupt(format!("commands row {id:?}: {what}"));
+        let state: String = r.get(4);
+        Ok(Some(CommandView {
+            id: CommandId::parse(&id).map_err(|e| corrupt(e.to_string()))?,
+            node_id: NodeId::parse(r.get(1)).map_err(|e| corrupt(e.to_string()))?,
             kind: r.get(2),
             args: r.get(3),
-            state: r.get(4),
+            state: state
+                .parse()
+                .map_err(|e: UnknownCommandState| corrupt(e.to_string()))?,
             created_ms: r.get(5),
             sent_ms: r.get(6),
             deadline_ms: r.get(7),
@@ -444,12 +462,11 @@ impl Store {
 /// A command row for the API (`commands.get`).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CommandView {
-    pub id: String,
-    pub node_id: String,
+    pub id: CommandId,
+    pub node_id: NodeId,
     pub kind: String,
     pub args: serde_json::Value,
-    /// pending, sent, done, failed or expired.
-    pub state: String,
+    pub state: CommandState,
     pub created_ms: i64,
     pub sent_ms: Option<i64>,
     pub deadline_ms: i64,
@@ -469,52 +486,69 @@ pub struct CommandView {
 pub struct DiagResult {
     pub command_id: String,
     pub node_id: String,
-    pub node_state: String,
+    pub node_state: NodeState,
     pub desired_generation: i64,
-    /// done, failed or expired.
-    pub state: String,
+    /// Done, failed or expired.
+    pub state: CommandState,
     pub result: Option<serde_json::Value>,
     pub error: Option<String>,
 }
 
 impl Store {
-    /// Expires commands past their deadline; returns how many.
-    pub async fn expire_commands(&self) -> Result<u64, StoreError> {
+    /// Expires commands whose deadline is before `now_ms` (the controller's clock); returns how many.
+    pub async fn expire_commands(&self, now_ms: i64) -> Result<u64, StoreError> {
         Ok(sqlx::query(
-            "UPDATE commands SET state = 'expired', finished_at = now() \
-             WHERE state IN ('pending', 'sent') AND deadline_at < now()",
+            "UPDATE commands SET state = 'expired', finished_at = to_timestamp($1 / 1000.0) \
+             WHERE state IN ('pending', 'sent') AND deadline_at < to_timestamp($1 / 1000.0)",
         )
+        .bind(now_ms as f64)
         .execute(&self.pool)
         .await?
         .rows_affected())
     }
 
-    /// Online nodes that need an acceptance check of `kind`: adopting nodes whose GPU inventory has arrived, and
-    /// failed nodes whose last check finished more than `recheck_ms` ago; never while one is open.
-    /// Returns (node id, GPU count claimed at join).
-    /// Only nodes of `shards` (the caller's leased shards).
-    pub async fn nodes_needing_check(
+    /// What [`bc_core::lifecycle::needs_check`] decides acceptance checks of `kind` from, for the online adopting
+    /// and failed nodes of `shards` (the caller's leased shards): whether the GPU inventory arrived, whether a
+    /// check is open, when the last one finished. Returns (node id, GPU count claimed at join, the facts).
+    pub async fn check_candidates(
         &self,
         kind: &str,
-        recheck_ms: i64,
         shards: &[i16],
-    ) -> Result<Vec<(String, i64)>, StoreError> {
+    ) -> Result<Vec<(NodeId, i64, CheckCandidate)>, StoreError> {
         let rows = sqlx::query(
-            "SELECT n.id, COALESCE(jsonb_array_length(n.claims -> 'gpus'), 0)::bigint FROM nodes n \
-             WHERE n.online AND n.shard = ANY($3) AND ( \
-               (n.state = 'adopting' AND EXISTS (SELECT 1 FROM inventory_sections s WHERE s.node_id = n.id AND s.name = 'gpus')) \
-               OR (n.state = 'failed' AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.node_id = n.id AND c.kind = $1 \
-                   AND c.finished_at > now() - make_interval(secs => $2 / 1000.0)))) \
-             AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.node_id = n.id AND c.kind = $1 \
-                   AND (c.state IN ('pending', 'sent') OR c.consumed_at IS NULL)) \
-             LIMIT 1000",
+            "SELECT n.id, COALESCE(jsonb_array_length(n.claims -> 'gpus'), 0)::bigint, n.state, n.online, \
+               EXISTS (SELECT 1 FROM inventory_sections s WHERE s.node_id = n.id AND s.name = 'gpus'), \
+               EXISTS (SELECT 1 FROM commands c WHERE c.node_id = n.id AND c.kind = $1 \
+                       AND (c.state IN ('pending', 'sent') OR c.consumed_at IS NULL)), \
+               (SELECT (extract(epoch FROM max(c.finished_at)) * 1000)::bigint FROM commands c \
+                 WHERE c.node_id = n.id AND c.kind = $1) \
+             FROM nodes n WHERE n.online AND n.shard = ANY($2) AND n.state IN ('adopting', 'failed')",
         )
         .bind(kind)
-        .bind(recheck_ms as f64)
         .bind(shards)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        rows.iter()
+            .map(|r| {
+                let id: String = r.get(0);
+                let corrupt =
+                    |what: String| StoreError::Corrupt(format!("nodes row {id:?}: {what}"));
+                let state: String = r.get(2);
+                Ok((
+                    NodeId::parse(&id).map_err(|e| corrupt(e.to_string()))?,
+                    r.get(1),
+                    CheckCandidate {
+                        state: state
+                            .parse()
+                            .map_err(|e: UnknownState| corrupt(e.to_string()))?,
+                        online: r.get(3),
+                        gpu_inventory: r.get(4),
+                        check_open: r.get(5),
+                        last_check_finished_ms: r.get(6),
+                    },
+                ))
+            })
+            .collect()
     }
 
     /// Finished checks of nodes in `shards` not yet acted on.
@@ -533,18 +567,31 @@ impl Store {
         .bind(shards)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .iter()
-            .map(|r| DiagResult {
-                command_id: r.get(0),
-                node_id: r.get(1),
-                node_state: r.get(2),
-                desired_generation: r.get(3),
-                state: r.get(4),
-                result: r.get(5),
-                error: r.get(6),
+        rows.iter()
+            .map(|r| {
+                let command_id: String = r.get(0);
+                let corrupt = |what: String| {
+                    StoreError::Corrupt(format!(
+                        "commands row {command_id:?} (with its node): {what}"
+                    ))
+                };
+                let node_state: String = r.get(2);
+                let state: String = r.get(4);
+                Ok(DiagResult {
+                    node_id: r.get(1),
+                    node_state: node_state
+                        .parse()
+                        .map_err(|e: UnknownState| corrupt(e.to_string()))?,
+                    desired_generation: r.get(3),
+                    state: state
+                        .parse()
+                        .map_err(|e: UnknownCommandState| corrupt(e.to_string()))?,
+                    result: r.get(5),
+                    error: r.get(6),
+                    command_id: command_id.clone(),
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// Applies a lifecycle transition decided from a command's result, and marks the result consumed, in one

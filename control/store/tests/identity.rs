@@ -375,12 +375,7 @@ async fn a_gpu_uuid_belongs_to_one_node_and_a_second_report_is_a_condition() {
     );
     // Revoking n2 (the operator's path, `nodes revoke`) releases its GPUs: G2 goes to n3.
     let change = store
-        .set_node_schedulable(
-            "n2",
-            &["adopting", "adopted", "draining", "failed"],
-            "revoked",
-            "test",
-        )
+        .set_node_schedulable("n2", bc_core::node::NodeVerb::Revoke, "test")
         .await
         .expect("revoke");
     assert!(

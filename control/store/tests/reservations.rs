@@ -2,6 +2,7 @@
 //! `adopted` is never booked, and a drain waits for a placement that read the node as bookable), and a node's
 //! failed desired-state acknowledgements reach the node's status and the reservations they carry.
 
+use bc_core::node::{LiveState, NodeState, NodeVerb};
 use bc_core::reservation::{Delivery, ReservationState};
 use bc_store::Store;
 use bc_store::reservations::{Decision, NewReservation, NodeStateChange};
@@ -42,6 +43,10 @@ fn place_on(id: &str, node: &str) -> Decision {
     }
 }
 
+fn now_ms() -> i64 {
+    (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
+}
+
 fn all_shards() -> Vec<i16> {
     (0..256).collect()
 }
@@ -61,13 +66,13 @@ async fn a_placement_on_a_node_that_left_adopted_is_retried_not_booked() {
     assert_eq!(pending.len(), 1);
     // The drain lands between the placer's read of capacity and its commit.
     let drained = store
-        .set_node_schedulable("n-1", &["adopted"], "draining", "test")
+        .set_node_schedulable("n-1", NodeVerb::Drain, "test")
         .await
         .expect("drain");
     assert_eq!(
         drained,
         NodeStateChange::Changed {
-            from: "adopted".into()
+            from: LiveState::Adopted
         }
     );
     let retry = store
@@ -101,11 +106,11 @@ async fn a_placement_on_a_node_that_left_adopted_is_retried_not_booked() {
     // Undrain: bookable again.
     assert_eq!(
         store
-            .set_node_schedulable("n-1", &["draining"], "adopted", "test")
+            .set_node_schedulable("n-1", NodeVerb::Undrain, "test")
             .await
             .expect("undrain"),
         NodeStateChange::Changed {
-            from: "draining".into()
+            from: LiveState::Draining
         }
     );
     let (tx, _) = store.claim_pending(&all_shards(), 10).await.expect("claim");
@@ -128,27 +133,28 @@ async fn a_placement_on_a_node_that_left_adopted_is_retried_not_booked() {
     // Verbs on a state they do not apply to change nothing.
     assert_eq!(
         store
-            .set_node_schedulable("n-2", &["draining"], "adopted", "test")
+            .set_node_schedulable("n-2", NodeVerb::Undrain, "test")
             .await
             .expect("undrain adopted"),
         NodeStateChange::Unchanged
     );
     store
-        .set_node_schedulable("n-2", &["adopted"], "revoked", "test")
+        .set_node_schedulable("n-2", NodeVerb::Revoke, "test")
         .await
         .expect("revoke");
     assert_eq!(
         store
-            .set_node_schedulable("n-2", &["adopted"], "draining", "test")
+            .set_node_schedulable("n-2", NodeVerb::Drain, "test")
             .await
             .expect("drain revoked"),
         NodeStateChange::Refused {
-            state: "revoked".into()
+            state: NodeState::Revoked,
+            reason: "node n-2 is revoked; nothing to change".into()
         }
     );
     assert!(matches!(
         store
-            .set_node_schedulable("nope", &["adopted"], "draining", "test")
+            .set_node_schedulable("nope", NodeVerb::Drain, "test")
             .await,
         Err(bc_store::StoreError::NotFound { .. })
     ));
@@ -172,7 +178,7 @@ async fn a_drain_waits_for_a_placement_in_flight_on_the_node() {
         let store = store.clone();
         tokio::spawn(async move {
             store
-                .set_node_schedulable("n-1", &["adopted"], "draining", "test")
+                .set_node_schedulable("n-1", NodeVerb::Drain, "test")
                 .await
         })
     };
@@ -190,7 +196,7 @@ async fn a_drain_waits_for_a_placement_in_flight_on_the_node() {
     assert_eq!(
         done,
         NodeStateChange::Changed {
-            from: "adopted".into()
+            from: LiveState::Adopted
         }
     );
 }
@@ -271,7 +277,7 @@ async fn a_failed_acknowledgement_reaches_the_node_and_the_reservations_it_carri
     assert_eq!(d.message.as_deref(), Some(reason.as_str()));
     // Not applied: the pull of waiting messages still offers generation 2.
     let out = store
-        .pending_for(&[("n-1".to_string(), 1)])
+        .pending_for(&[("n-1".to_string(), 1)], now_ms())
         .await
         .expect("pending");
     assert!(

@@ -187,10 +187,10 @@ async fn liveness_rewrites_a_row_only_when_last_seen_moved_and_names_sessions_to
     assert!(revoked.watermark_ms > 0);
 }
 
-/// Command ids `pending_for` hands to the node's session at `epoch`.
-async fn sent_to(store: &Store, node: &str, epoch: i64) -> Vec<String> {
+/// Command ids `pending_for` hands to the node's session at `epoch`, at the clock `at_ms`.
+async fn sent_to(store: &Store, node: &str, epoch: i64, at_ms: i64) -> Vec<String> {
     let mut ids: Vec<String> = store
-        .pending_for(&[(node.to_string(), epoch)])
+        .pending_for(&[(node.to_string(), epoch)], at_ms)
         .await
         .expect("pending")
         .into_iter()
@@ -225,26 +225,29 @@ async fn a_command_sent_on_a_lost_session_is_sent_again_on_the_next_epoch_until_
             .expect("queue");
     }
     assert_eq!(
-        sent_to(&store, "node-1", epoch1).await,
+        sent_to(&store, "node-1", epoch1, now_ms).await,
         ["c-late", "c-live"]
     );
     // The same session is not sent them twice.
-    assert!(sent_to(&store, "node-1", epoch1).await.is_empty());
-    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
-    // The session died before any result: the next one gets the live command again, not the one past its
-    // deadline.
+    assert!(sent_to(&store, "node-1", epoch1, now_ms).await.is_empty());
+    // 1.1 s later (a chosen clock, not a sleep): the session died before any result, and the next one gets the live
+    // command again, not the one past its deadline.
+    let later_ms = now_ms + 1_100;
     let epoch2 = store
         .open_session("node-1", &KEY)
         .await
         .expect("open")
         .expect("opened")
         .epoch;
-    assert_eq!(sent_to(&store, "node-1", epoch2).await, ["c-live"]);
-    assert!(sent_to(&store, "node-1", epoch2).await.is_empty());
+    assert_eq!(
+        sent_to(&store, "node-1", epoch2, later_ms).await,
+        ["c-live"]
+    );
+    assert!(sent_to(&store, "node-1", epoch2, later_ms).await.is_empty());
     let c = store.command("c-live").await.expect("read").expect("row");
     assert_eq!((c.state.as_str(), c.deliveries), ("sent", 2));
     // A stale epoch neither claims commands nor finishes them.
-    assert!(sent_to(&store, "node-1", epoch1).await.is_empty());
+    assert!(sent_to(&store, "node-1", epoch1, now_ms).await.is_empty());
     let result = serde_json::json!({"ok": true});
     assert!(
         !store
@@ -265,7 +268,7 @@ async fn a_command_sent_on_a_lost_session_is_sent_again_on_the_next_epoch_until_
         .expect("open")
         .expect("opened")
         .epoch;
-    assert!(sent_to(&store, "node-1", epoch3).await.is_empty());
+    assert!(sent_to(&store, "node-1", epoch3, later_ms).await.is_empty());
     assert!(
         !store
             .finish_command("node-1", epoch3, "c-live", Ok(&result), b"env")
@@ -280,4 +283,132 @@ async fn a_command_sent_on_a_lost_session_is_sent_again_on_the_next_epoch_until_
     );
     let c = store.command("c-live").await.expect("read").expect("row");
     assert_eq!((c.state.as_str(), c.deliveries), ("done", 2));
+}
+
+/// The lifecycle's time-dependent decisions run at a clock the caller chooses (no sleeping against deadlines):
+/// a command expires only once the given clock passes its deadline, and a failed node is due a re-check only once
+/// the given clock is `recheck` past its last check. Acceptance-check selection is `bc_core::lifecycle::needs_check`
+/// over the facts `check_candidates` reads.
+#[tokio::test]
+async fn acceptance_checks_and_command_expiry_are_decided_at_the_given_clock() {
+    use bc_core::lifecycle::needs_check;
+    const KIND: &str = "diag.nvml";
+    const RECHECK_MS: i64 = 300_000;
+    let store = seeded(1).await;
+    let t0 = now_ms();
+    store
+        .commit_joins("0123456789abcdef", "p1", &[candidate(1, "hk-1")], t0)
+        .await
+        .expect("commit");
+    let shards: Vec<i16> = (0..bc_core::shards::SHARDS as i16).collect();
+    let due = |at: i64| {
+        let store = store.clone();
+        let shards = shards.clone();
+        async move {
+            let rows = store
+                .check_candidates(KIND, &shards)
+                .await
+                .expect("candidates");
+            rows.into_iter()
+                .filter(|(_, _, c)| needs_check(c, at, RECHECK_MS))
+                .map(|(id, _, _)| id.into_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    // Offline: nothing can reach it.
+    assert!(due(t0).await.is_empty());
+    let epoch = store
+        .open_session("node-1", &KEY)
+        .await
+        .expect("open")
+        .expect("opened")
+        .epoch;
+    // Online, but its GPU inventory has not arrived.
+    assert!(due(t0).await.is_empty());
+    let gpus = serde_json::json!({"gpus": []});
+    assert!(
+        store
+            .put_inventory("node-1", epoch, "gpus", "h1", &gpus)
+            .await
+            .expect("inventory")
+    );
+    assert_eq!(due(t0).await, ["node-1"]);
+    store
+        .queue_command("c-1", "node-1", KIND, &serde_json::json!({}), t0 + 1_000)
+        .await
+        .expect("queue");
+    // Open: no second check.
+    assert!(due(t0).await.is_empty());
+    assert_eq!(store.expire_commands(t0 + 999).await.expect("expire"), 0);
+    assert_eq!(store.expire_commands(t0 + 1_001).await.expect("expire"), 1);
+    let c = store.command("c-1").await.expect("read").expect("row");
+    assert_eq!(c.state, "expired");
+    assert_eq!(c.finished_ms, Some(t0 + 1_001));
+    // Finished but not yet acted on: still open.
+    assert!(due(t0 + 1_001 + RECHECK_MS).await.is_empty());
+    let results = store
+        .unconsumed_results(KIND, &shards)
+        .await
+        .expect("results");
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].state, "expired");
+    store
+        .apply_lifecycle(
+            "c-1",
+            "node-1",
+            "adopting",
+            Some("failed"),
+            &serde_json::json!(["diag.nvml timed out"]),
+            None,
+        )
+        .await
+        .expect("apply");
+    assert_eq!(
+        store
+            .node("node-1")
+            .await
+            .expect("read")
+            .expect("node")
+            .state,
+        "failed"
+    );
+    // Failed: re-checked once the clock is the re-check interval past the last check, not before.
+    assert!(due(t0 + 1_001 + RECHECK_MS - 1).await.is_empty());
+    assert_eq!(due(t0 + 1_001 + RECHECK_MS).await, ["node-1"]);
+}
+
+/// A state this version does not know (a newer version wrote it, or a hand edit) is an error naming the row, from
+/// every read that parses it, never a panic or a guess; the node verbs refuse to act on it.
+#[tokio::test]
+async fn an_unknown_node_state_in_a_row_is_an_error_naming_the_row() {
+    let store = seeded(1).await;
+    store
+        .commit_joins("0123456789abcdef", "p1", &[candidate(1, "hk-1")], now_ms())
+        .await
+        .expect("commit");
+    bc_store::sqlx::query("ALTER TABLE nodes DROP CONSTRAINT nodes_state_check")
+        .execute(store.pool())
+        .await
+        .expect("drop the check");
+    bc_store::sqlx::query("UPDATE nodes SET state = 'retired' WHERE id = 'node-1'")
+        .execute(store.pool())
+        .await
+        .expect("an unknown state");
+    let named = |e: bc_store::StoreError| {
+        let m = e.to_string();
+        assert!(
+            matches!(e, bc_store::StoreError::Corrupt(_))
+                && m.contains("node-1")
+                && m.contains("retired"),
+            "{m}"
+        );
+    };
+    named(store.node("node-1").await.expect_err("node"));
+    named(store.list_nodes().await.expect_err("list"));
+    named(
+        store
+            .set_node_schedulable("node-1", bc_core::node::NodeVerb::Drain, "test")
+            .await
+            .expect_err("drain"),
+    );
 }

@@ -3,7 +3,7 @@
 //! token's row lock and the WAL flush are paid once per batch instead of once per node, with every join still
 //! acknowledged only after its commit is durable.
 
-use crate::ca::{Ca, CsrError, Issued, verify_csr};
+use bc_ca::{Ca, CsrError, Issued, VerifiedCsr, verify_csr};
 use bc_core::hardware::{self, HardwareClaims};
 use bc_core::join::TokenRejection;
 use bc_proto::seal::{self, JoinPrivateKey, SealError};
@@ -39,7 +39,17 @@ pub struct JoinService {
     ca: Arc<Ca>,
     key: JoinPrivateKey,
     batches: mpsc::Sender<Job>,
+    /// Enrolls a site agent whose sealed token is a site token (the sites module's); none: site tokens are refused.
+    sites: Option<SiteEnroller>,
 }
+
+/// Enrolls a site agent from its (opened) site token and verified CSR: the sites module's, handed in by the binary
+/// that composes both (a module imports no other module).
+pub type SiteEnroller = Arc<
+    dyn Fn(Token, VerifiedCsr) -> bc_gateway::BoxFuture<'static, Result<v1::JoinResponse, Status>>
+        + Send
+        + Sync,
+>;
 
 struct Job {
     token_id: String,
@@ -89,7 +99,12 @@ fn internal(what: &str, e: &dyn std::error::Error) -> Status {
 
 impl JoinService {
     /// Creates the service and starts its batch committer on the current runtime.
-    pub fn start(store: Store, ca: Arc<Ca>, key: JoinPrivateKey) -> Arc<JoinService> {
+    pub fn start(
+        store: Store,
+        ca: Arc<Ca>,
+        key: JoinPrivateKey,
+        sites: Option<SiteEnroller>,
+    ) -> Arc<JoinService> {
         let (tx, rx) = mpsc::channel(4096);
         tokio::spawn(commit_loop(store.clone(), rx));
         Arc::new(JoinService {
@@ -98,40 +113,17 @@ impl JoinService {
             ca,
             key,
             batches: tx,
+            sites,
         })
     }
 
     pub async fn join(
         &self,
-        req: v1::JoinRequest,
+        mut req: v1::JoinRequest,
         peer: Option<SocketAddr>,
     ) -> Result<v1::JoinResponse, Status> {
-        let claims = validate_claims(req.claims.unwrap_or_default())?;
-        check_len("agent_version".into(), &req.agent_version).map_err(|_| {
-            Status::invalid_argument(format!(
-                "agent_version must be at most {MAX_STRING} bytes without control characters"
-            ))
-        })?;
-        if req.csr_der.is_empty() {
-            return Err(Status::invalid_argument(
-                "csr_der is empty: send the node's PKCS#10 request",
-            ));
-        }
-        if req.sealed_token.is_empty() {
-            return Err(Status::invalid_argument(
-                "sealed_token is empty: seal the join token to JoinService",
-            ));
-        }
-        if req.sealed_token.len() > MAX_SEALED {
-            return Err(Status::invalid_argument(format!(
-                "sealed_token is longer than {MAX_SEALED} bytes"
-            )));
-        }
-        if req.csr_der.len() > MAX_CSR {
-            return Err(Status::invalid_argument(format!(
-                "csr_der is longer than {MAX_CSR} bytes"
-            )));
-        }
+        let claims = validate_claims(req.claims.take().unwrap_or_default())?;
+        check_request(&req)?;
         let csr = verify_csr(&req.csr_der).map_err(|e| match e {
             CsrError::BadSignature => Status::permission_denied(e.to_string()),
             _ => Status::invalid_argument(e.to_string()),
@@ -143,10 +135,7 @@ impl JoinService {
             })?;
         // Site tokens enroll site agents through the same sealed-token path; each kind only on its own path.
         if check_purpose(req.purpose, &token)? == TokenKind::Site {
-            let site = Token::parse(TokenKind::Site, &token).map_err(|e| {
-                Status::invalid_argument(format!("the sealed token is not a site token: {e}"))
-            })?;
-            return crate::site::enroll(&self.store, &self.ca, &site, &csr).await;
+            return self.enroll_site(&token, csr).await;
         }
         let token = Token::parse(TokenKind::Join, &token).map_err(|e| {
             Status::invalid_argument(format!("the sealed token is not a join token: {e}"))
@@ -166,24 +155,7 @@ impl JoinService {
             .check(&claims)
             .map_err(|r| Status::permission_denied(r.to_string()))?;
         let hk = hardware::hardware_key(&claims);
-        let mut reclaim_of = None;
-        if row.reclaim
-            && let Some(hk) = &hk
-        {
-            let pool = self
-                .store
-                .pool_by_id(&row.pool_id)
-                .await
-                .map_err(|e| internal("reading the pool", &e))?;
-            if pool.allow_reclaim {
-                reclaim_of = self
-                    .store
-                    .node_by_hardware_key(hk)
-                    .await
-                    .map_err(|e| internal("reading nodes", &e))?
-                    .map(|o| o.node_id);
-            }
-        }
+        let reclaim_of = self.reclaim_target(&row, hk.as_deref()).await?;
         let node_id = reclaim_of
             .clone()
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
@@ -255,6 +227,45 @@ impl JoinService {
         }
     }
 
+    /// A site token on the join path: the sites module enrolls the agent.
+    async fn enroll_site(&self, token: &str, csr: VerifiedCsr) -> Result<v1::JoinResponse, Status> {
+        let site = Token::parse(TokenKind::Site, token).map_err(|e| {
+            Status::invalid_argument(format!("the sealed token is not a site token: {e}"))
+        })?;
+        let Some(enroll) = &self.sites else {
+            return Err(Status::failed_precondition(
+                "this control plane enrolls no site agents (its sites module is not configured); use a join token",
+            ));
+        };
+        enroll(site, csr).await
+    }
+
+    /// The node a reclaim token re-adopts: the live node with this hardware key, when the token and its pool allow
+    /// reclaim.
+    async fn reclaim_target(
+        &self,
+        row: &JoinTokenRow,
+        hk: Option<&str>,
+    ) -> Result<Option<String>, Status> {
+        let (true, Some(hk)) = (row.reclaim, hk) else {
+            return Ok(None);
+        };
+        let pool = self
+            .store
+            .pool_by_id(&row.pool_id)
+            .await
+            .map_err(|e| internal("reading the pool", &e))?;
+        if !pool.allow_reclaim {
+            return Ok(None);
+        }
+        Ok(self
+            .store
+            .node_by_hardware_key(hk)
+            .await
+            .map_err(|e| internal("reading nodes", &e))?
+            .map(|o| o.node_id))
+    }
+
     async fn token(&self, id: &str) -> Result<Arc<JoinTokenRow>, Status> {
         if let Some(t) = self.tokens.lock().ok().and_then(|m| m.get(id).cloned()) {
             return Ok(t);
@@ -278,7 +289,7 @@ impl JoinService {
     /// A retry of a committed join (same token, same key): the same node and a fresh certificate, no use spent.
     async fn replay(
         &self,
-        csr: &crate::ca::VerifiedCsr,
+        csr: &VerifiedCsr,
         node_id: &str,
         pool_id: &str,
         t: OffsetDateTime,
@@ -371,6 +382,36 @@ async fn commit_loop(store: Store, mut rx: mpsc::Receiver<Job>) {
 /// The path a request takes: the purpose the caller states must match the kind of the token it sealed. A site
 /// token sent to join a node, a join token sent to enroll a site agent, or no purpose at all is refused with what to
 /// run instead, before anything is read or spent.
+/// The request's sizes and required fields, before any cryptography.
+fn check_request(req: &v1::JoinRequest) -> Result<(), Status> {
+    check_len("agent_version".into(), &req.agent_version).map_err(|_| {
+        Status::invalid_argument(format!(
+            "agent_version must be at most {MAX_STRING} bytes without control characters"
+        ))
+    })?;
+    if req.csr_der.is_empty() {
+        return Err(Status::invalid_argument(
+            "csr_der is empty: send the node's PKCS#10 request",
+        ));
+    }
+    if req.sealed_token.is_empty() {
+        return Err(Status::invalid_argument(
+            "sealed_token is empty: seal the join token to JoinService",
+        ));
+    }
+    if req.sealed_token.len() > MAX_SEALED {
+        return Err(Status::invalid_argument(format!(
+            "sealed_token is longer than {MAX_SEALED} bytes"
+        )));
+    }
+    if req.csr_der.len() > MAX_CSR {
+        return Err(Status::invalid_argument(format!(
+            "csr_der is longer than {MAX_CSR} bytes"
+        )));
+    }
+    Ok(())
+}
+
 pub fn check_purpose(purpose: i32, token: &str) -> Result<TokenKind, Status> {
     let site = token.trim().starts_with(TokenKind::Site.prefix());
     match v1::JoinPurpose::try_from(purpose) {

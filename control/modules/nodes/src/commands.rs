@@ -3,36 +3,19 @@
 //! node's pool: queueing needs `compute:nodes:command` (an operator permission, like `compute:nodes:drain`),
 //! reading needs `compute:nodes:get`.
 
-use crate::api::{ApiCode, ApiError, ApiState, now_ms, require};
-use axum::Json;
-use bc_store::iam::Principal;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use crate::{Nodes, now_ms};
+use bc_core::api::ApiCode;
+use bc_core::api::nodes::{
+    Command, CommandDetail, CommandRef, CommandState, QueueCommand, QueuedCommand,
+};
+use bc_core::ids::CommandId;
+use bc_kernel::{ApiError, Cx};
 
 /// The largest `args` object accepted (serialized JSON bytes).
 pub const MAX_ARGS_BYTES: usize = 64 * 1024;
 /// Deadline bounds (seconds).
 const MIN_TIMEOUT_S: u64 = 1;
 const MAX_TIMEOUT_S: u64 = 7 * 86_400;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct QueueCommand {
-    node_id: String,
-    kind: String,
-    #[serde(default = "empty_object")]
-    args: Value,
-    #[serde(default = "ten_minutes")]
-    timeout_s: u64,
-}
-
-fn empty_object() -> Value {
-    json!({})
-}
-
-fn ten_minutes() -> u64 {
-    600
-}
 
 /// Whether `kind` matches `^[a-z][a-z0-9_.-]{0,63}$`.
 pub fn valid_kind(kind: &str) -> bool {
@@ -71,84 +54,101 @@ fn check(req: &QueueCommand) -> Result<(), ApiError> {
 }
 
 /// `nodes.command`: queue a command for a node; answers its id.
-pub(crate) async fn queue(
-    state: &ApiState,
-    p: &Principal,
-    req: QueueCommand,
-) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn queue(cx: Cx, req: QueueCommand) -> Result<QueuedCommand, ApiError> {
     check(&req)?;
-    let node = state.store.node(&req.node_id).await?.ok_or_else(|| {
-        ApiError::new(
-            ApiCode::NotFound,
-            format!("node {:?} not found", req.node_id),
-        )
-    })?;
-    require(
-        p,
-        "compute:nodes:command",
-        &format!("pool/{}", node.pool_id),
-    )?;
-    if node.state == "revoked" {
+    let nodes = cx.get::<Nodes>()?;
+    let node = nodes
+        .store
+        .node(req.node_id.as_str())
+        .await?
+        .ok_or_else(|| {
+            ApiError::new(
+                ApiCode::NotFound,
+                format!("node {:?} not found", req.node_id.as_str()),
+            )
+        })?;
+    cx.authorize(&format!("pool/{}", node.pool_id))?;
+    if node.state.is_revoked() {
         return Err(ApiError::new(
             ApiCode::Conflict,
             format!("node {} is revoked; it can run no command", node.id),
         ));
     }
-    let id = uuid::Uuid::now_v7().to_string();
+    let id = CommandId::new(uuid::Uuid::now_v7().to_string())
+        .map_err(|e| ApiError::unavailable("a command id could not be made").with_source(e))?;
     let deadline_ms = now_ms() + (req.timeout_s as i64) * 1000;
-    state
+    let actor = cx.caller().actor();
+    nodes
         .store
         .queue_command_by(
-            &format!("principal/{}", p.id),
-            &id,
-            &node.id,
+            &actor,
+            id.as_str(),
+            node.id.as_str(),
             &req.kind,
             &req.args,
             deadline_ms,
         )
         .await?;
     tracing::info!(
-        node_id = node.id,
-        command = id,
+        node_id = %node.id,
+        command = %id,
         kind = req.kind,
-        principal = p.id,
+        principal = cx.caller().id,
         "command queued"
     );
-    Ok(Json(json!({
-        "id": id,
-        "node_id": node.id,
-        "kind": req.kind,
-        "state": "pending",
-        "deadline_ms": deadline_ms,
-    })))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ById {
-    id: String,
+    Ok(QueuedCommand {
+        id,
+        node_id: node.id,
+        kind: req.kind,
+        state: CommandState::Pending,
+        deadline_ms,
+    })
 }
 
 /// `commands.get`: state, latest progress, result and error of one command.
-pub(crate) async fn get(
-    state: &ApiState,
-    p: &Principal,
-    req: ById,
-) -> Result<Json<Value>, ApiError> {
-    let not_found = || ApiError::new(ApiCode::NotFound, format!("command {:?} not found", req.id));
-    let command = state.store.command(&req.id).await?.ok_or_else(not_found)?;
-    let node = state
+pub(crate) async fn get(cx: Cx, req: CommandRef) -> Result<CommandDetail, ApiError> {
+    let not_found = || {
+        ApiError::new(
+            ApiCode::NotFound,
+            format!("command {:?} not found", req.id.as_str()),
+        )
+    };
+    let nodes = cx.get::<Nodes>()?;
+    let c = nodes
         .store
-        .node(&command.node_id)
+        .command(req.id.as_str())
         .await?
         .ok_or_else(not_found)?;
-    require(p, "compute:nodes:get", &format!("pool/{}", node.pool_id))?;
-    Ok(Json(json!({ "command": command })))
+    let node = nodes
+        .store
+        .node(c.node_id.as_str())
+        .await?
+        .ok_or_else(not_found)?;
+    cx.authorize(&format!("pool/{}", node.pool_id))?;
+    Ok(CommandDetail {
+        command: Command {
+            id: c.id,
+            node_id: c.node_id,
+            kind: c.kind,
+            args: c.args,
+            state: c.state,
+            created_ms: c.created_ms,
+            sent_ms: c.sent_ms,
+            deadline_ms: c.deadline_ms,
+            finished_ms: c.finished_ms,
+            progress: c.progress,
+            progress_ms: c.progress_ms,
+            result: c.result,
+            error: c.error,
+            deliveries: c.deliveries,
+        },
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Value, json};
 
     #[test]
     fn kinds_follow_the_documented_form() {
@@ -172,7 +172,7 @@ mod tests {
     #[test]
     fn args_must_be_a_small_object_and_the_timeout_bounded() {
         let req = |args: Value, timeout_s: u64| QueueCommand {
-            node_id: "n".into(),
+            node_id: bc_core::ids::NodeId::parse("n").expect("an id"),
             kind: "ramdisk.wipe".into(),
             args,
             timeout_s,

@@ -2,7 +2,7 @@
 //! inventory sections, desired-state acknowledgements, signed command results, batched liveness and the pull of
 //! waiting messages.
 
-use crate::ca::{Ca, CsrError, VerifiedCsr, verify_csr};
+use bc_ca::{Ca, CsrError, VerifiedCsr, verify_csr};
 use bc_gateway::BoxFuture;
 use bc_gateway::session::{RevokedSince, Seen, SessionBackend, SessionGrant, SessionRef};
 use bc_proto::spiffe::{Role, SpiffeId};
@@ -278,7 +278,7 @@ impl ControlSessions {
             .await
             .map_err(unavailable)?
             .ok_or_else(|| Status::not_found("node not found"))?;
-        if node.state == "revoked" || node.session_epoch != epoch(s) {
+        if node.state.is_revoked() || node.session_epoch != epoch(s) {
             return Err(stale(s));
         }
         // The key must still be the node's: a reclaim supersedes it (and bumps the epoch, refused above; this holds
@@ -333,7 +333,12 @@ impl ControlSessions {
             .map(|s| (s.node_id.as_str(), s.epoch))
             .collect();
         let mut out = Vec::new();
-        for o in self.store.pending_for(&nodes).await.map_err(unavailable)? {
+        for o in self
+            .store
+            .pending_for(&nodes, crate::now_ms())
+            .await
+            .map_err(unavailable)?
+        {
             match o {
                 Outgoing::Command {
                     node_id,

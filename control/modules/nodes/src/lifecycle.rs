@@ -1,14 +1,16 @@
-//! The lifecycle controller (`controllers` role): queues the acceptance check `diag.nvml` for adopting nodes
-//! whose GPU inventory has arrived and for failed nodes due a re-check, and applies the decision of
-//! [`bc_core::lifecycle::after_diag`] to each finished check. Every loop converges on its own tick.
+//! The lifecycle controller (`controllers` role): queues the acceptance check `diag.nvml` for the nodes
+//! [`bc_core::lifecycle::needs_check`] picks (adopting nodes whose GPU inventory has arrived, failed nodes due a
+//! re-check), and applies the decision of [`bc_core::lifecycle::after_diag`] to each finished check. Every step
+//! takes `now` as an argument (deadlines, expiry and re-checks are decided at it, never at the database's clock);
+//! the loop converges on its own tick.
 
-use bc_core::lifecycle::{DiagOutcome, Transition, after_diag, timed_out};
+use bc_core::api::nodes::CommandState;
+use bc_core::lifecycle::{DiagOutcome, Transition, after_diag, needs_check, timed_out};
 use bc_core::node::NodeState;
+use bc_kernel::ReconcileCx;
 use bc_store::Store;
 use bc_store::sessions::DiagResult;
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Notify, watch};
 
 pub const DIAG_KIND: &str = "diag.nvml";
 
@@ -40,8 +42,8 @@ fn initial_spec() -> serde_json::Value {
 
 /// Reads a finished check into an outcome; a result that is missing, unsigned or of another kind fails.
 fn outcome(r: &DiagResult) -> DiagOutcome {
-    match (r.state.as_str(), &r.result) {
-        ("done", Some(v)) if v["kind"] == DIAG_KIND => {
+    match (r.state, &r.result) {
+        (CommandState::Done, Some(v)) if v["kind"] == DIAG_KIND => {
             let passed = v["status"] == "pass";
             let reasons = v["checks"]
                 .as_array()
@@ -57,13 +59,13 @@ fn outcome(r: &DiagResult) -> DiagOutcome {
                 .collect();
             DiagOutcome { passed, reasons }
         }
-        ("done", _) => DiagOutcome {
+        (CommandState::Done, _) => DiagOutcome {
             passed: false,
             reasons: vec![format!(
                 "{DIAG_KIND} returned something that is not a {DIAG_KIND} report"
             )],
         },
-        ("expired", _) => timed_out(DIAG_KIND),
+        (CommandState::Expired, _) => timed_out(DIAG_KIND),
         _ => DiagOutcome {
             passed: false,
             reasons: vec![
@@ -75,37 +77,45 @@ fn outcome(r: &DiagResult) -> DiagOutcome {
     }
 }
 
-async fn step(
+/// At most this many checks are queued per step (the rest on the next).
+const MAX_QUEUED: usize = 1000;
+
+/// One pass at `now_ms` over the nodes of `shards`: expires commands past their deadline, queues the checks due,
+/// applies the finished ones.
+pub async fn step(
     store: &Store,
     t: &LifecycleTiming,
     shards: &[i16],
+    now_ms: i64,
 ) -> Result<(), bc_store::StoreError> {
     if shards.is_empty() {
         return Ok(());
     }
-    store.expire_commands().await?;
-    let now_ms = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
-    for (node_id, gpus) in store
-        .nodes_needing_check(DIAG_KIND, t.recheck_after.as_millis() as i64, shards)
+    store.expire_commands(now_ms).await?;
+    let recheck_ms = i64::try_from(t.recheck_after.as_millis()).unwrap_or(i64::MAX);
+    let deadline_ms = i64::try_from(t.deadline.as_millis()).unwrap_or(i64::MAX);
+    let due = store
+        .check_candidates(DIAG_KIND, shards)
         .await?
-    {
+        .into_iter()
+        .filter(|(_, _, c)| needs_check(c, now_ms, recheck_ms))
+        .take(MAX_QUEUED);
+    for (node_id, gpus, _) in due {
         let id = uuid::Uuid::now_v7().to_string();
         let args = serde_json::json!({"expected_gpu_count": gpus});
         store
             .queue_command(
                 &id,
-                &node_id,
+                node_id.as_str(),
                 DIAG_KIND,
                 &args,
-                now_ms + t.deadline.as_millis() as i64,
+                now_ms.saturating_add(deadline_ms),
             )
             .await?;
-        tracing::info!(node_id, command = id, "acceptance check queued");
+        tracing::info!(%node_id, command = id, "acceptance check queued");
     }
     for r in store.unconsumed_results(DIAG_KIND, shards).await? {
-        let Ok(state) = r.node_state.parse::<NodeState>() else {
-            continue;
-        };
+        let state = r.node_state;
         let o = outcome(&r);
         let (new_state, conditions, desired) = match after_diag(state, r.desired_generation, &o) {
             Transition::Adopt { desired_generation } => (
@@ -133,36 +143,33 @@ async fn step(
     Ok(())
 }
 
-/// Runs a step when poked (GPU inventory arrived, a check finished: see [`crate::pokes`]) and on every tick,
-/// acting only on nodes of the shards this process leases (`shards`, kept current by the controllers' membership
-/// loop).
-pub async fn run(
-    store: Store,
-    timing: LifecycleTiming,
-    shards: watch::Receiver<Vec<i16>>,
-    poke: Arc<Notify>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(timing.tick);
+/// Runs a step when poked (GPU inventory arrived, a check finished: `bc_lifecycle`) and on every tick, acting only
+/// on nodes of the shards this process leases in the `controllers` role.
+pub async fn run(mut cx: ReconcileCx) {
+    let Some((store, timing)) = cx
+        .resources
+        .get::<crate::Nodes>()
+        .map(|n| (n.store.clone(), n.lifecycle))
+    else {
+        tracing::error!("lifecycle: the nodes module did not start; the controller cannot run");
+        return cx.stop.stopped().await;
+    };
+    let mut tick = tokio::time::interval(cx.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut listening = true;
     loop {
         tokio::select! {
-            _ = async {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = poke.notified() => tick.reset(),
-                }
-            } => {
-                let mine = shards.borrow().clone();
-                if let Err(e) = step(&store, &timing, &mine).await {
-                    tracing::warn!(error = %e, "lifecycle step failed; retrying next tick");
-                }
-            }
-            changed = stop.changed() => {
-                if changed.is_err() || *stop.borrow() {
-                    return;
-                }
-            }
+            _ = tick.tick() => {}
+            n = cx.pokes.recv(), if listening => match n {
+                Some(_) => tick.reset(),
+                None => listening = false,
+            },
+            _ = cx.stop.stopped() => return,
+        }
+        while cx.pokes.try_recv().is_ok() {}
+        let mine: Vec<i16> = cx.shards.borrow().iter().map(|l| l.shard.get()).collect();
+        if let Err(e) = step(&store, &timing, &mine, crate::now_ms()).await {
+            tracing::warn!(error = %e, "lifecycle step failed; retrying next tick");
         }
     }
 }
