@@ -4,7 +4,6 @@
 use crate::ca::Ca;
 use axum::Json;
 
-use axum::http::HeaderMap;
 use bc_core::iam::allows;
 use bc_core::join::Expectations;
 use bc_proto::token::{Token, TokenKind};
@@ -29,10 +28,6 @@ pub struct ApiState {
     /// Admission's tx 1, group-committed.
     pub admitter: Option<crate::admission::Admitter>,
     pub principals: Arc<PrincipalCache>,
-    /// Seals secrets at rest (`secrets.put`).
-    pub secrets: Arc<crate::secrets::SecretBox>,
-    /// Where artifacts are stored (`PUT /api/artifacts`).
-    pub artifacts: crate::artifacts::ArtifactDir,
 }
 
 /// Authenticated principals by API key id, kept [`PRINCIPAL_TTL`]: the hot path (and admission's pure checks)
@@ -63,22 +58,6 @@ impl PrincipalCache {
 
 pub use bc_kernel::router::BODY_DEADLINE;
 pub use bc_kernel::{ApiCode, ApiError, MAX_BODY, check_strings, read_body};
-
-pub(crate) async fn authenticate(
-    store: &Store,
-    cache: &PrincipalCache,
-    headers: &HeaderMap,
-) -> Result<Principal, ApiError> {
-    let unauth = |m: &str| ApiError::new(ApiCode::Unauthenticated, m.to_string());
-    let header = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| unauth("missing Authorization: Bearer <api key>"))?;
-    let key = header
-        .strip_prefix("Bearer ")
-        .ok_or_else(|| unauth("Authorization must be Bearer <api key>"))?;
-    authenticate_key(store, cache, key).await
-}
 
 /// The principal a bearer API key (as sent) names, or UNAUTHENTICATED saying why.
 pub(crate) async fn authenticate_key(
@@ -154,10 +133,6 @@ pub(crate) async fn call(
                 .await
                 .map(Json)
         }
-        ("sites", _) | ("site-tokens", _) | ("machines", _) | ("secrets", _) => {
-            crate::site_api::dispatch(state, principal, group, method, body).await
-        }
-        ("artifacts", "list") => crate::artifacts::list(state, principal).await,
         ("nodes", "list") => list_nodes(state, principal).await,
         ("nodes", "get") => get_node(state, principal, parse(body)?).await,
         ("nodes", "drain") => set_node_state(state, principal, parse(body)?, NodeVerb::Drain).await,

@@ -146,7 +146,7 @@ impl JoinService {
             let site = Token::parse(TokenKind::Site, &token).map_err(|e| {
                 Status::invalid_argument(format!("the sealed token is not a site token: {e}"))
             })?;
-            return crate::site::enroll(&self.store, &self.ca, &site, &csr).await;
+            return bc_mod_sites::enroll(&self.store, &self.ca, &site, &csr).await;
         }
         let token = Token::parse(TokenKind::Join, &token).map_err(|e| {
             Status::invalid_argument(format!("the sealed token is not a join token: {e}"))

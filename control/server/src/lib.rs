@@ -7,7 +7,6 @@
 
 pub mod admission;
 pub mod api;
-pub mod artifacts;
 pub mod backend;
 pub use bc_ca as ca;
 pub mod client;
@@ -21,10 +20,7 @@ pub mod notify;
 pub mod plane;
 pub mod pokes;
 pub mod scheduler;
-pub mod secrets;
 pub mod session;
-pub mod site;
-pub mod site_api;
 pub mod site_cli;
 pub mod statistics;
 pub mod telemetry;
@@ -32,6 +28,7 @@ pub mod telemetry;
 use crate::ca::Ca;
 use crate::config::ServeConfig;
 use bc_core::iam::Grant;
+use bc_mod_sites::{ArtifactDir, SecretBox, SiteBackend};
 use bc_proto::token::{Token, TokenKind};
 use bc_store::Store;
 use std::net::SocketAddr;
@@ -133,7 +130,7 @@ async fn gateway(
     store: &Store,
     ca: &Arc<Ca>,
     join_key: bc_proto::seal::JoinPrivateKey,
-    secrets: &Arc<secrets::SecretBox>,
+    secrets: &Arc<SecretBox>,
 ) -> Result<Gateway, StartError> {
     let (listener, addr) = bind("gateway", config.gateway_listen).await?;
     let url = match &config.gateway_url {
@@ -166,11 +163,11 @@ async fn gateway(
         session_config.revocation_interval = t.revocation_interval;
     }
     let backend = Arc::new(session::ControlSessions::new(store.clone(), ca.clone()));
-    let site = site::SiteBackend::new(
+    let site = SiteBackend::new(
         store.clone(),
         ca.clone(),
         secrets.clone(),
-        artifacts::ArtifactDir::new(&config.state_dir),
+        ArtifactDir::new(&config.state_dir),
     );
     let services = bc_gateway::Services {
         join,
@@ -200,7 +197,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     let ca = Arc::new(ca);
     let join_key = ca::load_or_create_join_key(&config.state_dir)?;
     let join_public_key = join_key.public_key().encode();
-    let secrets = Arc::new(secrets::SecretBox::load_or_create(&config.state_dir)?);
+    let secrets = Arc::new(SecretBox::load_or_create(&config.state_dir)?);
     let backend = backend::StoreBackend::new(store.clone());
     let gateway = match config.roles.gateway {
         true => Some(gateway(config, &store, &ca, join_key, &secrets).await?),
@@ -233,8 +230,17 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         lifecycle_poke: config.roles.controllers.then(Default::default),
         metrics: metrics.clone(),
     };
-    let mut builder = bc_kernel::ControlPlane::builder(options).module(plane::module(loops));
+    let mut builder = bc_kernel::ControlPlane::builder(options)
+        .module(plane::module(loops))
+        .module(bc_mod_sites::module());
     if api.is_some() {
+        builder = builder.resource(bc_mod_sites::Sites {
+            store: store.clone(),
+            ca: ca.clone(),
+            sessions: sessions.clone(),
+            secrets: secrets.clone(),
+            artifacts: ArtifactDir::new(&config.state_dir),
+        });
         builder = builder.resource(api::ApiState {
             store: store.clone(),
             ca: ca.clone(),
@@ -244,8 +250,6 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             decisions: Some(Arc::new(admission::Decisions::default())),
             admitter: Some(admission::Admitter::start(store.clone())),
             principals: backend.principals(),
-            secrets: secrets.clone(),
-            artifacts: artifacts::ArtifactDir::new(&config.state_dir),
         });
     }
     let initialized = builder.build()?.initialize(backend).await?;

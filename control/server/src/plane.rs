@@ -1,6 +1,6 @@
 //! The server's own API groups and role loops as the kernel's `server` module: every method of the former dispatch
 //! registered with its permission and scope ([`ServerMethod`] types: JSON in, JSON out, until each group moves into
-//! its module crate under `control/modules/`), the artifact upload route, and the role loops as reconcilers the
+//! its module crate under `control/modules/`), and the role loops as reconcilers the
 //! kernel starts for the roles a process runs (`controllers`: membership, expiry, outbox and lifecycle;
 //! `scheduler`: the placer; `api`: admission's decided notices; every role: the notification pokes).
 
@@ -8,12 +8,8 @@ use crate::api::{self, ApiState};
 use crate::lifecycle::LifecycleTiming;
 use crate::{controllers, lifecycle, pokes, scheduler, statistics};
 use axum::Json;
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
 use bc_kernel::{
-    ApiError, ApiMethod, Cx, Method, Module, Notice, ROLES, ReconcileCx, Reconciler, Route,
-    RouterState, Scope, Stop,
+    ApiMethod, Cx, Method, Module, Notice, ROLES, ReconcileCx, Reconciler, Scope, Stop,
 };
 use bc_store::Store;
 use bc_store::iam::Principal;
@@ -51,15 +47,6 @@ server_methods! {
     ReleaseReservation = "reservations" / "release": "compute:reservations:release" on "tenant/<tenant>";
     CreateTenant = "tenants" / "create": "compute:tenants:create" on "tenant/<id>";
     CreatePrincipal = "principals" / "create": "compute:principals:create" on "tenant/<tenant>";
-    RevokeSite = "sites" / "revoke": "compute:sites:revoke" on "site/<site>";
-    CreateSiteToken = "site-tokens" / "create": "compute:site-tokens:create" on "site/<site>";
-    ListSiteTokens = "site-tokens" / "list": "compute:site-tokens:list" on "site/<site>";
-    RevokeSiteToken = "site-tokens" / "revoke": "compute:site-tokens:revoke" on "site/<site>";
-    CreateMachine = "machines" / "create": "compute:machines:create" on "site/<site>";
-    ListMachines = "machines" / "list": "compute:machines:list" on "site/<site>";
-    SetMachineBoot = "machines" / "set-boot": "compute:machines:set-boot" on "site/<site>";
-    PutSecret = "secrets" / "put": "compute:secrets:put" on "site/<site>";
-    ListArtifacts = "artifacts" / "list": "compute:artifacts:list" on "artifacts";
     ListNodes = "nodes" / "list": "compute:nodes:list" on "pool/<pool>";
     GetNode = "nodes" / "get": "compute:nodes:get" on "pool/<pool>";
     DrainNode = "nodes" / "drain": "compute:nodes:drain" on "pool/<pool>";
@@ -96,16 +83,6 @@ fn server_method<M: ServerMethod>(grant: Option<(&'static str, &'static str)>) -
     })
 }
 
-/// `PUT /api/artifacts` (streamed, outside the JSON methods).
-async fn put_artifact(
-    State(router): State<RouterState>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Json<Value>, ApiError> {
-    let state = router.resources().require::<ApiState>()?.clone();
-    crate::artifacts::put(State(state), headers, body).await
-}
-
 /// What the role loops of this process need.
 #[derive(Clone)]
 pub struct Loops {
@@ -126,12 +103,7 @@ pub struct Loops {
 pub fn module(loops: Loops) -> Module {
     let module = Module::new("server")
         .gateway_service("join")
-        .gateway_service("session")
-        .gateway_service("site")
-        .route(
-            Route::new("/api/artifacts", "PUT", axum::routing::put(put_artifact))
-                .permission("compute:artifacts:put"),
-        );
+        .gateway_service("session");
     let module = register_methods(module)
         .reconciler(controllers_loop(loops.clone()))
         .reconciler(scheduler_loop(loops.clone()))

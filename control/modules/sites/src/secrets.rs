@@ -4,7 +4,7 @@
 //! P-256 public key (JWK) and gets the secret back as a JWE (ECDH-ES+A256KW / A256GCM, jwt-simple) encrypted here,
 //! in the control plane: the gateway relaying it cannot read it. A site gets only its own site's secrets.
 
-use crate::ca::CaError;
+use bc_ca::CaError;
 use bc_gateway::site::SiteAgent;
 use bc_proto::v1;
 use bc_store::Store;
@@ -69,7 +69,7 @@ impl SecretBox {
                     what: "secrets key (no randomness)",
                     path: path.clone(),
                 })?;
-                crate::ca::write_private(&path, &k)?;
+                bc_ca::write_private(&path, &k)?;
                 k.to_vec()
             }
             Err(source) => {
