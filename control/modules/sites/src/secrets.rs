@@ -20,12 +20,8 @@ pub const MAX_NAME: usize = 128;
 pub const MAX_VALUE: usize = 16 * 1024;
 const MAX_JWK: usize = 1024;
 
-/// What the JWE carries (its claims also hold `sub` = the site and `aud` = the asking agent).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct SecretClaims {
-    pub name: String,
-    pub value: String,
-}
+/// What the JWE carries (typed in bc-proto: the site agent opens the same type).
+pub use bc_proto::payloads::SecretClaims;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
