@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod diag;
+
 /// What a secret JWE carries (its claims also hold `sub` = the site and `aud` = the asking agent).
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SecretClaims {

@@ -14,8 +14,6 @@ pub mod sample;
 pub use health::{GpuHealth, Reading};
 pub use sample::{GpuProcess, GpuSample, MigInstance};
 
-use serde::{Deserialize, Serialize};
-
 /// One GPU as inventory and join claims need it (typed in bc-proto, which the control plane reads it with).
 pub use bc_proto::payloads::GpuInfo;
 

@@ -162,7 +162,12 @@ async fn gateway(
         session_config.idle_timeout = t.idle_timeout;
         session_config.revocation_interval = t.revocation_interval;
     }
-    let backend = Arc::new(session::ControlSessions::new(store.clone(), ca.clone()));
+    let inventory = Arc::new(bc_mod_inventory::Inventory::new(store.clone()));
+    let backend = Arc::new(session::ControlSessions::new(
+        store.clone(),
+        ca.clone(),
+        inventory,
+    ));
     let site = SiteBackend::new(
         store.clone(),
         ca.clone(),
