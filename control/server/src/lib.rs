@@ -239,13 +239,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         .module(plane::module(loops))
         .module(bc_mod_sites::module());
     if api.is_some() {
-        builder = builder.resource(bc_mod_sites::Sites {
-            store: store.clone(),
-            ca: ca.clone(),
-            sessions: sessions.clone(),
-            secrets: secrets.clone(),
-            artifacts: ArtifactDir::new(&config.state_dir),
-        });
+        builder = builder.resource(sites_state(config, &store, &ca, &sessions, &secrets));
         builder = builder.resource(api::ApiState {
             store: store.clone(),
             ca: ca.clone(),
@@ -314,6 +308,23 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         trust_domain: config.trust_domain.clone(),
         plane,
     })
+}
+
+/// The sites module's state (its handlers' kernel resource).
+fn sites_state(
+    config: &ServeConfig,
+    store: &Store,
+    ca: &Arc<Ca>,
+    sessions: &Option<bc_gateway::session::Registry>,
+    secrets: &Arc<SecretBox>,
+) -> bc_mod_sites::Sites {
+    bc_mod_sites::Sites {
+        store: store.clone(),
+        ca: ca.clone(),
+        sessions: sessions.clone(),
+        secrets: secrets.clone(),
+        artifacts: ArtifactDir::new(&config.state_dir),
+    }
 }
 
 /// With a `[telemetry]` table: samples the control plane's own metrics and exports them until the plane stops.
