@@ -370,6 +370,6 @@ async fn get_node(
         id: bc_core::ids::NodeId::parse(id)?,
     };
     Ok(p.admin
-        .invoke::<bc_control::node_methods::GetNodeMethod>(&request)
+        .method::<bc_control::node_methods::GetNodeMethod>(&request)
         .await?)
 }

@@ -882,14 +882,14 @@ async fn artifact_uploads_stream_from_disk_and_a_truncated_one_leaves_nothing() 
             })
             .unwrap_or_default()
     };
-    // The server writes what came to a temporary file while the body is still incomplete (it streams).
+    // The server writes what came to its temporary `.partial-*` file (bc-cas) while the body is still incomplete.
     let deadline = Instant::now() + Duration::from_secs(10);
     while leftovers().is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let partial = leftovers();
     assert!(
-        partial.iter().any(|n| n.starts_with(".upload-")),
+        partial.iter().any(|n| n.starts_with(bc_cas::TEMP_PREFIX)),
         "no temporary file while the upload runs: {partial:?}"
     );
     drop(conn);

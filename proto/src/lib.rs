@@ -11,6 +11,7 @@
 
 pub mod channel;
 pub mod envelope;
+pub mod payloads;
 pub mod runtime;
 pub mod seal;
 pub mod spiffe;

@@ -10,12 +10,9 @@ use crate::gpu::{GpuBackend, GpuHealth};
 use bc_proto::envelope::{EnvelopeError, EnvelopeSigner};
 use bc_proto::v1::SignedEnvelope;
 use serde::{Deserialize, Serialize};
-use std::fmt;
 
-/// The payload type of a signed `diag.nvml` report.
-pub const PAYLOAD_TYPE: &str = "application/vnd.bettercompute.diag.nvml+json";
-/// The report's `kind`.
-pub const KIND: &str = "diag.nvml";
+/// The payload type of a signed `diag.nvml` report and the report's `kind`.
+pub use bc_proto::payloads::diag::{KIND, PAYLOAD_TYPE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiagError {
@@ -118,136 +115,22 @@ pub enum MigExpectation {
 
 // === report ===
 
-/// The checks of `diag.nvml`, in the order they are reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Check {
-    Backend,
-    DeviceCount,
-    RetiredPagesPending,
-    RowRemapPending,
-    RowRemapFailure,
-    VolatileDbe,
-    RetiredPages,
-    PcieGen,
-    PcieWidth,
-    Throttle,
-    Xid,
-    PersistenceMode,
-    Mig,
-    Nvlink,
-    Temperature,
-    Power,
-}
+pub use bc_proto::payloads::diag::{Check, CheckResult, Counts, DiagReport, GpuRef, Status};
 
-impl fmt::Display for Check {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = serde_json::to_value(self).ok();
-        f.write_str(s.as_ref().and_then(|v| v.as_str()).unwrap_or("?"))
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Pass,
-    Fail,
-    Skip,
-}
-
-/// The GPU a check is about.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuRef {
-    pub index: u32,
-    pub uuid: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CheckResult {
-    pub check: Check,
-    /// None for node-level checks (backend, device count).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu: Option<GpuRef>,
-    pub status: Status,
-    pub observed: String,
-    pub threshold: String,
-    /// For fail and skip: one sentence naming the GPU and the check.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counts {
-    pub pass: u32,
-    pub fail: u32,
-    pub skip: u32,
-}
-
-/// The result of `diag.nvml`. `status` is fail when any check failed, else pass; skips are counted, so the
-/// control plane can refuse a report that judged too little.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DiagReport {
-    pub kind: String,
-    pub backend: String,
-    pub status: Status,
-    pub expected_gpu_count: u32,
-    pub observed_gpu_count: u32,
-    pub counts: Counts,
-    pub checks: Vec<CheckResult>,
-}
-
-impl DiagReport {
-    fn from_checks(
-        backend: &str,
-        policy: &DiagPolicy,
-        observed: u32,
-        checks: Vec<CheckResult>,
-    ) -> DiagReport {
-        let mut counts = Counts::default();
-        for c in &checks {
-            match c.status {
-                Status::Pass => counts.pass += 1,
-                Status::Fail => counts.fail += 1,
-                Status::Skip => counts.skip += 1,
-            }
-        }
-        DiagReport {
-            kind: KIND.to_string(),
-            backend: backend.to_string(),
-            status: if counts.fail > 0 {
-                Status::Fail
-            } else {
-                Status::Pass
-            },
-            expected_gpu_count: policy.expected_gpu_count,
-            observed_gpu_count: observed,
-            counts,
-            checks,
-        }
-    }
-
-    pub fn passed(&self) -> bool {
-        self.status == Status::Pass
-    }
-
-    pub fn failures(&self) -> impl Iterator<Item = &CheckResult> {
-        self.checks.iter().filter(|c| c.status == Status::Fail)
-    }
-
-    /// The reasons of the failed checks, for node conditions and operator output.
-    pub fn failure_reasons(&self) -> Vec<String> {
-        self.failures().filter_map(|c| c.reason.clone()).collect()
-    }
-
-    pub fn to_json(&self) -> Result<Vec<u8>, DiagError> {
-        serde_json::to_vec(self).map_err(DiagError::Encode)
-    }
+/// A report of `checks` (its status and counts follow from them).
+fn report_of(
+    backend: &str,
+    policy: &DiagPolicy,
+    observed: u32,
+    checks: Vec<CheckResult>,
+) -> DiagReport {
+    DiagReport::new(backend, policy.expected_gpu_count, observed, checks)
 }
 
 /// Signs a report with the node key (payload type [`PAYLOAD_TYPE`]).
 pub fn sign(report: &DiagReport, signer: &EnvelopeSigner) -> Result<SignedEnvelope, DiagError> {
     signer
-        .sign(PAYLOAD_TYPE, report.to_json()?)
+        .sign(PAYLOAD_TYPE, report.to_json().map_err(DiagError::Encode)?)
         .map_err(DiagError::Sign)
 }
 
@@ -268,7 +151,7 @@ pub fn run(backend: &dyn GpuBackend, policy: &DiagPolicy) -> DiagReport {
                 },
                 checks::device_count(0, policy),
             ];
-            DiagReport::from_checks(backend.name(), policy, 0, checks)
+            report_of(backend.name(), policy, 0, checks)
         }
     }
 }
@@ -282,7 +165,7 @@ pub fn check(gpus: &[GpuHealth], policy: &DiagPolicy) -> DiagReport {
 /// [`check`] with the backend's name in the report.
 pub fn check_with_backend(backend: &str, gpus: &[GpuHealth], policy: &DiagPolicy) -> DiagReport {
     let observed = u32::try_from(gpus.len()).unwrap_or(u32::MAX);
-    DiagReport::from_checks(backend, policy, observed, checks::all(gpus, policy))
+    report_of(backend, policy, observed, checks::all(gpus, policy))
 }
 
 #[cfg(test)]

@@ -14,25 +14,8 @@ pub mod sample;
 pub use health::{GpuHealth, Reading};
 pub use sample::{GpuProcess, GpuSample, MigInstance};
 
-use serde::{Deserialize, Serialize};
-
-/// One GPU as inventory and join claims need it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuInfo {
-    pub index: u32,
-    pub uuid: String,
-    #[serde(default)]
-    pub serial: String,
-    pub model: String,
-    #[serde(default)]
-    pub pci_bus_id: String,
-    #[serde(default)]
-    pub memory_mib: u64,
-    /// NVLink clique (fabric cluster UUID + clique id) where the GPU reports one; GPUs that share it are NVLink
-    /// peers, possibly across nodes. The placer honours it for `topology: nvlink` requests.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub clique: Option<String>,
-}
+/// One GPU as inventory and join claims need it (typed in bc-proto, which the control plane reads it with).
+pub use bc_proto::payloads::GpuInfo;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {

@@ -1,18 +1,12 @@
 //! The device sections: `gpus` (from the GPU backend), `nics` (/sys/class/net) and `disks` (/sys/block).
 
 use super::{link_name, read_attr};
-use crate::gpu::{GpuBackend, GpuInfo};
+use crate::gpu::GpuBackend;
+pub use bc_proto::payloads::GpusSection;
 use serde::Serialize;
 use std::path::Path;
 
 // === gpus ===
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct GpusSection {
-    pub backend: String,
-    pub gpus: Vec<GpuInfo>,
-    pub notes: Vec<String>,
-}
 
 pub fn gpus(backend: Option<&dyn GpuBackend>) -> GpusSection {
     let Some(backend) = backend else {

@@ -11,12 +11,8 @@ use bc_proto::channel;
 use bc_proto::v1;
 use zeroize::Zeroizing;
 
-/// What a secret JWE carries (the control plane's `secrets::SecretClaims`).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct SecretClaims {
-    pub name: String,
-    pub value: String,
-}
+/// What a secret JWE carries (typed in bc-proto: the control plane seals the same type).
+pub use bc_proto::payloads::SecretClaims;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecretFetchError {

@@ -4,7 +4,6 @@
 use crate::ca::Ca;
 use axum::Json;
 
-use axum::http::HeaderMap;
 use bc_core::iam::allows;
 use bc_proto::token::{Token, TokenKind};
 use bc_store::Store;
@@ -22,10 +21,6 @@ pub struct ApiState {
     /// The sessions of this process's gateway role, when it runs one.
     pub sessions: Option<bc_gateway::session::Registry>,
     pub principals: Arc<PrincipalCache>,
-    /// Seals secrets at rest (`secrets.put`).
-    pub secrets: Arc<crate::secrets::SecretBox>,
-    /// Where artifacts are stored (`PUT /api/artifacts`).
-    pub artifacts: crate::artifacts::ArtifactDir,
 }
 
 /// Authenticated principals by API key id, kept [`PRINCIPAL_TTL`]: the hot path (and admission's pure checks)
@@ -56,22 +51,6 @@ impl PrincipalCache {
 
 pub use bc_kernel::router::BODY_DEADLINE;
 pub use bc_kernel::{ApiCode, ApiError, MAX_BODY, check_strings, read_body};
-
-pub(crate) async fn authenticate(
-    store: &Store,
-    cache: &PrincipalCache,
-    headers: &HeaderMap,
-) -> Result<Principal, ApiError> {
-    let unauth = |m: &str| ApiError::new(ApiCode::Unauthenticated, m.to_string());
-    let header = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| unauth("missing Authorization: Bearer <api key>"))?;
-    let key = header
-        .strip_prefix("Bearer ")
-        .ok_or_else(|| unauth("Authorization must be Bearer <api key>"))?;
-    authenticate_key(store, cache, key).await
-}
 
 /// The principal a bearer API key (as sent) names, or UNAUTHENTICATED saying why.
 pub(crate) async fn authenticate_key(
@@ -132,10 +111,6 @@ pub(crate) async fn call(
                 .await
                 .map(Json)
         }
-        ("sites", _) | ("site-tokens", _) | ("machines", _) | ("secrets", _) => {
-            crate::site_api::dispatch(state, principal, group, method, body).await
-        }
-        ("artifacts", "list") => crate::artifacts::list(state, principal).await,
         ("system", "stats") => {
             let s = state.sessions.as_ref().map(|r| r.stats());
             Ok(Json(json!({
@@ -157,8 +132,4 @@ pub(crate) async fn call(
         }))),
         _ => Err(ApiError::not_found(format!("no method {group}.{method}"))),
     }
-}
-
-pub(crate) fn now_ms() -> i64 {
-    (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
 }

@@ -13,10 +13,10 @@ pub enum ClientError {
     #[error("{code}: {message}")]
     Api { code: String, message: String },
     #[error(
-        "{method}: the answer is not what this client expects (is the control plane another version?)"
+        "the answer of {what} is not what this client expects (a control plane of another version?)"
     )]
     Decode {
-        method: String,
+        what: String,
         #[source]
         source: serde_json::Error,
     },
@@ -55,18 +55,15 @@ impl ApiClient {
         self.send(url, request).await
     }
 
-    /// Calls the typed method `M`: its request as the body, its response read from the answer.
-    pub async fn invoke<M: bc_kernel::ApiMethod>(
+    /// `M` with its typed request and response (`client.method::<RevokeSite>(&req)`).
+    pub async fn method<M: bc_kernel::ApiMethod>(
         &self,
         request: &M::Request,
     ) -> Result<M::Response, ClientError> {
-        let method = format!("{}.{}", M::GROUP, M::METHOD);
-        let body = serde_json::to_value(request).map_err(|source| ClientError::Decode {
-            method: method.clone(),
-            source,
-        })?;
-        let answer = self.call(M::GROUP, M::METHOD, body).await?;
-        serde_json::from_value(answer).map_err(|source| ClientError::Decode { method, source })
+        let url = format!("{}/api/compute/{}/{}", self.base, M::GROUP, M::METHOD);
+        let request = self.http.post(&url).json(request);
+        let answer = self.send(url, request).await?;
+        decode(&format!("{}.{}", M::GROUP, M::METHOD), answer)
     }
 
     /// `PUT /api/artifacts`: uploads `content` (held in memory), named `name` when given.
@@ -115,6 +112,16 @@ impl ApiClient {
         self.send(url, request).await
     }
 
+    /// [`ApiClient::put_artifact_file`], typed.
+    pub async fn upload_artifact(
+        &self,
+        path: &std::path::Path,
+        name: Option<&str>,
+    ) -> Result<bc_core::api::sites::PutArtifactResponse, ClientError> {
+        let answer = self.put_artifact_file(path, name).await?;
+        decode("PUT /api/artifacts", answer)
+    }
+
     async fn send(
         &self,
         url: String,
@@ -136,4 +143,12 @@ impl ApiClient {
             })
         }
     }
+}
+
+/// An answer as the type its method declares.
+pub fn decode<T: serde::de::DeserializeOwned>(what: &str, answer: Value) -> Result<T, ClientError> {
+    serde_json::from_value(answer).map_err(|source| ClientError::Decode {
+        what: what.to_string(),
+        source,
+    })
 }

@@ -7,7 +7,6 @@
 //! wires them. Start with [`start`].
 
 pub mod api;
-pub mod artifacts;
 pub mod backend;
 pub use bc_ca as ca;
 pub mod client;
@@ -17,9 +16,6 @@ pub mod iam_api;
 pub use bc_mod_nodes::{join, lifecycle, methods as node_methods, session};
 pub mod notify;
 pub mod plane;
-pub mod secrets;
-pub mod site;
-pub mod site_api;
 pub mod site_cli;
 pub mod statistics;
 pub mod telemetry;
@@ -27,6 +23,7 @@ pub mod telemetry;
 use crate::ca::Ca;
 use crate::config::ServeConfig;
 use bc_core::iam::Grant;
+use bc_mod_sites::{ArtifactDir, SecretBox, SiteBackend};
 use bc_proto::token::{Token, TokenKind};
 use bc_store::Store;
 use std::net::SocketAddr;
@@ -130,7 +127,7 @@ async fn gateway(
     store: &Store,
     ca: &Arc<Ca>,
     join_key: bc_proto::seal::JoinPrivateKey,
-    secrets: &Arc<secrets::SecretBox>,
+    secrets: &Arc<SecretBox>,
 ) -> Result<Gateway, StartError> {
     let (listener, addr) = bind("gateway", config.gateway_listen).await?;
     let url = match &config.gateway_url {
@@ -157,7 +154,7 @@ async fn gateway(
         let (store, ca) = (store.clone(), ca.clone());
         Arc::new(move |token, csr| {
             let (store, ca) = (store.clone(), ca.clone());
-            Box::pin(async move { site::enroll(&store, &ca, &token, &csr).await })
+            Box::pin(async move { bc_mod_sites::enroll(&store, &ca, &token, &csr).await })
         })
     };
     let join = join::JoinService::start(store.clone(), ca.clone(), join_key, Some(sites));
@@ -169,12 +166,17 @@ async fn gateway(
         session_config.idle_timeout = t.idle_timeout;
         session_config.revocation_interval = t.revocation_interval;
     }
-    let backend = Arc::new(session::ControlSessions::new(store.clone(), ca.clone()));
-    let site = site::SiteBackend::new(
+    let inventory = Arc::new(bc_mod_inventory::Inventory::new(store.clone()));
+    let backend = Arc::new(session::ControlSessions::new(
+        store.clone(),
+        ca.clone(),
+        inventory,
+    ));
+    let site = SiteBackend::new(
         store.clone(),
         ca.clone(),
         secrets.clone(),
-        artifacts::ArtifactDir::new(&config.state_dir),
+        ArtifactDir::new(&config.state_dir),
     );
     let services = bc_gateway::Services {
         join,
@@ -204,7 +206,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     let ca = Arc::new(ca);
     let join_key = ca::load_or_create_join_key(&config.state_dir)?;
     let join_public_key = join_key.public_key().encode();
-    let secrets = Arc::new(secrets::SecretBox::load_or_create(&config.state_dir)?);
+    let secrets = Arc::new(SecretBox::load_or_create(&config.state_dir)?);
     let backend = backend::StoreBackend::new(store.clone());
     let gateway = match config.roles.gateway {
         true => Some(gateway(config, &store, &ca, join_key, &secrets).await?),
@@ -240,8 +242,10 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     let mut builder = bc_kernel::ControlPlane::builder(options)
         .module(plane::module(loops))
         .module(bc_mod_nodes::module(nodes))
-        .module(capacity_module(config, &metrics));
+        .module(capacity_module(config, &metrics))
+        .module(bc_mod_sites::module());
     if api.is_some() {
+        builder = builder.resource(sites_state(config, &store, &ca, &sessions, &secrets));
         builder = builder.resource(api::ApiState {
             store: store.clone(),
             ca: ca.clone(),
@@ -249,8 +253,6 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             gateway_url: gateway_url.clone(),
             sessions: sessions.clone(),
             principals: backend.principals(),
-            secrets: secrets.clone(),
-            artifacts: artifacts::ArtifactDir::new(&config.state_dir),
         });
     }
     let initialized = builder.build()?.initialize(backend).await?;
@@ -324,6 +326,23 @@ fn capacity_module(config: &ServeConfig, metrics: &telemetry::ControlMetrics) ->
             observer.observe_placement(d)
         })),
     })
+}
+
+/// The sites module's state (its handlers' kernel resource).
+fn sites_state(
+    config: &ServeConfig,
+    store: &Store,
+    ca: &Arc<Ca>,
+    sessions: &Option<bc_gateway::session::Registry>,
+    secrets: &Arc<SecretBox>,
+) -> bc_mod_sites::Sites {
+    bc_mod_sites::Sites {
+        store: store.clone(),
+        ca: ca.clone(),
+        sessions: sessions.clone(),
+        secrets: secrets.clone(),
+        artifacts: ArtifactDir::new(&config.state_dir),
+    }
 }
 
 /// With a `[telemetry]` table: samples the control plane's own metrics and exports them until the plane stops.

@@ -385,7 +385,7 @@ async fn join_tokens(client: &ApiClient, command: JoinTokenCommand) -> anyhow::R
                 exp.insert(k.to_string(), v.to_string());
             }
             let t = client
-                .invoke::<nodes::CreateJoinTokenMethod>(&api::CreateJoinToken {
+                .method::<nodes::CreateJoinTokenMethod>(&api::CreateJoinToken {
                     pool: pool_id(&pool)?,
                     uses,
                     ttl_seconds: parse_ttl(&ttl)?,
@@ -402,7 +402,7 @@ async fn join_tokens(client: &ApiClient, command: JoinTokenCommand) -> anyhow::R
         JoinTokenCommand::List { pool } => {
             let pool = pool.as_deref().map(pool_id).transpose()?;
             let v = client
-                .invoke::<nodes::ListJoinTokensMethod>(&api::ListJoinTokens { pool })
+                .method::<nodes::ListJoinTokensMethod>(&api::ListJoinTokens { pool })
                 .await?;
             println!(
                 "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
@@ -417,7 +417,7 @@ async fn join_tokens(client: &ApiClient, command: JoinTokenCommand) -> anyhow::R
         }
         JoinTokenCommand::Revoke { id } => {
             client
-                .invoke::<nodes::RevokeJoinTokenMethod>(&api::JoinTokenRef { id: id.clone() })
+                .method::<nodes::RevokeJoinTokenMethod>(&api::JoinTokenRef { id: id.clone() })
                 .await?;
             println!("revoked {id}");
         }
@@ -559,7 +559,7 @@ async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
     match command {
         NodeCommand::List => {
             let v = client
-                .invoke::<nodes::ListNodesMethod>(&api::ListNodes {})
+                .method::<nodes::ListNodesMethod>(&api::ListNodes {})
                 .await?;
             let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
             println!(
@@ -585,7 +585,7 @@ async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
         }
         NodeCommand::Show { id } => {
             let v = client
-                .invoke::<nodes::GetNodeMethod>(&node_ref(&id)?)
+                .method::<nodes::GetNodeMethod>(&node_ref(&id)?)
                 .await?;
             let n = &v.node;
             println!("node {}  pool {}  state {}", n.id, n.pool_id, n.state);
@@ -621,19 +621,19 @@ async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
         }
         NodeCommand::Drain { id } => {
             client
-                .invoke::<nodes::DrainNodeMethod>(&node_ref(&id)?)
+                .method::<nodes::DrainNodeMethod>(&node_ref(&id)?)
                 .await?;
             println!("draining {id}: no new bookings; existing ones stay until released");
         }
         NodeCommand::Undrain { id } => {
             client
-                .invoke::<nodes::UndrainNodeMethod>(&node_ref(&id)?)
+                .method::<nodes::UndrainNodeMethod>(&node_ref(&id)?)
                 .await?;
             println!("undrained {id}: its free GPUs are bookable again");
         }
         NodeCommand::Revoke { id } => {
             client
-                .invoke::<nodes::RevokeNodeMethod>(&node_ref(&id)?)
+                .method::<nodes::RevokeNodeMethod>(&node_ref(&id)?)
                 .await?;
             println!("revoked {id}");
         }
@@ -646,7 +646,7 @@ async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
             let args: serde_json::Value = serde_json::from_str(&args)
                 .with_context(|| format!("--args {args:?} is not JSON"))?;
             let queued = client
-                .invoke::<nodes::QueueCommandMethod>(&api::QueueCommand {
+                .method::<nodes::QueueCommandMethod>(&api::QueueCommand {
                     node_id: bc_core::ids::NodeId::parse(&node)?,
                     kind,
                     args,
@@ -668,7 +668,7 @@ async fn commands(client: &ApiClient, command: CommandsCommand) -> anyhow::Resul
             let mut last_progress = None;
             loop {
                 let c = client
-                    .invoke::<nodes::GetCommandMethod>(&request)
+                    .method::<nodes::GetCommandMethod>(&request)
                     .await?
                     .command;
                 if !wait || c.state.is_finished() {

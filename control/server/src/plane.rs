@@ -1,18 +1,15 @@
 //! The server's own API groups and role loops as the kernel's `server` module: every method of the former dispatch
 //! registered with its permission and scope ([`ServerMethod`] types: JSON in, JSON out, until each group moves into
-//! its module crate under `control/modules/`), the artifact upload route, and the role loops as reconcilers the
-//! kernel starts for the roles a process runs (`controllers` and `scheduler`: statistics). The nodes' groups and
-//! controllers are the nodes module's ([`bc_mod_nodes`]); the capacity groups and the placer bc-mod-capacity's.
+//! its module crate under `control/modules/`), and the role loops as reconcilers the kernel starts for the roles a
+//! process runs (`controllers` and `scheduler`: statistics). The nodes' groups and controllers are the nodes
+//! module's ([`bc_mod_nodes`]), the capacity groups and the placer bc-mod-capacity's, the sites' groups, the
+//! artifact upload route and the site gateway service bc-mod-sites'.
 
 use crate::api::{self, ApiState};
 use crate::statistics;
 use axum::Json;
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
 use bc_kernel::{
-    ApiError, ApiMethod, Cx, Method, Module, ReconcileCx, Reconciler, Route, RouterState,
-    Scope, Stop,
+    ApiMethod, Cx, Method, Module, ReconcileCx, Reconciler, Scope, Stop,
 };
 use bc_store::Store;
 use bc_store::iam::Principal;
@@ -42,15 +39,6 @@ macro_rules! server_methods {
 server_methods! {
     CreateTenant = "tenants" / "create": "compute:tenants:create" on "tenant/<id>";
     CreatePrincipal = "principals" / "create": "compute:principals:create" on "tenant/<tenant>";
-    RevokeSite = "sites" / "revoke": "compute:sites:revoke" on "site/<site>";
-    CreateSiteToken = "site-tokens" / "create": "compute:site-tokens:create" on "site/<site>";
-    ListSiteTokens = "site-tokens" / "list": "compute:site-tokens:list" on "site/<site>";
-    RevokeSiteToken = "site-tokens" / "revoke": "compute:site-tokens:revoke" on "site/<site>";
-    CreateMachine = "machines" / "create": "compute:machines:create" on "site/<site>";
-    ListMachines = "machines" / "list": "compute:machines:list" on "site/<site>";
-    SetMachineBoot = "machines" / "set-boot": "compute:machines:set-boot" on "site/<site>";
-    PutSecret = "secrets" / "put": "compute:secrets:put" on "site/<site>";
-    ListArtifacts = "artifacts" / "list": "compute:artifacts:list" on "artifacts";
     Stats = "system" / "stats";
     Info = "system" / "info";
 }
@@ -80,16 +68,6 @@ fn server_method<M: ServerMethod>(grant: Option<(&'static str, &'static str)>) -
     })
 }
 
-/// `PUT /api/artifacts` (streamed, outside the JSON methods).
-async fn put_artifact(
-    State(router): State<RouterState>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Json<Value>, ApiError> {
-    let state = router.resources().require::<ApiState>()?.clone();
-    crate::artifacts::put(State(state), headers, body).await
-}
-
 /// What the role loops of this process need.
 #[derive(Clone)]
 pub struct Loops {
@@ -100,11 +78,7 @@ pub struct Loops {
 
 /// The `server` module: its methods, its upload route, the gateway services it serves and its role loops.
 pub fn module(loops: Loops) -> Module {
-    let module = Module::new("server").gateway_service("site").route(
-        Route::new("/api/artifacts", "PUT", axum::routing::put(put_artifact))
-            .permission("compute:artifacts:put"),
-    );
-    register_methods(module).reconciler(statistics_loop(loops.store.clone()))
+    register_methods(Module::new("server")).reconciler(statistics_loop(loops.store.clone()))
 }
 
 /// The kernel's stop signal as the watch channel the role loops take.

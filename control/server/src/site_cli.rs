@@ -1,8 +1,38 @@
 //! Operator commands of sites: `better-compute sites|site-tokens|machines|secrets|artifacts …`, thin calls of the API.
 
 use crate::client::ApiClient;
+use anyhow::Context as _;
+use bc_core::api::sites::{
+    BootSpec, BySite, CreateMachineRequest, CreateSiteTokenRequest, ListArtifactsRequest,
+    PutSecretRequest, RevokeSiteRequest, RevokeSiteTokenRequest, SetMachineBootRequest,
+};
+use bc_core::ids::SiteId;
+use bc_mod_sites::methods::{
+    CreateMachine, CreateSiteToken, ListArtifacts, ListMachines, ListSiteTokens, PutSecret,
+    RevokeSite, RevokeSiteToken, SetMachineBoot,
+};
 use clap::Subcommand;
-use serde_json::{Value, json};
+
+/// A site id from the command line (checked here, with the API's rule, before anything is sent).
+fn site_arg(site: &str) -> anyhow::Result<SiteId> {
+    if let Some(why) = bc_core::api::sites::site_name_error(site) {
+        anyhow::bail!(why);
+    }
+    Ok(SiteId::parse(site)?)
+}
+
+/// Several site ids, for a list (any id the API accepts).
+fn site_filter(site: Option<String>) -> anyhow::Result<BySite> {
+    let site = site
+        .map(|s| SiteId::parse(&s).context("--site"))
+        .transpose()?;
+    Ok(BySite { site })
+}
+
+/// A typed answer as the JSON the CLI printed before the answers were typed (unchanged for scripts).
+fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
 
 #[derive(Subcommand)]
 pub enum SiteCommand {
@@ -16,15 +46,17 @@ pub async fn sites(client: &ApiClient, command: SiteCommand) -> anyhow::Result<(
     match command {
         SiteCommand::Revoke { site } => {
             let v = client
-                .call("sites", "revoke", json!({"site": site}))
+                .method::<RevokeSite>(&RevokeSiteRequest {
+                    site: site_arg(&site)?,
+                })
                 .await?;
-            if v["already_revoked"].as_bool().unwrap_or(false) {
+            if v.already_revoked {
                 println!("site {site} was already revoked");
             } else {
                 println!(
                     "revoked site {site} ({} unspent token(s) revoked, boot lease {})",
-                    v["tokens_revoked"],
-                    if v["lease_released"].as_bool().unwrap_or(false) {
+                    v.tokens_revoked,
+                    if v.lease_released {
                         "released"
                     } else {
                         "not held"
@@ -94,11 +126,12 @@ pub struct BootArgs {
 }
 
 impl BootArgs {
-    fn to_json(&self) -> Value {
-        match &self.kernel {
-            None => Value::Null,
-            Some(k) => json!({"kernel": k, "initrd": self.initrd, "cmdline": self.cmdline}),
-        }
+    fn to_spec(&self) -> Option<BootSpec> {
+        self.kernel.as_ref().map(|kernel| BootSpec {
+            kernel: kernel.clone(),
+            initrd: self.initrd.clone(),
+            cmdline: self.cmdline.clone(),
+        })
     }
 }
 
@@ -119,24 +152,20 @@ pub async fn artifacts(client: &ApiClient, command: ArtifactCommand) -> anyhow::
     match command {
         ArtifactCommand::Put { file, name } => {
             let name = name.or_else(|| file.file_name().map(|n| n.to_string_lossy().into_owned()));
-            let v = client.put_artifact_file(&file, name.as_deref()).await?;
-            println!("{}", v["reference"].as_str().unwrap_or_default());
+            let v = client.upload_artifact(&file, name.as_deref()).await?;
+            println!("{}", v.reference);
             eprintln!(
                 "artifact {} ({} bytes) stored",
-                v["artifact"]["name"].as_str().unwrap_or_default(),
-                v["artifact"]["size"]
+                v.artifact.name, v.artifact.size
             );
         }
         ArtifactCommand::List => {
-            let v = client.call("artifacts", "list", json!({})).await?;
+            let v = client
+                .method::<ListArtifacts>(&ListArtifactsRequest {})
+                .await?;
             println!("{:<64} {:>12} NAME", "SHA256", "SIZE");
-            for a in v["artifacts"].as_array().into_iter().flatten() {
-                println!(
-                    "{:<64} {:>12} {}",
-                    a["sha256"].as_str().unwrap_or_default(),
-                    a["size"].to_string(),
-                    a["name"].as_str().unwrap_or_default()
-                );
+            for a in v.artifacts {
+                println!("{:<64} {:>12} {}", a.sha256, a.size, a.name);
             }
         }
     }
@@ -164,42 +193,38 @@ pub async fn site_tokens(client: &ApiClient, command: SiteTokenCommand) -> anyho
             ttl_seconds,
         } => {
             let v = client
-                .call(
-                    "site-tokens",
-                    "create",
-                    json!({"site": site, "uses": uses, "ttl_seconds": ttl_seconds}),
-                )
+                .method::<CreateSiteToken>(&CreateSiteTokenRequest {
+                    site: site_arg(&site)?,
+                    uses,
+                    ttl_seconds,
+                })
                 .await?;
-            println!("{}", v["token"].as_str().unwrap_or_default());
+            println!("{}", v.token);
             eprintln!(
                 "site token {} for site {}: {} use(s); the secret is shown only once",
-                v["id"].as_str().unwrap_or_default(),
-                v["site"].as_str().unwrap_or_default(),
-                v["uses"]
+                v.id, v.site, v.uses
             );
         }
         SiteTokenCommand::List { site } => {
-            let v = client
-                .call("site-tokens", "list", json!({"site": site}))
-                .await?;
+            let v = client.method::<ListSiteTokens>(&site_filter(site)?).await?;
             println!(
                 "{:<18} {:<16} {:>6} {:>6} {:<8}",
                 "ID", "SITE", "LEFT", "TOTAL", "REVOKED"
             );
-            for t in v["tokens"].as_array().into_iter().flatten() {
+            for t in v.tokens {
                 println!(
                     "{:<18} {:<16} {:>6} {:>6} {:<8}",
-                    t["id"].as_str().unwrap_or_default(),
-                    t["site_id"].as_str().unwrap_or_default(),
-                    t["uses_left"].to_string(),
-                    t["uses_total"].to_string(),
-                    t["revoked"].to_string()
+                    t.id,
+                    t.site_id.as_str(),
+                    t.uses_left,
+                    t.uses_total,
+                    t.revoked
                 );
             }
         }
         SiteTokenCommand::Revoke { id } => {
             client
-                .call("site-tokens", "revoke", json!({"id": id}))
+                .method::<RevokeSiteToken>(&RevokeSiteTokenRequest { id: id.clone() })
                 .await?;
             println!("revoked {id}");
         }
@@ -211,37 +236,34 @@ pub async fn machines(client: &ApiClient, command: MachineCommand) -> anyhow::Re
     match command {
         MachineCommand::Create { mac, site, boot } => {
             let v = client
-                .call(
-                    "machines",
-                    "create",
-                    json!({"mac": mac, "site": site, "boot": boot.to_json()}),
-                )
+                .method::<CreateMachine>(&CreateMachineRequest {
+                    mac,
+                    site: site_arg(&site)?,
+                    boot: boot.to_spec(),
+                })
                 .await?;
-            println!("{}", v["machine"]);
+            println!("{}", json(&v.machine));
         }
         MachineCommand::List { site } => {
-            let v = client
-                .call("machines", "list", json!({"site": site}))
-                .await?;
+            let v = client.method::<ListMachines>(&site_filter(site)?).await?;
             println!("{:<18} {:<16} BOOT", "MAC", "SITE");
-            for m in v["machines"].as_array().into_iter().flatten() {
+            for m in v.machines {
                 println!(
                     "{:<18} {:<16} {}",
-                    m["mac"].as_str().unwrap_or_default(),
-                    m["site_id"].as_str().unwrap_or_default(),
-                    m["boot"]
+                    m.mac.as_str(),
+                    m.site_id.as_str(),
+                    json(&m.boot)
                 );
             }
         }
         MachineCommand::SetBoot { mac, boot } => {
             let v = client
-                .call(
-                    "machines",
-                    "set-boot",
-                    json!({"mac": mac, "boot": boot.to_json()}),
-                )
+                .method::<SetMachineBoot>(&SetMachineBootRequest {
+                    mac,
+                    boot: boot.to_spec(),
+                })
                 .await?;
-            println!("{v}");
+            println!("{}", json(&v));
         }
     }
     Ok(())
@@ -258,11 +280,11 @@ pub async fn secrets(client: &ApiClient, command: SecretCommand) -> anyhow::Resu
                 anyhow::anyhow!("set the secret's value in the environment variable {value_env}")
             })?;
             client
-                .call(
-                    "secrets",
-                    "put",
-                    json!({"site": site, "name": name, "value": value}),
-                )
+                .method::<PutSecret>(&PutSecretRequest {
+                    site: site_arg(&site)?,
+                    name: name.clone(),
+                    value,
+                })
                 .await?;
             println!("stored secret {name} for site {site}");
         }

@@ -464,7 +464,7 @@ async fn a_drained_node_takes_no_booking_from_the_moment_drain_returns() {
     };
     let d = f
         .admin
-        .invoke::<DrainNodeMethod>(&node(drained))
+        .method::<DrainNodeMethod>(&node(drained))
         .await
         .expect("drain");
     assert_eq!((d.state, d.changed), (NodeState::Draining, true), "{d:?}");
@@ -512,20 +512,20 @@ async fn a_drained_node_takes_no_booking_from_the_moment_drain_returns() {
     // Draining again, or undraining an adopted node, changes nothing.
     let again = f
         .admin
-        .invoke::<DrainNodeMethod>(&node(drained))
+        .method::<DrainNodeMethod>(&node(drained))
         .await
         .expect("drain again");
     assert!(!again.changed, "{again:?}");
     let adopted = f
         .admin
-        .invoke::<UndrainNodeMethod>(&node("n-2"))
+        .method::<UndrainNodeMethod>(&node("n-2"))
         .await
         .expect("undrain an adopted node");
     assert!(!adopted.changed, "{adopted:?}");
     // Undrain: the next admission lands on it at once (the other node is full).
     let u = f
         .admin
-        .invoke::<UndrainNodeMethod>(&node(drained))
+        .method::<UndrainNodeMethod>(&node(drained))
         .await
         .expect("undrain");
     assert_eq!(u.state, NodeState::Adopted, "{u:?}");
@@ -542,20 +542,20 @@ async fn a_drained_node_takes_no_booking_from_the_moment_drain_returns() {
     // Revoked is terminal: revoking again changes nothing, and drain and undrain are refused saying why.
     let revoked = f
         .admin
-        .invoke::<RevokeNodeMethod>(&node("n-2"))
+        .method::<RevokeNodeMethod>(&node("n-2"))
         .await
         .expect("revoke");
     assert_eq!((revoked.state, revoked.changed), (NodeState::Revoked, true));
     let again = f
         .admin
-        .invoke::<RevokeNodeMethod>(&node("n-2"))
+        .method::<RevokeNodeMethod>(&node("n-2"))
         .await
         .expect("revoke again");
     assert!(!again.changed, "{again:?}");
     for refused in [
-        f.admin.invoke::<DrainNodeMethod>(&node("n-2")).await.err(),
+        f.admin.method::<DrainNodeMethod>(&node("n-2")).await.err(),
         f.admin
-            .invoke::<UndrainNodeMethod>(&node("n-2"))
+            .method::<UndrainNodeMethod>(&node("n-2"))
             .await
             .err(),
     ] {

@@ -44,8 +44,17 @@ impl Store {
         node_id: &str,
         gpus: &serde_json::Value,
     ) -> Result<GpuSync, StoreError> {
+        self.sync_reported_gpus(node_id, &reported_gpus(gpus)).await
+    }
+
+    /// [`Store::sync_gpu_devices`] of GPUs already read from the section (the inventory module reads it typed).
+    pub async fn sync_reported_gpus(
+        &self,
+        node_id: &str,
+        reported: &[ReportedGpu],
+    ) -> Result<GpuSync, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let plan = sync_in(&mut tx, node_id, &reported_gpus(gpus)).await?;
+        let plan = sync_in(&mut tx, node_id, reported).await?;
         tx.commit().await?;
         Ok(plan)
     }

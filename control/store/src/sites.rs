@@ -4,12 +4,14 @@
 
 use crate::iam::audit;
 use crate::{Store, StoreError, from_ms, to_ms};
+use bc_core::api::sites::BootSpec;
+use bc_core::ids::{MachineId, SiteId};
 use sqlx::Row;
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SiteTokenRow {
     pub id: String,
-    pub site_id: String,
+    pub site_id: SiteId,
     #[serde(skip)]
     pub secret_hash: String,
     pub uses_total: i32,
@@ -70,12 +72,14 @@ pub struct BootLease {
     pub expires_in_ms: i64,
 }
 
+/// A machine as stored: its canonical MAC, its site and what it netboots (the `boot` column, parsed once here: a
+/// row whose boot does not parse is an error naming the machine, never skipped).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MachineRow {
-    pub mac: String,
-    pub site_id: String,
-    /// `{kernel, initrd, cmdline}`, or null when the machine must not netboot.
-    pub boot: Option<serde_json::Value>,
+    pub mac: MachineId,
+    pub site_id: SiteId,
+    /// None when the machine must not netboot.
+    pub boot: Option<BootSpec>,
 }
 
 /// A secret as stored: AEAD nonce and ciphertext (the control plane holds the key).
@@ -87,10 +91,21 @@ pub struct SealedSecret {
 
 const TOKEN_COLUMNS: &str = "id, site_id, secret_hash, uses_total, uses_left, expires_at, revoked_at IS NOT NULL, created_by, created_at";
 
-fn token_from_row(row: &sqlx::postgres::PgRow) -> SiteTokenRow {
-    SiteTokenRow {
-        id: row.get(0),
-        site_id: row.get(1),
+/// An id column of `table`'s row `key`, parsed (a malformed one is corrupt data naming the row).
+fn id_of<T>(
+    parse: fn(String) -> Result<T, bc_core::ids::BadId>,
+    table: &str,
+    key: &str,
+    value: String,
+) -> Result<T, StoreError> {
+    parse(value).map_err(|e| StoreError::Corrupt(format!("{table} row {key:?}: {e}")))
+}
+
+fn token_from_row(row: &sqlx::postgres::PgRow) -> Result<SiteTokenRow, StoreError> {
+    let id: String = row.get(0);
+    Ok(SiteTokenRow {
+        site_id: id_of(SiteId::new, "site_tokens", &id, row.get(1))?,
+        id,
         secret_hash: row.get(2),
         uses_total: row.get(3),
         uses_left: row.get(4),
@@ -98,7 +113,21 @@ fn token_from_row(row: &sqlx::postgres::PgRow) -> SiteTokenRow {
         revoked: row.get(6),
         created_by: row.get(7),
         created_at_ms: to_ms(row.get(8)),
-    }
+    })
+}
+
+fn machine_from_row(row: &sqlx::postgres::PgRow) -> Result<MachineRow, StoreError> {
+    let mac: String = row.get(0);
+    let boot: Option<serde_json::Value> = row.get(2);
+    let boot = boot
+        .map(serde_json::from_value::<BootSpec>)
+        .transpose()
+        .map_err(|e| StoreError::Corrupt(format!("machines row {mac:?}: boot: {e}")))?;
+    Ok(MachineRow {
+        site_id: id_of(SiteId::new, "machines", &mac, row.get(1))?,
+        mac: id_of(MachineId::new, "machines", &mac, mac.clone())?,
+        boot,
+    })
 }
 
 impl Store {
@@ -143,7 +172,7 @@ impl Store {
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.as_ref().map(token_from_row))
+        row.as_ref().map(token_from_row).transpose()
     }
 
     /// Tokens of one site (all sites when `site` is `None`), newest first.
@@ -158,7 +187,7 @@ impl Store {
         .bind(site)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.iter().map(token_from_row).collect())
+        rows.iter().map(token_from_row).collect()
     }
 
     /// Revokes a site token; revoking twice is not an error. Returns false when no such token exists.
@@ -457,28 +486,28 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let site_exists: bool =
             sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM sites WHERE id = $1)")
-                .bind(&m.site_id)
+                .bind(m.site_id.as_str())
                 .fetch_one(&mut *tx)
                 .await?;
         if !site_exists {
             return Err(StoreError::NotFound {
                 what: "site",
-                id: m.site_id.clone(),
+                id: m.site_id.to_string(),
             });
         }
         let created = sqlx::query(
             "INSERT INTO machines (mac, site_id, boot) VALUES ($1, $2, $3) ON CONFLICT (mac) DO NOTHING",
         )
-        .bind(&m.mac)
-        .bind(&m.site_id)
-        .bind(&m.boot)
+        .bind(m.mac.as_str())
+        .bind(m.site_id.as_str())
+        .bind(boot_json(m.boot.as_ref())?)
         .execute(&mut *tx)
         .await?
         .rows_affected();
         if created == 0 {
             let site: Option<String> =
                 sqlx::query_scalar("SELECT site_id FROM machines WHERE mac = $1")
-                    .bind(&m.mac)
+                    .bind(m.mac.as_str())
                     .fetch_optional(&mut *tx)
                     .await?;
             return Err(StoreError::Conflict(format!(
@@ -503,13 +532,14 @@ impl Store {
     pub async fn set_machine_boot(
         &self,
         mac: &str,
-        boot: Option<&serde_json::Value>,
+        boot: Option<&BootSpec>,
         actor: &str,
     ) -> Result<bool, StoreError> {
+        let boot = boot_json(boot)?;
         let mut tx = self.pool.begin().await?;
         let n = sqlx::query("UPDATE machines SET boot = $2, updated_at = now() WHERE mac = $1")
             .bind(mac)
-            .bind(boot)
+            .bind(&boot)
             .execute(&mut *tx)
             .await?
             .rows_affected();
@@ -533,11 +563,7 @@ impl Store {
             .bind(mac)
             .fetch_optional(&self.pool)
             .await?;
-        Ok(row.map(|r| MachineRow {
-            mac: r.get(0),
-            site_id: r.get(1),
-            boot: r.get(2),
-        }))
+        row.as_ref().map(machine_from_row).transpose()
     }
 
     /// Machines of `site` (all sites when `None`), by MAC.
@@ -548,14 +574,7 @@ impl Store {
         .bind(site)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .iter()
-            .map(|r| MachineRow {
-                mac: r.get(0),
-                site_id: r.get(1),
-                boot: r.get(2),
-            })
-            .collect())
+        rows.iter().map(machine_from_row).collect()
     }
 
     // === impl secrets ===
@@ -636,4 +655,11 @@ impl Store {
             ciphertext: r.get(1),
         }))
     }
+}
+
+/// A boot spec as the `boot` column holds it.
+fn boot_json(boot: Option<&BootSpec>) -> Result<Option<serde_json::Value>, StoreError> {
+    boot.map(serde_json::to_value)
+        .transpose()
+        .map_err(|e| StoreError::Corrupt(format!("encoding a boot spec: {e}")))
 }

@@ -14,8 +14,7 @@ use std::sync::{Arc, Mutex};
 use tonic::Status;
 
 /// Inventory sections a node reports, in the order they are requested.
-pub const SECTIONS: &[&str] = &["system", "cpu", "memory", "gpus", "nics", "disks"];
-const MAX_SECTION_BYTES: usize = 1024 * 1024;
+pub const SECTIONS: &[&str] = bc_core::api::inventory::SECTIONS;
 /// The largest progress payload kept (daemons send at most this much).
 const MAX_PROGRESS_BYTES: usize = 4096;
 
@@ -23,6 +22,8 @@ pub struct ControlSessions {
     store: Store,
     ca: Arc<Ca>,
     trust_domain: String,
+    /// Where inventory sections go (the inventory module, given by the composition).
+    inventory: Arc<dyn bc_core::api::inventory::InventorySink>,
     /// Desired-state generation already sent to each (node, epoch), so it is not resent every pull.
     delivered: Mutex<HashMap<String, (u64, i64)>>,
 }
@@ -55,9 +56,14 @@ fn epoch(s: &SessionRef) -> i64 {
 }
 
 impl ControlSessions {
-    pub fn new(store: Store, ca: Arc<Ca>) -> ControlSessions {
+    pub fn new(
+        store: Store,
+        ca: Arc<Ca>,
+        inventory: Arc<dyn bc_core::api::inventory::InventorySink>,
+    ) -> ControlSessions {
         ControlSessions {
             store,
+            inventory,
             trust_domain: ca.trust_domain().to_string(),
             ca,
             delivered: Mutex::new(HashMap::new()),
@@ -117,66 +123,28 @@ impl ControlSessions {
         })
     }
 
+    /// Hands the section to the inventory module (which checks, stores and derives it).
     async fn inventory_inner(
         &self,
         s: &SessionRef,
         section: v1::InventorySection,
     ) -> Result<(), Status> {
-        if !SECTIONS.contains(&section.name.as_str()) {
-            return Err(Status::invalid_argument(format!(
-                "unknown inventory section {:?}",
-                section.name
-            )));
+        use bc_core::api::inventory::{InventoryRefusal, Recorded, SectionReport};
+        let node = bc_core::ids::NodeId::parse(&s.node_id)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let report = SectionReport {
+            node: &node,
+            epoch: epoch(s),
+            name: &section.name,
+            hash: &section.hash,
+            payload: &section.payload,
+        };
+        match self.inventory.record(report).await {
+            Ok(Recorded::Stored) => Ok(()),
+            Ok(Recorded::Stale) => Err(stale(s)),
+            Err(InventoryRefusal::Invalid(why)) => Err(Status::invalid_argument(why)),
+            Err(InventoryRefusal::Unavailable(why)) => Err(Status::unavailable(why)),
         }
-        if section.payload.len() > MAX_SECTION_BYTES {
-            return Err(Status::invalid_argument(format!(
-                "section {} exceeds 1 MiB",
-                section.name
-            )));
-        }
-        if bc_proto::sha256(&section.payload).as_slice() != section.hash.as_slice() {
-            return Err(Status::invalid_argument(format!(
-                "section {}: hash does not match payload",
-                section.name
-            )));
-        }
-        let payload: serde_json::Value = serde_json::from_slice(&section.payload).map_err(|e| {
-            Status::invalid_argument(format!(
-                "section {}: payload is not JSON: {e}",
-                section.name
-            ))
-        })?;
-        let ok = self
-            .store
-            .put_inventory(
-                &s.node_id,
-                epoch(s),
-                &section.name,
-                &hex::encode(&section.hash),
-                &payload,
-            )
-            .await
-            .map_err(unavailable)?;
-        if !ok {
-            return Err(stale(s));
-        }
-        if section.name == "gpus" {
-            // The inventory controller's derivation: bookable devices follow the node's GPUs, each GPU on one node
-            // (a UUID another node holds becomes a condition on this one, never a second device).
-            let sync = self
-                .store
-                .sync_gpu_devices(&s.node_id, &payload)
-                .await
-                .map_err(unavailable)?;
-            if !sync.conflicted.is_empty() {
-                tracing::warn!(
-                    node_id = s.node_id,
-                    conflicts = sync.conflicted.len(),
-                    "GPUs reported that other nodes hold: not bookable here"
-                );
-            }
-        }
-        Ok(())
     }
 
     async fn result_inner(&self, s: &SessionRef, r: v1::CommandResult) -> Result<(), Status> {

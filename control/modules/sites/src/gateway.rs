@@ -3,8 +3,9 @@
 //! table, secret broker).
 
 use crate::artifacts::{ArtifactDir, REF_PREFIX, is_sha256_hex, referenced};
-use crate::ca::{Ca, VerifiedCsr, verify_csr};
 use crate::secrets::SecretBox;
+use bc_ca::{Ca, VerifiedCsr, verify_csr};
+use bc_core::api::sites::BootSpec;
 use bc_gateway::BoxFuture;
 use bc_gateway::site::{ArtifactStream, SiteAgent, SiteHandler, agent_id_of};
 use bc_proto::spiffe::{Role, SpiffeId};
@@ -28,7 +29,7 @@ fn internal(what: &str, e: &dyn std::error::Error) -> Status {
 
 /// Enrolls a site agent: checks the site token, signs a site certificate for the CSR key and records the agent.
 /// A retry with the same token and key returns a fresh certificate without spending another use.
-pub(crate) async fn enroll(
+pub async fn enroll(
     store: &Store,
     ca: &Ca,
     token: &Token,
@@ -49,7 +50,7 @@ pub(crate) async fn enroll(
         .issue_workload(
             csr,
             Role::Site,
-            &row.site_id,
+            row.site_id.as_str(),
             time::OffsetDateTime::now_utc(),
         )
         .map_err(|e| internal("signing the site certificate", &e))?;
@@ -197,13 +198,10 @@ impl SiteBackend {
             .map_err(|e| internal("reading the site's machines", &e))?;
         let mut out = Vec::new();
         for m in machines {
-            let Some(boot) = m
-                .boot
-                .and_then(|b| serde_json::from_value::<BootSpec>(b).ok())
-            else {
+            let Some(boot) = m.boot else {
                 continue;
             };
-            match self.resolve(&m.mac, boot).await? {
+            match self.resolve(m.mac.as_str(), boot).await? {
                 Some(entry) => out.push(entry),
                 None => continue,
             }
@@ -290,7 +288,7 @@ impl SiteBackend {
             .await
             .map_err(|e| internal("reading the site's machines", &e))?
             .into_iter()
-            .filter_map(|m| serde_json::from_value::<BootSpec>(m.boot?).ok())
+            .filter_map(|m| m.boot)
             .any(|b| b.kernel == wanted || b.initrd.as_deref() == Some(wanted.as_str()));
         let not_found = || {
             Status::not_found(format!(
@@ -389,17 +387,6 @@ impl OrFree for Option<bc_store::sites::BootLease> {
             expires_in_ms: 0,
         })
     }
-}
-
-/// A machine's desired boot as the API takes it and the store keeps it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BootSpec {
-    pub kernel: String,
-    #[serde(default)]
-    pub initrd: Option<String>,
-    #[serde(default)]
-    pub cmdline: String,
 }
 
 impl SiteBackend {

@@ -4,7 +4,7 @@
 //! P-256 public key (JWK) and gets the secret back as a JWE (ECDH-ES+A256KW / A256GCM, jwt-simple) encrypted here,
 //! in the control plane: the gateway relaying it cannot read it. A site gets only its own site's secrets.
 
-use crate::ca::CaError;
+use bc_ca::CaError;
 use bc_gateway::site::SiteAgent;
 use bc_proto::v1;
 use bc_store::Store;
@@ -20,12 +20,8 @@ pub const MAX_NAME: usize = 128;
 pub const MAX_VALUE: usize = 16 * 1024;
 const MAX_JWK: usize = 1024;
 
-/// What the JWE carries (its claims also hold `sub` = the site and `aud` = the asking agent).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct SecretClaims {
-    pub name: String,
-    pub value: String,
-}
+/// What the JWE carries (typed in bc-proto: the site agent opens the same type).
+pub use bc_proto::payloads::SecretClaims;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
@@ -69,7 +65,7 @@ impl SecretBox {
                     what: "secrets key (no randomness)",
                     path: path.clone(),
                 })?;
-                crate::ca::write_private(&path, &k)?;
+                bc_ca::write_private(&path, &k)?;
                 k.to_vec()
             }
             Err(source) => {

@@ -1,23 +1,27 @@
 //! Artifacts: kernels, initramfs and images kept content-addressed in the state directory
-//! (`<state_dir>/artifacts/sha256/<hex>`, 0644), described by `artifacts` rows. Operators upload with
-//! `PUT /api/artifacts` (header `x-artifact-name`) (`better-compute artifacts put <file>`, which streams the file):
-//! the body is hashed while it is streamed to a temporary file (never held in memory whole), fsynced and renamed
-//! into place, so a file under its hash is always complete; a body that breaks off, stalls for 60 s or differs
-//! from its `Content-Length` is discarded with its temporary file. Site agents fetch
-//! the ones their netboot table references over `SiteService.Artifact` and verify them themselves.
+//! (`<state_dir>/artifacts/sha256/<hex>`, 0644) by bc-cas, the one content-addressed writer the site agent's cache
+//! uses too, and described by `artifacts` rows. Operators upload with `PUT /api/artifacts` (header
+//! `x-artifact-name`) (`better-compute artifacts put <file>`, which streams the file): each chunk is hashed and
+//! written to a temporary file `artifacts/.partial-*` as it arrives (never held in memory whole), then the length is
+//! checked, the file fsynced and renamed into place on a blocking thread, so a file under its hash is always
+//! complete; a body that breaks off, stalls for 60 s or differs from its `Content-Length` is discarded with its
+//! temporary file. Site agents fetch the ones their netboot table references over `SiteService.Artifact` and verify
+//! them themselves.
 //!
 //! A machine's boot names an artifact as `sha256:<hex>` in `kernel` or `initrd`.
 
-use crate::api::{ApiCode, ApiError, ApiState, require};
+use crate::Sites;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
+use bc_cas::{CasError, Expect};
+use bc_core::api::sites::{Artifact, BootSpec, PutArtifactResponse};
+use bc_kernel::{ApiCode, ApiError, Route, RouterState};
 use bc_proto::v1;
-use serde_json::{Value, json};
-use sha2::{Digest as _, Sha256};
+use bc_store::Store;
+use bc_store::artifacts::ArtifactRow;
 use std::path::{Path, PathBuf};
-use tokio::io::AsyncWriteExt as _;
 use tokio_stream::StreamExt as _;
 
 /// Largest artifact accepted (an OS image fits; a runaway upload does not fill the disk).
@@ -28,69 +32,82 @@ pub const UPLOAD_STALL: std::time::Duration = std::time::Duration::from_secs(60)
 pub const CHUNK: usize = 256 * 1024;
 /// How a boot spec names an artifact.
 pub const REF_PREFIX: &str = "sha256:";
+/// Header naming an uploaded artifact (optional; the hash names it otherwise).
+pub const NAME_HEADER: &str = "x-artifact-name";
 
-/// True for 64 lowercase hex characters.
-pub fn is_sha256_hex(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
+pub use bc_cas::is_sha256_hex;
 
 /// The hash a boot field references (`sha256:<hex>`), if it references one.
 pub fn referenced(field: &str) -> Option<&str> {
     field.strip_prefix(REF_PREFIX)
 }
 
-/// The artifact directory of a state directory.
+/// The artifact store of a state directory (`<state_dir>/artifacts`).
 #[derive(Debug, Clone)]
 pub struct ArtifactDir {
-    root: PathBuf,
+    cas: bc_cas::Store,
+}
+
+/// The store's I/O failed: UNAVAILABLE, the cause in the log.
+fn unavailable(what: &str, e: &(dyn std::error::Error + 'static)) -> ApiError {
+    tracing::error!(error = %bc_error_chain::InlineErrorChain::new(e), "{what}");
+    ApiError::new(
+        ApiCode::Unavailable,
+        format!(
+            "{what} in the control plane's state directory failed; the control plane logged why"
+        ),
+    )
+}
+
+/// Why the content of an upload was refused (nothing was kept), as the sender is told.
+fn refused(e: &CasError) -> ApiError {
+    let why = match e {
+        CasError::TooLarge { max } => format!("artifact is larger than {max} bytes"),
+        CasError::TooLong { size } => format!(
+            "artifact upload sent more than the {size} bytes its Content-Length announced; nothing was kept"
+        ),
+        CasError::Truncated { got, size } => format!(
+            "artifact upload ended after {got} bytes of the {size} announced; nothing was kept"
+        ),
+        other => format!("artifact refused: {other}; nothing was kept"),
+    };
+    ApiError::invalid(why)
+}
+
+/// A bc-cas error of an upload: the sender's (INVALID_ARGUMENT) or the store's (UNAVAILABLE).
+fn upload_error(what: &str, e: CasError) -> ApiError {
+    if e.is_content() {
+        refused(&e)
+    } else {
+        unavailable(what, &e)
+    }
 }
 
 impl ArtifactDir {
     pub fn new(state_dir: &Path) -> ArtifactDir {
         ArtifactDir {
-            root: state_dir.join("artifacts"),
+            cas: bc_cas::Store::new(state_dir.join("artifacts")),
         }
     }
 
     /// Where the content of `sha256` lives (the caller checked it is 64 hex).
     pub fn path(&self, sha256: &str) -> PathBuf {
-        self.root.join("sha256").join(sha256)
+        self.cas.dir().join(sha256)
     }
 
     /// Streams `body` into the store: returns (hash, size). Nothing is left behind on error. `declared` is the
     /// request's `Content-Length`, when it had one: a body of another length is refused.
-    pub(crate) async fn write(
+    pub async fn write(
         &self,
         mut body: impl tokio_stream::Stream<Item = Result<bytes::Bytes, axum::Error>> + Unpin,
         declared: Option<u64>,
     ) -> Result<(String, u64), ApiError> {
-        if declared.is_some_and(|d| d > MAX_ARTIFACT) {
-            return Err(ApiError::invalid(format!(
-                "artifact is larger than {MAX_ARTIFACT} bytes"
-            )));
-        }
-        let io = |what: &str, e: std::io::Error| {
-            tracing::error!(error = %e, "{what}");
-            ApiError::new(
-                ApiCode::Unavailable,
-                format!(
-                    "{what} in the control plane's state directory failed; the control plane logged why"
-                ),
-            )
-        };
-        let dir = self.root.join("sha256");
-        std::fs::create_dir_all(&dir).map_err(|e| io("creating the artifact directory", e))?;
-        let tmp = tempfile::Builder::new()
-            .prefix(".upload-")
-            .tempfile_in(&self.root)
-            .map_err(|e| io("creating a temporary artifact file", e))?;
-        let mut file = tokio::fs::File::from_std(
-            tmp.reopen()
-                .map_err(|e| io("opening the temporary artifact file", e))?,
-        );
-        let mut hasher = Sha256::new();
-        let mut size = 0u64;
+        let mut writer = self
+            .cas
+            .begin(Expect::upload(declared, MAX_ARTIFACT))
+            .map_err(|e| upload_error("creating a temporary artifact file", e))?;
         loop {
+            let size = writer.received();
             let Ok(next) = tokio::time::timeout(UPLOAD_STALL, body.next()).await else {
                 tracing::warn!(size, "artifact upload stalled; discarded");
                 return Err(ApiError::invalid(format!(
@@ -105,57 +122,37 @@ impl ArtifactDir {
                     "artifact upload broke off after {size} bytes ({e}); nothing was kept"
                 ))
             })?;
-            size += chunk.len() as u64;
-            if size > MAX_ARTIFACT {
-                return Err(ApiError::invalid(format!(
-                    "artifact is larger than {MAX_ARTIFACT} bytes"
-                )));
-            }
-            hasher.update(&chunk);
-            file.write_all(&chunk)
-                .await
-                .map_err(|e| io("writing the artifact", e))?;
+            writer
+                .write(&chunk)
+                .map_err(|e| upload_error("writing the artifact", e))?;
         }
-        if declared.is_some_and(|d| d != size) {
-            return Err(ApiError::invalid(format!(
-                "artifact upload ended after {size} bytes of the {} announced; nothing was kept",
-                declared.unwrap_or_default()
-            )));
-        }
-        file.flush()
+        let stored = tokio::task::spawn_blocking(move || writer.commit())
             .await
-            .map_err(|e| io("writing the artifact", e))?;
-        file.sync_all()
-            .await
-            .map_err(|e| io("syncing the artifact", e))?;
-        drop(file);
-        let sha = hex::encode(hasher.finalize());
-        set_public(tmp.path()).map_err(|e| io("setting the artifact's mode", e))?;
-        tmp.persist(self.path(&sha))
-            .map_err(|e| io("moving the artifact into place", e.error))?;
-        if let Ok(d) = std::fs::File::open(&dir) {
-            let _ = d.sync_all();
-        }
-        Ok((sha, size))
+            .map_err(|e| unavailable("storing the artifact", &e))?
+            .map_err(|e| upload_error("storing the artifact", e))?;
+        Ok((stored.sha256.into_string(), stored.size))
     }
 }
 
-fn set_public(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+/// `PUT /api/artifacts`, with the permission it checks.
+pub(crate) fn route() -> Route {
+    Route::new("/api/artifacts", "PUT", axum::routing::put(put)).permission("compute:artifacts:put")
 }
 
-/// Header naming an uploaded artifact (optional; the hash names it otherwise).
-pub const NAME_HEADER: &str = "x-artifact-name";
-
 /// `PUT /api/artifacts` with header `x-artifact-name: <name>`: the body is the artifact.
-pub(crate) async fn put(
-    State(state): State<ApiState>,
+async fn put(
+    State(router): State<RouterState>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Json<Value>, ApiError> {
-    let p = crate::api::authenticate(&state.store, &state.principals, &headers).await?;
-    require(&p, "compute:artifacts:put", "artifacts")?;
+) -> Result<Json<PutArtifactResponse>, ApiError> {
+    let caller = router.authenticate(&headers).await?;
+    if !caller.allows("compute:artifacts:put", "artifacts") {
+        return Err(ApiError::denied(format!(
+            "principal {} lacks compute:artifacts:put on artifacts; ask an administrator for that grant",
+            caller.id
+        )));
+    }
+    let state = router.resources().require::<Sites>()?.clone();
     let name = match headers.get(NAME_HEADER) {
         None => String::new(),
         Some(v) => v
@@ -186,30 +183,28 @@ pub(crate) async fn put(
     let size = i64::try_from(size).map_err(|_| ApiError::invalid("artifact too large"))?;
     let row = state
         .store
-        .put_artifact(&sha, &name, size, &format!("principal/{}", p.id))
+        .put_artifact(&sha, &name, size, &caller.actor())
         .await?;
     tracing::info!(sha256 = sha, name = row.name, size, "artifact stored");
-    Ok(Json(
-        json!({ "artifact": row, "reference": format!("{REF_PREFIX}{sha}") }),
-    ))
+    Ok(Json(PutArtifactResponse {
+        artifact: artifact_of(row),
+        reference: format!("{REF_PREFIX}{sha}"),
+    }))
 }
 
-/// `artifacts.list`.
-pub(crate) async fn list(
-    state: &ApiState,
-    p: &bc_store::iam::Principal,
-) -> Result<Json<Value>, ApiError> {
-    require(p, "compute:artifacts:list", "artifacts")?;
-    Ok(Json(
-        json!({ "artifacts": state.store.list_artifacts().await? }),
-    ))
+/// An artifact row as the API shows it.
+pub(crate) fn artifact_of(a: ArtifactRow) -> Artifact {
+    Artifact {
+        sha256: a.sha256,
+        name: a.name,
+        size: a.size,
+        created_by: a.created_by,
+        created_at_ms: a.created_at_ms,
+    }
 }
 
 /// Checks that every `sha256:` reference of a boot names a stored artifact.
-pub(crate) async fn check_references(
-    state: &ApiState,
-    boot: &crate::site::BootSpec,
-) -> Result<(), ApiError> {
+pub(crate) async fn check_references(store: &Store, boot: &BootSpec) -> Result<(), ApiError> {
     for (field, v) in [
         ("boot.kernel", Some(&boot.kernel)),
         ("boot.initrd", boot.initrd.as_ref()),
@@ -222,7 +217,7 @@ pub(crate) async fn check_references(
                 "{field}: {REF_PREFIX} must be followed by 64 lowercase hex characters"
             )));
         }
-        if state.store.artifact(sha).await?.is_none() {
+        if store.artifact(sha).await?.is_none() {
             return Err(ApiError::new(
                 ApiCode::NotFound,
                 format!(
@@ -269,12 +264,13 @@ pub fn stream_file(file: std::fs::File) -> bc_gateway::site::ArtifactStream {
 mod tests {
     use super::*;
 
+    /// What the artifact root holds beside `sha256/` (a temporary `.partial-*` left behind would show here).
     fn leftovers(dir: &Path) -> Vec<String> {
         std::fs::read_dir(dir)
             .map(|r| {
                 r.filter_map(|e| e.ok())
                     .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n != "sha256")
+                    .filter(|n| n != bc_cas::SHA256_DIR)
                     .collect()
             })
             .unwrap_or_default()
@@ -299,10 +295,18 @@ mod tests {
             .await
             .map_err(|e| format!("{e:?}"))?;
         assert_eq!(size, 5 << 20);
-        assert_eq!(sha, hex::encode(Sha256::digest(vec![7u8; 5 << 20])));
+        assert_eq!(
+            sha,
+            bc_cas::Sha256Hex::of(&vec![7u8; 5 << 20]).into_string()
+        );
         assert_eq!(std::fs::metadata(dir.path(&sha))?.len(), 5 << 20);
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(
+            std::fs::metadata(dir.path(&sha))?.permissions().mode() & 0o777,
+            0o644
+        );
 
-        // Broken off, shorter than announced, announced too large: refused, nothing kept.
+        // Broken off, shorter or longer than announced, announced too large: refused, nothing kept.
         let broken = vec![
             Ok(chunk.clone()),
             Err(axum::Error::new(std::io::Error::other("connection reset"))),
@@ -314,8 +318,21 @@ mod tests {
             .write(body(vec![Ok(chunk.clone())]), Some(3 << 20))
             .await
             .expect_err("short");
+        assert_eq!(e.code(), ApiCode::InvalidArgument);
         let e = format!("{e:?}");
         assert!(e.contains("1048576 bytes of the 3145728 announced"), "{e}");
+        let e = dir
+            .write(
+                body(vec![Ok(chunk.clone()), Ok(chunk.clone())]),
+                Some(1 << 20),
+            )
+            .await
+            .expect_err("long");
+        assert_eq!(e.code(), ApiCode::InvalidArgument);
+        assert!(
+            format!("{e:?}").contains("more than the 1048576 bytes"),
+            "{e:?}"
+        );
         let e = dir
             .write(body(vec![]), Some(MAX_ARTIFACT + 1))
             .await
@@ -329,6 +346,28 @@ mod tests {
         assert_eq!(
             std::fs::read_dir(state.path().join("artifacts/sha256"))?.count(),
             1
+        );
+        Ok(())
+    }
+
+    /// A half-written upload whose sender stops sending (stalls) is dropped with its `.partial-*` file.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_upload_leaves_no_partial_file() -> Result<(), Box<dyn std::error::Error>> {
+        let state = tempfile::tempdir()?;
+        let dir = ArtifactDir::new(state.path());
+        let first = tokio_stream::iter(vec![Ok(bytes::Bytes::from(vec![1u8; 4096]))]);
+        let stalled = first.chain(tokio_stream::pending());
+        let e = dir
+            .write(Box::pin(stalled), Some(8192))
+            .await
+            .expect_err("stalled");
+        assert!(
+            format!("{e:?}").contains("sent nothing for 60 s after 4096 bytes"),
+            "{e:?}"
+        );
+        assert_eq!(
+            leftovers(&state.path().join("artifacts")),
+            Vec::<String>::new()
         );
         Ok(())
     }
