@@ -1,15 +1,11 @@
-//! The HTTP API: `POST /api/compute/{group}/{method}` with a JSON body and a bearer API key. Errors are
-//! `{code, message}` with stable codes (INVALID_ARGUMENT, ACCESS_DENIED, NOT_FOUND, CONFLICT, UNAVAILABLE).
+//! What the server's own methods ([`crate::plane`]) read ([`ApiState`]), and API-key authentication with its
+//! cache ([`PrincipalCache`], [`authenticate_key`]) behind the kernel's `Authenticator` ([`crate::backend`]). The
+//! router, `{code, message}` errors and the methods of every group are the kernel's and the modules'.
 
 use crate::ca::Ca;
-use axum::Json;
-
-use bc_core::iam::allows;
 use bc_proto::token::{Token, TokenKind};
 use bc_store::Store;
 use bc_store::iam::Principal;
-use serde::Deserialize;
-use serde_json::{Value, json};
 use std::sync::Arc;
 
 #[derive(Clone)]
@@ -20,7 +16,6 @@ pub struct ApiState {
     pub gateway_url: String,
     /// The sessions of this process's gateway role, when it runs one.
     pub sessions: Option<bc_gateway::session::Registry>,
-    pub principals: Arc<PrincipalCache>,
 }
 
 /// Authenticated principals by API key id, kept [`PRINCIPAL_TTL`]: the hot path (and admission's pure checks)
@@ -76,60 +71,4 @@ pub(crate) async fn authenticate_key(
         return Err(unauth("API key secret does not match"));
     }
     Ok(principal)
-}
-
-pub(crate) fn require(p: &Principal, permission: &str, scope: &str) -> Result<(), ApiError> {
-    if allows(&p.grants, permission, scope) {
-        Ok(())
-    } else {
-        Err(ApiError::denied(format!(
-            "principal {} lacks {permission} on {scope}; ask an administrator for that grant",
-            p.id
-        )))
-    }
-}
-
-pub(crate) fn parse<T: for<'de> Deserialize<'de>>(body: Value) -> Result<T, ApiError> {
-    serde_json::from_value(body).map_err(|e| ApiError::invalid(format!("request body: {e}")))
-}
-
-/// Answers `group.method` for `principal` (already authenticated; each handler checks its own grant). The kernel
-/// calls it for the groups the server registers ([`crate::plane`]) until each moves into its module crate.
-pub(crate) async fn call(
-    state: &ApiState,
-    principal: &Principal,
-    group: &str,
-    method: &str,
-    body: Value,
-) -> Result<Json<Value>, ApiError> {
-    match (group, method) {
-        ("tenants", "create") => crate::iam_api::create_tenant(state, principal, parse(body)?)
-            .await
-            .map(Json),
-        ("principals", "create") => {
-            crate::iam_api::create_principal(state, principal, parse(body)?)
-                .await
-                .map(Json)
-        }
-        ("system", "stats") => {
-            let s = state.sessions.as_ref().map(|r| r.stats());
-            Ok(Json(json!({
-                "gateway": s.map(|s| json!({
-                    "sessions": s.sessions,
-                    "opened": s.opened,
-                    "liveness_writes": s.liveness_writes,
-                    "pending_pulls": s.pending_pulls,
-                    "revocation_reads": s.revocation_reads,
-                    "revoked": s.revoked,
-                })),
-            })))
-        }
-        ("system", "info") => Ok(Json(json!({
-            "trust_domain": state.ca.trust_domain(),
-            "ca_pin": state.ca.pin(),
-            "join_public_key": state.join_public_key,
-            "gateway_url": state.gateway_url,
-        }))),
-        _ => Err(ApiError::not_found(format!("no method {group}.{method}"))),
-    }
 }

@@ -137,9 +137,19 @@ impl ApiClient {
         if ok {
             Ok(v)
         } else {
+            // Every error the API answers is `{code, message}`; anything else (a proxy's page) is named as such.
+            #[derive(serde::Deserialize)]
+            struct ErrorBody {
+                code: String,
+                message: String,
+            }
+            let body: ErrorBody = serde_json::from_value(v).unwrap_or_else(|_| ErrorBody {
+                code: "UNAVAILABLE".into(),
+                message: "the answer is an error without {code, message}".into(),
+            });
             Err(ClientError::Api {
-                code: v["code"].as_str().unwrap_or("UNAVAILABLE").to_string(),
-                message: v["message"].as_str().unwrap_or("no message").to_string(),
+                code: body.code,
+                message: body.message,
             })
         }
     }

@@ -1,13 +1,12 @@
 //! `tenants.create` and `principals.create`: the IAM groups the server keeps. A caller acts only in its own
 //! tenant unless it belongs to the root tenant, and hands out only grants it holds.
 
-use crate::api::{ApiCode, ApiError, ApiState, require};
+use crate::api::{ApiCode, ApiError, ApiState};
+use bc_core::api::iam::{CreatePrincipal, CreateTenant, PrincipalCreated, Tenant};
 use bc_core::reservation::{tenant_allowed, valid_id};
-use bc_store::iam::Principal;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use bc_kernel::{Caller, Cx};
 
-fn body_tenant_check(p: &Principal, tenant: &str) -> Result<(), ApiError> {
+fn body_tenant_check(p: &Caller, tenant: &str) -> Result<(), ApiError> {
     if tenant_allowed(&p.tenant_id, p.tenant_is_root, tenant) {
         Ok(())
     } else {
@@ -21,25 +20,15 @@ fn body_tenant_check(p: &Principal, tenant: &str) -> Result<(), ApiError> {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateTenant {
-    id: String,
-    name: Option<String>,
-}
-
-pub async fn create_tenant(
-    state: &ApiState,
-    p: &Principal,
-    req: CreateTenant,
-) -> Result<Value, ApiError> {
+/// `tenants.create` (the kernel has checked `compute:tenants:create` on `tenant/<id>`): root callers only.
+pub async fn create_tenant(cx: Cx, req: CreateTenant) -> Result<Tenant, ApiError> {
+    let (state, p) = (cx.get::<ApiState>()?, cx.caller());
     if !p.tenant_is_root {
         return Err(ApiError::new(
             ApiCode::AccessDenied,
             "only the root tenant creates tenants",
         ));
     }
-    require(p, "compute:tenants:create", &format!("tenant/{}", req.id))?;
     if !valid_id(&req.id) {
         return Err(ApiError::new(
             ApiCode::InvalidArgument,
@@ -48,30 +37,13 @@ pub async fn create_tenant(
     }
     let name = req.name.unwrap_or_else(|| req.id.clone());
     state.store.ensure_tenant(&req.id, &name).await?;
-    Ok(json!({"id": req.id, "name": name}))
+    Ok(Tenant { id: req.id, name })
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreatePrincipal {
-    id: String,
-    tenant: String,
-    name: Option<String>,
-    #[serde(default)]
-    grants: Vec<bc_core::iam::Grant>,
-}
-
-pub async fn create_principal(
-    state: &ApiState,
-    p: &Principal,
-    req: CreatePrincipal,
-) -> Result<Value, ApiError> {
+/// `principals.create` (the kernel has checked `compute:principals:create` on `tenant/<tenant>`).
+pub async fn create_principal(cx: Cx, req: CreatePrincipal) -> Result<PrincipalCreated, ApiError> {
+    let (state, p) = (cx.get::<ApiState>()?, cx.caller());
     body_tenant_check(p, &req.tenant)?;
-    require(
-        p,
-        "compute:principals:create",
-        &format!("tenant/{}", req.tenant),
-    )?;
     if !valid_id(&req.id) {
         return Err(ApiError::new(
             ApiCode::InvalidArgument,
@@ -121,7 +93,11 @@ pub async fn create_principal(
             &req.grants,
         )
         .await?;
-    Ok(json!({"id": req.id, "tenant": req.tenant, "api_key": key.reveal()}))
+    Ok(PrincipalCreated {
+        id: req.id,
+        tenant: req.tenant,
+        api_key: key.reveal(),
+    })
 }
 
 /// A grant's permission or scope as stored: 1 to 256 visible ASCII characters.

@@ -252,7 +252,6 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             join_public_key: join_public_key.clone(),
             gateway_url: gateway_url.clone(),
             sessions: sessions.clone(),
-            principals: backend.principals(),
         });
     }
     let initialized = builder.build()?.initialize(backend).await?;

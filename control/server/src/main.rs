@@ -608,14 +608,12 @@ async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
             for c in &n.conditions {
                 println!("condition: {c}");
             }
-            let gpus = v.inventory.get("gpus").and_then(|g| g["gpus"].as_array());
-            for g in gpus.into_iter().flatten() {
-                println!(
-                    "gpu {} {} {}",
-                    g["index"],
-                    g["uuid"].as_str().unwrap_or_default(),
-                    g["model"].as_str().unwrap_or_default()
-                );
+            // The gpus section as bcd writes it (bc-proto's type); a section this CLI cannot read is skipped.
+            let gpus = v.inventory.get("gpus").and_then(|g| {
+                serde_json::from_value::<bc_proto::payloads::GpusSection>(g.clone()).ok()
+            });
+            for g in gpus.iter().flat_map(|s| &s.gpus) {
+                println!("gpu {} {} {}", g.index, g.uuid, g.model);
             }
             println!("{}", serde_json::to_string_pretty(&v)?);
         }

@@ -1,72 +1,34 @@
-//! The server's own API groups and role loops as the kernel's `server` module: every method of the former dispatch
-//! registered with its permission and scope ([`ServerMethod`] types: JSON in, JSON out, until each group moves into
-//! its module crate under `control/modules/`), and the role loops as reconcilers the kernel starts for the roles a
-//! process runs (`controllers` and `scheduler`: statistics). The nodes' groups and controllers are the nodes
-//! module's ([`bc_mod_nodes`]), the capacity groups and the placer bc-mod-capacity's, the sites' groups, the
-//! artifact upload route and the site gateway service bc-mod-sites'.
+//! The server's own module `server`: the IAM methods it keeps (`tenants.create`, `principals.create`: see
+//! [`crate::iam_api`]) and `system.stats|info`, typed with `bc_core::api::{iam, system}`, and the `statistics`
+//! reconciler (`controllers` and `scheduler` roles). Every other group is a module crate's: the nodes' groups and
+//! controllers [`bc_mod_nodes`]', reservations and the placer bc-mod-capacity's, the sites' groups, the artifact
+//! upload route and the site gateway service bc-mod-sites'.
 
-use crate::api::{self, ApiState};
-use crate::statistics;
-use axum::Json;
-use bc_kernel::{
-    ApiMethod, Cx, Method, Module, ReconcileCx, Reconciler, Scope, Stop,
-};
+use crate::api::ApiState;
+use crate::{iam_api, statistics};
+use bc_core::api::iam::{CreatePrincipal, CreateTenant, PrincipalCreated, Tenant};
+use bc_core::api::system::{GatewayStats, Info, Nothing, Stats};
+use bc_kernel::{ApiError, Cx, Method, Module, ReconcileCx, Reconciler, Stop};
 use bc_store::Store;
-use bc_store::iam::Principal;
-use serde_json::Value;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// A method of the server's former dispatch: its request and response are JSON values until its group moves into
-/// a module crate with typed ones.
-pub trait ServerMethod: ApiMethod<Request = Value, Response = Value> {}
-impl<M: ApiMethod<Request = Value, Response = Value>> ServerMethod for M {}
-
-macro_rules! server_methods {
-    (@grant $permission:literal on $scope:literal) => { Some(($permission, $scope)) };
-    (@grant) => { None };
-    ($( $ty:ident = $group:literal / $method:literal $(: $permission:literal on $scope:literal)? ; )*) => {
-        $( bc_kernel::api_method!(
-            #[doc = concat!("`", $group, ".", $method, "`.")]
-            pub $ty = $group / $method: Value => Value
-        ); )*
-        fn register_methods(module: Module) -> Module {
-            module $( .method(server_method::<$ty>(server_methods!(@grant $($permission on $scope)?))) )*
-        }
-    };
-}
-
-server_methods! {
-    CreateTenant = "tenants" / "create": "compute:tenants:create" on "tenant/<id>";
-    CreatePrincipal = "principals" / "create": "compute:principals:create" on "tenant/<tenant>";
-    Stats = "system" / "stats";
-    Info = "system" / "info";
-}
-
-/// A method of the former dispatch: `grant` is (permission, scope pattern), which its handler checks itself; none:
-/// any authenticated caller.
-fn server_method<M: ServerMethod>(grant: Option<(&'static str, &'static str)>) -> Method<M> {
-    let method = match grant {
-        Some((permission, scope)) => Method::<M>::new()
-            .permission(permission)
-            .scope(Scope::checked_by_handler(scope)),
-        None => Method::<M>::new().any_caller(),
-    };
-    method.handler(|cx: Cx, body: Value| async move {
-        let state = cx.get::<ApiState>()?.clone();
-        let caller = cx.caller();
-        let principal = Principal {
-            id: caller.id.clone(),
-            tenant_id: caller.tenant_id.clone(),
-            name: String::new(),
-            api_key_hash: String::new(),
-            tenant_is_root: caller.tenant_is_root,
-            grants: caller.grants.clone(),
-        };
-        let Json(answer) = api::call(&state, &principal, M::GROUP, M::METHOD, body).await?;
-        Ok(answer)
-    })
-}
+bc_kernel::api_method!(
+    /// `tenants.create`.
+    pub CreateTenantMethod = "tenants" / "create": CreateTenant => Tenant
+);
+bc_kernel::api_method!(
+    /// `principals.create`.
+    pub CreatePrincipalMethod = "principals" / "create": CreatePrincipal => PrincipalCreated
+);
+bc_kernel::api_method!(
+    /// `system.stats`.
+    pub StatsMethod = "system" / "stats": Nothing => Stats
+);
+bc_kernel::api_method!(
+    /// `system.info`.
+    pub InfoMethod = "system" / "info": Nothing => Info
+);
 
 /// What the role loops of this process need.
 #[derive(Clone)]
@@ -76,9 +38,50 @@ pub struct Loops {
     pub lease: Duration,
 }
 
-/// The `server` module: its methods, its upload route, the gateway services it serves and its role loops.
+/// The `server` module: its methods and its role loop.
 pub fn module(loops: Loops) -> Module {
-    register_methods(Module::new("server")).reconciler(statistics_loop(loops.store.clone()))
+    Module::new("server")
+        .method(
+            Method::<CreateTenantMethod>::new()
+                .permission("compute:tenants:create")
+                .scope_from_request("tenant/<id>", |r| format!("tenant/{}", r.id))
+                .handler(iam_api::create_tenant),
+        )
+        .method(
+            Method::<CreatePrincipalMethod>::new()
+                .permission("compute:principals:create")
+                .scope_from_request("tenant/<tenant>", |r| format!("tenant/{}", r.tenant))
+                .handler(iam_api::create_principal),
+        )
+        .method(Method::<StatsMethod>::new().any_caller().handler(stats))
+        .method(Method::<InfoMethod>::new().any_caller().handler(info))
+        .reconciler(statistics_loop(loops.store))
+}
+
+async fn stats(cx: Cx, _: Nothing) -> Result<Stats, ApiError> {
+    let state = cx.get::<ApiState>()?;
+    let gateway = state.sessions.as_ref().map(|r| {
+        let s = r.stats();
+        GatewayStats {
+            sessions: s.sessions as u64,
+            opened: s.opened,
+            liveness_writes: s.liveness_writes,
+            pending_pulls: s.pending_pulls,
+            revocation_reads: s.revocation_reads,
+            revoked: s.revoked as u64,
+        }
+    });
+    Ok(Stats { gateway })
+}
+
+async fn info(cx: Cx, _: Nothing) -> Result<Info, ApiError> {
+    let state = cx.get::<ApiState>()?;
+    Ok(Info {
+        trust_domain: state.ca.trust_domain().to_string(),
+        ca_pin: state.ca.pin(),
+        join_public_key: state.join_public_key.clone(),
+        gateway_url: state.gateway_url.clone(),
+    })
 }
 
 /// The kernel's stop signal as the watch channel the role loops take.

@@ -151,6 +151,148 @@ fn free_port() -> Result<u16, EmbeddedError> {
         .map_err(io_err("reading a probe port", Path::new("127.0.0.1")))
 }
 
+/// A new cluster in `data`: a random superuser password in `pw_path` (0600, owned by the server's user), initdb.
+fn init_cluster(
+    bin: &Path,
+    dir: &Path,
+    data: &Path,
+    pw_path: &Path,
+    owner: Option<(u32, u32)>,
+    durability: Durability,
+) -> Result<(), EmbeddedError> {
+    let _ = std::fs::remove_dir_all(data);
+    let mut pw = [0u8; 24];
+    getrandom::fill(&mut pw).map_err(|e| EmbeddedError::Io {
+        what: "generating a password",
+        path: pw_path.to_path_buf(),
+        source: io::Error::other(e.to_string()),
+    })?;
+    write_private(pw_path, hex::encode(pw).as_bytes(), owner)?;
+    std::fs::create_dir_all(data).map_err(io_err("creating", data))?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(io_err("chown", dir))?;
+        std::os::unix::fs::chown(data, Some(uid), Some(gid)).map_err(io_err("chown", data))?;
+    }
+    let mut cmd = command(&bin.join("initdb"), owner);
+    cmd.arg("-D")
+        .arg(data)
+        .args([
+            "-U",
+            SUPERUSER,
+            "-E",
+            "UTF8",
+            "--no-locale",
+            "--auth=scram-sha-256",
+        ])
+        .arg(format!("--pwfile={}", pw_path.display()));
+    if durability == Durability::Throwaway {
+        cmd.arg("--no-sync");
+    }
+    run(cmd)?;
+    Ok(())
+}
+
+/// The server's command line: loopback only, no unix socket, the durability asked for, statement statistics
+/// where the server ships them (and per statement when `BC_PG_STAT_STATEMENTS=1`).
+fn postgres_command(
+    bin: &Path,
+    data: &Path,
+    port: u16,
+    owner: Option<(u32, u32)>,
+    durability: Durability,
+) -> Command {
+    let mut cmd = command(&bin.join("postgres"), owner);
+    cmd.arg("-D").arg(data).args([
+        "-c",
+        "listen_addresses=127.0.0.1",
+        "-c",
+        &format!("port={port}"),
+        "-c",
+        "unix_socket_directories=",
+        "-c",
+        "max_connections=300",
+        "-c",
+        "shared_buffers=128MB",
+        "-c",
+        "logging_collector=off",
+        // Our statements are short; JIT compiling them costs more than it saves.
+        "-c",
+        "jit=off",
+    ]);
+    // Statement statistics for operators and benchmarks (statements per admission), where the server ships it.
+    if bin
+        .parent()
+        .is_some_and(|p| p.join("lib/pg_stat_statements.so").exists())
+    {
+        cmd.args(["-c", "shared_preload_libraries=pg_stat_statements"]);
+    }
+    match durability {
+        Durability::Durable => cmd.args(["-c", "fsync=on", "-c", "synchronous_commit=on"]),
+        Durability::Throwaway => cmd.args([
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+        ]),
+    };
+    // Per-statement counts (pg_stat_statements), to break the database's load down by origin
+    // (`scripts/bench sessions`); off unless asked for.
+    if std::env::var("BC_PG_STAT_STATEMENTS").as_deref() == Ok("1") {
+        cmd.args([
+            "-c",
+            "shared_preload_libraries=pg_stat_statements",
+            "-c",
+            "pg_stat_statements.track=all",
+            // Autovacuum's transactions count as commits but are no statements: log each run to count them.
+            "-c",
+            "log_autovacuum_min_duration=0",
+            // And each extended-protocol step (parse, bind, execute): a parse with its own Sync commits too.
+            "-c",
+            "log_min_duration_statement=0",
+        ]);
+    }
+    cmd
+}
+
+/// Spawns `cmd` on a keeper thread that reaps it; the server dies with this process (PR_SET_PDEATHSIG).
+fn spawn_kept(
+    mut cmd: Command,
+    bin: &Path,
+) -> Result<(u32, std::thread::JoinHandle<()>), EmbeddedError> {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent; it runs in the
+    // forked child before exec.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let keeper = std::thread::Builder::new()
+        .name("postgres-keeper".into())
+        .spawn(move || match cmd.spawn() {
+            Ok(mut child) => {
+                let _ = tx.send(Ok(child.id()));
+                let _ = child.wait();
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        })
+        .map_err(io_err("starting a thread for postgres", bin))?;
+    let pid = rx
+        .recv()
+        .map_err(|_| io::Error::other("postgres keeper thread died"))
+        .and_then(|r| r)
+        .map_err(io_err("starting postgres", bin))?;
+    Ok((pid, keeper))
+}
+
 impl EmbeddedPostgres {
     /// Creates the cluster under `dir` if it does not exist yet, then starts it. `dir` holds `data/` (the cluster),
     /// `password` (0600) and `postgres.log`.
@@ -161,37 +303,7 @@ impl EmbeddedPostgres {
         let data = dir.join("data");
         let pw_path = dir.join("password");
         if !data.join("PG_VERSION").exists() {
-            let _ = std::fs::remove_dir_all(&data);
-            let mut pw = [0u8; 24];
-            getrandom::fill(&mut pw).map_err(|e| EmbeddedError::Io {
-                what: "generating a password",
-                path: pw_path.clone(),
-                source: io::Error::other(e.to_string()),
-            })?;
-            write_private(&pw_path, hex::encode(pw).as_bytes(), owner)?;
-            std::fs::create_dir_all(&data).map_err(io_err("creating", &data))?;
-            if let Some((uid, gid)) = owner {
-                std::os::unix::fs::chown(dir, Some(uid), Some(gid))
-                    .map_err(io_err("chown", dir))?;
-                std::os::unix::fs::chown(&data, Some(uid), Some(gid))
-                    .map_err(io_err("chown", &data))?;
-            }
-            let mut cmd = command(&bin.join("initdb"), owner);
-            cmd.arg("-D")
-                .arg(&data)
-                .args([
-                    "-U",
-                    SUPERUSER,
-                    "-E",
-                    "UTF8",
-                    "--no-locale",
-                    "--auth=scram-sha-256",
-                ])
-                .arg(format!("--pwfile={}", pw_path.display()));
-            if durability == Durability::Throwaway {
-                cmd.arg("--no-sync");
-            }
-            run(cmd)?;
+            init_cluster(&bin, dir, &data, &pw_path, owner, durability)?;
         }
         let password = std::fs::read_to_string(&pw_path)
             .map_err(io_err("reading", &pw_path))?
@@ -210,88 +322,9 @@ impl EmbeddedPostgres {
             let _ = std::os::unix::fs::chown(&log_path, Some(uid), Some(gid));
         }
         let log2 = log.try_clone().map_err(io_err("opening", &log_path))?;
-        let mut cmd = command(&bin.join("postgres"), owner);
-        cmd.arg("-D").arg(&data).args([
-            "-c",
-            "listen_addresses=127.0.0.1",
-            "-c",
-            &format!("port={port}"),
-            "-c",
-            "unix_socket_directories=",
-            "-c",
-            "max_connections=300",
-            "-c",
-            "shared_buffers=128MB",
-            "-c",
-            "logging_collector=off",
-            // Our statements are short; JIT compiling them costs more than it saves.
-            "-c",
-            "jit=off",
-        ]);
-        // Statement statistics for operators and benchmarks (statements per admission), where the server ships it.
-        if bin
-            .parent()
-            .is_some_and(|p| p.join("lib/pg_stat_statements.so").exists())
-        {
-            cmd.args(["-c", "shared_preload_libraries=pg_stat_statements"]);
-        }
-        match durability {
-            Durability::Durable => cmd.args(["-c", "fsync=on", "-c", "synchronous_commit=on"]),
-            Durability::Throwaway => cmd.args([
-                "-c",
-                "fsync=off",
-                "-c",
-                "synchronous_commit=off",
-                "-c",
-                "full_page_writes=off",
-            ]),
-        };
-        // Per-statement counts (pg_stat_statements), to break the database's load down by origin
-        // (`scripts/bench sessions`); off unless asked for.
-        if std::env::var("BC_PG_STAT_STATEMENTS").as_deref() == Ok("1") {
-            cmd.args([
-                "-c",
-                "shared_preload_libraries=pg_stat_statements",
-                "-c",
-                "pg_stat_statements.track=all",
-                // Autovacuum's transactions count as commits but are no statements: log each run to count them.
-                "-c",
-                "log_autovacuum_min_duration=0",
-                // And each extended-protocol step (parse, bind, execute): a parse with its own Sync commits too.
-                "-c",
-                "log_min_duration_statement=0",
-            ]);
-        }
+        let mut cmd = postgres_command(&bin, &data, port, owner, durability);
         cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
-        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent; it runs in the
-        // forked child before exec.
-        #[allow(unsafe_code)]
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let (tx, rx) = std::sync::mpsc::channel();
-        let keeper = std::thread::Builder::new()
-            .name("postgres-keeper".into())
-            .spawn(move || match cmd.spawn() {
-                Ok(mut child) => {
-                    let _ = tx.send(Ok(child.id()));
-                    let _ = child.wait();
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                }
-            })
-            .map_err(io_err("starting a thread for postgres", &bin))?;
-        let pid = rx
-            .recv()
-            .map_err(|_| io::Error::other("postgres keeper thread died"))
-            .and_then(|r| r)
-            .map_err(io_err("starting postgres", &bin))?;
+        let (pid, keeper) = spawn_kept(cmd, &bin)?;
         let mut pg = EmbeddedPostgres {
             pid: i32::try_from(pid).unwrap_or(i32::MAX),
             keeper: Some(keeper),

@@ -30,6 +30,10 @@ pub enum Check {
     Nvlink,
     Temperature,
     Power,
+    /// A check this build does not know (a newer bcd reports it): read, shown as `unknown`, never a reason to
+    /// refuse the whole report.
+    #[serde(other)]
+    Unknown,
 }
 
 impl fmt::Display for Check {
@@ -186,6 +190,21 @@ mod tests {
         v["kind"] = serde_json::json!("diag.other");
         let e = DiagReport::from_value(v).err().map(|e| e.to_string());
         assert!(e.is_some_and(|e| e.contains("is not diag.nvml")));
+        Ok(())
+    }
+
+    #[test]
+    fn a_check_this_build_does_not_know_is_read_not_refused() -> Result<(), serde_json::Error> {
+        let r = DiagReport::new("fixture", 1, 1, vec![]);
+        let mut v = serde_json::to_value(&r)?;
+        v["checks"] = serde_json::json!([{"check": "fabric_health", "status": "fail", "observed": "down",
+            "threshold": "up", "reason": "GPU 0: fabric down"}]);
+        let back = DiagReport::from_value(v)?;
+        assert_eq!(back.checks[0].check, Check::Unknown);
+        assert_eq!(
+            back.failure_reasons(),
+            vec!["GPU 0: fabric down".to_string()]
+        );
         Ok(())
     }
 }

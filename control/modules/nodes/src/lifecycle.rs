@@ -8,11 +8,12 @@ use bc_core::api::nodes::CommandState;
 use bc_core::lifecycle::{DiagOutcome, Transition, after_diag, needs_check, timed_out};
 use bc_core::node::NodeState;
 use bc_kernel::ReconcileCx;
+use bc_proto::payloads::diag::DiagReport;
 use bc_store::Store;
 use bc_store::sessions::DiagResult;
 use std::time::Duration;
 
-pub const DIAG_KIND: &str = "diag.nvml";
+pub const DIAG_KIND: &str = bc_proto::payloads::diag::KIND;
 
 #[derive(Debug, Clone, Copy)]
 pub struct LifecycleTiming {
@@ -42,37 +43,40 @@ fn initial_spec() -> serde_json::Value {
 
 /// Reads a finished check into an outcome; a result that is missing, unsigned or of another kind fails.
 fn outcome(r: &DiagResult) -> DiagOutcome {
-    match (r.state, &r.result) {
-        (CommandState::Done, Some(v)) if v["kind"] == DIAG_KIND => {
-            let passed = v["status"] == "pass";
-            let reasons = v["checks"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|c| c["status"] == "fail")
-                .map(|c| {
-                    c["reason"]
-                        .as_str()
-                        .unwrap_or("a check failed without a reason")
-                        .to_string()
-                })
-                .collect();
-            DiagOutcome { passed, reasons }
+    let report = match (r.state, &r.result) {
+        (CommandState::Done, Some(v)) => {
+            DiagReport::from_value(v.clone()).map_err(|e| e.to_string())
         }
-        (CommandState::Done, _) => DiagOutcome {
+        (CommandState::Done, None) => Err("no result".to_string()),
+        (CommandState::Expired, _) => return timed_out(DIAG_KIND),
+        _ => {
+            return DiagOutcome {
+                passed: false,
+                reasons: vec![
+                    r.error
+                        .clone()
+                        .unwrap_or_else(|| format!("{DIAG_KIND} failed")),
+                ],
+            };
+        }
+    };
+    match report {
+        Ok(report) => DiagOutcome {
+            passed: report.passed(),
+            reasons: report
+                .failures()
+                .map(|c| {
+                    c.reason
+                        .clone()
+                        .unwrap_or_else(|| format!("check {} failed without a reason", c.check))
+                })
+                .collect(),
+        },
+        Err(why) => DiagOutcome {
             passed: false,
             reasons: vec![format!(
-                "{DIAG_KIND} returned something that is not a {DIAG_KIND} report"
+                "{DIAG_KIND} returned something that is not a {DIAG_KIND} report ({why})"
             )],
-        },
-        (CommandState::Expired, _) => timed_out(DIAG_KIND),
-        _ => DiagOutcome {
-            passed: false,
-            reasons: vec![
-                r.error
-                    .clone()
-                    .unwrap_or_else(|| format!("{DIAG_KIND} failed")),
-            ],
         },
     }
 }
