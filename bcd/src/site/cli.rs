@@ -279,6 +279,12 @@ async fn site_serve(path: &Path) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("starting the services of {}", path.display()))?;
     let (table_tx, table_rx) = tokio::sync::watch::channel(config.netboot.clone());
+    bc_proto::runtime::service::ready(&format!(
+        "serving {} machine(s) from {}",
+        config.netboot.len(),
+        path.display()
+    ));
+    let _watchdog = bc_proto::runtime::service::spawn_watchdog().map(AbortOnDrop);
     let reload_path = path.to_owned();
     let running = config.clone();
     let reload = tokio::spawn(async move {
@@ -318,6 +324,7 @@ async fn site_serve(path: &Path) -> anyhow::Result<()> {
         bc_proto::runtime::shutdown_signal(),
     )
     .await;
+    bc_proto::runtime::service::stopping();
     reload.abort();
     result.with_context(|| format!("serving {}", path.display()))
 }
@@ -355,6 +362,8 @@ async fn site_run(
         .await
         .with_context(|| format!("starting the services of {}", path.display()))?;
     let (table_tx, table_rx) = tokio::sync::watch::channel(serve::Netboot::default());
+    bc_proto::runtime::service::ready("serving; the agent connects to the control plane");
+    let _watchdog = bc_proto::runtime::service::spawn_watchdog().map(AbortOnDrop);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -384,10 +393,20 @@ async fn site_run(
             _ = wait_stop(stop_rx.clone()) => {}
         }
     });
+    bc_proto::runtime::service::stopping();
     #[cfg(feature = "telemetry")]
     if let Some(t) = telemetry {
         let _ = t.await;
     }
     agent_result?;
     served.with_context(|| format!("serving {}", path.display()))
+}
+
+/// Aborts a task when dropped (the watchdog pinger of a serving loop that returned).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

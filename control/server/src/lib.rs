@@ -16,6 +16,7 @@ pub mod iam_api;
 pub use bc_mod_nodes::{join, lifecycle, methods as node_methods, session};
 pub mod notify;
 pub mod plane;
+pub mod serve_cli;
 pub mod site_cli;
 pub mod statistics;
 pub mod telemetry;

@@ -2,10 +2,8 @@
 
 use anyhow::Context as _;
 use bc_control::client::ApiClient;
-use bc_control::config::ServeConfigWire;
 use bc_core::api::nodes::{self as api, CommandState};
 use bc_mod_nodes::methods as nodes;
-use bc_store::Store;
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use std::net::SocketAddr;
@@ -34,37 +32,15 @@ struct ApiArgs {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Print the control plane's systemd unit (`better-compute unit > /etc/systemd/system/better-compute.service`).
+    Unit,
     /// Apply the embedded database migrations (once per deploy).
     Migrate {
         #[arg(long, env = "BC_DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
     /// Serve the given roles.
-    Serve {
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Comma-separated: api,gateway,controllers,scheduler,sinks,iam (or all).
-        #[arg(long)]
-        roles: Option<String>,
-        #[arg(long, env = "BC_DATABASE_URL", hide_env_values = true)]
-        database_url: Option<String>,
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        #[arg(long)]
-        trust_domain: Option<String>,
-        #[arg(long)]
-        api_listen: Option<String>,
-        #[arg(long)]
-        gateway_listen: Option<String>,
-        /// A DNS name or IP address for the gateway certificate (repeatable).
-        #[arg(long = "gateway-host")]
-        gateway_hosts: Vec<String>,
-        #[arg(long)]
-        gateway_url: Option<String>,
-        /// Do not run migrations at start (they are run by `migrate` in the deploy).
-        #[arg(long)]
-        no_migrate: bool,
-    },
+    Serve(bc_control::serve_cli::ServeArgs),
     /// Everything in one process on a private PostgreSQL under --data-dir. No other setup.
     Dev {
         #[arg(long, default_value = ".bc-dev")]
@@ -260,7 +236,8 @@ fn parse_ttl(s: &str) -> anyhow::Result<i64> {
     Ok(n * mult)
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    bc_proto::runtime::quiet_broken_pipe();
     bc_proto::install_crypto_provider();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -268,33 +245,39 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info,sqlx=warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(bc_proto::runtime::ansi())
         .init();
     let cli = Cli::parse();
-    let rt = bc_proto::runtime::build(None)?;
-    rt.block_on(run(cli))
-}
-
-async fn connect(url: &str) -> anyhow::Result<Store> {
-    let pool = bc_store::sqlx::postgres::PgPoolOptions::new()
-        .max_connections(64)
-        .connect(url)
-        .await
-        .context("connecting to PostgreSQL")?;
-    Ok(Store::new(pool))
+    let result = bc_proto::runtime::build(None)
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(run(cli)));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // One line with the cause chain, no backtrace: these are the operator's errors to act on (exit 1; clap
+        // exits 2 for a usage error before this).
+        Err(e) => {
+            eprintln!("better-compute: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Migrate { database_url } => {
-            let store = connect(&database_url).await?;
+            let store = bc_control::serve_cli::connect(&database_url).await?;
             let n = bc_store::migrate::migrate(store.pool()).await?;
             println!("applied {n} migration(s)");
         }
         Command::BootstrapAdmin { database_url } => {
-            let store = connect(&database_url).await?;
+            let store = bc_control::serve_cli::connect(&database_url).await?;
             println!("{}", bc_control::bootstrap_admin(&store).await?);
         }
-        command @ Command::Serve { .. } => serve(command).await?,
+        Command::Unit => print!(
+            "{}",
+            include_str!("../../../packaging/systemd/better-compute.service")
+        ),
+        Command::Serve(args) => bc_control::serve_cli::serve(args).await?,
         Command::Dev {
             data_dir,
             api_listen,
@@ -689,71 +672,5 @@ async fn commands(client: &ApiClient, command: CommandsCommand) -> anyhow::Resul
             }
         }
     }
-    Ok(())
-}
-
-/// `better-compute serve`: the configured roles until a shutdown signal.
-async fn serve(command: Command) -> anyhow::Result<()> {
-    let Command::Serve {
-        config,
-        roles,
-        database_url,
-        state_dir,
-        trust_domain,
-        api_listen,
-        gateway_listen,
-        gateway_hosts,
-        gateway_url,
-        no_migrate,
-    } = command
-    else {
-        anyhow::bail!("serve: not a serve command");
-    };
-    let (base, origin) = match &config {
-        Some(p) => (ServeConfigWire::from_file(p)?, p.display().to_string()),
-        None => (ServeConfigWire::default(), "command line".to_string()),
-    };
-    let cfg = base
-        .overlay(ServeConfigWire {
-            state_dir,
-            database_url,
-            trust_domain,
-            roles,
-            api_listen,
-            gateway_listen,
-            gateway_hosts: (!gateway_hosts.is_empty()).then_some(gateway_hosts),
-            gateway_url,
-            shard_lease_ms: None,
-            telemetry: None,
-            capacity: None,
-        })
-        .validate(&origin)?;
-    let url = cfg.database_url.clone().context(
-        "INVALID_CONFIG: database_url is required (flag --database-url or BC_DATABASE_URL)",
-    )?;
-    let store = connect(&url).await?;
-    if !no_migrate {
-        bc_store::migrate::migrate(store.pool()).await?;
-    }
-    let mut running = bc_control::start(&cfg, store).await?;
-    let stop = bc_proto::runtime::shutdown_signal();
-    println!(
-        "serving: api={} gateway={} ca_pin={} join_key={}",
-        running
-            .api_addr
-            .map(|a| a.to_string())
-            .unwrap_or_else(|| "-".into()),
-        running
-            .gateway_addr
-            .map(|a| a.to_string())
-            .unwrap_or_else(|| "-".into()),
-        running.ca_pin,
-        running.join_public_key
-    );
-    tokio::select! {
-        _ = stop => {}
-        _ = running.wait_any() => tracing::error!("a role stopped on its own"),
-    }
-    running.shutdown().await;
     Ok(())
 }

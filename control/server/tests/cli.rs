@@ -90,3 +90,58 @@ fn second_dev_reuses_the_same_data() {
     // Not a performance assertion (that is scripts/bench): a sanity bound far above the 3 s goal.
     assert!(ready < Duration::from_secs(30), "dev took {ready:?}");
 }
+
+/// Issue 17: a reader that goes away (`better-compute … | head -1`) ends the CLI quietly with 141, as SIGPIPE
+/// would, where `println!` used to panic ("failed printing to stdout: Broken pipe") and exit 101.
+#[test]
+fn a_closed_stdout_ends_the_cli_quietly() {
+    let mut child = Command::new(BIN)
+        .arg("unit")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // The read end closes before the child's first write.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(141), "{out:?}");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 17: exit codes and errors a script can act on. A usage error exits 2 (clap); an operational error exits 1
+/// with one line naming the cause and no backtrace; an unreachable database is named at once, not after the pool's
+/// 30 s of silence ending in "pool timed out".
+#[test]
+fn errors_exit_1_in_one_line_and_an_unreachable_database_is_named_at_once() {
+    let out = Command::new(BIN)
+        .args(["nodes", "list", "--no-such-flag"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let t0 = Instant::now();
+    let out = Command::new(BIN)
+        .args(["migrate", "--database-url"])
+        .arg(format!("postgres://x:secret@127.0.0.1:{port}/db"))
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("run");
+    let took = t0.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(took < Duration::from_secs(5), "took {took:?}: {err}");
+    assert!(
+        err.starts_with("better-compute: error: connecting to PostgreSQL")
+            && err.contains("refused")
+            && err.lines().count() == 1
+            && !err.contains("secret"),
+        "{err}"
+    );
+}
