@@ -2,6 +2,7 @@
 
 use anyhow::Context as _;
 use bc_control::client::ApiClient;
+use bc_control::output::{self, Format, Table};
 use bc_core::api::nodes::{self as api, CommandState};
 use bc_mod_nodes::methods as nodes;
 use clap::{Parser, Subcommand};
@@ -20,14 +21,34 @@ struct Cli {
     command: Command,
 }
 
+/// The flags of every command that calls the API; they go anywhere after the group (`nodes list --api-key X`).
 #[derive(clap::Args)]
 struct ApiArgs {
-    /// Control-plane API URL.
-    #[arg(long, env = "BC_API_URL", default_value = "http://127.0.0.1:7080")]
-    api_url: String,
-    /// API key (bcak_…).
-    #[arg(long, env = "BC_API_KEY", hide_env_values = true)]
-    api_key: String,
+    /// Control-plane API URL [default: the context's, else http://127.0.0.1:7080].
+    #[arg(long, env = "BC_API_URL", global = true)]
+    api_url: Option<String>,
+    /// API key (bcak_…) [default: the context's].
+    #[arg(long, env = "BC_API_KEY", hide_env_values = true, global = true)]
+    api_key: Option<String>,
+    /// A context of the CLI profile ($BC_CONFIG, else ~/.config/better-compute/config.toml) [default: its
+    /// `current`].
+    #[arg(long, env = "BC_CONTEXT", global = true)]
+    context: Option<String>,
+    /// How reads print: table, wide, json or yaml (JSON and YAML: the API's answer, times as RFC 3339).
+    #[arg(short, long, value_enum, default_value_t, global = true)]
+    output: bc_control::output::Format,
+}
+
+impl ApiArgs {
+    fn client(&self) -> anyhow::Result<ApiClient> {
+        let r = bc_control::profile::resolve(
+            self.api_url.clone(),
+            self.api_key.clone(),
+            self.context.as_deref(),
+            bc_control::profile::default_path().as_deref(),
+        )?;
+        Ok(ApiClient::new(&r.api_url, &r.api_key))
+    }
 }
 
 #[derive(Subcommand)]
@@ -314,46 +335,50 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .await?;
         }
         Command::JoinTokens { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            join_tokens(&client, command).await?;
+            let client = api.client()?;
+            join_tokens(&client, api.output, command).await?;
         }
         Command::Sites { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            bc_control::site_cli::sites(&client, command).await?;
+            let client = api.client()?;
+            bc_control::site_cli::sites(&client, api.output, command).await?;
         }
         Command::SiteTokens { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            bc_control::site_cli::site_tokens(&client, command).await?;
+            let client = api.client()?;
+            bc_control::site_cli::site_tokens(&client, api.output, command).await?;
         }
         Command::Machines { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            bc_control::site_cli::machines(&client, command).await?;
+            let client = api.client()?;
+            bc_control::site_cli::machines(&client, api.output, command).await?;
         }
         Command::Secrets { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            bc_control::site_cli::secrets(&client, command).await?;
+            let client = api.client()?;
+            bc_control::site_cli::secrets(&client, api.output, command).await?;
         }
         Command::Artifacts { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            bc_control::site_cli::artifacts(&client, command).await?;
+            let client = api.client()?;
+            bc_control::site_cli::artifacts(&client, api.output, command).await?;
         }
         Command::Reservations { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            reservations(&client, command).await?;
+            let client = api.client()?;
+            reservations(&client, api.output, command).await?;
         }
         Command::Nodes { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            nodes(&client, command).await?;
+            let client = api.client()?;
+            nodes(&client, api.output, command).await?;
         }
         Command::Commands { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            commands(&client, command).await?;
+            let client = api.client()?;
+            commands(&client, api.output, command).await?;
         }
     }
     Ok(())
 }
 
-async fn join_tokens(client: &ApiClient, command: JoinTokenCommand) -> anyhow::Result<()> {
+async fn join_tokens(
+    client: &ApiClient,
+    out: Format,
+    command: JoinTokenCommand,
+) -> anyhow::Result<()> {
     match command {
         JoinTokenCommand::Create {
             pool,
@@ -387,16 +412,24 @@ async fn join_tokens(client: &ApiClient, command: JoinTokenCommand) -> anyhow::R
             let v = client
                 .method::<nodes::ListJoinTokensMethod>(&api::ListJoinTokens { pool })
                 .await?;
-            println!(
-                "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
-                "ID", "POOL", "LEFT", "TOTAL", "REVOKED", "RECLAIM"
-            );
-            for t in v.tokens {
-                println!(
-                    "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
-                    t.id, t.pool_id, t.uses_left, t.uses_total, t.revoked, t.reclaim
-                );
-            }
+            let now = output::now_ms();
+            output::print(out, &v, || {
+                let mut t = Table::new(&["ID", "POOL", "LEFT", "TOTAL", "REVOKED", "EXPIRES"])
+                    .wide(&["RECLAIM", "AGE"]);
+                for k in &v.tokens {
+                    t.row(vec![
+                        k.id.clone(),
+                        k.pool_id.to_string(),
+                        k.uses_left.to_string(),
+                        k.uses_total.to_string(),
+                        k.revoked.to_string(),
+                        output::age(Some(k.expires_at_ms), now),
+                        k.reclaim.to_string(),
+                        output::age(Some(k.created_at_ms), now),
+                    ]);
+                }
+                t
+            })?;
         }
         JoinTokenCommand::Revoke { id } => {
             client
@@ -425,19 +458,35 @@ async fn call_typed<M: bc_kernel::ApiMethod>(
     })
 }
 
-fn print_reservation(r: &bc_core::api::capacity::Reservation) {
-    let gpus: Vec<String> = r
-        .gpus
-        .iter()
-        .map(|g| format!("{}:{}", g.node, g.uuid))
-        .collect();
-    println!(
-        "{:<40} {:<10} {:<9} {}",
-        r.id,
-        r.tenant,
-        r.state,
-        gpus.join(" ")
-    );
+/// The reservations table: one row each.
+fn reservation_table<'a>(
+    rows: impl IntoIterator<Item = &'a bc_core::api::capacity::Reservation>,
+) -> Table {
+    let now = output::now_ms();
+    let mut t = Table::new(&["ID", "TENANT", "STATE", "GPUS", "AGE", "EXPIRES"])
+        .wide(&["POOL", "NODE:GPU"]);
+    for r in rows {
+        let gpus: Vec<String> = r
+            .gpus
+            .iter()
+            .map(|g| format!("{}:{}", g.node, g.uuid))
+            .collect();
+        t.row(vec![
+            r.id.to_string(),
+            r.tenant.to_string(),
+            r.state.to_string(),
+            r.gpus.len().to_string(),
+            output::age(Some(r.created_at_ms), now),
+            output::age(r.expires_at_ms, now),
+            r.request
+                .pool
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            gpus.join(","),
+        ]);
+    }
+    t
 }
 
 fn pool_id(s: &str) -> anyhow::Result<bc_core::ids::PoolId> {
@@ -450,7 +499,11 @@ fn node_ref(id: &str) -> anyhow::Result<api::NodeRef> {
     })
 }
 
-async fn reservations(client: &ApiClient, command: ReservationCommand) -> anyhow::Result<()> {
+async fn reservations(
+    client: &ApiClient,
+    out: Format,
+    command: ReservationCommand,
+) -> anyhow::Result<()> {
     use bc_core::api::capacity::{CreateReservation, ListReservations, ReservationById};
     use bc_mod_capacity::admission::{
         CreateReservationMethod, GetReservationMethod, ListReservationsMethod,
@@ -485,7 +538,9 @@ async fn reservations(client: &ApiClient, command: ReservationCommand) -> anyhow
                 idempotency_key,
             };
             let answer = call_typed::<CreateReservationMethod>(client, &request).await?;
-            print_reservation(&answer.reservation.reservation);
+            output::print(out, &answer, || {
+                reservation_table([&answer.reservation.reservation])
+            })?;
         }
         ReservationCommand::List { tenant } => {
             let request = ListReservations {
@@ -493,15 +548,18 @@ async fn reservations(client: &ApiClient, command: ReservationCommand) -> anyhow
                 limit: None,
             };
             let list = call_typed::<ListReservationsMethod>(client, &request).await?;
-            for r in &list.reservations {
-                print_reservation(&r.reservation);
-            }
+            output::print(out, &list, || {
+                reservation_table(list.reservations.iter().map(|r| &r.reservation))
+            })?;
         }
         ReservationCommand::Show { id } => {
             let answer = call_typed::<GetReservationMethod>(client, &by_id(&id)?).await?;
+            if out != Format::Table && out != Format::Wide {
+                return output::print(out, &answer, Table::default);
+            }
             let shown = &answer.reservation;
             let r = &shown.reservation;
-            print_reservation(r);
+            print!("{}", reservation_table([r]).render(out == Format::Wide));
             if let Some(e) = &r.error {
                 println!("error: {e}");
             }
@@ -520,11 +578,12 @@ async fn reservations(client: &ApiClient, command: ReservationCommand) -> anyhow
                     );
                 }
             }
-            println!("{}", serde_json::to_string_pretty(shown)?);
         }
         ReservationCommand::Release { id } => {
             let answer = call_typed::<ReleaseReservationMethod>(client, &by_id(&id)?).await?;
-            print_reservation(&answer.reservation.reservation);
+            output::print(out, &answer, || {
+                reservation_table([&answer.reservation.reservation])
+            })?;
         }
     }
     Ok(())
@@ -538,41 +597,52 @@ fn delivery_name(d: bc_core::reservation::Delivery) -> &'static str {
     }
 }
 
-async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
+async fn nodes(client: &ApiClient, out: Format, command: NodeCommand) -> anyhow::Result<()> {
     match command {
         NodeCommand::List => {
             let v = client
                 .method::<nodes::ListNodesMethod>(&api::ListNodes {})
                 .await?;
-            let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
-            println!(
-                "{:<38} {:<10} {:<10} {:<7} {:>5} {:>9} {:<20}",
-                "NODE", "POOL", "STATE", "ONLINE", "GPUS", "SEEN", "HOSTNAME"
-            );
-            for n in &v.nodes {
-                let seen = n
-                    .last_seen_ms
-                    .map(|t| format!("{}s ago", (now - t).max(0) / 1000))
-                    .unwrap_or_else(|| "never".into());
-                println!(
-                    "{:<38} {:<10} {:<10} {:<7} {:>5} {:>9} {:<20}",
-                    n.id.as_str(),
-                    n.pool_id.as_str(),
-                    n.state.as_str(),
-                    if n.online { "yes" } else { "no" },
-                    n.gpu_count(),
-                    seen,
-                    n.hostname()
-                );
-            }
+            let now = output::now_ms();
+            output::print(out, &v, || {
+                let mut t = Table::new(&[
+                    "NODE", "POOL", "STATE", "ONLINE", "GPUS", "SEEN", "HOSTNAME",
+                ])
+                .wide(&["EPOCH", "GENERATION", "CONDITIONS"]);
+                for n in &v.nodes {
+                    t.row(vec![
+                        n.id.to_string(),
+                        n.pool_id.to_string(),
+                        n.state.as_str().to_string(),
+                        if n.online { "yes" } else { "no" }.to_string(),
+                        n.gpu_count().to_string(),
+                        n.last_seen_ms
+                            .map_or_else(|| "never".to_string(), |t| output::age(Some(t), now)),
+                        n.hostname().to_string(),
+                        n.session_epoch.to_string(),
+                        format!("{}/{}", n.acked_generation, n.desired_generation),
+                        n.conditions.len().to_string(),
+                    ]);
+                }
+                t
+            })?;
         }
         NodeCommand::Show { id } => {
             let v = client
                 .method::<nodes::GetNodeMethod>(&node_ref(&id)?)
                 .await?;
+            if out != Format::Table && out != Format::Wide {
+                return output::print(out, &v, Table::default);
+            }
             let n = &v.node;
             println!("node {}  pool {}  state {}", n.id, n.pool_id, n.state);
-            let seen = n.last_seen_ms.map_or("never".into(), |t| t.to_string());
+            let seen = n.last_seen_ms.map_or("never".into(), |t| {
+                format!(
+                    "{} ago ({})",
+                    output::age(Some(t), output::now_ms()),
+                    output::rfc3339(t)
+                )
+            });
             println!(
                 "online {}  last seen {seen}  epoch {}",
                 n.online, n.session_epoch
@@ -598,7 +668,6 @@ async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
             for g in gpus.iter().flat_map(|s| &s.gpus) {
                 println!("gpu {} {} {}", g.index, g.uuid, g.model);
             }
-            println!("{}", serde_json::to_string_pretty(&v)?);
         }
         NodeCommand::Drain { id } => {
             client
@@ -640,7 +709,7 @@ async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn commands(client: &ApiClient, command: CommandsCommand) -> anyhow::Result<()> {
+async fn commands(client: &ApiClient, out: Format, command: CommandsCommand) -> anyhow::Result<()> {
     match command {
         CommandsCommand::Show { id, wait } => {
             let request = api::CommandRef {
@@ -653,7 +722,7 @@ async fn commands(client: &ApiClient, command: CommandsCommand) -> anyhow::Resul
                     .await?
                     .command;
                 if !wait || c.state.is_finished() {
-                    println!("{}", serde_json::to_string_pretty(&c)?);
+                    print_command(out, &c)?;
                     if matches!(c.state, CommandState::Failed | CommandState::Expired) {
                         anyhow::bail!(
                             "command {id} {}: {}",
@@ -671,6 +740,33 @@ async fn commands(client: &ApiClient, command: CommandsCommand) -> anyhow::Resul
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
         }
+    }
+    Ok(())
+}
+
+/// A command as `commands show` prints it: its fields (table), or the API's answer (json, yaml).
+fn print_command(out: Format, c: &api::Command) -> anyhow::Result<()> {
+    if out != Format::Table && out != Format::Wide {
+        return output::print(out, c, Table::default);
+    }
+    let now = output::now_ms();
+    println!(
+        "command {}  node {}  kind {}  state {}",
+        c.id, c.node_id, c.kind, c.state
+    );
+    println!(
+        "created {} ago  deadline {}",
+        output::age(Some(c.created_ms), now),
+        output::age(Some(c.deadline_ms), now)
+    );
+    if let Some(p) = &c.progress {
+        println!("progress: {p}");
+    }
+    if let Some(e) = &c.error {
+        println!("error: {e}");
+    }
+    if let Some(r) = &c.result {
+        println!("result:\n{}", serde_json::to_string_pretty(r)?);
     }
     Ok(())
 }
