@@ -35,9 +35,9 @@ pub enum SiteCommand {
     Run {
         #[arg(long, default_value = "/etc/bcd/bcd.toml")]
         agent_config: PathBuf,
-        /// Boot lease length in seconds (renewed every third of it).
-        #[arg(long, default_value_t = 15)]
-        lease_ttl: u64,
+        /// Boot lease length, e.g. 15s (renewed every third of it).
+        #[arg(long, default_value = "15s", value_parser = bc_proto::duration::parse)]
+        lease_ttl: std::time::Duration,
         #[command(flatten)]
         overrides: Overrides,
     },
@@ -334,7 +334,7 @@ async fn site_run(
     path: &Path,
     agent_path: &Path,
     agent: crate::config::Config,
-    lease_ttl: u64,
+    lease_ttl: std::time::Duration,
 ) -> anyhow::Result<()> {
     use bcd_site::serve;
     let config = serve::SiteConfig::from_file(path)?;
@@ -352,7 +352,7 @@ async fn site_run(
     let site_agent = crate::site::SiteAgent::new(
         agent,
         crate::site::SiteAgentOptions {
-            lease_ttl: std::time::Duration::from_secs(lease_ttl.max(1)),
+            lease_ttl: lease_ttl.max(std::time::Duration::from_secs(1)),
             artifacts: Some(config.artifacts.clone()),
             cache_max_bytes: config.cache_max_bytes,
             ..Default::default()

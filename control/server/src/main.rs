@@ -134,6 +134,12 @@ enum Command {
         #[command(subcommand)]
         command: bc_control::site_cli::ArtifactCommand,
     },
+    /// What nodes and operators need to trust and reach this control plane: CA pin, join key, gateway URL,
+    /// trust domain, and the server's and this CLI's versions.
+    Info {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// Reservations: create, list, show, release.
     Reservations {
         #[command(flatten)]
@@ -158,8 +164,8 @@ enum ReservationCommand {
         #[arg(long, default_value = "node")]
         topology: String,
         /// How long: 90s, 30m, 24h, 7d.
-        #[arg(long, default_value = "1h")]
-        duration: String,
+        #[arg(long, default_value = "1h", value_parser = bc_proto::duration::parse)]
+        duration: std::time::Duration,
         /// The pool to book in (required when the control plane places by pool).
         #[arg(long)]
         pool: Option<String>,
@@ -188,8 +194,8 @@ enum JoinTokenCommand {
         #[arg(long, default_value_t = 1)]
         uses: i32,
         /// Lifetime: 90s, 30m, 24h, 7d.
-        #[arg(long, default_value = "24h")]
-        ttl: String,
+        #[arg(long, default_value = "24h", value_parser = bc_proto::duration::parse)]
+        ttl: std::time::Duration,
         /// Hardware the joining node must match, e.g. --expect gpu.count=8 (repeatable).
         #[arg(long = "expect", value_name = "CLAIM=VALUE")]
         expect: Vec<String>,
@@ -213,8 +219,10 @@ enum NodeCommand {
     /// One node: state, conditions, GPUs, inventory, last seen.
     Show { id: String },
     /// Stop handing out this node's GPUs: once this returns no new booking lands on it (existing ones stay).
+    #[command(visible_alias = "cordon")]
     Drain { id: String },
     /// Hand out a drained node's GPUs again.
+    #[command(visible_alias = "uncordon")]
     Undrain { id: String },
     /// Refuse this node's identity from now on (its session is closed within a liveness interval).
     Revoke { id: String },
@@ -225,9 +233,9 @@ enum NodeCommand {
         /// Arguments: a JSON object (at most 64 KiB), e.g. '{"disks": ["vda"]}'.
         #[arg(long, default_value = "{}")]
         args: String,
-        /// Seconds until the command expires unanswered.
-        #[arg(long, default_value_t = 600)]
-        timeout: u64,
+        /// How long until the command expires unanswered: 90s, 10m, 1h.
+        #[arg(long, default_value = "10m", value_parser = bc_proto::duration::parse)]
+        timeout: std::time::Duration,
     },
 }
 
@@ -240,21 +248,6 @@ enum CommandsCommand {
         #[arg(long)]
         wait: bool,
     },
-}
-
-fn parse_ttl(s: &str) -> anyhow::Result<i64> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, 's')) => (&s[..i], 1),
-        Some((i, 'm')) => (&s[..i], 60),
-        Some((i, 'h')) => (&s[..i], 3600),
-        Some((i, 'd')) => (&s[..i], 86_400),
-        _ => (s, 1),
-    };
-    let n: i64 = num
-        .parse()
-        .with_context(|| format!("--ttl {s:?}: expected a number with s, m, h or d"))?;
-    Ok(n * mult)
 }
 
 fn main() -> std::process::ExitCode {
@@ -358,6 +351,26 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let client = api.client()?;
             bc_control::site_cli::artifacts(&client, api.output, command).await?;
         }
+        Command::Info { api } => {
+            let client = api.client()?;
+            let i = client
+                .method::<bc_control::plane::InfoMethod>(&bc_core::api::system::Nothing {})
+                .await?;
+            output::print(api.output, &i, || {
+                let mut t = Table::new(&["FIELD", "VALUE"]);
+                for (k, v) in [
+                    ("trust domain", i.trust_domain.as_str()),
+                    ("CA pin", i.ca_pin.as_str()),
+                    ("join key", i.join_public_key.as_str()),
+                    ("gateway URL", i.gateway_url.as_str()),
+                    ("server version", i.version.as_str()),
+                    ("CLI version", env!("CARGO_PKG_VERSION")),
+                ] {
+                    t.row(vec![k.to_string(), v.to_string()]);
+                }
+                t
+            })?;
+        }
         Command::Reservations { api, command } => {
             let client = api.client()?;
             reservations(&client, api.output, command).await?;
@@ -396,7 +409,8 @@ async fn join_tokens(
                 .method::<nodes::CreateJoinTokenMethod>(&api::CreateJoinToken {
                     pool: pool_id(&pool)?,
                     uses,
-                    ttl_seconds: parse_ttl(&ttl)?,
+                    ttl_seconds: i64::try_from(ttl.as_secs())
+                        .map_err(|_| anyhow::anyhow!("--ttl is too long"))?,
                     expect: bc_core::join::Expectations(exp),
                     reclaim,
                 })
@@ -532,7 +546,7 @@ async fn reservations(
                 gpus,
                 model,
                 topology,
-                duration_s: u32::try_from(parse_ttl(&duration)?)
+                duration_s: u32::try_from(duration.as_secs())
                     .map_err(|_| anyhow::anyhow!("--duration {duration:?} is too long"))?,
                 pool,
                 idempotency_key,
@@ -700,7 +714,7 @@ async fn nodes(client: &ApiClient, out: Format, command: NodeCommand) -> anyhow:
                     node_id: bc_core::ids::NodeId::parse(&node)?,
                     kind,
                     args,
-                    timeout_s: timeout,
+                    timeout_s: timeout.as_secs(),
                 })
                 .await?;
             println!("{}", queued.id);

@@ -79,9 +79,9 @@ pub enum SiteTokenCommand {
         /// One per site agent (an active one and a standby: 2).
         #[arg(long, default_value_t = 2)]
         uses: i32,
-        /// Lifetime in seconds.
-        #[arg(long, default_value_t = 86_400)]
-        ttl_seconds: i64,
+        /// Lifetime: 90s, 30m, 24h, 7d.
+        #[arg(long, default_value = "24h", value_parser = bc_proto::duration::parse)]
+        ttl: std::time::Duration,
     },
     List {
         #[arg(long)]
@@ -199,16 +199,13 @@ pub async fn site_tokens(
     command: SiteTokenCommand,
 ) -> anyhow::Result<()> {
     match command {
-        SiteTokenCommand::Create {
-            site,
-            uses,
-            ttl_seconds,
-        } => {
+        SiteTokenCommand::Create { site, uses, ttl } => {
             let v = client
                 .method::<CreateSiteToken>(&CreateSiteTokenRequest {
                     site: site_arg(&site)?,
                     uses,
-                    ttl_seconds,
+                    ttl_seconds: i64::try_from(ttl.as_secs())
+                        .map_err(|_| anyhow::anyhow!("--ttl is too long"))?,
                 })
                 .await?;
             println!("{}", v.token);

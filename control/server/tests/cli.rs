@@ -122,6 +122,14 @@ fn errors_exit_1_in_one_line_and_an_unreachable_database_is_named_at_once() {
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2), "{out:?}");
+    // One duration syntax: a bare number is a usage error that says how to write it.
+    let out = Command::new(BIN)
+        .args(["join-tokens", "create", "--ttl", "600", "--api-key", "k"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("write 600s"), "{err}");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("port")

@@ -713,6 +713,17 @@ async fn the_cli_prints_tables_json_and_yaml_and_takes_flags_anywhere_and_contex
     assert!(v["nodes"][0].get("joined_at_ms").is_none(), "{v}");
     let yaml = ok(&["reservations", "list", "-o", "yaml"]);
     assert!(yaml.starts_with("reservations:\n- "), "{yaml}");
+    // `info`: what a node or operator needs to trust and reach the control plane, and the versions.
+    let info = ok(&["info"]);
+    assert!(
+        info.starts_with("FIELD ") && info.contains("CA pin") && info.contains("sha256:"),
+        "{info}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&ok(&["info", "-o", "json"])).expect("json");
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"), "{v}");
+    // `cordon` is drain's kubectl name.
+    assert!(ok(&["nodes", "cordon", "n-1"]).contains("draining n-1"));
+    assert!(ok(&["nodes", "uncordon", "n-1"]).contains("undrained n-1"));
     // The flags before the subcommand work too.
     let out = run(
         &["nodes", "--api-key", &key, "--api-url", &f.url, "list"],
