@@ -90,6 +90,11 @@ pub enum Command {
         #[command(flatten)]
         overrides: Overrides,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell), e.g.
+    /// `bcd completion bash > /etc/bash_completion.d/bcd`.
+    Completion { shell: clap_complete::Shell },
+    /// Print the man page (roff), e.g. `bcd man > /usr/share/man/man1/bcd.1`.
+    Man,
     /// Print the systemd unit of a role to stdout (`bcd unit > /etc/systemd/system/bcd.service`): the node
     /// daemon's (`bcd run`) or the site agent's (`bcd site run`). scripts/install.sh installs the node's this way.
     Unit {
@@ -273,6 +278,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         #[cfg(feature = "site")]
         Command::Site { command } => {
             crate::site::cli::run(command, cli.config, cli.state_dir).await?
+        }
+        Command::Completion { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(shell, &mut Cli::command(), "bcd", &mut std::io::stdout());
+        }
+        Command::Man => {
+            use clap::CommandFactory as _;
+            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
         }
         Command::Unit { role, cdi_dir } => print!("{}", unit(role, cdi_dir.as_deref())?),
         Command::Status => {

@@ -53,6 +53,11 @@ impl ApiArgs {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell), e.g.
+    /// `better-compute completion bash > /etc/bash_completion.d/better-compute`.
+    Completion { shell: clap_complete::Shell },
+    /// Print the man page (roff), e.g. `better-compute man > /usr/share/man/man1/better-compute.1`.
+    Man,
     /// Print the control plane's systemd unit (`better-compute unit > /etc/systemd/system/better-compute.service`).
     Unit,
     /// Apply the embedded database migrations (once per deploy).
@@ -286,6 +291,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::BootstrapAdmin { database_url } => {
             let store = bc_control::serve_cli::connect(&database_url).await?;
             println!("{}", bc_control::bootstrap_admin(&store).await?);
+        }
+        Command::Completion { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "better-compute",
+                &mut std::io::stdout(),
+            );
+        }
+        Command::Man => {
+            use clap::CommandFactory as _;
+            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
         }
         Command::Unit => print!(
             "{}",

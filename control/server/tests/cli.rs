@@ -153,3 +153,39 @@ fn errors_exit_1_in_one_line_and_an_unreachable_database_is_named_at_once() {
         "{err}"
     );
 }
+
+/// Issue 17: shell completions and the man page come from the parser itself, so they cannot drift from it: bash
+/// loads the completion script and registers it for `better-compute`; the man page is roff naming the commands.
+#[test]
+fn completions_load_in_bash_and_the_man_page_is_roff() {
+    let out = Command::new(BIN)
+        .args(["completion", "bash"])
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let script = std::env::temp_dir().join(format!("bc-completion-{}.bash", std::process::id()));
+    std::fs::write(&script, &out.stdout).expect("write");
+    let loaded = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {} && complete -p better-compute",
+            script.display()
+        ))
+        .output();
+    let _ = std::fs::remove_file(&script);
+    match loaded {
+        Err(e) => println!("bash is not here to load the script ({e}); checked its text only"),
+        Ok(o) => assert!(
+            o.status.success() && String::from_utf8_lossy(&o.stdout).contains("better-compute"),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    }
+    let man = Command::new(BIN).arg("man").output().expect("run");
+    let text = String::from_utf8_lossy(&man.stdout);
+    assert!(man.status.success() && text.contains(".TH better-compute"), "{text}");
+    // roff spells a hyphen `\-`.
+    for command in ["reservations", "nodes", "join\\-tokens", "info"] {
+        assert!(text.contains(command), "the man page lacks {command}");
+    }
+}
