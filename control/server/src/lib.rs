@@ -228,7 +228,9 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     let lease = config.shard_lease.unwrap_or(config::DEFAULT_SHARD_LEASE);
     let mut options = bc_kernel::Options::new(worker.clone());
     options.shard_lease = lease;
-    options.migrate = false;
+    // The base schema is migrated before this (`migrate`, or `serve` without --no-migrate); the modules'
+    // migrations (numbered from 1000, e.g. instances' 1300) are applied here, once, under the migration lock.
+    options.migrate = true;
     let nodes = bc_mod_nodes::Config {
         ca: ca.clone(),
         sessions: sessions.clone(),
@@ -238,7 +240,8 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         .module(plane::module(store.clone()))
         .module(bc_mod_nodes::module(nodes))
         .module(capacity_module(config, &metrics))
-        .module(bc_mod_sites::module());
+        .module(bc_mod_sites::module())
+        .module(bc_mod_instances::module());
     if api.is_some() {
         builder = builder.resource(sites_state(config, &store, &ca, &sessions, &secrets));
         builder = builder.resource(api::ApiState {

@@ -63,15 +63,17 @@ fn range(field: &'static str, v: u32, lo: u32, hi: u32, unit: &str) -> Result<()
     }
 }
 
-/// RFC 1123 host name label(s): 1–63 of `a-z 0-9 -` per label, not starting or ending with `-`.
+/// A host name as bcd takes it: RFC 1123 labels of `a-z 0-9 -`, not starting or ending with `-`, at most 63
+/// characters in all.
 fn hostname_ok(h: &str) -> bool {
-    h.len() <= 253
+    h.len() <= 63
         && h.split('.').all(|l| {
             !l.is_empty()
                 && l.len() <= 63
                 && !l.starts_with('-')
                 && !l.ends_with('-')
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         })
 }
 
@@ -99,14 +101,29 @@ impl InstanceRequest {
                     return invalid("image.url", "must carry no user info");
                 }
                 if url.len() > 2048 || !url.bytes().all(|b| b.is_ascii_graphic()) {
-                    return invalid("image.url", "must be at most 2048 printable ASCII characters");
+                    return invalid(
+                        "image.url",
+                        "must be at most 2048 printable ASCII characters",
+                    );
                 }
             }
-            _ => return invalid("image.url", format!("{url:?} is not an http(s) URL with a host")),
+            _ => {
+                return invalid(
+                    "image.url",
+                    format!("{url:?} is not an http(s) URL with a host"),
+                );
+            }
         }
         let sha = &self.image.sha256;
-        if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-            return invalid("image.sha256", "must be 64 lowercase hex digits (the image file's SHA-256)");
+        if sha.len() != 64
+            || !sha
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return invalid(
+                "image.sha256",
+                "must be 64 lowercase hex digits (the image file's SHA-256)",
+            );
         }
         if let Some(u) = &self.user_data {
             if u.len() > 256 * 1024 {
@@ -117,16 +134,20 @@ impl InstanceRequest {
             }
         }
         if self.ssh_keys.len() > 32 {
-            return invalid("ssh_keys", format!("{} keys: at most 32", self.ssh_keys.len()));
-        }
-        if let Some(k) = self
-            .ssh_keys
-            .iter()
-            .find(|k| k.is_empty() || k.len() > 16 * 1024 || !k.bytes().all(|b| (0x20..0x7f).contains(&b)))
-        {
             return invalid(
                 "ssh_keys",
-                format!("{:?} is not one OpenSSH public key line of printable ASCII", k.chars().take(40).collect::<String>()),
+                format!("{} keys: at most 32", self.ssh_keys.len()),
+            );
+        }
+        if let Some(k) = self.ssh_keys.iter().find(|k| {
+            k.is_empty() || k.len() > 16 * 1024 || !k.bytes().all(|b| (0x20..0x7f).contains(&b))
+        }) {
+            return invalid(
+                "ssh_keys",
+                format!(
+                    "{:?} is not one OpenSSH public key line of printable ASCII",
+                    k.chars().take(40).collect::<String>()
+                ),
             );
         }
         if let Some(h) = &self.hostname
@@ -397,7 +418,12 @@ impl FreeAtoms {
 pub fn choose_node(candidates: &[FreeAtoms], r: &InstanceRequest) -> Vec<String> {
     let mut fit: Vec<&FreeAtoms> = candidates.iter().filter(|c| c.fits(r)).collect();
     fit.sort_by(|a, b| {
-        (a.vcpus, a.memory_mib, a.disk_gib, &a.node).cmp(&(b.vcpus, b.memory_mib, b.disk_gib, &b.node))
+        (a.vcpus, a.memory_mib, a.disk_gib, &a.node).cmp(&(
+            b.vcpus,
+            b.memory_mib,
+            b.disk_gib,
+            &b.node,
+        ))
     });
     fit.into_iter().map(|c| c.node.clone()).collect()
 }
