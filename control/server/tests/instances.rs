@@ -324,8 +324,8 @@ async fn capacity_exhausted_says_what_is_free_and_delete_gives_the_atoms_back() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gpu_is_never_booked_to_a_reservation_and_an_instance_at_once() {
-    // Two hosted nodes with 2 GPUs each.
-    let p = plane(2, 2).await;
+    // Two hosted nodes with 3 GPUs each.
+    let p = plane(2, 3).await;
     let a = p.tenant_user("team-a").await;
     let inst = a
         .call("instances", "create", body("team-a", 2, 2, "gpu"))
@@ -337,14 +337,15 @@ async fn a_gpu_is_never_booked_to_a_reservation_and_an_instance_at_once() {
         .to_string();
     let gpus: Vec<String> = serde_json::from_value(inst["instance"]["gpus"].clone()).expect("gpus");
     assert_eq!(gpus.len(), 2);
-    // Reservations get every other GPU of the fleet (the other hosted node's 2, the plain pool's 2), never these.
+    // Reservations get every other GPU of the fleet (the third of its node, the other hosted node's 3, the plain
+    // pool's 2), never these.
     let mut booked = Vec::new();
-    for i in 0..3 {
+    for i in 0..7 {
         let r = a
             .call(
                 "reservations",
                 "create",
-                json!({"tenant": "team-a", "gpus": 2, "duration_s": 600, "idempotency_key": format!("r{i}")}),
+                json!({"tenant": "team-a", "gpus": 1, "duration_s": 600, "idempotency_key": format!("r{i}")}),
             )
             .await;
         if let Ok(v) = &r {
@@ -353,7 +354,7 @@ async fn a_gpu_is_never_booked_to_a_reservation_and_an_instance_at_once() {
             }
         }
     }
-    assert_eq!(booked.len(), 4, "{booked:?}");
+    assert_eq!(booked.len(), 6, "{booked:?}");
     assert!(
         booked.iter().all(|g| !gpus.contains(g)),
         "{booked:?} vs {gpus:?}"
@@ -363,8 +364,10 @@ async fn a_gpu_is_never_booked_to_a_reservation_and_an_instance_at_once() {
         .call("instances", "create", body("team-a", 1, 1, "gpu2"))
         .await;
     assert_eq!(code(&r), "UNAVAILABLE");
-    // The instance's GPUs reach the node in its instances list, not as a booking.
+    // The instance's GPUs reach the node in its instances list, not as a booking (the node's bookings were
+    // published again when a reservation booked its third GPU).
     let (_, spec) = p.desired(&node).await;
+    assert_eq!(spec["bookings"].as_array().map(Vec::len), Some(1), "{spec}");
     assert_eq!(spec["instances"][0]["gpus"], json!(gpus), "{spec}");
     let in_bookings = spec["bookings"]
         .as_array()
