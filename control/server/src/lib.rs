@@ -13,6 +13,7 @@ pub mod client;
 pub mod config;
 pub mod dev;
 pub mod iam_api;
+pub mod instances_cli;
 pub use bc_mod_nodes::{join, lifecycle, methods as node_methods, session};
 pub mod notify;
 pub mod plane;

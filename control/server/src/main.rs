@@ -137,6 +137,13 @@ enum Command {
         #[command(subcommand)]
         command: bc_control::site_cli::ArtifactCommand,
     },
+    /// Instances (VMs on vps-host pools): create, show, list, stop, start, reboot, delete, set-pool.
+    Instances {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: bc_control::instances_cli::InstanceCommand,
+    },
     /// Reservations: create, list, show, release.
     Reservations {
         #[command(flatten)]
@@ -333,6 +340,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::JoinTokens { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);
             join_tokens(&client, command).await?;
+        }
+        Command::Instances { api, command } => {
+            let client = ApiClient::new(&api.api_url, &api.api_key);
+            bc_control::instances_cli::instances(&client, command).await?;
         }
         Command::Sites { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);
