@@ -199,6 +199,34 @@ async fn gateway(
 /// its listeners. Nothing blocks: the listeners are bound before this returns, so callers can print addresses and
 /// tests can connect at once. `store` must be migrated (`initialize` verifies it).
 pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartError> {
+    start_with(config, store, true).await
+}
+
+/// The migrations of the modules this binary composes (numbered from 1000: instances' 1300–1399), as bc-store's
+/// runner takes them beside the base schema's.
+pub fn module_migrations() -> Vec<bc_store::migrate::Migration> {
+    bc_mod_instances::MIGRATIONS
+        .iter()
+        .map(|m| bc_store::migrate::Migration {
+            version: m.version,
+            name: m.name,
+            sql: m.sql,
+        })
+        .collect()
+}
+
+/// Applies the pending migrations of the base schema and of the composed modules; returns how many ran.
+pub async fn migrate(store: &Store) -> Result<usize, bc_store::migrate::MigrateError> {
+    bc_store::migrate::migrate_with(store.pool(), &module_migrations()).await
+}
+
+/// Like [`start`]; with `migrate` false it only verifies that no migration is pending (`serve --no-migrate`: the
+/// deploy ran `better-compute migrate`), and refuses to start otherwise.
+pub async fn start_with(
+    config: &ServeConfig,
+    store: Store,
+    migrate: bool,
+) -> Result<Running, StartError> {
     let roles = role_set(&config.roles)?;
     let mut ca = Ca::load_or_create(&config.state_dir, &config.trust_domain)?;
     if let Some(l) = config.leaf_lifetime {
@@ -229,9 +257,9 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     let lease = config.shard_lease.unwrap_or(config::DEFAULT_SHARD_LEASE);
     let mut options = bc_kernel::Options::new(worker.clone());
     options.shard_lease = lease;
-    // The base schema is migrated before this (`migrate`, or `serve` without --no-migrate); the modules'
-    // migrations (numbered from 1000, e.g. instances' 1300) are applied here, once, under the migration lock.
-    options.migrate = true;
+    // Pending migrations (the base schema's and the modules', numbered from 1000) are applied in `initialize`,
+    // once, under the migration lock; `serve --no-migrate` only verifies that none is pending.
+    options.migrate = migrate;
     let nodes = bc_mod_nodes::Config {
         ca: ca.clone(),
         sessions: sessions.clone(),

@@ -294,7 +294,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Migrate { database_url } => {
             let store = connect(&database_url).await?;
-            let n = bc_store::migrate::migrate(store.pool()).await?;
+            let n = bc_control::migrate(&store).await?;
             println!("applied {n} migration(s)");
         }
         Command::BootstrapAdmin { database_url } => {
@@ -744,9 +744,9 @@ async fn serve(command: Command) -> anyhow::Result<()> {
     )?;
     let store = connect(&url).await?;
     if !no_migrate {
-        bc_store::migrate::migrate(store.pool()).await?;
+        bc_control::migrate(&store).await?;
     }
-    let mut running = bc_control::start(&cfg, store).await?;
+    let mut running = bc_control::start_with(&cfg, store, false).await?;
     let stop = bc_proto::runtime::shutdown_signal();
     println!(
         "serving: api={} gateway={} ca_pin={} join_key={}",

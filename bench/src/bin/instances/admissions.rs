@@ -40,7 +40,7 @@ pub async fn hosted_admissions() -> anyhow::Result<(f64, f64)> {
     let dir = tempfile::tempdir()?;
     let pg = EmbeddedPostgres::start(&dir.path().join("pg"), Durability::Durable)?;
     let pool = pg.pool("postgres", 8).await?;
-    bc_store::migrate::migrate(&pool).await?;
+    bc_control::migrate(&bc_store::Store::new(pool.clone())).await?;
     bc_store::testing::seed_gpu_nodes(&pool, "vps", "h", HOSTS, 0, "none").await?;
     bc_store::sqlx::query(
         "INSERT INTO inventory_sections (node_id, name, hash, payload) \
