@@ -6,7 +6,7 @@
 //! and publishes the node's desired state. Every later method changes only the instance's desired state.
 
 use crate::Instances;
-use crate::queries::{self, Admission, Change, NewInstance};
+use crate::queries::{self, Admission, Change, NewInstance, NodeLock};
 use bc_core::api::instances::{
     CreateInstance, Instance, InstanceAnswer, InstanceById, InstanceList, InstancePool,
     InstanceRequest, InstanceState, ListInstances, PoolClass, Power, SetInstancePool, choose_node,
@@ -14,6 +14,7 @@ use bc_core::api::instances::{
 };
 use bc_core::reservation::tenant_allowed;
 use bc_kernel::{ApiCode, ApiError, Caller, Cx, Method, Module, Scope};
+use std::time::Duration;
 
 bc_kernel::api_method!(
     /// `instances.create`.
@@ -48,8 +49,10 @@ bc_kernel::api_method!(
     pub SetInstancePoolMethod = "instances" / "set-pool": SetInstancePool => InstancePool
 );
 
-/// How many of the best-fitting nodes a placement tries (each rechecked under its lock) before it gives up.
-const PLACEMENT_TRIES: usize = 8;
+/// How many of the best-fitting nodes one round of a placement tries (each rechecked under its lock).
+const PLACEMENT_TRIES: usize = 64;
+/// How long a placement keeps trying while the nodes that fit are busy with other placements.
+const PLACEMENT_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Registers the methods on `module`.
 pub fn register(module: Module) -> Module {
@@ -205,50 +208,66 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
 }
 
 /// Tx 2: books the atoms of the best node that still fits under its lock, records the placement and publishes
-/// the node's desired state, in one transaction; with no node that fits, records why.
+/// the node's desired state, in one transaction; with no node that fits, records why. A node another placement
+/// holds is skipped; when every node that fits was busy, the placement tries again shortly, within
+/// [`PLACEMENT_DEADLINE`].
 async fn place(
     instances: &Instances,
     id: &str,
     req: &InstanceRequest,
 ) -> Result<Instance, ApiError> {
     let pool = instances.store.pool();
-    let candidates = {
-        let mut conn = pool.acquire().await.map_err(bc_store::StoreError::from)?;
-        queries::free_atoms(&mut conn, &req.pool, None).await?
-    };
-    for node in choose_node(&candidates, req)
-        .into_iter()
-        .take(PLACEMENT_TRIES)
-    {
-        let mut tx = pool.begin().await.map_err(bc_store::StoreError::from)?;
-        if !queries::lock_node(&mut tx, &node).await? {
-            continue;
-        }
-        let fits = queries::free_atoms(&mut tx, &req.pool, Some(&node))
-            .await?
-            .first()
-            .is_some_and(|f| f.fits(req));
-        if !fits {
-            continue;
-        }
-        let want = i64::from(req.gpus);
-        let gpus = queries::book_gpus(&mut tx, &node, id, want).await?;
-        if gpus.len() as i64 != want {
-            continue;
-        }
-        if !queries::mark_placed(&mut tx, id, &node, &gpus).await? {
-            // Another call placed (or the owner deleted) it meanwhile: what it did stands.
-            drop(tx);
+    let deadline = tokio::time::Instant::now() + PLACEMENT_DEADLINE;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let candidates = {
+            let mut conn = pool.acquire().await.map_err(bc_store::StoreError::from)?;
+            queries::free_atoms(&mut conn, &req.pool, None).await?
+        };
+        let mut busy = 0;
+        for node in choose_node(&candidates, req)
+            .into_iter()
+            .take(PLACEMENT_TRIES)
+        {
+            let mut tx = pool.begin().await.map_err(bc_store::StoreError::from)?;
+            match queries::lock_node(&mut tx, &node).await? {
+                NodeLock::Held => {}
+                NodeLock::Busy => {
+                    busy += 1;
+                    continue;
+                }
+                NodeLock::Gone => continue,
+            }
+            let fits = queries::free_atoms(&mut tx, &req.pool, Some(&node))
+                .await?
+                .first()
+                .is_some_and(|f| f.fits(req));
+            if !fits {
+                continue;
+            }
+            let want = i64::from(req.gpus);
+            let gpus = queries::book_gpus(&mut tx, &node, id, want).await?;
+            if gpus.len() as i64 != want {
+                continue;
+            }
+            if !queries::mark_placed(&mut tx, id, &node, &gpus).await? {
+                // Another call placed (or the owner deleted) it meanwhile: what it did stands.
+                drop(tx);
+                return read(instances, id).await;
+            }
+            queries::publish(&mut tx, &node).await?;
+            tx.commit().await.map_err(bc_store::StoreError::from)?;
+            tracing::debug!(instance = id, node = %node, gpus = gpus.len(), "instance placed");
             return read(instances, id).await;
         }
-        queries::publish(&mut tx, &node).await?;
-        tx.commit().await.map_err(bc_store::StoreError::from)?;
-        tracing::info!(instance = id, node = %node, gpus = gpus.len(), "instance placed");
-        return read(instances, id).await;
+        if busy == 0 || tokio::time::Instant::now() + pause > deadline {
+            let why = no_capacity(&req.pool, req, &candidates);
+            queries::mark_failed(pool, id, &why).await?;
+            return read(instances, id).await;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
     }
-    let why = no_capacity(&req.pool, req, &candidates);
-    queries::mark_failed(pool, id, &why).await?;
-    read(instances, id).await
 }
 
 async fn read(instances: &Instances, id: &str) -> Result<Instance, ApiError> {

@@ -266,15 +266,31 @@ pub async fn free_atoms(
         .collect())
 }
 
-/// Locks `node` for a placement (FOR UPDATE: placements on one node, and drains, take turns; the reservation
-/// placer's booking holds it FOR KEY SHARE). False when it is no longer adopted.
-pub async fn lock_node(conn: &mut PgConnection, node: &str) -> Result<bool, StoreError> {
+/// What [`lock_node`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeLock {
+    /// Locked for this transaction, and adopted.
+    Held,
+    /// Another transaction holds it (a concurrent placement, a drain, a reservation booking): try another.
+    Busy,
+    /// No longer adopted.
+    Gone,
+}
+
+/// Locks `node` for a placement (`FOR UPDATE SKIP LOCKED`: placements on one node, drains and the reservation
+/// placer's bookings, which hold it FOR KEY SHARE, take turns; a concurrent create moves on to another node
+/// instead of queueing behind this one).
+pub async fn lock_node(conn: &mut PgConnection, node: &str) -> Result<NodeLock, StoreError> {
     let state: Option<String> =
-        sqlx::query_scalar("SELECT state FROM nodes WHERE id = $1 FOR UPDATE")
+        sqlx::query_scalar("SELECT state FROM nodes WHERE id = $1 FOR UPDATE SKIP LOCKED")
             .bind(node)
             .fetch_optional(&mut *conn)
             .await?;
-    Ok(state.as_deref() == Some("adopted"))
+    Ok(match state.as_deref() {
+        Some("adopted") => NodeLock::Held,
+        Some(_) => NodeLock::Gone,
+        None => NodeLock::Busy,
+    })
 }
 
 /// Books `count` free GPUs of `node` for instance `id` (SKIP LOCKED: a reservation booking one at the same
