@@ -234,7 +234,13 @@ pub async fn free_atoms(
     pool_id: &str,
     node: Option<&str>,
 ) -> Result<Vec<FreeAtoms>, StoreError> {
-    let rows = sqlx::query(
+    // One node: by its primary key (a generic `$2 IS NULL OR n.id = $2` would read the whole pool again).
+    let only = if node.is_some() {
+        "n.id = $2"
+    } else {
+        "$2::text IS NULL"
+    };
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT n.id, \
            COALESCE((c.payload->>'threads')::bigint, 0) - COALESCE(u.vcpus, 0), \
            COALESCE((m.payload->>'total_bytes')::bigint / 1048576, 0) - COALESCE(u.memory_mib, 0), \
@@ -248,8 +254,8 @@ pub async fn free_atoms(
              WHERE k.node_id = n.id AND k.name = 'disks' AND NOT COALESCE((x->>'removable')::boolean, false)) d ON true \
          LEFT JOIN LATERAL (SELECT sum(vcpus)::bigint AS vcpus, sum(memory_mib)::bigint AS memory_mib, \
              sum(disk_gib)::bigint AS disk_gib FROM instances i WHERE i.node_id = n.id AND i.state = 'placed') u ON true \
-         WHERE n.pool_id = $1 AND n.state = 'adopted' AND ($2::text IS NULL OR n.id = $2)",
-    )
+         WHERE n.pool_id = $1 AND n.state = 'adopted' AND {only}"
+    )))
     .bind(pool_id)
     .bind(node)
     .fetch_all(&mut *conn)
