@@ -219,7 +219,7 @@ async fn main() -> anyhow::Result<()> {
     let pg = EmbeddedPostgres::start(&dir.path().join("pg"), Durability::Durable)?;
     let url = pg.url("postgres");
     let pool = pg.pool("postgres", 8).await?;
-    bc_store::migrate::migrate(&pool).await?;
+    bc_control::migrate(&bc_store::Store::new(pool.clone())).await?;
     let t = Instant::now();
     bc_store::testing::seed_gpu_nodes(&pool, "gpu", "n", NODES, GPUS, "NVIDIA H100 80GB HBM3")
         .await?;

@@ -9,7 +9,13 @@
 //! 2. The supervisor's overhead per running VM: this process's RSS and CPU (utime+stime) over a window with no VM,
 //!    then with BC_INSTANCES_VMS (2) VMs running after their cloud-init finished, per VM; beside each QEMU's RSS.
 //!
+//! 0. Instance admissions on a hosted pool of 1,000 nodes through the control plane ([`admissions`]): saturated
+//!    admissions/s, and latency percentiles at 500/s offered. BC_INSTANCES_ADMISSIONS_ONLY=1 stops after it.
+//!
 //! Ends with `instances: <s> s create-to-cloud-init median`. BC_INSTANCES_WINDOW: the measured window (30 s).
+
+#[path = "instances/admissions.rs"]
+mod admissions;
 
 use anyhow::{Context as _, bail};
 use bc_bench::{cpu_ticks, rss_kib};
@@ -144,6 +150,15 @@ fn peer_run(qemu: &Qemu, image: &Path, n: usize) -> anyhow::Result<f64> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
+    bc_proto::install_crypto_provider();
+    let (saturated, p99) = admissions::hosted_admissions().await?;
+    println!(
+        "instance admissions on 1,000 hosted nodes: {saturated:.0}/s saturated (goal ≥ 1,000/s), p99 {p99:.1} ms at \
+         500/s offered (goal < 25 ms)"
+    );
+    if std::env::var("BC_INSTANCES_ADMISSIONS_ONLY").as_deref() == Ok("1") {
+        return Ok(());
+    }
     let out = std::env::var_os("BC_IMAGES_OUT")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("images/out"))

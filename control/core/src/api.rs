@@ -8,6 +8,7 @@ use std::fmt;
 
 pub mod capacity;
 pub mod iam;
+pub mod instances;
 pub mod inventory;
 pub mod nodes;
 pub mod sites;

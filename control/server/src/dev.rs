@@ -64,8 +64,8 @@ pub async fn run(
     }
     admin_pool.close().await;
     let pool = pg.pool(DATABASE, 64).await?;
-    bc_store::migrate::migrate(&pool).await?;
     let store = Store::new(pool);
+    crate::migrate(&store).await?;
     store.ensure_root_tenant().await?;
     store
         .ensure_pool(

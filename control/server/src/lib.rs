@@ -13,6 +13,7 @@ pub mod client;
 pub mod config;
 pub mod dev;
 pub mod iam_api;
+pub mod instances_cli;
 pub use bc_mod_nodes::{join, lifecycle, methods as node_methods, session};
 pub mod notify;
 pub mod output;
@@ -201,6 +202,34 @@ async fn gateway(
 /// its listeners. Nothing blocks: the listeners are bound before this returns, so callers can print addresses and
 /// tests can connect at once. `store` must be migrated (`initialize` verifies it).
 pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartError> {
+    start_with(config, store, true).await
+}
+
+/// The migrations of the modules this binary composes (numbered from 1000: instances' 1300–1399), as bc-store's
+/// runner takes them beside the base schema's.
+pub fn module_migrations() -> Vec<bc_store::migrate::Migration> {
+    bc_mod_instances::MIGRATIONS
+        .iter()
+        .map(|m| bc_store::migrate::Migration {
+            version: m.version,
+            name: m.name,
+            sql: m.sql,
+        })
+        .collect()
+}
+
+/// Applies the pending migrations of the base schema and of the composed modules; returns how many ran.
+pub async fn migrate(store: &Store) -> Result<usize, bc_store::migrate::MigrateError> {
+    bc_store::migrate::migrate_with(store.pool(), &module_migrations()).await
+}
+
+/// Like [`start`]; with `migrate` false it only verifies that no migration is pending (`serve --no-migrate`: the
+/// deploy ran `better-compute migrate`), and refuses to start otherwise.
+pub async fn start_with(
+    config: &ServeConfig,
+    store: Store,
+    migrate: bool,
+) -> Result<Running, StartError> {
     let roles = role_set(&config.roles)?;
     let mut ca = Ca::load_or_create(&config.state_dir, &config.trust_domain)?;
     if let Some(l) = config.leaf_lifetime {
@@ -231,7 +260,9 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     let lease = config.shard_lease.unwrap_or(config::DEFAULT_SHARD_LEASE);
     let mut options = bc_kernel::Options::new(worker.clone());
     options.shard_lease = lease;
-    options.migrate = false;
+    // Pending migrations (the base schema's and the modules', numbered from 1000) are applied in `initialize`,
+    // once, under the migration lock; `serve --no-migrate` only verifies that none is pending.
+    options.migrate = migrate;
     let nodes = bc_mod_nodes::Config {
         ca: ca.clone(),
         sessions: sessions.clone(),
@@ -241,7 +272,8 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         .module(plane::module(store.clone()))
         .module(bc_mod_nodes::module(nodes))
         .module(capacity_module(config, &metrics))
-        .module(bc_mod_sites::module());
+        .module(bc_mod_sites::module())
+        .module(bc_mod_instances::module());
     if api.is_some() {
         builder = builder.resource(sites_state(config, &store, &ca, &sessions, &secrets));
         builder = builder.resource(api::ApiState {

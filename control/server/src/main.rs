@@ -145,6 +145,13 @@ enum Command {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Instances (VMs on vps-host pools): create, show, list, stop, start, reboot, delete, set-pool.
+    Instances {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: bc_control::instances_cli::InstanceCommand,
+    },
     /// Reservations: create, list, show, release.
     Reservations {
         #[command(flatten)]
@@ -285,7 +292,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Migrate { database_url } => {
             let store = bc_control::serve_cli::connect(&database_url).await?;
-            let n = bc_store::migrate::migrate(store.pool()).await?;
+            let n = bc_control::migrate(&store).await?;
             println!("applied {n} migration(s)");
         }
         Command::BootstrapAdmin { database_url } => {
@@ -348,6 +355,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::JoinTokens { api, command } => {
             let client = api.client()?;
             join_tokens(&client, api.output, command).await?;
+        }
+        Command::Instances { api, command } => {
+            let client = api.client()?;
+            bc_control::instances_cli::instances(&client, command).await?;
         }
         Command::Sites { api, command } => {
             let client = api.client()?;

@@ -71,9 +71,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     let store = connect(&url).await?;
     if !no_migrate {
-        bc_store::migrate::migrate(store.pool()).await?;
+        crate::migrate(&store).await?;
     }
-    let mut running = crate::start(&cfg, store).await?;
+    let mut running = crate::start_with(&cfg, store, false).await?;
     let stop = bc_proto::runtime::shutdown_signal();
     println!(
         "serving: api={} gateway={} ca_pin={} join_key={}",

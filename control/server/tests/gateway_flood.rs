@@ -249,6 +249,10 @@ async fn setup() -> (bc_store::testing::TestDb, String, tempfile::TempDir) {
     bc_proto::install_crypto_provider();
     let db = test_db().await;
     let store = Store::new(db.pool.clone());
+    // The modules' migrations too: `serve --no-migrate` refuses a database with any pending.
+    bc_control::migrate(&store)
+        .await
+        .expect("module migrations");
     store.ensure_root_tenant().await.expect("tenant");
     store
         .ensure_pool("default", "root", "default", true)

@@ -89,6 +89,10 @@ async fn every_join_completes_when_the_control_plane_is_killed_mid_join_and_rest
     bc_proto::install_crypto_provider();
     let db = test_db().await;
     let store = Store::new(db.pool.clone());
+    // The modules' migrations too: `serve --no-migrate` refuses a database with any pending.
+    bc_control::migrate(&store)
+        .await
+        .expect("module migrations");
     store.ensure_root_tenant().await.expect("root tenant");
     store
         .ensure_pool("default", "root", "default", true)

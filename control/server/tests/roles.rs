@@ -98,6 +98,10 @@ async fn api_scheduler_and_controllers_share_work_across_processes() {
     bc_proto::install_crypto_provider();
     let db = test_db().await;
     let store = Store::new(db.pool.clone());
+    // The modules' migrations too: `serve --no-migrate` refuses a database with any pending.
+    bc_control::migrate(&store)
+        .await
+        .expect("module migrations");
     seed_gpu_nodes(&db.pool, "gpu", "n", 20, 8, "NVIDIA H100 80GB HBM3")
         .await
         .expect("seed");

@@ -627,7 +627,8 @@ async fn publish_bookings(tx: &mut PgConnection, nodes: &[String]) -> Result<(),
     Ok(())
 }
 
-/// The CTEs `n` (nodes' new bookings and generation, for the node ids in parameter `$nodes`), `o` (their outbox
+/// The CTEs `n` (nodes' new bookings and generation, for the node ids in parameter `$nodes`; a GPU an instance
+/// holds, booked under its `inst-…` id, is no booking: it reaches the node in its `instances` list), `o` (their outbox
 /// rows) and `w` (one notification on the channel in parameter `$channel` when rows were written). The per-node
 /// subquery filters bookings in the aggregate, not in WHERE: with `reservation_id IS NOT NULL` in WHERE the planner,
 /// misled by statistics from an unbooked fleet, walked the partial `devices_reservation` index for every node
@@ -637,7 +638,7 @@ fn publish_ctes(nodes: u8, channel: u8) -> String {
         "n AS (UPDATE nodes n SET desired_generation = n.desired_generation + 1, updated_at = now(), \
            desired_spec = jsonb_set(n.desired_spec, '{{bookings}}', COALESCE(( \
              SELECT jsonb_agg(jsonb_build_object('reservation', b.rid, 'gpus', b.uuids) ORDER BY b.rid) \
-               FILTER (WHERE b.rid IS NOT NULL) \
+               FILTER (WHERE b.rid IS NOT NULL AND b.rid NOT LIKE 'inst-%') \
              FROM (SELECT reservation_id AS rid, jsonb_agg(uuid ORDER BY idx) AS uuids FROM devices \
                    WHERE node_id = n.id GROUP BY reservation_id) b), '[]'::jsonb)) \
            WHERE n.id = ANY(${nodes}::text[]) RETURNING n.id, n.desired_generation), \

@@ -7,7 +7,15 @@ use std::future::Future;
 use std::pin::Pin;
 
 /// The inventory sections a node reports, in the order they are requested.
-pub const SECTIONS: &[&str] = &["system", "cpu", "memory", "gpus", "nics", "disks"];
+pub const SECTIONS: &[&str] = &[
+    "system",
+    "cpu",
+    "memory",
+    "gpus",
+    "nics",
+    "disks",
+    "instances",
+];
 /// The largest section payload accepted.
 pub const MAX_SECTION_BYTES: usize = 1 << 20;
 
