@@ -1,0 +1,318 @@
+//! The node side of tunnels (DESIGN.md, "Tunnels"): on an `OpenTunnel` from the gateway, bcd checks the port
+//! against its own allowlist (`[tunnels] allow` in bcd.toml; nothing is allowed by default), dials
+//! 127.0.0.1:<port> within a deadline and opens one `TunnelService.Tunnel` stream on the session's connection for
+//! that one tunnel connection. Bytes go both ways; a half-close on either side becomes a `half_close` frame and a
+//! TCP write shutdown on the other. A refusal (port not allowed, dial refused, dial timeout) is answered on the
+//! tunnel's own stream as `close` with a code and a reason, so it ends only that tunnel and never the session.
+//!
+//! The allowlist is the node's own word: a control plane that asks for another port is refused here whatever it
+//! granted.
+
+use bc_proto::v1;
+use bc_proto::v1::tunnel_frame::Frame;
+use serde::Deserialize;
+use std::collections::BTreeSet;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_stream::{Stream, StreamExt};
+
+/// The table of bcd.toml that configures tunnels.
+pub const TABLE: &str = "tunnels";
+
+/// Dial deadline when the gateway names none, and the bounds a named one is clamped to.
+pub const DIAL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+pub const DIAL_TIMEOUT_MIN: Duration = Duration::from_millis(100);
+pub const DIAL_TIMEOUT_MAX: Duration = Duration::from_secs(30);
+
+/// Largest `data` frame the node sends (the wire's limit, 64 KiB).
+pub const MAX_FRAME: usize = 64 * 1024;
+
+/// Frames queued toward the gateway per tunnel before the local reader waits (HTTP/2's window does the rest).
+const OUTBOUND_QUEUE: usize = 8;
+
+/// `[tunnels]` as written in bcd.toml.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TunnelsWire {
+    /// Local TCP ports an operator may reach through a tunnel, e.g. `[22, 8888]`.
+    #[serde(default)]
+    pub allow: Vec<i64>,
+}
+
+/// The ports this node lets tunnels reach. Empty (the default) refuses every tunnel.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Allowlist(BTreeSet<u16>);
+
+impl TunnelsWire {
+    /// Err names the first port out of 1..=65535.
+    pub fn validate(self) -> Result<Allowlist, String> {
+        let mut ports = BTreeSet::new();
+        for p in self.allow {
+            let port = u16::try_from(p)
+                .ok()
+                .filter(|&p| p != 0)
+                .ok_or_else(|| format!("{p} is not a TCP port (1 to 65535)"))?;
+            ports.insert(port);
+        }
+        Ok(Allowlist(ports))
+    }
+}
+
+impl Allowlist {
+    pub fn new(ports: impl IntoIterator<Item = u16>) -> Allowlist {
+        Allowlist(ports.into_iter().filter(|&p| p != 0).collect())
+    }
+
+    pub fn allows(&self, port: u16) -> bool {
+        self.0.contains(&port)
+    }
+
+    pub fn ports(&self) -> impl Iterator<Item = u16> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+/// Why a tunnel ended other than by a half-close each way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: v1::TunnelCloseCode,
+    pub reason: String,
+}
+
+impl Refusal {
+    fn new(code: v1::TunnelCloseCode, reason: impl Into<String>) -> Refusal {
+        Refusal {
+            code,
+            reason: reason.into(),
+        }
+    }
+
+    fn frame(&self) -> v1::TunnelFrame {
+        frame(Frame::Close(v1::TunnelClose {
+            code: self.code as i32,
+            reason: self.reason.clone(),
+        }))
+    }
+}
+
+/// How one tunnel connection ended, with the bytes each way (for the node's log; the gateway keeps the audit row).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Bytes read from the local port and sent to the gateway.
+    pub up: u64,
+    /// Bytes received from the gateway and written to the local port.
+    pub down: u64,
+    /// None when both sides half-closed and the streams ended.
+    pub refusal: Option<Refusal>,
+}
+
+pub(crate) fn frame(f: Frame) -> v1::TunnelFrame {
+    v1::TunnelFrame { frame: Some(f) }
+}
+
+/// Checks the port and dials it: the connected socket, or the refusal to send as the tunnel's `close`.
+pub async fn dial(allow: &Allowlist, open: &v1::OpenTunnel) -> Result<TcpStream, Refusal> {
+    use v1::TunnelCloseCode as C;
+    let port = u16::try_from(open.port).ok().filter(|&p| p != 0);
+    let Some(port) = port.filter(|&p| allow.allows(p)) else {
+        return Err(Refusal::new(
+            C::PortNotAllowed,
+            format!(
+                "port {} is not in this node's tunnel allowlist; add it to [tunnels] allow in bcd.toml on the node",
+                open.port
+            ),
+        ));
+    };
+    let deadline = match open.dial_timeout_ms {
+        0 => DIAL_TIMEOUT_DEFAULT,
+        ms => Duration::from_millis(u64::from(ms)).clamp(DIAL_TIMEOUT_MIN, DIAL_TIMEOUT_MAX),
+    };
+    match tokio::time::timeout(deadline, TcpStream::connect(("127.0.0.1", port))).await {
+        Ok(Ok(s)) => {
+            let _ = s.set_nodelay(true);
+            Ok(s)
+        }
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(Refusal::new(
+            C::DialRefused,
+            format!(
+                "nothing listens on 127.0.0.1:{port} on the node; start the service, then retry"
+            ),
+        )),
+        Ok(Err(e)) => Err(Refusal::new(
+            C::IoError,
+            format!("dialing 127.0.0.1:{port} on the node: {e}"),
+        )),
+        Err(_) => Err(Refusal::new(
+            C::DialTimeout,
+            format!(
+                "127.0.0.1:{port} on the node did not accept within {} ms; check the service, then retry",
+                deadline.as_millis()
+            ),
+        )),
+    }
+}
+
+/// Serves one OpenTunnel end to end: dials, then calls `open_stream` with the node's outbound frames (`open`
+/// first) and relays. `open_stream` is the `TunnelService.Tunnel` call in the daemon and a loopback pair in tests.
+pub async fn serve<S, F, Fut>(allow: &Allowlist, open: v1::OpenTunnel, open_stream: F) -> Outcome
+where
+    S: Stream<Item = Result<v1::TunnelFrame, tonic::Status>> + Unpin,
+    F: FnOnce(mpsc::Receiver<v1::TunnelFrame>) -> Fut,
+    Fut: std::future::Future<Output = Result<S, tonic::Status>>,
+{
+    let dialed = dial(allow, &open).await;
+    let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
+    let first = frame(Frame::Open(v1::TunnelOpen {
+        tunnel_id: open.tunnel_id.clone(),
+    }));
+    // Both fit the queue, so these never wait.
+    let _ = tx.send(first).await;
+    if let Err(r) = &dialed {
+        let _ = tx.send(r.frame()).await;
+    }
+    let inbound = match open_stream(rx).await {
+        Ok(s) => s,
+        Err(status) => {
+            return Outcome {
+                up: 0,
+                down: 0,
+                refusal: Some(Refusal::new(
+                    v1::TunnelCloseCode::Aborted,
+                    format!("opening the tunnel stream: {}", status.message()),
+                )),
+            };
+        }
+    };
+    match dialed {
+        Ok(sock) => relay(sock, tx, inbound).await,
+        Err(r) => Outcome {
+            up: 0,
+            down: 0,
+            refusal: Some(r),
+        },
+    }
+}
+
+/// Relays bytes between `sock` and the tunnel stream until both sides half-closed, or either side fails or
+/// closes. A local failure or a protocol error is sent to the gateway as `close`; a `close` from the gateway ends
+/// the tunnel without an answer.
+pub async fn relay<S>(sock: TcpStream, tx: mpsc::Sender<v1::TunnelFrame>, inbound: S) -> Outcome
+where
+    S: Stream<Item = Result<v1::TunnelFrame, tonic::Status>> + Unpin,
+{
+    use std::sync::atomic::Ordering::Relaxed;
+    use v1::TunnelCloseCode as C;
+    let (mut rd, mut wr) = sock.into_split();
+    let up_bytes = std::sync::atomic::AtomicU64::new(0);
+    let down_bytes = std::sync::atomic::AtomicU64::new(0);
+    let up_tx = tx.clone();
+    // Local port → gateway. Err(Some(r)) is a refusal to send; Err(None) means the gateway went away.
+    let up = async {
+        let mut buf = vec![0u8; MAX_FRAME];
+        loop {
+            let n = rd.read(&mut buf).await.map_err(|e| {
+                Some(Refusal::new(
+                    C::IoError,
+                    format!("reading the local port: {e}"),
+                ))
+            })?;
+            if n == 0 {
+                up_tx
+                    .send(frame(Frame::HalfClose(v1::TunnelHalfClose {})))
+                    .await
+                    .map_err(|_| None)?;
+                return Ok::<(), Option<Refusal>>(());
+            }
+            up_tx
+                .send(frame(Frame::Data(buf[..n].to_vec())))
+                .await
+                .map_err(|_| None)?;
+            up_bytes.fetch_add(n as u64, Relaxed);
+        }
+    };
+    // Gateway → local port. Err(Some(r)): r is sent back when it is the node's refusal (`send` true).
+    let down = async {
+        let mut inbound = inbound;
+        loop {
+            let f = match inbound.next().await {
+                None => {
+                    return Err((
+                        Refusal::new(
+                            C::Aborted,
+                            "the gateway ended the stream before a half-close",
+                        ),
+                        false,
+                    ));
+                }
+                Some(Err(s)) => {
+                    return Err((
+                        Refusal::new(C::Aborted, format!("tunnel stream: {}", s.message())),
+                        false,
+                    ));
+                }
+                Some(Ok(f)) => f,
+            };
+            match f.frame {
+                Some(Frame::Data(d)) => {
+                    wr.write_all(&d).await.map_err(|e| {
+                        (
+                            Refusal::new(C::IoError, format!("writing the local port: {e}")),
+                            true,
+                        )
+                    })?;
+                    down_bytes.fetch_add(d.len() as u64, Relaxed);
+                }
+                Some(Frame::HalfClose(_)) => {
+                    let _ = wr.shutdown().await;
+                    return Ok::<(), (Refusal, bool)>(());
+                }
+                Some(Frame::Close(c)) => {
+                    let code = C::try_from(c.code).unwrap_or(C::Unspecified);
+                    return Err((Refusal::new(code, c.reason), false));
+                }
+                Some(Frame::Open(_)) | None => {
+                    return Err((
+                        Refusal::new(
+                            C::Protocol,
+                            "the gateway sent a frame other than data, half_close or close",
+                        ),
+                        true,
+                    ));
+                }
+            }
+        }
+    };
+    tokio::pin!(up, down);
+    let (mut up_done, mut down_done) = (false, false);
+    let refusal = loop {
+        tokio::select! {
+            r = &mut up, if !up_done => match r {
+                Ok(()) => up_done = true,
+                Err(Some(r)) => {
+                    let _ = tx.send(r.frame()).await;
+                    break Some(r);
+                }
+                Err(None) => break Some(Refusal::new(C::Aborted, "the gateway stopped reading the tunnel")),
+            },
+            r = &mut down, if !down_done => match r {
+                Ok(()) => down_done = true,
+                Err((r, send)) => {
+                    if send {
+                        let _ = tx.send(r.frame()).await;
+                    }
+                    break Some(r);
+                }
+            },
+        }
+        if up_done && down_done {
+            break None;
+        }
+    };
+    Outcome {
+        up: up_bytes.load(Relaxed),
+        down: down_bytes.load(Relaxed),
+        refusal,
+    }
+}
