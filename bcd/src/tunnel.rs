@@ -316,3 +316,258 @@ where
         refusal,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+    use tokio_stream::wrappers::ReceiverStream;
+
+    type Inbound = ReceiverStream<Result<v1::TunnelFrame, tonic::Status>>;
+
+    /// The gateway's end of one tunnel in a test: what the node sent, and where to send it frames.
+    struct Gateway {
+        from_node: mpsc::Receiver<v1::TunnelFrame>,
+        to_node: mpsc::Sender<Result<v1::TunnelFrame, tonic::Status>>,
+    }
+
+    /// Runs `serve` for `open` with a loopback gateway; the gateway end comes back once the node opened its stream.
+    async fn start(
+        allow: Allowlist,
+        open: v1::OpenTunnel,
+    ) -> (Gateway, tokio::task::JoinHandle<Outcome>) {
+        let (gw_tx, gw_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            serve(&allow, open, |from_node| async move {
+                let (to_node, rx) = mpsc::channel(8);
+                let _ = gw_tx.send(Gateway { from_node, to_node });
+                Ok::<Inbound, tonic::Status>(ReceiverStream::new(rx))
+            })
+            .await
+        });
+        let gw = tokio::time::timeout(Duration::from_secs(10), gw_rx)
+            .await
+            .expect("the node opens its tunnel stream within 10 s")
+            .expect("serve hands over the gateway end");
+        (gw, task)
+    }
+
+    fn open(id: &str, port: u16) -> v1::OpenTunnel {
+        v1::OpenTunnel {
+            tunnel_id: id.into(),
+            port: u32::from(port),
+            dial_timeout_ms: 2_000,
+        }
+    }
+
+    async fn next(gw: &mut Gateway) -> Option<Frame> {
+        tokio::time::timeout(Duration::from_secs(10), gw.from_node.recv())
+            .await
+            .expect("a frame or the end within 10 s")
+            .map(|f| f.frame.expect("every frame names its kind"))
+    }
+
+    /// A local service that reads until EOF, then answers with the SHA-256 of everything it read and closes: it
+    /// answers only after the tunnel's half-close reached it, and its answer must still come back.
+    async fn hash_after_eof() -> (u16, tokio::task::JoinHandle<usize>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let task = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.expect("accept");
+            let mut all = Vec::new();
+            s.read_to_end(&mut all).await.expect("read to EOF");
+            use sha2::Digest;
+            let h = sha2::Sha256::digest(&all);
+            s.write_all(&h).await.expect("answer");
+            s.shutdown().await.expect("shutdown");
+            all.len()
+        });
+        (port, task)
+    }
+
+    async fn send(gw: &Gateway, f: Frame) {
+        gw.to_node.send(Ok(frame(f))).await.expect("node reads");
+    }
+
+    #[tokio::test]
+    async fn bytes_go_both_ways_and_a_half_close_reaches_the_local_port_before_its_answer_comes_back()
+     {
+        let (port, service) = hash_after_eof().await;
+        let (mut gw, task) = start(Allowlist::new([port]), open("t1", port)).await;
+        assert_eq!(
+            next(&mut gw).await,
+            Some(Frame::Open(v1::TunnelOpen {
+                tunnel_id: "t1".into()
+            }))
+        );
+        let payload: Vec<u8> = (0..3_000_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for chunk in payload.chunks(50_000) {
+            send(&gw, Frame::Data(chunk.to_vec())).await;
+        }
+        send(&gw, Frame::HalfClose(v1::TunnelHalfClose {})).await;
+        let mut answer = Vec::new();
+        loop {
+            match next(&mut gw).await {
+                Some(Frame::Data(d)) => answer.extend_from_slice(&d),
+                Some(Frame::HalfClose(_)) => break,
+                other => panic!("expected data or half_close, got {other:?}"),
+            }
+        }
+        use sha2::Digest;
+        assert_eq!(answer, sha2::Sha256::digest(&payload).to_vec());
+        assert_eq!(service.await.expect("service"), payload.len());
+        let out = task.await.expect("serve");
+        assert_eq!(
+            out,
+            Outcome {
+                up: 32,
+                down: payload.len() as u64,
+                refusal: None
+            }
+        );
+        assert_eq!(
+            next(&mut gw).await,
+            None,
+            "the node ends its stream after both half-closes"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_port_outside_the_allowlist_is_refused_without_a_dial() {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let (mut gw, task) = start(
+            Allowlist::new([port.wrapping_add(1).max(1)]),
+            open("t2", port),
+        )
+        .await;
+        assert!(matches!(next(&mut gw).await, Some(Frame::Open(_))));
+        match next(&mut gw).await {
+            Some(Frame::Close(c)) => {
+                assert_eq!(c.code, v1::TunnelCloseCode::PortNotAllowed as i32);
+                assert!(c.reason.contains("[tunnels] allow"), "{}", c.reason);
+            }
+            other => panic!("expected close, got {other:?}"),
+        }
+        assert_eq!(next(&mut gw).await, None);
+        let out = task.await.expect("serve");
+        assert_eq!(
+            out.refusal.map(|r| r.code),
+            Some(v1::TunnelCloseCode::PortNotAllowed)
+        );
+        let accepted = tokio::time::timeout(Duration::from_millis(200), l.accept()).await;
+        assert!(accepted.is_err(), "nothing dialed the port");
+        let empty = start(Allowlist::default(), open("t3", 22)).await;
+        let mut gw = empty.0;
+        assert!(matches!(next(&mut gw).await, Some(Frame::Open(_))));
+        assert!(
+            matches!(next(&mut gw).await, Some(Frame::Close(c)) if c.code == v1::TunnelCloseCode::PortNotAllowed as i32)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_dial_closes_only_its_tunnel_beside_a_working_one() {
+        let dead = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let dead_port = dead.local_addr().expect("addr").port();
+        drop(dead);
+        let (port, service) = hash_after_eof().await;
+        let allow = Allowlist::new([port, dead_port]);
+        let (mut good, good_task) = start(allow.clone(), open("good", port)).await;
+        let (mut bad, bad_task) = start(allow, open("bad", dead_port)).await;
+        assert!(matches!(next(&mut bad).await, Some(Frame::Open(_))));
+        match next(&mut bad).await {
+            Some(Frame::Close(c)) => {
+                assert_eq!(
+                    c.code,
+                    v1::TunnelCloseCode::DialRefused as i32,
+                    "{}",
+                    c.reason
+                );
+                assert!(c.reason.contains(&dead_port.to_string()), "{}", c.reason);
+            }
+            other => panic!("expected close, got {other:?}"),
+        }
+        assert_eq!(
+            bad_task.await.expect("serve").refusal.map(|r| r.code),
+            Some(v1::TunnelCloseCode::DialRefused)
+        );
+        assert!(matches!(next(&mut good).await, Some(Frame::Open(_))));
+        send(&good, Frame::Data(b"still here".to_vec())).await;
+        send(&good, Frame::HalfClose(v1::TunnelHalfClose {})).await;
+        assert!(matches!(next(&mut good).await, Some(Frame::Data(d)) if d.len() == 32));
+        assert!(matches!(next(&mut good).await, Some(Frame::HalfClose(_))));
+        assert_eq!(service.await.expect("service"), 10);
+        assert_eq!(good_task.await.expect("serve").refusal, None);
+    }
+
+    #[tokio::test]
+    async fn a_close_from_the_gateway_ends_the_tunnel_and_the_local_connection() {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let (mut gw, task) = start(Allowlist::new([port]), open("t4", port)).await;
+        let (mut local, _) = l.accept().await.expect("accept");
+        assert!(matches!(next(&mut gw).await, Some(Frame::Open(_))));
+        send(
+            &gw,
+            Frame::Close(v1::TunnelClose {
+                code: v1::TunnelCloseCode::Aborted as i32,
+                reason: "operator left".into(),
+            }),
+        )
+        .await;
+        let out = task.await.expect("serve");
+        assert_eq!(
+            out.refusal.map(|r| r.reason),
+            Some("operator left".to_string())
+        );
+        let mut buf = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(5), local.read(&mut buf))
+            .await
+            .expect("the local side sees the end within 5 s")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+    }
+
+    #[tokio::test]
+    async fn an_open_frame_from_the_gateway_is_a_protocol_error_sent_back() {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let (mut gw, task) = start(Allowlist::new([port]), open("t5", port)).await;
+        assert!(matches!(next(&mut gw).await, Some(Frame::Open(_))));
+        send(
+            &gw,
+            Frame::Open(v1::TunnelOpen {
+                tunnel_id: "x".into(),
+            }),
+        )
+        .await;
+        assert!(
+            matches!(next(&mut gw).await, Some(Frame::Close(c)) if c.code == v1::TunnelCloseCode::Protocol as i32)
+        );
+        assert_eq!(
+            task.await.expect("serve").refusal.map(|r| r.code),
+            Some(v1::TunnelCloseCode::Protocol)
+        );
+    }
+
+    #[test]
+    fn the_dial_deadline_is_clamped_and_ports_are_checked() {
+        assert!(TunnelsWire { allow: vec![0] }.validate().is_err());
+        assert!(TunnelsWire { allow: vec![-1] }.validate().is_err());
+        assert!(
+            TunnelsWire {
+                allow: vec![65_536]
+            }
+            .validate()
+            .is_err()
+        );
+        let a = TunnelsWire {
+            allow: vec![22, 22, 65_535],
+        }
+        .validate()
+        .expect("valid");
+        assert_eq!(a.ports().collect::<Vec<_>>(), vec![22, 65_535]);
+    }
+}
