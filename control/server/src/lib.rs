@@ -229,18 +229,13 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     let mut options = bc_kernel::Options::new(worker.clone());
     options.shard_lease = lease;
     options.migrate = false;
-    let loops = plane::Loops {
-        store: store.clone(),
-        worker: worker.clone(),
-        lease,
-    };
     let nodes = bc_mod_nodes::Config {
         ca: ca.clone(),
         sessions: sessions.clone(),
         lifecycle: config.lifecycle_timing.unwrap_or_default(),
     };
     let mut builder = bc_kernel::ControlPlane::builder(options)
-        .module(plane::module(loops))
+        .module(plane::module(store.clone()))
         .module(bc_mod_nodes::module(nodes))
         .module(capacity_module(config, &metrics))
         .module(bc_mod_sites::module());

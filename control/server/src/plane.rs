@@ -10,7 +10,6 @@ use bc_core::api::iam::{CreatePrincipal, CreateTenant, PrincipalCreated, Tenant}
 use bc_core::api::system::{GatewayStats, Info, Nothing, Stats};
 use bc_kernel::{ApiError, Cx, Method, Module, ReconcileCx, Reconciler, Stop};
 use bc_store::Store;
-use std::time::Duration;
 use tokio::sync::watch;
 
 bc_kernel::api_method!(
@@ -30,16 +29,8 @@ bc_kernel::api_method!(
     pub InfoMethod = "system" / "info": Nothing => Info
 );
 
-/// What the role loops of this process need.
-#[derive(Clone)]
-pub struct Loops {
-    pub store: Store,
-    pub worker: String,
-    pub lease: Duration,
-}
-
 /// The `server` module: its methods and its role loop.
-pub fn module(loops: Loops) -> Module {
+pub fn module(store: Store) -> Module {
     Module::new("server")
         .method(
             Method::<CreateTenantMethod>::new()
@@ -55,7 +46,7 @@ pub fn module(loops: Loops) -> Module {
         )
         .method(Method::<StatsMethod>::new().any_caller().handler(stats))
         .method(Method::<InfoMethod>::new().any_caller().handler(info))
-        .reconciler(statistics_loop(loops.store))
+        .reconciler(statistics_loop(store))
 }
 
 async fn stats(cx: Cx, _: Nothing) -> Result<Stats, ApiError> {
