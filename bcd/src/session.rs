@@ -103,6 +103,8 @@ pub struct Daemon {
     commands: crate::commands::Commands,
     /// The desired state this daemon could not apply, retried with backoff until it applies or a newer one comes.
     retry: Option<DesiredRetry>,
+    /// Tunnels served at once ([`crate::tunnel::MAX_OPEN`]).
+    tunnel_slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// First and longest wait between attempts to apply a desired state that failed (full jitter in between).
@@ -146,6 +148,7 @@ impl Daemon {
             boot_id,
             commands: crate::commands::Commands::new(),
             retry: None,
+            tunnel_slots: Arc::new(tokio::sync::Semaphore::new(crate::tunnel::MAX_OPEN)),
         }
     }
 
@@ -517,10 +520,11 @@ impl Daemon {
                 // Each tunnel is its own task and its own HTTP/2 stream: a slow one never holds up this loop.
                 let allow = self.config.tunnels.clone();
                 let ch = tunnel_ch.clone();
+                let slots = self.tunnel_slots.clone();
                 tokio::spawn(async move {
                     let id = t.tunnel_id.clone();
                     let port = t.port;
-                    let out = crate::tunnel::serve(&allow, t, |rx| async move {
+                    let out = crate::tunnel::serve_limited(&slots, &allow, t, |rx| async move {
                         let mut client = v1::tunnel_service_client::TunnelServiceClient::new(ch);
                         client
                             .tunnel(tokio_stream::wrappers::ReceiverStream::new(rx))

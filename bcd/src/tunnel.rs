@@ -29,6 +29,14 @@ pub const DIAL_TIMEOUT_MAX: Duration = Duration::from_secs(30);
 /// Largest `data` frame the node sends (the wire's limit, 64 KiB).
 pub const MAX_FRAME: usize = 64 * 1024;
 
+/// Tunnels one node serves at once; one more is refused (`close{ABORTED}`) without a dial. The gateway caps
+/// its own count per node at the same number.
+pub const MAX_OPEN: usize = bc_proto::tunnel::MAX_PER_NODE as usize;
+
+/// The node's backstop for a tunnel that moves no byte either way, or whose gateway stopped reading: longer than
+/// the control plane's idle limit (configurable, 1 h by default), which closes idle tunnels first.
+pub const IDLE_BACKSTOP: Duration = Duration::from_secs(2 * 3600);
+
 /// Frames queued toward the gateway per tunnel before the local reader waits (HTTP/2's window does the rest).
 const OUTBOUND_QUEUE: usize = 8;
 
@@ -154,6 +162,45 @@ pub async fn dial(allow: &Allowlist, open: &v1::OpenTunnel) -> Result<TcpStream,
     }
 }
 
+/// Like [`serve`], holding one of `slots` for the tunnel's life; with none left the tunnel is refused
+/// (`close{ABORTED}`) before any dial.
+pub async fn serve_limited<S, F, Fut>(
+    slots: &std::sync::Arc<tokio::sync::Semaphore>,
+    allow: &Allowlist,
+    open: v1::OpenTunnel,
+    open_stream: F,
+) -> Outcome
+where
+    S: Stream<Item = Result<v1::TunnelFrame, tonic::Status>> + Unpin,
+    F: FnOnce(mpsc::Receiver<v1::TunnelFrame>) -> Fut,
+    Fut: std::future::Future<Output = Result<S, tonic::Status>>,
+{
+    let Ok(_permit) = slots.clone().try_acquire_owned() else {
+        let r = Refusal::new(
+            v1::TunnelCloseCode::Aborted,
+            format!("this node already serves {MAX_OPEN} tunnels; close one, then retry"),
+        );
+        let (tx, rx) = mpsc::channel(2);
+        let _ = tx
+            .send(frame(Frame::Open(v1::TunnelOpen {
+                tunnel_id: open.tunnel_id.clone(),
+            })))
+            .await;
+        let _ = tx.send(r.frame()).await;
+        drop(tx);
+        if let Ok(mut inbound) = open_stream(rx).await {
+            // Wait for the gateway to end the stream, so the close reaches it.
+            let _ = tokio::time::timeout(Duration::from_secs(5), inbound.next()).await;
+        }
+        return Outcome {
+            up: 0,
+            down: 0,
+            refusal: Some(r),
+        };
+    };
+    serve(allow, open, open_stream).await
+}
+
 /// Serves one OpenTunnel end to end: dials, then calls `open_stream` with the node's outbound frames (`open`
 /// first) and relays. `open_stream` is the `TunnelService.Tunnel` call in the daemon and a loopback pair in tests.
 pub async fn serve<S, F, Fut>(allow: &Allowlist, open: v1::OpenTunnel, open_stream: F) -> Outcome
@@ -218,17 +265,26 @@ where
                     format!("reading the local port: {e}"),
                 ))
             })?;
+            let f = match n {
+                0 => frame(Frame::HalfClose(v1::TunnelHalfClose {})),
+                n => frame(Frame::Data(buf[..n].to_vec())),
+            };
+            match tokio::time::timeout(IDLE_BACKSTOP, up_tx.send(f)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(None),
+                Err(_) => {
+                    return Err(Some(Refusal::new(
+                        C::Idle,
+                        format!(
+                            "the gateway read nothing for {} s",
+                            IDLE_BACKSTOP.as_secs()
+                        ),
+                    )));
+                }
+            }
             if n == 0 {
-                up_tx
-                    .send(frame(Frame::HalfClose(v1::TunnelHalfClose {})))
-                    .await
-                    .map_err(|_| None)?;
                 return Ok::<(), Option<Refusal>>(());
             }
-            up_tx
-                .send(frame(Frame::Data(buf[..n].to_vec())))
-                .await
-                .map_err(|_| None)?;
             up_bytes.fetch_add(n as u64, Relaxed);
         }
     };
@@ -236,7 +292,16 @@ where
     let down = async {
         let mut inbound = inbound;
         loop {
-            let f = match inbound.next().await {
+            let Ok(next) = tokio::time::timeout(IDLE_BACKSTOP, inbound.next()).await else {
+                return Err((
+                    Refusal::new(
+                        C::Idle,
+                        format!("nothing from the gateway for {} s", IDLE_BACKSTOP.as_secs()),
+                    ),
+                    true,
+                ));
+            };
+            let f = match next {
                 None => {
                     return Err((
                         Refusal::new(

@@ -118,6 +118,8 @@ struct Gateway {
     addr: SocketAddr,
     url: String,
     registry: bc_gateway::session::Registry,
+    /// Tunnels to the nodes of `registry` (the tunnels module's relay reaches them).
+    tunnels: bc_gateway::tunnel::Tunnels,
     tls: Arc<rustls::ServerConfig>,
     services: bc_gateway::Services,
 }
@@ -144,6 +146,7 @@ async fn gateway(
     let gateway_id = format!("gw-{}", addr.port());
     let (chain, key) = ca.issue_gateway(&gateway_id, &config.gateway_hosts)?;
     let registry = bc_gateway::session::Registry::default();
+    let tunnels = bc_gateway::tunnel::Tunnels::new(registry.clone(), Default::default());
     let tls = bc_gateway::tls::server_config(
         chain,
         key,
@@ -182,6 +185,7 @@ async fn gateway(
         join,
         session: Some((backend, session_config, registry.clone())),
         site: Some((Arc::new(site), config.trust_domain.clone())),
+        tunnels: Some(tunnels.clone()),
     };
     Ok(Gateway {
         id: gateway_id,
@@ -189,6 +193,7 @@ async fn gateway(
         addr,
         url,
         registry,
+        tunnels,
         tls,
         services,
     })
