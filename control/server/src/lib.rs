@@ -233,7 +233,9 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     let lease = config.shard_lease.unwrap_or(config::DEFAULT_SHARD_LEASE);
     let mut options = bc_kernel::Options::new(worker.clone());
     options.shard_lease = lease;
-    options.migrate = false;
+    // The base schema is migrated before this (`migrate`, or `serve` without --no-migrate); the modules'
+    // migrations (numbered from 1000, e.g. instances' 1300) are applied here, once, under the migration lock.
+    options.migrate = true;
     let nodes = bc_mod_nodes::Config {
         ca: ca.clone(),
         sessions: sessions.clone(),
@@ -254,6 +256,10 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
             sessions: sessions.clone(),
         });
     }
+    let tunnels = gateway.as_ref().map(|g| g.tunnels.clone());
+    builder = builder.module(bc_mod_tunnels::module()).resource(
+        bc_mod_tunnels::TunnelsState::new(store.clone(), tunnels, Default::default()),
+    );
     let initialized = builder.build()?.initialize(backend).await?;
     store.ensure_root_tenant().await?;
     let mut plane = initialized.start(&roles);
