@@ -275,10 +275,7 @@ where
                 Err(_) => {
                     return Err(Some(Refusal::new(
                         C::Idle,
-                        format!(
-                            "the gateway read nothing for {} s",
-                            IDLE_BACKSTOP.as_secs()
-                        ),
+                        format!("the gateway read nothing for {} s", IDLE_BACKSTOP.as_secs()),
                     )));
                 }
             }

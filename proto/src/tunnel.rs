@@ -31,7 +31,9 @@ pub const CONNECTION_WINDOW: u32 = STREAM_WINDOW * (MAX_PER_NODE + 1);
 pub enum FrameError {
     #[error("tunnel link: {0}")]
     Io(#[from] std::io::Error),
-    #[error("tunnel frame of {0} bytes is larger than {MAX_ENCODED}: the peer is not speaking {UPGRADE}")]
+    #[error(
+        "tunnel frame of {0} bytes is larger than {MAX_ENCODED}: the peer is not speaking {UPGRADE}"
+    )]
     TooLarge(usize),
     #[error("tunnel frame does not decode: {0}")]
     Decode(#[from] prost::DecodeError),
@@ -78,7 +80,10 @@ pub async fn read<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<v1::TunnelFr
 }
 
 /// Writes one frame and flushes it.
-pub async fn write<W: AsyncWrite + Unpin>(w: &mut W, f: &v1::TunnelFrame) -> Result<(), FrameError> {
+pub async fn write<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    f: &v1::TunnelFrame,
+) -> Result<(), FrameError> {
     let mut out = Vec::new();
     encode(f, &mut out);
     w.write_all(&out).await?;
@@ -128,7 +133,10 @@ mod tests {
         }
         assert!(matches!(read(&mut r).await, Ok(None)));
         let big = ((MAX_ENCODED + 1) as u32).to_be_bytes();
-        let e = decode(&big).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = decode(&big)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains("larger than"), "{e}");
     }
 }

@@ -270,7 +270,10 @@ impl Registry {
             .unwrap_or_default()
     }
 
-    pub(crate) fn sender(&self, node_id: &str) -> Option<mpsc::Sender<Result<v1::GatewayMessage, Status>>> {
+    pub(crate) fn sender(
+        &self,
+        node_id: &str,
+    ) -> Option<mpsc::Sender<Result<v1::GatewayMessage, Status>>> {
         self.inner
             .lock()
             .ok()

@@ -83,8 +83,14 @@ pub enum OpenError {
     SessionBusy(String),
     #[error("node {node} already has {cap} tunnels through this gateway; close one, then retry")]
     NodeFull { node: String, cap: usize },
-    #[error("node {node} did not open tunnel {tunnel} within {ms} ms; check that bcd runs and is connected")]
-    DialTimeout { node: String, tunnel: String, ms: u128 },
+    #[error(
+        "node {node} did not open tunnel {tunnel} within {ms} ms; check that bcd runs and is connected"
+    )]
+    DialTimeout {
+        node: String,
+        tunnel: String,
+        ms: u128,
+    },
     #[error("the gateway is shutting down")]
     Closed,
 }
@@ -215,7 +221,9 @@ impl Tunnels {
             forget();
             return Err(match e {
                 mpsc::error::TrySendError::Full(_) => OpenError::SessionBusy(node_id.to_string()),
-                mpsc::error::TrySendError::Closed(_) => OpenError::NotConnected(node_id.to_string()),
+                mpsc::error::TrySendError::Closed(_) => {
+                    OpenError::NotConnected(node_id.to_string())
+                }
             });
         }
         self.counters.opens_sent.fetch_add(1, Relaxed);
@@ -381,7 +389,10 @@ impl TunnelRx {
         }) = &f
         {
             self.bytes.up.fetch_add(d.len() as u64, Relaxed);
-            self.open.counters.from_nodes.fetch_add(d.len() as u64, Relaxed);
+            self.open
+                .counters
+                .from_nodes
+                .fetch_add(d.len() as u64, Relaxed);
         }
         Some(f)
     }
@@ -434,7 +445,11 @@ impl v1::tunnel_service_server::TunnelService for TunnelSvc {
         };
         let Some(pending) = self.tunnels.take(&tunnel_id, id.id()) else {
             self.tunnels.counters.refused_streams.fetch_add(1, Relaxed);
-            tracing::warn!(node_id = id.id(), tunnel = tunnel_id, "tunnel stream refused: not pending for this node");
+            tracing::warn!(
+                node_id = id.id(),
+                tunnel = tunnel_id,
+                "tunnel stream refused: not pending for this node"
+            );
             return Ok(refuse(format!(
                 "tunnel {tunnel_id:?} is not pending for {id} at this gateway (expired, or issued to another node)"
             )));
@@ -444,7 +459,10 @@ impl v1::tunnel_service_server::TunnelService for TunnelSvc {
         if pending.reply.send(end).is_err() {
             // The opener gave up (its deadline passed) just now.
             return Ok(Response::new(Box::pin(tokio_stream::once(Ok(
-                bc_proto::tunnel::close(v1::TunnelCloseCode::Aborted, "the operator's side went away"),
+                bc_proto::tunnel::close(
+                    v1::TunnelCloseCode::Aborted,
+                    "the operator's side went away",
+                ),
             )))));
         }
         Ok(Response::new(Box::pin(

@@ -19,6 +19,7 @@ pub mod plane;
 pub mod site_cli;
 pub mod statistics;
 pub mod telemetry;
+pub mod tunnel_cli;
 
 use crate::ca::Ca;
 use crate::config::ServeConfig;
@@ -257,9 +258,13 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         });
     }
     let tunnels = gateway.as_ref().map(|g| g.tunnels.clone());
-    builder = builder.module(bc_mod_tunnels::module()).resource(
-        bc_mod_tunnels::TunnelsState::new(store.clone(), tunnels, Default::default()),
-    );
+    builder = builder
+        .module(bc_mod_tunnels::module())
+        .resource(bc_mod_tunnels::TunnelsState::new(
+            store.clone(),
+            tunnels,
+            Default::default(),
+        ));
     let initialized = builder.build()?.initialize(backend).await?;
     store.ensure_root_tenant().await?;
     let mut plane = initialized.start(&roles);

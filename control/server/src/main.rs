@@ -137,6 +137,23 @@ enum Command {
         #[command(subcommand)]
         command: bc_control::site_cli::ArtifactCommand,
     },
+    /// Forward a local port to a port on a node, like `ssh -L`: one tunnel per local connection.
+    Tunnel {
+        #[command(flatten)]
+        api: ApiArgs,
+        node: String,
+        port: u16,
+        /// Local address to listen on (port 0 picks one).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+    },
+    /// Tunnels: the audit (list) and pools' port allowlists (ports, set-ports).
+    Tunnels {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: bc_control::tunnel_cli::TunnelsCommand,
+    },
     /// Reservations: create, list, show, release.
     Reservations {
         #[command(flatten)]
@@ -353,6 +370,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Artifacts { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);
             bc_control::site_cli::artifacts(&client, command).await?;
+        }
+        Command::Tunnel {
+            api,
+            node,
+            port,
+            listen,
+        } => {
+            let api = bc_control::tunnel_cli::Api {
+                url: api.api_url,
+                key: api.api_key,
+            };
+            bc_control::tunnel_cli::tunnel(api, node, port, listen).await?;
+        }
+        Command::Tunnels { api, command } => {
+            let client = ApiClient::new(&api.api_url, &api.api_key);
+            bc_control::tunnel_cli::tunnels(&client, command).await?;
         }
         Command::Reservations { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);

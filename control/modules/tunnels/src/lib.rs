@@ -105,7 +105,11 @@ pub(crate) struct PrincipalSlot {
 
 impl Drop for PrincipalSlot {
     fn drop(&mut self) {
-        let mut m = self.state.principals.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self
+            .state
+            .principals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if let Some(n) = m.get_mut(&self.principal) {
             *n = n.saturating_sub(1);
             if *n == 0 {

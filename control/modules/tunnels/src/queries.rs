@@ -1,9 +1,9 @@
 //! The module's queries: pools' port allowlists and the audit rows, one statement each.
 
 use bc_core::api::tunnels::TunnelRecord;
+use bc_store::Store;
 use bc_store::StoreError;
 use bc_store::sqlx;
-use bc_store::Store;
 
 /// The ports tunnels may reach on `pool`'s nodes (empty when none was set: every tunnel is refused).
 pub async fn pool_ports(store: &Store, pool: &str) -> Result<Vec<u16>, StoreError> {

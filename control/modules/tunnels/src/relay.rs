@@ -75,7 +75,10 @@ where
             let f = match wire::read(&mut client_rd).await {
                 Ok(Some(f)) => f,
                 Ok(None) => {
-                    let e = Ended::closed(C::Aborted, "the operator's connection ended without a half-close");
+                    let e = Ended::closed(
+                        C::Aborted,
+                        "the operator's connection ended without a half-close",
+                    );
                     let _ = tx.send(wire::close(C::Aborted, e.reason.clone())).await;
                     return Err(e);
                 }
@@ -98,7 +101,10 @@ where
                 Some(Frame::Close(c)) => {
                     let code = C::try_from(c.code).unwrap_or(C::Aborted);
                     let _ = tx.send(f.clone()).await;
-                    return Err(Ended::closed(code, format!("closed by the operator: {}", c.reason)));
+                    return Err(Ended::closed(
+                        code,
+                        format!("closed by the operator: {}", c.reason),
+                    ));
                 }
                 _ => {
                     let reason = "the operator sent a frame other than data (at most 64 KiB), half_close or close";

@@ -39,10 +39,8 @@ async fn open(
 fn wants_upgrade(headers: &HeaderMap) -> bool {
     let has = |name: header::HeaderName, token: &str| {
         headers.get_all(name).iter().any(|v| {
-            v.to_str().is_ok_and(|v| {
-                v.split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case(token))
-            })
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
         })
     };
     has(header::CONNECTION, "upgrade") && has(header::UPGRADE, UPGRADE)
@@ -70,9 +68,11 @@ async fn accept(
             "a tunnel is an upgraded connection (Connection: upgrade, Upgrade: {UPGRADE}); use `better-compute tunnel <node> <port>`"
         )));
     }
-    let port: u16 = port.parse().ok().filter(|&p| p != 0).ok_or_else(|| {
-        ApiError::invalid(format!("{port:?} is not a TCP port (1 to 65535)"))
-    })?;
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or_else(|| ApiError::invalid(format!("{port:?} is not a TCP port (1 to 65535)")))?;
     let state = router.resources().require::<TunnelsState>()?.clone();
     let row = state.store.node(&node).await?.ok_or_else(|| {
         ApiError::not_found(format!(
