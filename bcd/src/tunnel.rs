@@ -37,6 +37,9 @@ pub const MAX_OPEN: usize = bc_proto::tunnel::MAX_PER_NODE as usize;
 /// the control plane's idle limit (configurable, 1 h by default), which closes idle tunnels first.
 pub const IDLE_BACKSTOP: Duration = Duration::from_secs(2 * 3600);
 
+/// How long an ended tunnel waits for the gateway to end its stream, so that its last frames are not reset away.
+const DRAIN: Duration = Duration::from_secs(10);
+
 /// Frames queued toward the gateway per tunnel before the local reader waits (HTTP/2's window does the rest).
 const OUTBOUND_QUEUE: usize = 8;
 
@@ -234,11 +237,20 @@ where
     };
     match dialed {
         Ok(sock) => relay(sock, tx, inbound).await,
-        Err(r) => Outcome {
-            up: 0,
-            down: 0,
-            refusal: Some(r),
-        },
+        Err(r) => {
+            // Let the refusal reach the gateway before the call is dropped (see relay's end).
+            drop(tx);
+            let mut inbound = inbound;
+            let _ = tokio::time::timeout(DRAIN, async {
+                while let Some(Ok(_)) = inbound.next().await {}
+            })
+            .await;
+            Outcome {
+                up: 0,
+                down: 0,
+                refusal: Some(r),
+            }
+        }
     }
 }
 
@@ -286,8 +298,8 @@ where
         }
     };
     // Gateway → local port. Err(Some(r)): r is sent back when it is the node's refusal (`send` true).
+    let mut inbound = inbound;
     let down = async {
-        let mut inbound = inbound;
         loop {
             let Ok(next) = tokio::time::timeout(IDLE_BACKSTOP, inbound.next()).await else {
                 return Err((
@@ -346,32 +358,41 @@ where
             }
         }
     };
-    tokio::pin!(up, down);
-    let (mut up_done, mut down_done) = (false, false);
-    let refusal = loop {
-        tokio::select! {
-            r = &mut up, if !up_done => match r {
-                Ok(()) => up_done = true,
-                Err(Some(r)) => {
-                    let _ = tx.send(r.frame()).await;
-                    break Some(r);
-                }
-                Err(None) => break Some(Refusal::new(C::Aborted, "the gateway stopped reading the tunnel")),
-            },
-            r = &mut down, if !down_done => match r {
-                Ok(()) => down_done = true,
-                Err((r, send)) => {
-                    if send {
+    let refusal = {
+        tokio::pin!(up, down);
+        let (mut up_done, mut down_done) = (false, false);
+        loop {
+            tokio::select! {
+                r = &mut up, if !up_done => match r {
+                    Ok(()) => up_done = true,
+                    Err(Some(r)) => {
                         let _ = tx.send(r.frame()).await;
+                        break Some(r);
                     }
-                    break Some(r);
-                }
-            },
-        }
-        if up_done && down_done {
-            break None;
+                    Err(None) => break Some(Refusal::new(C::Aborted, "the gateway stopped reading the tunnel")),
+                },
+                r = &mut down, if !down_done => match r {
+                    Ok(()) => down_done = true,
+                    Err((r, send)) => {
+                        if send {
+                            let _ = tx.send(r.frame()).await;
+                        }
+                        break Some(r);
+                    }
+                },
+            }
+            if up_done && down_done {
+                break None;
+            }
         }
     };
+    // What this side sent may still be queued: end the outbound stream and wait for the gateway to end its own
+    // before dropping the call (dropping it first resets the stream, discarding the queued frames).
+    drop(tx);
+    let _ = tokio::time::timeout(DRAIN, async {
+        while let Some(Ok(_)) = inbound.next().await {}
+    })
+    .await;
     Outcome {
         up: up_bytes.load(Relaxed),
         down: down_bytes.load(Relaxed),

@@ -60,6 +60,8 @@ pub struct Running {
     pub gateway_url: String,
     /// The sessions the gateway role holds (for status and benchmarks).
     pub sessions: Option<bc_gateway::session::Registry>,
+    /// The gateway role's tunnels (for status and tests).
+    pub tunnels: Option<bc_gateway::tunnel::Tunnels>,
     pub ca_pin: String,
     pub join_public_key: String,
     pub trust_domain: String,
@@ -262,7 +264,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         .module(bc_mod_tunnels::module())
         .resource(bc_mod_tunnels::TunnelsState::new(
             store.clone(),
-            tunnels,
+            tunnels.clone(),
             Default::default(),
         ));
     let initialized = builder.build()?.initialize(backend).await?;
@@ -317,6 +319,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         gateway_addr,
         gateway_url,
         sessions,
+        tunnels,
         ca_pin: ca.pin(),
         join_public_key,
         trust_domain: config.trust_domain.clone(),

@@ -15,6 +15,9 @@ use std::net::SocketAddr;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+/// The local side's marker for "the link broke while writing" (the reason arrives the other way).
+const LINK: &str = "LINK";
+
 /// Where the API is and who calls it.
 #[derive(Debug, Clone)]
 pub struct Api {
@@ -103,7 +106,8 @@ where
                 n => wire::frame(Frame::Data(buf[..n].to_vec())),
             };
             if let Err(e) = wire::write(&mut tw, &f).await {
-                return Err(("ABORTED".to_string(), format!("the tunnel link: {e}")));
+                // The API closed the link: why comes (or came) as a `close` frame the other way.
+                return Err((LINK.to_string(), format!("the tunnel link: {e}")));
             }
             if n == 0 {
                 return Ok(());
@@ -154,10 +158,15 @@ where
     };
     tokio::pin!(up, down);
     let (mut up_done, mut down_done) = (false, false);
+    let mut link_lost = None;
     let closed = loop {
         tokio::select! {
             r = &mut up, if !up_done => match r {
                 Ok(()) => up_done = true,
+                Err(e) if e.0 == LINK && !down_done => {
+                    up_done = true;
+                    link_lost = Some(("ABORTED".to_string(), e.1));
+                }
                 Err(e) => break Some(e),
             },
             r = &mut down, if !down_done => match r {
@@ -166,7 +175,7 @@ where
             },
         }
         if up_done && down_done {
-            break None;
+            break link_lost;
         }
     };
     drop((up, down));
