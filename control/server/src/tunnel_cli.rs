@@ -35,6 +35,16 @@ pub struct Forwarded {
     pub closed: Option<(String, String)>,
 }
 
+/// The HTTP client for tunnels: reqwest's default TCP_USER_TIMEOUT (30 s) would abort a tunnel whose reader on
+/// the node's side is slower than that to take more bytes (a zero window is legitimate here, up to the idle limit);
+/// keepalive probes still find a dead peer.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .tcp_user_timeout(None)
+        .build()
+        .unwrap_or_default()
+}
+
 /// Opens one tunnel: the upgraded connection, or the API's refusal (`{code, message}`).
 pub async fn connect(
     api: &Api,
@@ -206,7 +216,7 @@ pub async fn listen(
     port: u16,
     listener: TcpListener,
 ) -> anyhow::Result<()> {
-    let http = reqwest::Client::new();
+    let http = http_client();
     loop {
         let (local, peer) = listener.accept().await?;
         let (api, http, node) = (api.clone(), http.clone(), node.clone());
