@@ -188,7 +188,6 @@ where
             break link_lost;
         }
     };
-    drop((up, down));
     Forwarded {
         to_node: to_node.load(Relaxed),
         from_node: from_node.load(Relaxed),
