@@ -260,13 +260,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         });
     }
     let tunnels = gateway.as_ref().map(|g| g.tunnels.clone());
-    builder = builder
-        .module(bc_mod_tunnels::module())
-        .resource(bc_mod_tunnels::TunnelsState::new(
-            store.clone(),
-            tunnels.clone(),
-            Default::default(),
-        ));
+    builder = with_tunnels(builder, &store, tunnels.clone());
     let initialized = builder.build()?.initialize(backend).await?;
     store.ensure_root_tenant().await?;
     let mut plane = initialized.start(&roles);
@@ -326,6 +320,16 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         notes: initialized.notes().to_vec(),
         plane,
     })
+}
+
+/// The tunnels module and its state: the relay reaches `tunnels`, this process's gateway role's, when it runs one.
+fn with_tunnels(
+    builder: bc_kernel::ControlPlaneBuilder,
+    store: &Store,
+    tunnels: Option<bc_gateway::tunnel::Tunnels>,
+) -> bc_kernel::ControlPlaneBuilder {
+    let state = bc_mod_tunnels::TunnelsState::new(store.clone(), tunnels, Default::default());
+    builder.module(bc_mod_tunnels::module()).resource(state)
 }
 
 /// The capacity module as `config` sets it up, recording placement latency into `metrics`.

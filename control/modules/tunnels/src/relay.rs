@@ -54,6 +54,43 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Returns once nothing was recorded in `last` for `idle`.
+async fn quiet_for(last: &AtomicI64, idle: Duration) {
+    let tick = (idle / 10).clamp(Duration::from_millis(10), Duration::from_secs(30));
+    loop {
+        tokio::time::sleep(tick).await;
+        if now_ms().saturating_sub(last.load(Relaxed)) >= idle.as_millis() as i64 {
+            return;
+        }
+    }
+}
+
+/// Runs both directions until each ended normally (`OK`), one of them ended the tunnel, or `stop` did.
+async fn both(
+    up: impl Future<Output = Result<(), Ended>>,
+    down: impl Future<Output = Result<(), Ended>>,
+    stop: impl Future<Output = Ended>,
+) -> Ended {
+    tokio::pin!(up, down, stop);
+    let (mut up_done, mut down_done) = (false, false);
+    loop {
+        tokio::select! {
+            r = &mut up, if !up_done => match r {
+                Ok(()) => up_done = true,
+                Err(e) => return e,
+            },
+            r = &mut down, if !down_done => match r {
+                Ok(()) => down_done = true,
+                Err(e) => return e,
+            },
+            e = &mut stop => return e,
+        }
+        if up_done && down_done {
+            return Ended::ok();
+        }
+    }
+}
+
 /// Relays until both sides half-closed, either side closed or went away, or the tunnel sat idle for `idle`.
 pub async fn relay<IO>(io: IO, tx: TunnelTx, mut rx: TunnelRx, idle: Duration) -> Ended
 where
@@ -159,39 +196,16 @@ where
         }
     };
     let idle_watch = async {
-        let tick = (idle / 10).clamp(Duration::from_millis(10), Duration::from_secs(30));
-        loop {
-            tokio::time::sleep(tick).await;
-            let quiet = now_ms().saturating_sub(last.load(Relaxed));
-            if quiet >= idle.as_millis() as i64 {
-                let reason = format!(
-                    "no byte moved either way for {} s (the idle limit); open a new tunnel",
-                    idle.as_secs()
-                );
-                let _ = tx.send(wire::close(C::Idle, reason.clone())).await;
-                let _ = to_client(wire::close(C::Idle, reason.clone())).await;
-                return Ended::closed(C::Idle, reason);
-            }
-        }
+        quiet_for(&last, idle).await;
+        let reason = format!(
+            "no byte moved either way for {} s (the idle limit); open a new tunnel",
+            idle.as_secs()
+        );
+        let _ = tx.send(wire::close(C::Idle, reason.clone())).await;
+        let _ = to_client(wire::close(C::Idle, reason.clone())).await;
+        Ended::closed(C::Idle, reason)
     };
-    tokio::pin!(up, down, idle_watch);
-    let (mut up_done, mut down_done) = (false, false);
-    let ended = loop {
-        tokio::select! {
-            r = &mut up, if !up_done => match r {
-                Ok(()) => up_done = true,
-                Err(e) => break e,
-            },
-            r = &mut down, if !down_done => match r {
-                Ok(()) => down_done = true,
-                Err(e) => break e,
-            },
-            e = &mut idle_watch => break e,
-        }
-        if up_done && down_done {
-            break Ended::ok();
-        }
-    };
+    let ended = both(up, down, idle_watch).await;
     let mut w = client_wr.lock().await;
     let _ = w.shutdown().await;
     ended

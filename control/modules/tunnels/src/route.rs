@@ -145,44 +145,54 @@ async fn accept(
             return Err(ApiError::new(code, why));
         }
     };
-    let tunnel_id = tunnel.id.clone();
-    let bytes = tunnel.bytes();
-    let (tx, rx) = (tunnel.tx, tunnel.rx);
-    let store = state.store.clone();
-    let idle = state.options.idle;
-    let principal = caller.id.clone();
+    let (store, idle) = (state.store.clone(), state.options.idle);
+    let who = (caller.id.clone(), node, port);
     tokio::spawn(async move {
         let _slot = slot;
-        let ended = match on_upgrade.await {
-            Ok(upgraded) => {
-                let io = hyper_util::rt::TokioIo::new(upgraded);
-                relay::relay(io, tx, rx, idle).await
-            }
-            Err(e) => relay::Ended {
-                outcome: "ABORTED".into(),
-                reason: format!("the operator's upgrade failed: {e}"),
-            },
-        };
-        use std::sync::atomic::Ordering::Relaxed;
-        let (up, down) = (bytes.up.load(Relaxed), bytes.down.load(Relaxed));
-        tracing::info!(
-            tunnel = tunnel_id,
-            principal,
-            node,
-            port,
-            from_node = up,
-            to_node = down,
-            outcome = ended.outcome,
-            reason = ended.reason,
-            "tunnel ended"
-        );
-        if let Err(e) = queries::stop(&store, id, up, down, &ended.outcome, &ended.reason).await {
-            tracing::warn!(error = %e, tunnel = tunnel_id, "recording the end of a tunnel failed");
-        }
+        run(on_upgrade, tunnel, store, id, idle, who).await;
     });
     let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
     let h = response.headers_mut();
     h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     h.insert(header::UPGRADE, HeaderValue::from_static(UPGRADE));
     Ok(response)
+}
+
+/// Relays one accepted tunnel once the operator's connection is upgraded, then records its end.
+async fn run(
+    on_upgrade: hyper::upgrade::OnUpgrade,
+    tunnel: bc_gateway::tunnel::Tunnel,
+    store: bc_store::Store,
+    id: uuid::Uuid,
+    idle: std::time::Duration,
+    (principal, node, port): (String, String, u16),
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let tunnel_id = tunnel.id.clone();
+    let bytes = tunnel.bytes();
+    let ended = match on_upgrade.await {
+        Ok(upgraded) => {
+            let io = hyper_util::rt::TokioIo::new(upgraded);
+            relay::relay(io, tunnel.tx, tunnel.rx, idle).await
+        }
+        Err(e) => relay::Ended {
+            outcome: "ABORTED".into(),
+            reason: format!("the operator's upgrade failed: {e}"),
+        },
+    };
+    let (up, down) = (bytes.up.load(Relaxed), bytes.down.load(Relaxed));
+    tracing::info!(
+        tunnel = tunnel_id,
+        principal,
+        node,
+        port,
+        from_node = up,
+        to_node = down,
+        outcome = ended.outcome,
+        reason = ended.reason,
+        "tunnel ended"
+    );
+    if let Err(e) = queries::stop(&store, id, up, down, &ended.outcome, &ended.reason).await {
+        tracing::warn!(error = %e, tunnel = tunnel_id, "recording the end of a tunnel failed");
+    }
 }
