@@ -15,6 +15,9 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Mutex;
 
+/// How long a close at the idle limit may wait for a side that stopped reading.
+const CLOSE_DEADLINE: Duration = Duration::from_secs(5);
+
 /// How a relayed tunnel ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ended {
@@ -201,12 +204,21 @@ where
             "no byte moved either way for {} s (the idle limit); open a new tunnel",
             idle.as_secs()
         );
-        let _ = tx.send(wire::close(C::Idle, reason.clone())).await;
-        let _ = to_client(wire::close(C::Idle, reason.clone())).await;
+        // Either side may be the one that stopped reading: each close is tried for a bounded time only.
+        let _ = tokio::time::timeout(
+            CLOSE_DEADLINE,
+            tx.send(wire::close(C::Idle, reason.clone())),
+        )
+        .await;
+        let _ = tokio::time::timeout(
+            CLOSE_DEADLINE,
+            to_client(wire::close(C::Idle, reason.clone())),
+        )
+        .await;
         Ended::closed(C::Idle, reason)
     };
     let ended = both(up, down, idle_watch).await;
     let mut w = client_wr.lock().await;
-    let _ = w.shutdown().await;
+    let _ = tokio::time::timeout(CLOSE_DEADLINE, w.shutdown()).await;
     ended
 }
