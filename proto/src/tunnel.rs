@@ -122,7 +122,7 @@ mod tests {
         }
         let mut at = 0;
         for f in &frames {
-            assert_eq!(decode(&wire[..at + 3]).ok().flatten(), None);
+            assert_eq!(decode(&wire[at..at + 3]).ok().flatten(), None);
             let (got, used) = decode(&wire[at..]).ok().flatten().expect("a frame");
             assert_eq!(&got, f);
             at += used;

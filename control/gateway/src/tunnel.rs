@@ -493,6 +493,93 @@ mod tests {
         assert!(t.lock().pending.is_empty());
     }
 
+    /// A registry holding a session of `node` whose outbound queue holds `capacity` messages.
+    fn with_session(
+        node: &str,
+        capacity: usize,
+    ) -> (Registry, mpsc::Receiver<Result<v1::GatewayMessage, Status>>) {
+        let registry = Registry::default();
+        let (tx, rx) = mpsc::channel(capacity);
+        let (close, _) = tokio::sync::watch::channel(None);
+        registry.insert(
+            node,
+            crate::session::Entry {
+                epoch: 1,
+                last_seen_ms: Arc::default(),
+                tx,
+                close,
+            },
+        );
+        (registry, rx)
+    }
+
+    fn limits(per_node: usize, wait_ms: u64) -> TunnelLimits {
+        TunnelLimits {
+            per_node,
+            dial_timeout: Duration::from_millis(wait_ms / 2),
+            open_margin: Duration::from_millis(wait_ms / 2),
+            ..TunnelLimits::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_session_queue_refuses_the_tunnel_at_once_and_keeps_its_messages() {
+        let (registry, mut rx) = with_session("n1", 1);
+        let t = Tunnels::new(registry.clone(), limits(4, 60_000));
+        let heartbeat_like = v1::GatewayMessage { msg: None };
+        registry
+            .sender("n1")
+            .expect("session")
+            .try_send(Ok(heartbeat_like))
+            .expect("fits");
+        let started = std::time::Instant::now();
+        let e = t.open("n1", 22).await.err();
+        assert_eq!(e, Some(OpenError::SessionBusy("n1".into())));
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "it waited for the queue"
+        );
+        assert_eq!((t.stats().opens_sent, t.of_node("n1")), (0, 0));
+        assert!(t.lock().pending.is_empty());
+        // What the session had queued is still there, and nothing else.
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Ok(v1::GatewayMessage { msg: None }))
+        ));
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_node_that_never_opens_its_stream_times_out_and_a_node_is_capped() {
+        let (registry, mut rx) = with_session("n1", 8);
+        let t = Tunnels::new(registry, limits(1, 200));
+        let first = tokio::spawn({
+            let t = t.clone();
+            async move { t.open("n1", 8888).await.err() }
+        });
+        // The OpenTunnel went on the session with its port and dial deadline.
+        let sent = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        let Ok(Some(Ok(v1::GatewayMessage {
+            msg: Some(v1::gateway_message::Msg::OpenTunnel(open)),
+        }))) = sent
+        else {
+            panic!("no OpenTunnel on the session: {sent:?}");
+        };
+        assert_eq!((open.port, open.dial_timeout_ms), (8888, 100));
+        // While it is pending, the node's cap (1 here) refuses another without sending it.
+        assert_eq!(
+            t.open("n1", 22).await.err(),
+            Some(OpenError::NodeFull {
+                node: "n1".into(),
+                cap: 1
+            })
+        );
+        let e = first.await.expect("task");
+        assert!(matches!(e, Some(OpenError::DialTimeout { .. })), "{e:?}");
+        assert_eq!((t.stats().opens_sent, t.of_node("n1")), (1, 0));
+        assert!(t.lock().pending.is_empty());
+    }
+
     #[test]
     fn a_pending_open_is_taken_only_by_its_own_node() {
         let t = Tunnels::new(Registry::default(), TunnelLimits::default());
