@@ -57,6 +57,31 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Once nothing moved for `idle`: closes both sides `IDLE`, each for a bounded time (either may be the one that
+/// stopped reading).
+async fn idle_close<F, Fut>(last: &AtomicI64, idle: Duration, tx: &TunnelTx, to_client: &F) -> Ended
+where
+    F: Fn(v1::TunnelFrame) -> Fut,
+    Fut: Future<Output = Result<(), wire::FrameError>>,
+{
+    quiet_for(last, idle).await;
+    let reason = format!(
+        "no byte moved either way for {} s (the idle limit); open a new tunnel",
+        idle.as_secs()
+    );
+    let _ = tokio::time::timeout(
+        CLOSE_DEADLINE,
+        tx.send(wire::close(C::Idle, reason.clone())),
+    )
+    .await;
+    let _ = tokio::time::timeout(
+        CLOSE_DEADLINE,
+        to_client(wire::close(C::Idle, reason.clone())),
+    )
+    .await;
+    Ended::closed(C::Idle, reason)
+}
+
 /// Returns once nothing was recorded in `last` for `idle`.
 async fn quiet_for(last: &AtomicI64, idle: Duration) {
     let tick = (idle / 10).clamp(Duration::from_millis(10), Duration::from_secs(30));
@@ -198,25 +223,7 @@ where
             }
         }
     };
-    let idle_watch = async {
-        quiet_for(&last, idle).await;
-        let reason = format!(
-            "no byte moved either way for {} s (the idle limit); open a new tunnel",
-            idle.as_secs()
-        );
-        // Either side may be the one that stopped reading: each close is tried for a bounded time only.
-        let _ = tokio::time::timeout(
-            CLOSE_DEADLINE,
-            tx.send(wire::close(C::Idle, reason.clone())),
-        )
-        .await;
-        let _ = tokio::time::timeout(
-            CLOSE_DEADLINE,
-            to_client(wire::close(C::Idle, reason.clone())),
-        )
-        .await;
-        Ended::closed(C::Idle, reason)
-    };
+    let idle_watch = idle_close(&last, idle, &tx, &to_client);
     let ended = both(up, down, idle_watch).await;
     let mut w = client_wr.lock().await;
     let _ = tokio::time::timeout(CLOSE_DEADLINE, w.shutdown()).await;
