@@ -61,6 +61,7 @@ pub fn config_from_params(params: &RamdiskParams, state_dir: &Path) -> Result<Co
         gpu_backend: Some("none".into()),
         hardware_root: Some(PathBuf::from("/")),
         cdi_dir: Some(state_dir.join("cdi")),
+        tunnels: None,
     }
     .validate("kernel command line")
     .map_err(AgentError::Config)

@@ -181,6 +181,7 @@ pub(crate) fn load_config(
             gpu_backend: o.gpu_backend,
             hardware_root: o.hardware_root,
             cdi_dir: o.cdi_dir,
+            tunnels: None,
         })
         .validate(&origin)?)
 }

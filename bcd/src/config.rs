@@ -22,6 +22,8 @@ pub struct ConfigWire {
     pub hardware_root: Option<PathBuf>,
     /// Where the Container Device Interface spec of this node's bookings is written; default `/etc/cdi`.
     pub cdi_dir: Option<PathBuf>,
+    /// `[tunnels] allow = [22, 8888]`: the local ports tunnels may reach; none when absent.
+    pub tunnels: Option<crate::tunnel::TunnelsWire>,
 }
 
 /// The table of bcd.toml that configures telemetry.
@@ -65,6 +67,8 @@ pub struct Config {
     pub gpu_backend: GpuBackendChoice,
     pub hardware_root: PathBuf,
     pub cdi_dir: PathBuf,
+    /// The node's own tunnel allowlist (empty refuses every tunnel).
+    pub tunnels: crate::tunnel::Allowlist,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +126,7 @@ impl ConfigWire {
             gpu_backend: over.gpu_backend.or(self.gpu_backend),
             hardware_root: over.hardware_root.or(self.hardware_root),
             cdi_dir: over.cdi_dir.or(self.cdi_dir),
+            tunnels: over.tunnels.or(self.tunnels),
         }
     }
 
@@ -168,7 +173,13 @@ impl ConfigWire {
                 }
             },
         };
+        let tunnels = self
+            .tunnels
+            .unwrap_or_default()
+            .validate()
+            .map_err(|e| field("tunnels.allow", e))?;
         Ok(Config {
+            tunnels,
             gateway_url,
             ca_pin,
             join_public_key,
@@ -235,5 +246,34 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(e.contains("ca_pin"), "{e}");
+    }
+
+    #[test]
+    fn tunnels_are_refused_by_default_and_a_bad_port_is_named()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let base = "gateway_url = \"https://127.0.0.1:1\"\nca_pin = \"sha256:15758dce8550fe72396cc031b5213af26ba0c3a6e86b8a0719b00ef71b07ab0b\"\njoin_public_key = \"4-lEiv7ekxsdhWj4jYOVQKzUycFzDf00oYFFpZW3XV8\"\n";
+        let path = dir.path().join("bcd.toml");
+        std::fs::write(&path, base)?;
+        let c = ConfigWire::from_file(&path)?.validate("bcd.toml")?;
+        assert_eq!(c.tunnels.ports().count(), 0);
+        std::fs::write(&path, format!("{base}[tunnels]\nallow = [22, 8888]\n"))?;
+        let c = ConfigWire::from_file(&path)?.validate("bcd.toml")?;
+        assert_eq!(c.tunnels.ports().collect::<Vec<_>>(), vec![22, 8888]);
+        assert!(c.tunnels.allows(22) && !c.tunnels.allows(23));
+        std::fs::write(&path, format!("{base}[tunnels]\nallow = [22, 70000]\n"))?;
+        let e = ConfigWire::from_file(&path)?
+            .validate("bcd.toml")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("tunnels.allow") && e.contains("70000"), "{e}");
+        std::fs::write(&path, format!("{base}[tunnels]\nalow = [22]\n"))?;
+        let e = ConfigWire::from_file(&path)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("alow"), "{e}");
+        Ok(())
     }
 }

@@ -28,4 +28,5 @@ pub mod site;
 pub mod state;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;
+pub mod tunnel;
 pub mod vmm;

@@ -103,6 +103,8 @@ pub struct Daemon {
     commands: crate::commands::Commands,
     /// The desired state this daemon could not apply, retried with backoff until it applies or a newer one comes.
     retry: Option<DesiredRetry>,
+    /// Tunnels served at once ([`crate::tunnel::MAX_OPEN`]).
+    tunnel_slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// First and longest wait between attempts to apply a desired state that failed (full jitter in between).
@@ -146,6 +148,7 @@ impl Daemon {
             boot_id,
             commands: crate::commands::Commands::new(),
             retry: None,
+            tunnel_slots: Arc::new(tokio::sync::Semaphore::new(crate::tunnel::MAX_OPEN)),
         }
     }
 
@@ -316,6 +319,7 @@ impl Daemon {
         {
             return SessionEnd::Local("outbound queue closed".into());
         }
+        let tunnel_ch = ch.clone();
         let mut client = v1::session_service_client::SessionServiceClient::new(ch);
         let mut inbound = match client
             .session(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -432,7 +436,7 @@ impl Daemon {
                         }
                         continue;
                     }
-                    if let Some(every) = self.handle(m, &tx, &state, &signer).await {
+                    if let Some(every) = self.handle(m, &tx, &state, &signer, &tunnel_ch).await {
                         heartbeat = tokio::time::interval(every);
                         heartbeat.reset();
                     }
@@ -448,6 +452,7 @@ impl Daemon {
         tx: &mpsc::Sender<v1::NodeMessage>,
         state: &StateDir,
         signer: &Arc<EnvelopeSigner>,
+        tunnel_ch: &tonic::transport::Channel,
     ) -> Option<Duration> {
         use v1::gateway_message::Msg;
         match m {
@@ -516,10 +521,36 @@ impl Daemon {
                 self.commands.start(c, ctx);
             }
             Msg::Renew(_) => tracing::debug!("renewal response ignored"),
-            Msg::OpenTunnel(t) => tracing::info!(
-                tunnel = t.tunnel_id,
-                "tunnels are not available in this version"
-            ),
+            Msg::OpenTunnel(t) => {
+                // Each tunnel is its own task and its own HTTP/2 stream: a slow one never holds up this loop.
+                let allow = self.config.tunnels.clone();
+                let ch = tunnel_ch.clone();
+                let slots = self.tunnel_slots.clone();
+                tokio::spawn(async move {
+                    let id = t.tunnel_id.clone();
+                    let port = t.port;
+                    let out = crate::tunnel::serve_limited(&slots, &allow, t, |rx| async move {
+                        let mut client = v1::tunnel_service_client::TunnelServiceClient::new(ch);
+                        client
+                            .tunnel(tokio_stream::wrappers::ReceiverStream::new(rx))
+                            .await
+                            .map(|r| r.into_inner())
+                    })
+                    .await;
+                    match out.refusal {
+                        None => tracing::info!(
+                            tunnel = id,
+                            port,
+                            up = out.up,
+                            down = out.down,
+                            "tunnel closed"
+                        ),
+                        Some(r) => {
+                            tracing::info!(tunnel = id, port, up = out.up, down = out.down, code = ?r.code, reason = r.reason, "tunnel ended")
+                        }
+                    }
+                });
+            }
         }
         None
     }

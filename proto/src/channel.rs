@@ -237,6 +237,10 @@ pub async fn connect(url: &str, tls: Arc<rustls::ClientConfig>) -> Result<Channe
             source,
         })?
         .connect_timeout(Duration::from_secs(10))
+        // Tunnels share this connection, one HTTP/2 stream each: windows for bandwidth × delay per stream, and a
+        // connection window that holds every tunnel's at once so a stalled one never starves the Session.
+        .initial_stream_window_size(crate::tunnel::STREAM_WINDOW)
+        .initial_connection_window_size(crate::tunnel::CONNECTION_WINDOW)
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(20))
         .connect_with_connector(connector)

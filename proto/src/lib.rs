@@ -17,6 +17,7 @@ pub mod runtime;
 pub mod seal;
 pub mod spiffe;
 pub mod token;
+pub mod tunnel;
 
 /// Generated protobuf messages and gRPC clients/servers for `bettercompute.v1`.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]

@@ -120,6 +120,7 @@ impl Plane {
             gpu_backend: Some("none".into()),
             hardware_root: None,
             cdi_dir: Some(self.dir.path().join(name).join("cdi")),
+            tunnels: None,
         }
         .validate("test")
         .expect("node config")

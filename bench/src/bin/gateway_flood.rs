@@ -376,6 +376,7 @@ async fn main() -> anyhow::Result<()> {
         gpu_backend: Some("none".into()),
         hardware_root: None,
         cdi_dir: None,
+        tunnels: None,
     }
     .validate("bench")?;
     let mut nodes = Vec::new();

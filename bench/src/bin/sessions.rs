@@ -401,6 +401,7 @@ async fn main() -> anyhow::Result<()> {
         gpu_backend: Some("none".into()),
         hardware_root: None,
         cdi_dir: None,
+        tunnels: None,
     }
     .validate("bench")?;
     let t = Instant::now();

@@ -13,6 +13,7 @@ pub mod inventory;
 pub mod nodes;
 pub mod sites;
 pub mod system;
+pub mod tunnels;
 
 /// The stable error codes of the API. Every error the API answers, its own and the HTTP layer's (a malformed or
 /// oversized body, a wrong content type or method, an unknown route), is `{code, message}` with one of these.

@@ -11,6 +11,7 @@ pub mod conns;
 pub mod session;
 pub mod site;
 pub mod tls;
+pub mod tunnel;
 
 use bc_proto::v1;
 use std::future::Future;
@@ -45,6 +46,9 @@ pub struct Services {
     )>,
     /// Site agents' boot lease, netboot table and secrets (with the trust domain their identities must carry).
     pub site: Option<(Arc<dyn site::SiteHandler>, String)>,
+    /// Tunnels to nodes' ports (`TunnelService`, node identities of the sessions' trust domain), when sessions
+    /// are served too; its HTTP/2 windows apply to every connection.
+    pub tunnels: Option<tunnel::Tunnels>,
 }
 
 /// Limits on what a peer may make the gateway do.
@@ -128,7 +132,14 @@ pub async fn serve(
     let sweeper = tokio::spawn(accept::sweep(gate.clone()));
     let join = v1::join_service_server::JoinServiceServer::new(JoinSvc(services.join))
         .max_decoding_message_size(limits.max_message_bytes);
-    let mut router = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(t) = &services.tunnels {
+        let w = t.limits().windows;
+        builder = builder
+            .initial_stream_window_size(Some(w.stream))
+            .initial_connection_window_size(Some(w.connection));
+    }
+    let mut router = builder
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .layer(accept::CountRequests { gate })
         .add_service(join);
@@ -142,6 +153,16 @@ pub async fn serve(
             config.clone(),
             revocation_watermark,
         )));
+        if let Some(tunnels) = services.tunnels {
+            let svc = tunnel::TunnelSvc {
+                tunnels,
+                trust_domain: config.trust_domain.clone(),
+            };
+            router = router.add_service(
+                v1::tunnel_service_server::TunnelServiceServer::new(svc)
+                    .max_decoding_message_size(bc_proto::tunnel::MAX_ENCODED),
+            );
+        }
         let svc = session::SessionSvc {
             backend,
             registry,

@@ -101,12 +101,12 @@ pub struct RevokedSince {
     pub watermark_ms: i64,
 }
 
-struct Entry {
-    epoch: u64,
-    last_seen_ms: Arc<AtomicI64>,
-    tx: mpsc::Sender<Result<v1::GatewayMessage, Status>>,
+pub(crate) struct Entry {
+    pub(crate) epoch: u64,
+    pub(crate) last_seen_ms: Arc<AtomicI64>,
+    pub(crate) tx: mpsc::Sender<Result<v1::GatewayMessage, Status>>,
     /// The status the session ends with, when something other than the node ends it.
-    close: watch::Sender<Option<Status>>,
+    pub(crate) close: watch::Sender<Option<Status>>,
 }
 
 /// The sessions this gateway holds.
@@ -179,7 +179,7 @@ impl Registry {
         self.opened.load(Ordering::Relaxed)
     }
 
-    fn insert(&self, node_id: &str, entry: Entry) {
+    pub(crate) fn insert(&self, node_id: &str, entry: Entry) {
         if let Ok(mut m) = self.inner.lock()
             && let Some(old) = m.insert(node_id.to_string(), entry)
         {
@@ -270,7 +270,10 @@ impl Registry {
             .unwrap_or_default()
     }
 
-    fn sender(&self, node_id: &str) -> Option<mpsc::Sender<Result<v1::GatewayMessage, Status>>> {
+    pub(crate) fn sender(
+        &self,
+        node_id: &str,
+    ) -> Option<mpsc::Sender<Result<v1::GatewayMessage, Status>>> {
         self.inner
             .lock()
             .ok()

@@ -23,6 +23,7 @@ pub mod serve_cli;
 pub mod site_cli;
 pub mod statistics;
 pub mod telemetry;
+pub mod tunnel_cli;
 
 use crate::ca::Ca;
 use crate::config::ServeConfig;
@@ -63,6 +64,8 @@ pub struct Running {
     pub gateway_url: String,
     /// The sessions the gateway role holds (for status and benchmarks).
     pub sessions: Option<bc_gateway::session::Registry>,
+    /// The gateway role's tunnels (for status and tests).
+    pub tunnels: Option<bc_gateway::tunnel::Tunnels>,
     pub ca_pin: String,
     pub join_public_key: String,
     pub trust_domain: String,
@@ -122,6 +125,8 @@ struct Gateway {
     addr: SocketAddr,
     url: String,
     registry: bc_gateway::session::Registry,
+    /// Tunnels to the nodes of `registry` (the tunnels module's relay reaches them).
+    tunnels: bc_gateway::tunnel::Tunnels,
     tls: Arc<rustls::ServerConfig>,
     services: bc_gateway::Services,
 }
@@ -148,6 +153,7 @@ async fn gateway(
     let gateway_id = format!("gw-{}", addr.port());
     let (chain, key) = ca.issue_gateway(&gateway_id, &config.gateway_hosts)?;
     let registry = bc_gateway::session::Registry::default();
+    let tunnels = bc_gateway::tunnel::Tunnels::new(registry.clone(), Default::default());
     let tls = bc_gateway::tls::server_config(
         chain,
         key,
@@ -186,6 +192,7 @@ async fn gateway(
         join,
         session: Some((backend, session_config, registry.clone())),
         site: Some((Arc::new(site), config.trust_domain.clone())),
+        tunnels: Some(tunnels.clone()),
     };
     Ok(Gateway {
         id: gateway_id,
@@ -193,6 +200,7 @@ async fn gateway(
         addr,
         url,
         registry,
+        tunnels,
         tls,
         services,
     })
@@ -205,11 +213,13 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     start_with(config, store, true).await
 }
 
-/// The migrations of the modules this binary composes (numbered from 1000: instances' 1300–1399), as bc-store's
+/// The migrations of the modules this binary composes (numbered from 1000: tunnels' 1200–1299, instances'
+/// 1300–1399), as bc-store's
 /// runner takes them beside the base schema's.
 pub fn module_migrations() -> Vec<bc_store::migrate::Migration> {
     bc_mod_instances::MIGRATIONS
         .iter()
+        .chain([&bc_mod_tunnels::MIGRATION])
         .map(|m| bc_store::migrate::Migration {
             version: m.version,
             name: m.name,
@@ -284,6 +294,8 @@ pub async fn start_with(
             sessions: sessions.clone(),
         });
     }
+    let tunnels = gateway.as_ref().map(|g| g.tunnels.clone());
+    builder = with_tunnels(builder, &store, tunnels.clone());
     let initialized = builder.build()?.initialize(backend).await?;
     store.ensure_root_tenant().await?;
     let mut plane = initialized.start(&roles);
@@ -336,12 +348,23 @@ pub async fn start_with(
         gateway_addr,
         gateway_url,
         sessions,
+        tunnels,
         ca_pin: ca.pin(),
         join_public_key,
         trust_domain: config.trust_domain.clone(),
         notes: initialized.notes().to_vec(),
         plane,
     })
+}
+
+/// The tunnels module and its state: the relay reaches `tunnels`, this process's gateway role's, when it runs one.
+fn with_tunnels(
+    builder: bc_kernel::ControlPlaneBuilder,
+    store: &Store,
+    tunnels: Option<bc_gateway::tunnel::Tunnels>,
+) -> bc_kernel::ControlPlaneBuilder {
+    let state = bc_mod_tunnels::TunnelsState::new(store.clone(), tunnels, Default::default());
+    builder.module(bc_mod_tunnels::module()).resource(state)
 }
 
 /// The capacity module as `config` sets it up, recording placement latency into `metrics`.

@@ -40,13 +40,17 @@ struct ApiArgs {
 }
 
 impl ApiArgs {
-    fn client(&self) -> anyhow::Result<ApiClient> {
-        let r = bc_control::profile::resolve(
+    fn resolved(&self) -> anyhow::Result<bc_control::profile::Resolved> {
+        bc_control::profile::resolve(
             self.api_url.clone(),
             self.api_key.clone(),
             self.context.as_deref(),
             bc_control::profile::default_path().as_deref(),
-        )?;
+        )
+    }
+
+    fn client(&self) -> anyhow::Result<ApiClient> {
+        let r = self.resolved()?;
         Ok(ApiClient::new(&r.api_url, &r.api_key))
     }
 }
@@ -151,6 +155,23 @@ enum Command {
         api: ApiArgs,
         #[command(subcommand)]
         command: bc_control::instances_cli::InstanceCommand,
+    },
+    /// Forward a local port to a port on a node, like `ssh -L`: one tunnel per local connection.
+    Tunnel {
+        #[command(flatten)]
+        api: ApiArgs,
+        node: String,
+        port: u16,
+        /// Local address to listen on (port 0 picks one).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+    },
+    /// Tunnels: the audit (list) and pools' port allowlists (ports, set-ports).
+    Tunnels {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: bc_control::tunnel_cli::TunnelsCommand,
     },
     /// Reservations: create, list, show, release.
     Reservations {
@@ -399,6 +420,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 t
             })?;
+        }
+        Command::Tunnel {
+            api,
+            node,
+            port,
+            listen,
+        } => {
+            let r = api.resolved()?;
+            let api = bc_control::tunnel_cli::Api {
+                url: r.api_url,
+                key: r.api_key,
+            };
+            bc_control::tunnel_cli::tunnel(api, node, port, listen).await?;
+        }
+        Command::Tunnels { api, command } => {
+            let client = api.client()?;
+            bc_control::tunnel_cli::tunnels(&client, command).await?;
         }
         Command::Reservations { api, command } => {
             let client = api.client()?;

@@ -183,7 +183,10 @@ fn completions_load_in_bash_and_the_man_page_is_roff() {
     }
     let man = Command::new(BIN).arg("man").output().expect("run");
     let text = String::from_utf8_lossy(&man.stdout);
-    assert!(man.status.success() && text.contains(".TH better-compute"), "{text}");
+    assert!(
+        man.status.success() && text.contains(".TH better-compute"),
+        "{text}"
+    );
     // roff spells a hyphen `\-`.
     for command in ["reservations", "nodes", "join\\-tokens", "info"] {
         assert!(text.contains(command), "the man page lacks {command}");

@@ -125,6 +125,7 @@ async fn serve(dir: &std::path::Path, url: &str, admin_key: &str, nofile: Option
         gpu_backend: Some("none".into()),
         hardware_root: None,
         cdi_dir: None,
+        tunnels: None,
     }
     .validate("test")
     .expect("node config");

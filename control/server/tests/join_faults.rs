@@ -130,6 +130,7 @@ async fn every_join_completes_when_the_control_plane_is_killed_mid_join_and_rest
             gpu_backend: Some("none".into()),
             hardware_root: None,
             cdi_dir: None,
+            tunnels: None,
         }
         .validate("test")
         .expect("node config")

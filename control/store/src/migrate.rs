@@ -101,9 +101,14 @@ fn checksum(sql: &str) -> String {
     hex::encode(Sha256::digest(sql.as_bytes()))
 }
 
-/// Applies pending migrations; returns how many ran.
+/// Versions from here on are the control plane's modules' (`Module::migration`); the kernel applies and verifies
+/// them at start with its list ([`migrate_with`]).
+pub const MODULE_VERSIONS: i64 = 1000;
+
+/// Applies the base schema's pending migrations; returns how many ran. Modules' migrations already applied
+/// (versions from [`MODULE_VERSIONS`]) are left to the kernel's check: this list does not know them.
 pub async fn migrate(pool: &PgPool) -> Result<usize, MigrateError> {
-    migrate_with(pool, &[]).await
+    locked(pool, &all_migrations(&[])?, false).await
 }
 
 /// The base schema's migrations and `extra` (the control plane's modules', numbered from 1000), in version order;
@@ -146,13 +151,21 @@ pub async fn pending(
 
 /// Applies the pending migrations of the base schema and `extra`; returns how many ran.
 pub async fn migrate_with(pool: &PgPool, extra: &[Migration]) -> Result<usize, MigrateError> {
-    let all = all_migrations(extra)?;
+    locked(pool, &all_migrations(extra)?, true).await
+}
+
+/// Applies `all` under the migration lock; `modules_listed`: `all` holds every module's migrations too.
+async fn locked(
+    pool: &PgPool,
+    all: &[Migration],
+    modules_listed: bool,
+) -> Result<usize, MigrateError> {
     let mut conn = pool.acquire().await?;
     sqlx::query("SELECT pg_advisory_lock($1)")
         .bind(LOCK_KEY)
         .execute(&mut *conn)
         .await?;
-    let result = apply(&mut conn, &all).await;
+    let result = apply(&mut conn, all, modules_listed).await;
     let unlock = sqlx::query("SELECT pg_advisory_unlock($1)")
         .bind(LOCK_KEY)
         .execute(&mut *conn)
@@ -162,7 +175,11 @@ pub async fn migrate_with(pool: &PgPool, extra: &[Migration]) -> Result<usize, M
     Ok(n)
 }
 
-async fn apply(conn: &mut sqlx::PgConnection, all: &[Migration]) -> Result<usize, MigrateError> {
+async fn apply(
+    conn: &mut sqlx::PgConnection,
+    all: &[Migration],
+    modules_listed: bool,
+) -> Result<usize, MigrateError> {
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS bc_migrations (version bigint PRIMARY KEY, name text NOT NULL, \
          checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
@@ -175,6 +192,9 @@ async fn apply(conn: &mut sqlx::PgConnection, all: &[Migration]) -> Result<usize
     for row in &applied {
         let version: i64 = row.get(0);
         let Some(m) = all.iter().find(|m| m.version == version) else {
+            if version >= MODULE_VERSIONS && !modules_listed {
+                continue;
+            }
             return Err(MigrateError::DatabaseNewer { version });
         };
         if row.get::<String, _>(2) != checksum(m.sql) {

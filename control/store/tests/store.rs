@@ -109,6 +109,33 @@ async fn migrations_are_idempotent() {
     );
 }
 
+/// `migrate` (the base schema, as `serve` and `dev` run it before the kernel) on a database where a module's
+/// migration was applied: it leaves that one to the kernel instead of refusing the database as newer (a second
+/// `dev` failed so once the tunnels module had a migration); the kernel's list still refuses one it lacks.
+#[tokio::test]
+async fn the_base_migration_leaves_modules_migrations_to_the_kernel() {
+    use bc_store::migrate::{MigrateError, Migration, migrate, migrate_with};
+    let db = test_db().await;
+    let module = Migration {
+        version: 1999,
+        name: "a module's table",
+        sql: "CREATE TABLE module_test (id int)",
+    };
+    assert_eq!(migrate_with(&db.pool, &[module]).await.expect("module"), 1);
+    assert_eq!(migrate(&db.pool).await.expect("base after a module's"), 0);
+    assert_eq!(migrate_with(&db.pool, &[module]).await.expect("again"), 0);
+    let other = Migration {
+        version: 1998,
+        name: "another module",
+        sql: "SELECT 1",
+    };
+    let e = migrate_with(&db.pool, &[other]).await.err();
+    assert!(
+        matches!(e, Some(MigrateError::DatabaseNewer { version: 1999 })),
+        "{e:?}"
+    );
+}
+
 async fn xmin(store: &Store, id: &str) -> String {
     bc_store::sqlx::query_scalar("SELECT xmin::text FROM nodes WHERE id = $1")
         .bind(id)

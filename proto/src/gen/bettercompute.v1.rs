@@ -264,21 +264,62 @@ pub struct Command {
     #[prost(int64, tag = "4")]
     pub deadline_unix_ms: i64,
 }
+/// The gateway asks the node to connect one tunnel connection to a local port. The node checks the port against
+/// its own allowlist (bcd.toml `\[tunnels\] allow`), dials 127.0.0.1:<port> and opens TunnelService.Tunnel on the same
+/// mTLS connection, whose first frame is `open` with this tunnel_id. A refusal (port not allowed, dial refused or
+/// timed out) is answered on that stream as `close` with a code and reason, so it ends only this tunnel and never
+/// the session.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct OpenTunnel {
+    /// Chosen by the gateway, unique per node for the tunnel's life; the gateway matches the Tunnel stream by it and
+    /// by the caller's node identity.
     #[prost(string, tag = "1")]
     pub tunnel_id: ::prost::alloc::string::String,
-    #[prost(string, tag = "2")]
-    pub target: ::prost::alloc::string::String,
+    /// The local TCP port on the node (1..=65535).
+    #[prost(uint32, tag = "3")]
+    pub port: u32,
+    /// How long the node may try to connect; 0 means the node's default. The node clamps it to its own bounds.
+    #[prost(uint32, tag = "4")]
+    pub dial_timeout_ms: u32,
 }
+/// One frame of a tunnel stream. Order on the node's side: `open` first, then `data`, at most one `half_close`, and
+/// `close` or the end of the stream. The gateway sends `data`, `half_close` and `close`. A normal end is a
+/// `half_close` each way followed by the end of both streams; `close` ends the tunnel at once, both directions.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct TunnelFrame {
+    #[prost(oneof = "tunnel_frame::Frame", tags = "4, 5, 6, 7")]
+    pub frame: ::core::option::Option<tunnel_frame::Frame>,
+}
+/// Nested message and enum types in `TunnelFrame`.
+pub mod tunnel_frame {
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
+    pub enum Frame {
+        #[prost(message, tag = "4")]
+        Open(super::TunnelOpen),
+        /// Bytes of the connection, in order; at most 64 KiB a frame.
+        #[prost(bytes, tag = "5")]
+        Data(::prost::alloc::vec::Vec<u8>),
+        /// The sender writes nothing more (TCP FIN): the receiver shuts down its write side and keeps reading.
+        #[prost(message, tag = "6")]
+        HalfClose(super::TunnelHalfClose),
+        #[prost(message, tag = "7")]
+        Close(super::TunnelClose),
+    }
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TunnelOpen {
     #[prost(string, tag = "1")]
     pub tunnel_id: ::prost::alloc::string::String,
-    #[prost(bytes = "vec", tag = "2")]
-    pub data: ::prost::alloc::vec::Vec<u8>,
-    #[prost(bool, tag = "3")]
-    pub close: bool,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TunnelHalfClose {}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TunnelClose {
+    #[prost(enumeration = "TunnelCloseCode", tag = "1")]
+    pub code: i32,
+    /// For the operator: what happened and what to do next.
+    #[prost(string, tag = "2")]
+    pub reason: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct SecretRequestMessage {
@@ -407,6 +448,57 @@ impl JoinPurpose {
             "JOIN_PURPOSE_UNSPECIFIED" => Some(Self::Unspecified),
             "JOIN_PURPOSE_NODE" => Some(Self::Node),
             "JOIN_PURPOSE_SITE" => Some(Self::Site),
+            _ => None,
+        }
+    }
+}
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum TunnelCloseCode {
+    Unspecified = 0,
+    /// The port is not in the node's allowlist (bcd.toml `\[tunnels\] allow`).
+    PortNotAllowed = 1,
+    /// Nothing listens on the port (connection refused).
+    DialRefused = 2,
+    /// The dial did not complete within its deadline.
+    DialTimeout = 3,
+    /// The local connection failed after it was open (reset, I/O error).
+    IoError = 4,
+    /// A frame out of order or malformed.
+    Protocol = 5,
+    /// The far side gave up (the operator's client went away, the gateway is shutting down).
+    Aborted = 6,
+    /// Idle past the tunnel's idle limit.
+    Idle = 7,
+}
+impl TunnelCloseCode {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "TUNNEL_CLOSE_CODE_UNSPECIFIED",
+            Self::PortNotAllowed => "TUNNEL_CLOSE_CODE_PORT_NOT_ALLOWED",
+            Self::DialRefused => "TUNNEL_CLOSE_CODE_DIAL_REFUSED",
+            Self::DialTimeout => "TUNNEL_CLOSE_CODE_DIAL_TIMEOUT",
+            Self::IoError => "TUNNEL_CLOSE_CODE_IO_ERROR",
+            Self::Protocol => "TUNNEL_CLOSE_CODE_PROTOCOL",
+            Self::Aborted => "TUNNEL_CLOSE_CODE_ABORTED",
+            Self::Idle => "TUNNEL_CLOSE_CODE_IDLE",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "TUNNEL_CLOSE_CODE_UNSPECIFIED" => Some(Self::Unspecified),
+            "TUNNEL_CLOSE_CODE_PORT_NOT_ALLOWED" => Some(Self::PortNotAllowed),
+            "TUNNEL_CLOSE_CODE_DIAL_REFUSED" => Some(Self::DialRefused),
+            "TUNNEL_CLOSE_CODE_DIAL_TIMEOUT" => Some(Self::DialTimeout),
+            "TUNNEL_CLOSE_CODE_IO_ERROR" => Some(Self::IoError),
+            "TUNNEL_CLOSE_CODE_PROTOCOL" => Some(Self::Protocol),
+            "TUNNEL_CLOSE_CODE_ABORTED" => Some(Self::Aborted),
+            "TUNNEL_CLOSE_CODE_IDLE" => Some(Self::Idle),
             _ => None,
         }
     }
@@ -1323,6 +1415,8 @@ pub mod tunnel_service_client {
     )]
     use tonic::codegen::*;
     use tonic::codegen::http::Uri;
+    /// One stream per tunnel connection, opened by the node after an OpenTunnel, so every tunnel has its own HTTP/2
+    /// flow-control window and a stalled reader never holds up the Session stream or another tunnel.
     #[derive(Debug, Clone)]
     pub struct TunnelServiceClient<T> {
         inner: tonic::client::Grpc<T>,
@@ -1452,6 +1546,8 @@ pub mod tunnel_service_server {
             Err(tonic::Status::unimplemented("Not yet implemented"))
         }
     }
+    /// One stream per tunnel connection, opened by the node after an OpenTunnel, so every tunnel has its own HTTP/2
+    /// flow-control window and a stalled reader never holds up the Session stream or another tunnel.
     #[derive(Debug)]
     pub struct TunnelServiceServer<T> {
         inner: Arc<T>,

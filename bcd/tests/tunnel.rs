@@ -1,0 +1,470 @@
+//! Tunnels end to end (issue 14): `better-compute tunnel`'s client (in process) ⇄ the API process's upgraded
+//! route ⇄ the gateway ⇄ the real `bcd run` binary ⇄ a local service, on a real PostgreSQL with mutual TLS on
+//! loopback.
+
+mod common;
+
+use bc_control::tunnel_cli::{self, Api, Forwarded};
+use bc_core::iam::Grant;
+use bc_proto::token::{Token, TokenKind};
+use common::*;
+use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::Child;
+
+/// A local service: echoes what it reads, then half-closes after the peer's EOF; counts its connections.
+struct Echo {
+    port: u16,
+    accepted: Arc<AtomicU64>,
+}
+
+async fn echo() -> Echo {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind echo");
+    let port = l.local_addr().expect("addr").port();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            count.fetch_add(1, Relaxed);
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    Echo { port, accepted }
+}
+
+/// A port nothing listens on.
+async fn dead_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+struct Lab {
+    p: Plane,
+    node: String,
+    _bcd: Child,
+    api: Api,
+    /// Allowed by the pool and the node.
+    echo: Echo,
+    /// Allowed by both; nothing listens.
+    dead: u16,
+    /// Allowed by the pool, not by the node.
+    node_refuses: Echo,
+    /// Allowed by the node, not by the pool.
+    pool_refuses: Echo,
+}
+
+async fn lab() -> Lab {
+    let p = plane_with(Options {
+        controllers: false,
+        fast: true,
+        leaf_lifetime: None,
+    })
+    .await;
+    let (echo, node_refuses, pool_refuses) = (echo().await, echo().await, echo().await);
+    let dead = dead_port().await;
+    let token = p.token(json!({"pool": "default", "uses": 1})).await;
+    let out = join(&p, "tn", &token, claims("tn", 1)).await.expect("join");
+    let node = out.identity.node_id;
+    let dir = p.dir.path();
+    let fixture = dir.join("tn-gpus.json");
+    std::fs::write(&fixture, bcd::gpu::fixture::synthetic(1, "tn")).expect("fixture");
+    fake_hardware(&dir.join("tn-hw"), "tn").expect("hw");
+    let config = dir.join("tn-bcd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[tunnels]\nallow = [{}, {dead}, {}]\n",
+            echo.port, pool_refuses.port
+        ),
+    )
+    .expect("bcd.toml");
+    // `bcd run` as common::bcd_run starts it, with this config file (the node's tunnel allowlist).
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bcd"));
+    cmd.arg("--config")
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(dir.join("tn"))
+        .args(["run", "--gateway-url", &p.running.gateway_url])
+        .args(["--ca-pin", &p.running.ca_pin])
+        .args(["--join-public-key", &p.running.join_public_key])
+        .arg("--gpu-backend")
+        .arg(format!("fixture:{}", fixture.display()))
+        .arg("--hardware-root")
+        .arg(dir.join("tn-hw"))
+        .env("BCD_LOG", "info")
+        .env_remove("BCD_JOIN_TOKEN")
+        .env_remove("BCD_JOIN_TOKEN_FILE")
+        .kill_on_drop(true);
+    let bcd = cmd.spawn().expect("spawn bcd run");
+    wait_node(&p, &node, 60, "session", |n| n.online).await;
+    p.admin
+        .call(
+            "tunnels",
+            "set-ports",
+            json!({"pool": "default", "ports": [echo.port, dead, node_refuses.port]}),
+        )
+        .await
+        .expect("set-ports");
+    let api = Api {
+        url: format!("http://{}", p.running.api_addr.expect("api")),
+        key: p.admin.key().to_string(),
+    };
+    Lab {
+        p,
+        node,
+        _bcd: bcd,
+        api,
+        echo,
+        dead,
+        node_refuses,
+        pool_refuses,
+    }
+}
+
+impl Lab {
+    /// `better-compute tunnel <node> <port>` listening on a free local port.
+    async fn forward(&self, api: &Api, port: u16) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind local");
+        let addr = l.local_addr().expect("addr");
+        tokio::spawn(tunnel_cli::listen(api.clone(), self.node.clone(), port, l));
+        addr
+    }
+
+    /// One tunnel connection through the CLI's code, with a local socket pair: how it ended.
+    async fn once(&self, api: &Api, port: u16, send: &[u8]) -> (Forwarded, Vec<u8>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let client = TcpStream::connect(addr);
+        let (client, accepted) = tokio::join!(client, l.accept());
+        let (mut client, (local, _)) = (client.expect("connect"), accepted.expect("accept"));
+        let http = tunnel_cli::http_client();
+        let node = self.node.clone();
+        let api = api.clone();
+        let relay =
+            tokio::spawn(
+                async move { tunnel_cli::serve_one(&api, &http, &node, port, local).await },
+            );
+        client.write_all(send).await.expect("write");
+        client.shutdown().await.expect("shutdown");
+        let mut back = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(30), client.read_to_end(&mut back)).await;
+        let f = tokio::time::timeout(Duration::from_secs(30), relay)
+            .await
+            .expect("tunnel ends")
+            .expect("task")
+            .unwrap_or_else(|e| Forwarded {
+                to_node: 0,
+                from_node: 0,
+                closed: Some(("API".into(), bc_error_chain::chain(&e))),
+            });
+        (f, back)
+    }
+
+    fn opens_sent(&self) -> u64 {
+        self.p
+            .running
+            .tunnels
+            .as_ref()
+            .map_or(0, |t| t.stats().opens_sent)
+    }
+
+    async fn audit(&self) -> Vec<serde_json::Value> {
+        let v = self
+            .p
+            .admin
+            .call("tunnels", "list", json!({"node": self.node}))
+            .await
+            .expect("tunnels.list");
+        v["tunnels"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// A principal holding exactly `grants`, as an API caller.
+    async fn principal(&self, id: &str, grants: &[(&str, &str)]) -> Api {
+        let key = Token::generate(TokenKind::ApiKey).expect("key");
+        let grants: Vec<Grant> = grants
+            .iter()
+            .map(|(p, s)| Grant {
+                permission: p.to_string(),
+                scope: s.to_string(),
+            })
+            .collect();
+        self.p
+            .store
+            .upsert_principal(id, "root", id, key.id(), &key.secret().hash(), &grants)
+            .await
+            .expect("principal");
+        Api {
+            url: self.api.url.clone(),
+            key: key.reveal(),
+        }
+    }
+}
+
+/// `bytes` of random data through `addr` and back (the echo service): the SHA-256 of what was sent and of what
+/// came back, and how many bytes came back.
+async fn echo_hashes(addr: SocketAddr, bytes: u64) -> ([u8; 32], [u8; 32], u64) {
+    let s = TcpStream::connect(addr).await.expect("connect");
+    let _ = s.set_nodelay(true);
+    let (mut r, mut w) = s.into_split();
+    let writer = tokio::spawn(async move {
+        let mut h = ring::digest::Context::new(&ring::digest::SHA256);
+        let mut buf = vec![0u8; 1 << 20];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            getrandom::fill(&mut buf[..n]).expect("random");
+            h.update(&buf[..n]);
+            w.write_all(&buf[..n])
+                .await
+                .expect("write through the tunnel");
+            left -= n as u64;
+        }
+        w.shutdown().await.expect("half-close");
+        h.finish()
+    });
+    let mut h = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0u64;
+    loop {
+        let n = r.read(&mut buf).await.expect("read through the tunnel");
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        got += n as u64;
+    }
+    let sent = writer.await.expect("writer");
+    let digest = |d: ring::digest::Digest| -> [u8; 32] {
+        let mut out = [0u8; 32];
+        out.copy_from_slice(d.as_ref());
+        out
+    };
+    (digest(sent), digest(h.finish()), got)
+}
+
+/// Bytes of the big transfer: 1 GiB unless `BC_TUNNEL_TEST_BYTES` says otherwise.
+fn big() -> u64 {
+    std::env::var("BC_TUNNEL_TEST_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1 << 30)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gib_of_random_bytes_goes_through_and_back_hashed_and_the_audit_row_counts_it()
+-> TestResult {
+    let lab = lab().await;
+    let addr = lab.forward(&lab.api, lab.echo.port).await;
+    let n = big();
+    let started = std::time::Instant::now();
+    let (sent, back, got) = echo_hashes(addr, n).await;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "tunnel echo: {n} bytes each way in {secs:.1} s ({:.0} MB/s each way)",
+        n as f64 / secs / 1e6
+    );
+    assert_eq!(got, n);
+    assert_eq!(sent, back, "what came back differs from what was sent");
+    // The audit row is written when the relay ends, just after the last byte.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let row = loop {
+        let rows = lab.audit().await;
+        if let Some(r) = rows.iter().find(|r| r["outcome"] != "OPEN") {
+            break r.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no finished audit row: {rows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(row["outcome"], "OK", "{row}");
+    assert_eq!(row["bytes_to_node"], n, "{row}");
+    assert_eq!(row["bytes_from_node"], n, "{row}");
+    assert_eq!(row["principal"], "admin");
+    assert_eq!(row["port"], lab.echo.port);
+    assert!(
+        row["stopped_at_ms"].as_i64() >= row["started_at_ms"].as_i64(),
+        "{row}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hundred_concurrent_tunnel_connections_each_carry_their_own_bytes() -> TestResult {
+    let lab = lab().await;
+    let addr = lab.forward(&lab.api, lab.echo.port).await;
+    let tasks: Vec<_> = (0..100)
+        .map(|_| tokio::spawn(echo_hashes(addr, 1 << 20)))
+        .collect();
+    for t in tasks {
+        let (sent, back, got) = t.await?;
+        assert_eq!(got, 1 << 20);
+        assert_eq!(sent, back);
+    }
+    assert_eq!(lab.echo.accepted.load(Relaxed), 100);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refusals_close_only_their_own_tunnel_and_say_why() -> TestResult {
+    let lab = lab().await;
+    // A refused dial beside a working one: both at once, the working one unharmed.
+    let payload = vec![42u8; 3 << 20];
+    let ((ok, back), (refused, _)) = tokio::join!(
+        lab.once(&lab.api, lab.echo.port, &payload),
+        lab.once(&lab.api, lab.dead, b"hello")
+    );
+    assert_eq!(ok.closed, None, "{ok:?}");
+    assert_eq!(back, payload);
+    let (code, reason) = refused.closed.clone().expect("refused");
+    assert_eq!(code, "DIAL_REFUSED", "{reason}");
+    assert!(reason.contains("nothing listens"), "{reason}");
+    // The node's allowlist refuses a port the pool allows: the node never dials it.
+    let (f, _) = lab.once(&lab.api, lab.node_refuses.port, b"x").await;
+    let (code, reason) = f.closed.expect("refused by the node");
+    assert_eq!(code, "PORT_NOT_ALLOWED", "{reason}");
+    assert!(reason.contains("bcd.toml"), "{reason}");
+    assert_eq!(lab.node_refuses.accepted.load(Relaxed), 0);
+    // The pool's allowlist refuses a port the node allows: the node is never asked.
+    let before = lab.opens_sent();
+    let (f, _) = lab.once(&lab.api, lab.pool_refuses.port, b"x").await;
+    let (code, reason) = f.closed.expect("refused by the pool");
+    assert!(
+        code == "API" && reason.contains("ACCESS_DENIED"),
+        "{code}: {reason}"
+    );
+    assert!(reason.contains("tunnel allowlist"), "{reason}");
+    assert_eq!(lab.opens_sent(), before, "the node was asked");
+    assert_eq!(lab.pool_refuses.accepted.load(Relaxed), 0);
+    // No grant: ACCESS_DENIED, nothing sent to the node.
+    let nogrant = lab
+        .principal("viewer", &[("compute:nodes:list", "pool/default")])
+        .await;
+    let other_pool = lab
+        .principal("elsewhere", &[("compute:tunnels:open", "pool/strict")])
+        .await;
+    for api in [&nogrant, &other_pool] {
+        let (f, _) = lab.once(api, lab.echo.port, b"x").await;
+        let (code, reason) = f.closed.expect("refused");
+        assert!(
+            code == "API" && reason.contains("ACCESS_DENIED"),
+            "{code}: {reason}"
+        );
+        assert!(
+            reason.contains("compute:tunnels:open on pool/default"),
+            "{reason}"
+        );
+    }
+    assert_eq!(
+        lab.opens_sent(),
+        before,
+        "the node was asked without a grant"
+    );
+    // A grant on the node's pool suffices.
+    let operator = lab
+        .principal("operator", &[("compute:tunnels:open", "pool/default")])
+        .await;
+    let (f, back) = lab.once(&operator, lab.echo.port, b"granted").await;
+    assert_eq!((f.closed, back.as_slice()), (None, b"granted".as_slice()));
+    // Every connection left one audit row with its outcome.
+    let rows = lab.audit().await;
+    let outcomes: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["principal"].as_str().unwrap_or_default().to_string(),
+                r["outcome"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    for (who, what) in [
+        ("admin", "DIAL_REFUSED"),
+        ("admin", "PORT_NOT_ALLOWED"),
+        ("admin", "ACCESS_DENIED"),
+        ("viewer", "ACCESS_DENIED"),
+        ("elsewhere", "ACCESS_DENIED"),
+        ("operator", "OK"),
+    ] {
+        assert!(
+            outcomes.contains(&(who.to_string(), what.to_string())),
+            "no {who} {what} row in {outcomes:?}"
+        );
+    }
+    let ok_rows = rows.iter().filter(|r| r["outcome"] == "OK").count();
+    assert_eq!(ok_rows, 2, "{rows:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_tunnel_reader_never_delays_heartbeats() -> TestResult {
+    let lab = lab().await;
+    // The echo service answers what it gets: send without end and read nothing, so the answers back up through
+    // the tunnel to the node and the echo service stops reading too.
+    let stalled = lab.forward(&lab.api, lab.echo.port).await;
+    let mut s = TcpStream::connect(stalled).await?;
+    let buf = vec![1u8; 64 << 10];
+    let mut sent = 0u64;
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(2), s.write(&buf)).await {
+        sent += n as u64;
+    }
+    println!("stalled after {sent} bytes sent and none read");
+    // The tunnel is stalled now (writes block). Heartbeats must still reach the gateway every second, and the
+    // stall may last longer than reqwest's default TCP_USER_TIMEOUT (30 s), which once aborted such a tunnel.
+    let mut last = lab
+        .p
+        .store
+        .node(&lab.node)
+        .await?
+        .and_then(|n| n.last_seen_ms);
+    let mut worst = 0i64;
+    let until = tokio::time::Instant::now() + Duration::from_secs(STALL_SECS);
+    while tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let seen = lab
+            .p
+            .store
+            .node(&lab.node)
+            .await?
+            .and_then(|n| n.last_seen_ms);
+        if seen > last {
+            last = seen;
+        }
+        worst = worst.max(now_ms() - last.unwrap_or(0));
+    }
+    println!(
+        "longest gap between recorded heartbeats while stalled {STALL_SECS} s: {worst} ms (heartbeat 1000 ms)"
+    );
+    assert!(
+        worst < 2500,
+        "heartbeats were delayed by the stalled tunnel: {worst} ms"
+    );
+    // The Session still carries new tunnels beside the stalled one.
+    let (f, back) = lab.once(&lab.api, lab.echo.port, b"beside").await;
+    assert_eq!((f.closed, back.as_slice()), (None, b"beside".as_slice()));
+    // The stalled tunnel survived: reading now gets every byte back.
+    s.shutdown().await?;
+    let mut back = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut back)).await??;
+    assert_eq!(back.len() as u64, sent, "the stalled tunnel lost bytes");
+    Ok(())
+}
+
+/// How long the stalled-reader test holds the stall: past reqwest's 30 s TCP_USER_TIMEOUT.
+const STALL_SECS: u64 = 35;
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,198 @@
+//! `GET /api/tunnels/{node}/{port}` with `Authorization: Bearer <api key>`, `Connection: upgrade` and
+//! `Upgrade: bc-tunnel/1`: one tunnel connection to `port` on `node`. Checked in this order, each refusal a
+//! `{code, message}` answer and an audit row, and nothing sent to the node before the last one passes:
+//! the caller's key; the node; the grant `compute:tunnels:open` on `pool/<pool>`; the pool's port allowlist
+//! (`tunnels.set-ports`); the caller's cap of open tunnels; the gateway (this process's, holding the node's
+//! session). Then the gateway asks the node, and on the node's tunnel stream the answer is
+//! `101 Switching Protocols` and the connection carries frames ([`crate::relay`]). The node's own refusals (its
+//! allowlist, nothing listening) arrive as the first frame, a `close` with its code and reason.
+
+use crate::queries::{self, Opening};
+use crate::{OPEN, TunnelsState, relay};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bc_gateway::tunnel::OpenError;
+use bc_kernel::{ApiCode, ApiError, Route, RouterState};
+use bc_proto::tunnel::UPGRADE;
+
+pub(crate) fn route() -> Route {
+    Route::new(
+        "/api/tunnels/{node}/{port}",
+        "GET",
+        axum::routing::get(open),
+    )
+    .permission(OPEN)
+}
+
+async fn open(
+    State(router): State<RouterState>,
+    Path((node, port)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    match accept(router, node, port, request).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn wants_upgrade(headers: &HeaderMap) -> bool {
+    let has = |name: header::HeaderName, token: &str| {
+        headers.get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    has(header::CONNECTION, "upgrade") && has(header::UPGRADE, UPGRADE)
+}
+
+/// What a refusal before the node records as its outcome.
+fn outcome_of(e: &ApiError) -> &'static str {
+    match e.code() {
+        ApiCode::AccessDenied => "ACCESS_DENIED",
+        ApiCode::NotFound => "NOT_FOUND",
+        ApiCode::FailedPrecondition => "LIMIT",
+        _ => "UNAVAILABLE",
+    }
+}
+
+async fn accept(
+    router: RouterState,
+    node: String,
+    port: String,
+    mut request: Request,
+) -> Result<Response, ApiError> {
+    let caller = router.authenticate(request.headers()).await?;
+    if !wants_upgrade(request.headers()) {
+        return Err(ApiError::invalid(format!(
+            "a tunnel is an upgraded connection (Connection: upgrade, Upgrade: {UPGRADE}); use `better-compute tunnel <node> <port>`"
+        )));
+    }
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or_else(|| ApiError::invalid(format!("{port:?} is not a TCP port (1 to 65535)")))?;
+    let state = router.resources().require::<TunnelsState>()?.clone();
+    let row = state.store.node(&node).await?.ok_or_else(|| {
+        ApiError::not_found(format!(
+            "no node {node:?}; list nodes with `better-compute nodes list`"
+        ))
+    })?;
+    let pool = row.pool_id.to_string();
+    let opening = Opening {
+        principal: &caller.id,
+        node: &node,
+        pool: &pool,
+        port,
+    };
+    let refuse = |e: ApiError| async {
+        queries::start(&state.store, &opening, outcome_of(&e), e.message()).await?;
+        Err::<Response, ApiError>(e)
+    };
+    if !caller.allows(OPEN, &format!("pool/{pool}")) {
+        return refuse(ApiError::denied(format!(
+            "principal {} lacks {OPEN} on pool/{pool}; ask an administrator for that grant",
+            caller.id
+        )))
+        .await;
+    }
+    let allowed = queries::pool_ports(&state.store, &pool).await?;
+    if !allowed.contains(&port) {
+        return refuse(ApiError::denied(format!(
+            "port {port} is not in pool {pool}'s tunnel allowlist {allowed:?}; an administrator adds it with \
+             `better-compute tunnels set-ports {pool} <ports>`"
+        )))
+        .await;
+    }
+    let Some(slot) = state.hold(&caller.id) else {
+        return refuse(ApiError::new(
+            ApiCode::FailedPrecondition,
+            format!(
+                "principal {} already holds {} tunnels open; close one, then retry",
+                caller.id, state.options.per_principal
+            ),
+        ))
+        .await;
+    };
+    let Some(gateway) = state.gateway.clone() else {
+        return refuse(ApiError::unavailable(
+            "this process runs no gateway role: open tunnels through a process that runs api and gateway",
+        ))
+        .await;
+    };
+    let on_upgrade = hyper::upgrade::on(&mut request);
+    let id = queries::start(&state.store, &opening, "OPEN", "").await?;
+    let tunnel = match gateway.open(&node, port).await {
+        Ok(t) => t,
+        Err(e) => {
+            let (code, outcome) = match &e {
+                OpenError::NotConnected(_) => (ApiCode::Unavailable, "NOT_CONNECTED"),
+                OpenError::SessionBusy(_) | OpenError::NodeFull { .. } => {
+                    (ApiCode::FailedPrecondition, "LIMIT")
+                }
+                OpenError::DialTimeout { .. } => (ApiCode::Unavailable, "DIAL_TIMEOUT"),
+                OpenError::Closed => (ApiCode::Unavailable, "ABORTED"),
+            };
+            let why = match &e {
+                OpenError::NotConnected(_) => format!(
+                    "{e} (a node held by another gateway process is not reachable from this one yet); check \
+                     `better-compute nodes get {node}`"
+                ),
+                _ => e.to_string(),
+            };
+            queries::stop(&state.store, id, 0, 0, outcome, &why).await?;
+            return Err(ApiError::new(code, why));
+        }
+    };
+    let (store, idle) = (state.store.clone(), state.options.idle);
+    let who = (caller.id.clone(), node, port);
+    tokio::spawn(async move {
+        let _slot = slot;
+        run(on_upgrade, tunnel, store, id, idle, who).await;
+    });
+    let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
+    let h = response.headers_mut();
+    h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    h.insert(header::UPGRADE, HeaderValue::from_static(UPGRADE));
+    Ok(response)
+}
+
+/// Relays one accepted tunnel once the operator's connection is upgraded, then records its end.
+async fn run(
+    on_upgrade: hyper::upgrade::OnUpgrade,
+    tunnel: bc_gateway::tunnel::Tunnel,
+    store: bc_store::Store,
+    id: uuid::Uuid,
+    idle: std::time::Duration,
+    (principal, node, port): (String, String, u16),
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let tunnel_id = tunnel.id.clone();
+    let bytes = tunnel.bytes();
+    let ended = match on_upgrade.await {
+        Ok(upgraded) => {
+            let io = hyper_util::rt::TokioIo::new(upgraded);
+            relay::relay(io, tunnel.tx, tunnel.rx, idle).await
+        }
+        Err(e) => relay::Ended {
+            outcome: "ABORTED".into(),
+            reason: format!("the operator's upgrade failed: {e}"),
+        },
+    };
+    let (up, down) = (bytes.up.load(Relaxed), bytes.down.load(Relaxed));
+    tracing::info!(
+        tunnel = tunnel_id,
+        principal,
+        node,
+        port,
+        from_node = up,
+        to_node = down,
+        outcome = ended.outcome,
+        reason = ended.reason,
+        "tunnel ended"
+    );
+    if let Err(e) = queries::stop(&store, id, up, down, &ended.outcome, &ended.reason).await {
+        tracing::warn!(error = %e, tunnel = tunnel_id, "recording the end of a tunnel failed");
+    }
+}

@@ -1,0 +1,297 @@
+//! `better-compute tunnel <node> <port> [--listen 127.0.0.1:<local>]`, like `ssh -L`: it listens locally and
+//! turns each accepted connection into one tunnel (`GET /api/tunnels/{node}/{port}` upgraded to
+//! `bc-tunnel/1`, then length-prefixed `TunnelFrame`s, see bc-mod-tunnels). A refused or failed tunnel closes
+//! only its own local connection and says why on stderr; the listener goes on. Also `better-compute tunnels
+//! list|ports|set-ports`.
+
+use crate::client::{ApiClient, ClientError};
+use bc_core::api::tunnels::{GetPoolPorts, ListTunnels, PoolPorts};
+use bc_mod_tunnels::api::{ListTunnelsMethod, PortsMethod, SetPortsMethod};
+use bc_proto::tunnel as wire;
+use bc_proto::v1;
+use bc_proto::v1::tunnel_frame::Frame;
+use clap::Subcommand;
+use std::net::SocketAddr;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The local side's marker for "the link broke while writing" (the reason arrives the other way).
+const LINK: &str = "LINK";
+
+/// Where the API is and who calls it.
+#[derive(Debug, Clone)]
+pub struct Api {
+    pub url: String,
+    pub key: String,
+}
+
+/// How one tunnel connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forwarded {
+    /// Bytes from the local connection to the node's port, and back.
+    pub to_node: u64,
+    pub from_node: u64,
+    /// None after a half-close each way; else the close's code name and reason.
+    pub closed: Option<(String, String)>,
+}
+
+/// The HTTP client for tunnels: reqwest's default TCP_USER_TIMEOUT (30 s) would abort a tunnel whose reader on
+/// the node's side is slower than that to take more bytes (a zero window is legitimate here, up to the idle limit);
+/// keepalive probes still find a dead peer.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .tcp_user_timeout(None)
+        .build()
+        .unwrap_or_default()
+}
+
+/// Opens one tunnel: the upgraded connection, or the API's refusal (`{code, message}`).
+pub async fn connect(
+    api: &Api,
+    http: &reqwest::Client,
+    node: &str,
+    port: u16,
+) -> Result<reqwest::Upgraded, ClientError> {
+    let url = format!(
+        "{}/api/tunnels/{node}/{port}",
+        api.url.trim_end_matches('/')
+    );
+    let failed = |source| ClientError::Http {
+        url: url.clone(),
+        source,
+    };
+    let resp = http
+        .get(&url)
+        .bearer_auth(&api.key)
+        .header(reqwest::header::CONNECTION, "upgrade")
+        .header(reqwest::header::UPGRADE, wire::UPGRADE)
+        .send()
+        .await
+        .map_err(failed)?;
+    if resp.status() == reqwest::StatusCode::SWITCHING_PROTOCOLS {
+        return resp.upgrade().await.map_err(failed);
+    }
+    #[derive(serde::Deserialize)]
+    struct ErrorBody {
+        code: String,
+        message: String,
+    }
+    let status = resp.status();
+    let body: ErrorBody = resp.json().await.unwrap_or_else(|_| ErrorBody {
+        code: "UNAVAILABLE".into(),
+        message: format!("the API answered {status} without {{code, message}}"),
+    });
+    Err(ClientError::Api {
+        code: body.code,
+        message: body.message,
+    })
+}
+
+/// Relays `local` through the tunnel `link` until both sides half-closed or either closed.
+pub async fn forward<L, T>(local: L, link: T) -> Forwarded
+where
+    L: AsyncRead + AsyncWrite,
+    T: AsyncRead + AsyncWrite,
+{
+    let (mut lr, mut lw) = tokio::io::split(local);
+    let (mut tr, mut tw) = tokio::io::split(link);
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let to_node = AtomicU64::new(0);
+    let from_node = AtomicU64::new(0);
+    let up = async {
+        let mut buf = vec![0u8; wire::MAX_DATA];
+        loop {
+            let n = match lr.read(&mut buf).await {
+                Ok(n) => n,
+                Err(e) => {
+                    let reason = format!("reading the local connection: {e}");
+                    let _ =
+                        wire::write(&mut tw, &wire::close(v1::TunnelCloseCode::Aborted, &reason))
+                            .await;
+                    return Err(("ABORTED".to_string(), reason));
+                }
+            };
+            let f = match n {
+                0 => wire::frame(Frame::HalfClose(v1::TunnelHalfClose {})),
+                n => wire::frame(Frame::Data(buf[..n].to_vec())),
+            };
+            if let Err(e) = wire::write(&mut tw, &f).await {
+                // The API closed the link: why comes (or came) as a `close` frame the other way.
+                return Err((LINK.to_string(), format!("the tunnel link: {e}")));
+            }
+            if n == 0 {
+                return Ok(());
+            }
+            to_node.fetch_add(n as u64, Relaxed);
+        }
+    };
+    let down = async {
+        loop {
+            let f = match wire::read(&mut tr).await {
+                Ok(Some(f)) => f,
+                Ok(None) => {
+                    return Err((
+                        "ABORTED".to_string(),
+                        "the API ended the tunnel before a half-close".to_string(),
+                    ));
+                }
+                Err(e) => return Err(("PROTOCOL".to_string(), e.to_string())),
+            };
+            match f.frame {
+                Some(Frame::Data(d)) => {
+                    if let Err(e) = lw.write_all(&d).await {
+                        return Err((
+                            "ABORTED".into(),
+                            format!("writing the local connection: {e}"),
+                        ));
+                    }
+                    from_node.fetch_add(d.len() as u64, Relaxed);
+                }
+                Some(Frame::HalfClose(_)) => {
+                    let _ = lw.shutdown().await;
+                    return Ok(());
+                }
+                Some(Frame::Close(c)) => {
+                    let code = v1::TunnelCloseCode::try_from(c.code)
+                        .map(bc_mod_tunnels::relay::code_name)
+                        .unwrap_or_else(|_| format!("code {}", c.code));
+                    return Err((code, c.reason));
+                }
+                _ => {
+                    return Err((
+                        "PROTOCOL".into(),
+                        "the API sent a frame other than data, half_close or close".into(),
+                    ));
+                }
+            }
+        }
+    };
+    tokio::pin!(up, down);
+    let (mut up_done, mut down_done) = (false, false);
+    let mut link_lost = None;
+    let closed = loop {
+        tokio::select! {
+            r = &mut up, if !up_done => match r {
+                Ok(()) => up_done = true,
+                Err(e) if e.0 == LINK && !down_done => {
+                    up_done = true;
+                    link_lost = Some(("ABORTED".to_string(), e.1));
+                }
+                Err(e) => break Some(e),
+            },
+            r = &mut down, if !down_done => match r {
+                Ok(()) => down_done = true,
+                Err(e) => break Some(e),
+            },
+        }
+        if up_done && down_done {
+            break link_lost;
+        }
+    };
+    Forwarded {
+        to_node: to_node.load(Relaxed),
+        from_node: from_node.load(Relaxed),
+        closed,
+    }
+}
+
+/// One local connection end to end: the tunnel, or the refusal, and how it ended.
+pub async fn serve_one(
+    api: &Api,
+    http: &reqwest::Client,
+    node: &str,
+    port: u16,
+    local: TcpStream,
+) -> Result<Forwarded, ClientError> {
+    let _ = local.set_nodelay(true);
+    let link = connect(api, http, node, port).await?;
+    Ok(forward(local, link).await)
+}
+
+/// Accepts local connections on `listener` forever, one tunnel each.
+pub async fn listen(
+    api: Api,
+    node: String,
+    port: u16,
+    listener: TcpListener,
+) -> anyhow::Result<()> {
+    let http = http_client();
+    loop {
+        let (local, peer) = listener.accept().await?;
+        let (api, http, node) = (api.clone(), http.clone(), node.clone());
+        tokio::spawn(async move {
+            match serve_one(&api, &http, &node, port, local).await {
+                Ok(Forwarded {
+                    closed: None,
+                    to_node,
+                    from_node,
+                }) => {
+                    tracing::debug!(%peer, to_node, from_node, "tunnel closed");
+                }
+                Ok(Forwarded {
+                    closed: Some((code, reason)),
+                    ..
+                }) => {
+                    eprintln!("tunnel to {node}:{port} for {peer}: {code}: {reason}");
+                }
+                Err(e) => eprintln!(
+                    "tunnel to {node}:{port} for {peer}: {}",
+                    bc_error_chain::chain(&e)
+                ),
+            }
+        });
+    }
+}
+
+/// `better-compute tunnel <node> <port> [--listen <addr>]`: binds (port 0 picks one) and prints the address.
+pub async fn tunnel(
+    api: Api,
+    node: String,
+    port: u16,
+    listen_on: SocketAddr,
+) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(listen_on)
+        .await
+        .map_err(|e| anyhow::anyhow!("listening on {listen_on}: {e}"))?;
+    let local = listener.local_addr()?;
+    println!("forwarding {local} -> {node}:{port} (one tunnel per connection; Ctrl-C stops)");
+    tokio::select! {
+        r = listen(api, node, port, listener) => r,
+        _ = bc_proto::runtime::shutdown_signal() => Ok(()),
+    }
+}
+
+#[derive(Subcommand)]
+pub enum TunnelsCommand {
+    /// The audit of tunnel connections, newest first (principal, node, port, start, stop, bytes, outcome).
+    List {
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long)]
+        limit: Option<u32>,
+    },
+    /// A pool's tunnel port allowlist.
+    Ports { pool: String },
+    /// Replaces a pool's tunnel port allowlist (no ports refuses every tunnel to its nodes).
+    SetPorts { pool: String, ports: Vec<u16> },
+}
+
+pub async fn tunnels(client: &ApiClient, command: TunnelsCommand) -> anyhow::Result<()> {
+    let v = match command {
+        TunnelsCommand::List { node, limit } => serde_json::to_string(
+            &client
+                .method::<ListTunnelsMethod>(&ListTunnels { node, limit })
+                .await?,
+        ),
+        TunnelsCommand::Ports { pool } => {
+            serde_json::to_string(&client.method::<PortsMethod>(&GetPoolPorts { pool }).await?)
+        }
+        TunnelsCommand::SetPorts { pool, ports } => serde_json::to_string(
+            &client
+                .method::<SetPortsMethod>(&PoolPorts { pool, ports })
+                .await?,
+        ),
+    };
+    println!("{}", v.unwrap_or_default());
+    Ok(())
+}

@@ -1,0 +1,142 @@
+//! Tunnel frames on a byte stream: the link between `better-compute tunnel` and the API process, after the HTTP
+//! upgrade (`Upgrade: bc-tunnel/1`). Each frame is a 4-byte big-endian length then one encoded [`v1::TunnelFrame`]
+//! (the same frames as the gateway's `TunnelService`, so a refusal's code and reason reach the operator unchanged).
+//! A length over [`MAX_ENCODED`] or a frame that does not decode is an error naming it; nothing is buffered beyond
+//! one frame.
+
+use crate::v1;
+use prost::Message as _;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The HTTP `Upgrade` token of the API's tunnel route.
+pub const UPGRADE: &str = "bc-tunnel/1";
+
+/// Largest `data` payload a party sends in one frame.
+pub const MAX_DATA: usize = 64 * 1024;
+
+/// Largest encoded frame accepted: a full data frame plus its tag and length, or a close with a long reason.
+pub const MAX_ENCODED: usize = MAX_DATA + 1024;
+
+/// HTTP/2 window of one tunnel stream: 1 Gbit/s × 50 ms is 6.25 MB; 8 MiB leaves room.
+pub const STREAM_WINDOW: u32 = 8 << 20;
+
+/// Tunnels of one node at once, on the node and at a gateway.
+pub const MAX_PER_NODE: u32 = 128;
+
+/// HTTP/2 window of a daemon's connection: every tunnel at its full stream window plus one more for the Session
+/// and the rest (HTTP/2's largest window is 2^31-1).
+pub const CONNECTION_WINDOW: u32 = STREAM_WINDOW * (MAX_PER_NODE + 1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("tunnel link: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(
+        "tunnel frame of {0} bytes is larger than {MAX_ENCODED}: the peer is not speaking {UPGRADE}"
+    )]
+    TooLarge(usize),
+    #[error("tunnel frame does not decode: {0}")]
+    Decode(#[from] prost::DecodeError),
+}
+
+/// The frame `f` as it goes on the link.
+pub fn encode(f: &v1::TunnelFrame, out: &mut Vec<u8>) {
+    let len = f.encoded_len();
+    out.reserve(4 + len);
+    out.extend_from_slice(&(len as u32).to_be_bytes());
+    f.encode(out).unwrap_or_default();
+}
+
+/// The first whole frame of `buf` and the bytes it used, or None when `buf` holds less than one frame.
+pub fn decode(buf: &[u8]) -> Result<Option<(v1::TunnelFrame, usize)>, FrameError> {
+    let Some(head) = buf.first_chunk::<4>() else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes(*head) as usize;
+    if len > MAX_ENCODED {
+        return Err(FrameError::TooLarge(len));
+    }
+    let Some(body) = buf.get(4..4 + len) else {
+        return Ok(None);
+    };
+    Ok(Some((v1::TunnelFrame::decode(body)?, 4 + len)))
+}
+
+/// Reads one frame; Ok(None) at a clean end of the stream between frames.
+pub async fn read<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<v1::TunnelFrame>, FrameError> {
+    let mut head = [0u8; 4];
+    match r.read_exact(&mut head).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(head) as usize;
+    if len > MAX_ENCODED {
+        return Err(FrameError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await?;
+    Ok(Some(v1::TunnelFrame::decode(body.as_slice())?))
+}
+
+/// Writes one frame and flushes it.
+pub async fn write<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    f: &v1::TunnelFrame,
+) -> Result<(), FrameError> {
+    let mut out = Vec::new();
+    encode(f, &mut out);
+    w.write_all(&out).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// A frame of `f`.
+pub fn frame(f: v1::tunnel_frame::Frame) -> v1::TunnelFrame {
+    v1::TunnelFrame { frame: Some(f) }
+}
+
+/// A `close` frame.
+pub fn close(code: v1::TunnelCloseCode, reason: impl Into<String>) -> v1::TunnelFrame {
+    frame(v1::tunnel_frame::Frame::Close(v1::TunnelClose {
+        code: code as i32,
+        reason: reason.into(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use v1::tunnel_frame::Frame;
+
+    #[tokio::test]
+    async fn frames_round_trip_and_a_bad_length_is_named() {
+        let frames = [
+            frame(Frame::Data(vec![7u8; MAX_DATA])),
+            frame(Frame::HalfClose(v1::TunnelHalfClose {})),
+            close(v1::TunnelCloseCode::DialRefused, "nothing listens"),
+        ];
+        let mut wire = Vec::new();
+        for f in &frames {
+            encode(f, &mut wire);
+        }
+        let mut at = 0;
+        for f in &frames {
+            assert_eq!(decode(&wire[at..at + 3]).ok().flatten(), None);
+            let (got, used) = decode(&wire[at..]).ok().flatten().expect("a frame");
+            assert_eq!(&got, f);
+            at += used;
+        }
+        let mut r = wire.as_slice();
+        for f in &frames {
+            assert_eq!(read(&mut r).await.ok().flatten().as_ref(), Some(f));
+        }
+        assert!(matches!(read(&mut r).await, Ok(None)));
+        let big = ((MAX_ENCODED + 1) as u32).to_be_bytes();
+        let e = decode(&big)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("larger than"), "{e}");
+    }
+}
