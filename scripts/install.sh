@@ -79,33 +79,8 @@ install -m 0755 "$stage/bcd" "$DESTDIR/usr/local/bin/bcd"
 } > "$stage/bcd.toml"
 install -m 0644 "$stage/bcd.toml" "$DESTDIR/etc/bcd/bcd.toml"
 
-cat > "$stage/bcd.service" <<'UNIT'
-[Unit]
-Description=Better Compute node daemon
-Documentation=https://github.com/better-compute
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-ExecStart=/usr/local/bin/bcd --config /etc/bcd/bcd.toml run
-Restart=always
-RestartSec=5
-# 3: needs a join token (certificate expired while offline); 4: refused (revoked). An operator must act.
-RestartPreventExitStatus=3 4
-StateDirectory=bcd
-StateDirectoryMode=0700
-NoNewPrivileges=yes
-# ProtectSystem=full makes /usr, /boot, /efi and /etc read-only; bcd writes only its state directory (StateDirectory)
-# and the CDI spec of its bookings, which must stay writable.
-ProtectSystem=full
-ProtectHome=yes
-UNIT
-echo "ReadWritePaths=$cdi_path" >> "$stage/bcd.service"
-cat >> "$stage/bcd.service" <<'UNIT'
-
-[Install]
-WantedBy=multi-user.target
-UNIT
+# The unit comes from the binary being installed (`bcd unit`: packaging/systemd/bcd.service), so the two match.
+"$stage/bcd" unit --cdi-dir "$cdi_path" > "$stage/bcd.service" || die "bcd unit failed (is $binary a bcd of this version?)"
 install -m 0644 "$stage/bcd.service" "$DESTDIR/etc/systemd/system/bcd.service"
 echo "installed bcd, /etc/bcd/bcd.toml and bcd.service${DESTDIR:+ under $DESTDIR}"
 

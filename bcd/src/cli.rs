@@ -90,6 +90,51 @@ pub enum Command {
         #[command(flatten)]
         overrides: Overrides,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell), e.g.
+    /// `bcd completion bash > /etc/bash_completion.d/bcd`.
+    Completion { shell: clap_complete::Shell },
+    /// Print the man page (roff), e.g. `bcd man > /usr/share/man/man1/bcd.1`.
+    Man,
+    /// Print the systemd unit of a role to stdout (`bcd unit > /etc/systemd/system/bcd.service`): the node
+    /// daemon's (`bcd run`) or the site agent's (`bcd site run`). scripts/install.sh installs the node's this way.
+    Unit {
+        #[arg(long, value_enum, default_value_t = UnitRole::Node)]
+        role: UnitRole,
+        /// The CDI directory the node's unit leaves writable (the daemon's --cdi-dir / cdi_dir; default /etc/cdi).
+        #[arg(long)]
+        cdi_dir: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum UnitRole {
+    Node,
+    Site,
+}
+
+/// The systemd unit of `role`, from packaging/systemd (the same files the packages install).
+pub fn unit(role: UnitRole, cdi_dir: Option<&str>) -> anyhow::Result<String> {
+    match role {
+        UnitRole::Site => {
+            anyhow::ensure!(
+                cdi_dir.is_none(),
+                "--cdi-dir is the node's: the site agent writes no CDI spec"
+            );
+            Ok(include_str!("../../packaging/systemd/bcd-site.service").to_string())
+        }
+        UnitRole::Node => {
+            let cdi = cdi_dir.unwrap_or("/etc/cdi");
+            anyhow::ensure!(
+                cdi.starts_with('/'),
+                "--cdi-dir must be an absolute path (the systemd unit makes it writable by path), not {cdi:?}"
+            );
+            anyhow::ensure!(
+                !cdi.chars().any(char::is_whitespace),
+                "--cdi-dir must not contain whitespace (systemd's ReadWritePaths= splits on it): {cdi:?}"
+            );
+            Ok(include_str!("../../packaging/systemd/bcd.service").replace("@CDI_DIR@", cdi))
+        }
+    }
 }
 
 fn bcd_config(path: Option<PathBuf>) -> PathBuf {
@@ -141,6 +186,7 @@ pub(crate) fn load_config(
 }
 
 pub fn main() -> i32 {
+    bc_proto::runtime::quiet_broken_pipe();
     bc_proto::install_crypto_provider();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -148,8 +194,7 @@ pub fn main() -> i32 {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
-        // Colour codes only on a terminal: logs written to files and journals stay greppable.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(bc_proto::runtime::ansi())
         .init();
     let cli = Cli::parse();
     // Two workers are plenty for one connection; they keep the idle daemon small.
@@ -234,6 +279,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Site { command } => {
             crate::site::cli::run(command, cli.config, cli.state_dir).await?
         }
+        Command::Completion { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(shell, &mut Cli::command(), "bcd", &mut std::io::stdout());
+        }
+        Command::Man => {
+            use clap::CommandFactory as _;
+            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+        }
+        Command::Unit { role, cdi_dir } => print!("{}", unit(role, cdi_dir.as_deref())?),
         Command::Status => {
             let dir = cli
                 .state_dir
@@ -305,7 +359,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 daemon.instances = Some(v.host.clone());
                 daemon.hook = Some(v.hook.clone());
             }
+            // Ready for the service manager once the local work is running; the session comes up (and goes down)
+            // by itself and is reported as status: a node whose gateway is unreachable is running, not failing.
+            bc_proto::runtime::service::ready("connecting to the gateway");
+            let watchdog = bc_proto::runtime::service::spawn_watchdog();
             let result = daemon.run(stopped(stop_rx.clone())).await;
+            bc_proto::runtime::service::stopping();
+            if let Some(w) = watchdog {
+                w.abort();
+            }
             let _ = stop_tx.send(true);
             watcher.abort();
             #[cfg(feature = "telemetry")]

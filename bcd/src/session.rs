@@ -189,6 +189,7 @@ impl Daemon {
                     }
                     let wait = backoff.next_delay(rand::random::<f64>());
                     tracing::warn!(reason = %other, ?wait, "session ended; reconnecting");
+                    bc_proto::runtime::service::status(&format!("reconnecting: {other}"));
                     tokio::select! {
                         _ = &mut shutdown => return Ok(()),
                         _ = tokio::time::sleep(wait) => {}
@@ -452,6 +453,10 @@ impl Daemon {
         match m {
             Msg::Welcome(w) => {
                 tracing::info!(epoch = w.session_epoch, "session open");
+                bc_proto::runtime::service::status(&format!(
+                    "session open (epoch {})",
+                    w.session_epoch
+                ));
                 let ms = u64::from(w.heartbeat_interval_ms).clamp(1_000, 300_000);
                 return Some(Duration::from_millis(ms));
             }

@@ -97,7 +97,7 @@ fn run(p: &Plane, dir: &Path, name: &str) -> Agent {
     .expect("site.toml");
     let log = std::fs::File::create(base.join("run.log")).expect("log");
     let child = Command::new(BIN)
-        .args(["site", "run", "--lease-ttl", &LEASE_TTL_S.to_string()])
+        .args(["site", "run", "--lease-ttl", &format!("{LEASE_TTL_S}s")])
         .args(connection_args(p))
         .arg("--config")
         .arg(&config)

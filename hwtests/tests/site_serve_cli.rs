@@ -162,3 +162,106 @@ fn serve_reloads_the_table_on_sighup_and_stops_on_sigterm() -> Result<()> {
     );
     Ok(())
 }
+
+/// Issue 17 item 2: the site agent's unit (packaging/systemd/bcd-site.service) runs `bcd` as a dynamic user that
+/// keeps only CAP_NET_BIND_SERVICE and CAP_NET_RAW. Under that sandbox (reproduced here, in a private network
+/// namespace so the fixed ports are the test's own) `bcd site serve` binds DHCP 67, 68 (rogue watch), proxy DHCP
+/// 4011, TFTP 69 and HTTP 80 on its interface and then says it is ready, pinging the watchdog; with the same
+/// sandbox but no capabilities it fails, names the port it could not bind, and never says ready.
+#[test]
+fn the_site_agent_under_its_units_sandbox_binds_its_privileged_ports() -> Result<()> {
+    use bc_testkit::unit::{Notifications, Sandbox, can_sandbox};
+    if let Err(why) = can_sandbox() {
+        bc_testkit::skip!("{why}");
+    }
+    let bcd = bcd_binary()?;
+    let dir = tempfile::tempdir()?;
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755))?;
+    let root = dir.path().join("stage");
+    let (tftp, artifacts) = (root.join("srv/tftp"), root.join("srv/artifacts"));
+    fs::create_dir_all(&tftp)?;
+    fs::create_dir_all(&artifacts)?;
+    fs::create_dir_all(root.join("var/lib/bcd-site"))?;
+    let config = root.join("site.toml");
+    fs::write(
+        &config,
+        format!(
+            "[boot]\ninterface = \"lo\"\nserver_ip = \"127.0.0.1\"\ntftp_root = \"{}\"\nartifacts = \"{}\"\n",
+            tftp.display(),
+            artifacts.display()
+        ),
+    )?;
+    let unit = include_str!("../../packaging/systemd/bcd-site.service");
+    let mut sandbox = Sandbox::parse(unit);
+    sandbox.private_network = true;
+    assert!(sandbox.dynamic_user, "{unit}");
+    let log = dir.path().join("bcd.log");
+    let run = |sandbox: &Sandbox, notes: &Notifications| -> Result<Proc> {
+        let args: Vec<&std::ffi::OsStr> = vec![
+            bcd.as_os_str(),
+            "site".as_ref(),
+            "serve".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+        ];
+        let mut cmd = sandbox.command(&root, &args).map_err(anyhow::Error::msg)?;
+        Proc::spawn(
+            "bcd site serve (sandboxed)",
+            cmd.env("BCD_LOG", "info")
+                .env("NOTIFY_SOCKET", &notes.path)
+                .env("WATCHDOG_USEC", "200000")
+                .stdout(Stdio::null())
+                .stderr(fs::File::create(&log)?),
+        )
+    };
+    let log_text = || fs::read_to_string(&log).unwrap_or_default();
+
+    let mut notes = Notifications::bind(dir.path())?;
+    let mut served = run(&sandbox, &notes)?;
+    notes
+        .until("READY=1", 20)
+        .map_err(|e| anyhow::anyhow!("{e}: {}", log_text()))?;
+    notes.pings(3, 5).map_err(anyhow::Error::msg)?;
+    signal(&served, "-TERM")?;
+    notes.until("STOPPING=1", 10).map_err(anyhow::Error::msg)?;
+    assert!(
+        served.terminate(Duration::from_secs(10)),
+        "no clean stop: {}",
+        log_text()
+    );
+
+    // The same sandbox without the capabilities: the bind fails and says which port; never ready.
+    let mut bare = sandbox.clone();
+    bare.ambient.clear();
+    bare.bounding = Some(Vec::new());
+    let mut notes = Notifications::bind(&dir.path().join("stage"))?;
+    let mut refused = run(&bare, &notes)?;
+    let status = {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = refused.child.try_wait()? {
+                break s;
+            }
+            if Instant::now() > end {
+                refused.terminate(Duration::from_secs(1));
+                bail!(
+                    "bcd site serve without capabilities did not exit: {}",
+                    log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert!(!status.success());
+    let text = log_text();
+    assert!(
+        text.contains("ermission denied") && text.contains(":67"),
+        "{text}"
+    );
+    assert!(
+        notes.until("READY=1", 1).is_err(),
+        "ready without its ports: {:?}",
+        notes.seen
+    );
+    Ok(())
+}

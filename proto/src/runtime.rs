@@ -88,3 +88,91 @@ mod tests {
         assert_eq!(raise_nofile_limit(), now, "raising again changes nothing");
     }
 }
+
+/// Whether log lines may carry colour codes: stderr is a terminal and `NO_COLOR` (no-color.org) is unset or
+/// empty. Logs written to files and journals stay greppable.
+pub fn ansi() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// The exit status of a program whose reader went away (128 + SIGPIPE), as a shell reports `seq 9999 | head -1`.
+pub const BROKEN_PIPE_EXIT: i32 = 141;
+
+/// Makes a write to a closed stdout (`better-compute nodes list | head -1`) end the program quietly with
+/// [`BROKEN_PIPE_EXIT`], as SIGPIPE ends C programs, instead of `println!`'s panic and its message. Rust ignores
+/// SIGPIPE, so the write fails with EPIPE and `println!` panics with "failed printing to stdout"; that one panic
+/// is recognised here and every other goes to the default hook. Call it first in `main`.
+pub fn quiet_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(BROKEN_PIPE_EXIT);
+        }
+        default(info);
+    }));
+}
+
+/// The service manager's side of a daemon (systemd's `Type=notify`, sd_notify(3)): readiness, a status line,
+/// stopping, and the watchdog. Every call is a no-op when the process was not started with `NOTIFY_SOCKET` (a
+/// terminal, a test, another supervisor), and a failed send is logged, never fatal: the service manager is an
+/// observer of the daemon, not a dependency.
+pub mod service {
+    use sd_notify::NotifyState;
+    use std::time::Duration;
+
+    fn send(states: &[NotifyState]) {
+        if std::env::var_os("NOTIFY_SOCKET").is_none() {
+            return;
+        }
+        if let Err(e) = sd_notify::notify(false, states) {
+            tracing::warn!(error = %e, "telling the service manager failed (NOTIFY_SOCKET)");
+        }
+    }
+
+    /// The daemon does its job now (its listeners are bound, its loops started): `READY=1` with a status line.
+    pub fn ready(status: &str) {
+        send(&[NotifyState::Ready, NotifyState::Status(status)]);
+    }
+
+    /// A one-line status (`systemctl status` shows it), e.g. whether the session is up.
+    pub fn status(status: &str) {
+        send(&[NotifyState::Status(status)]);
+    }
+
+    /// The daemon is shutting down on purpose (`STOPPING=1`), so a slow drain is not mistaken for a hang.
+    pub fn stopping() {
+        send(&[NotifyState::Stopping]);
+    }
+
+    /// The ping interval the service manager asked for (half of `WATCHDOG_USEC`, as sd_watchdog_enabled(3)
+    /// advises), or None when it asked for none or asked another process (`WATCHDOG_PID`).
+    pub fn watchdog_interval() -> Option<Duration> {
+        let mut usec = 0u64;
+        (sd_notify::watchdog_enabled(false, &mut usec) && usec > 0)
+            .then(|| Duration::from_micros(usec / 2).max(Duration::from_millis(10)))
+    }
+
+    /// Pings the watchdog (`WATCHDOG=1`) from a task on the current runtime, at [`watchdog_interval`]. The pings
+    /// stop when the runtime stops making progress (every worker stuck, the timer wheel not turning), and then
+    /// the service manager restarts the daemon: that is the hang it catches. Returns None when no watchdog was
+    /// asked for. Call it from inside the runtime.
+    pub fn spawn_watchdog() -> Option<tokio::task::JoinHandle<()>> {
+        let every = watchdog_interval()?;
+        tracing::info!(every_ms = every.as_millis() as u64, "watchdog pings on");
+        Some(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                send(&[NotifyState::Watchdog]);
+            }
+        }))
+    }
+}

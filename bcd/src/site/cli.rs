@@ -35,9 +35,9 @@ pub enum SiteCommand {
     Run {
         #[arg(long, default_value = "/etc/bcd/bcd.toml")]
         agent_config: PathBuf,
-        /// Boot lease length in seconds (renewed every third of it).
-        #[arg(long, default_value_t = 15)]
-        lease_ttl: u64,
+        /// Boot lease length, e.g. 15s (renewed every third of it).
+        #[arg(long, default_value = "15s", value_parser = bc_proto::duration::parse)]
+        lease_ttl: std::time::Duration,
         #[command(flatten)]
         overrides: Overrides,
     },
@@ -279,6 +279,12 @@ async fn site_serve(path: &Path) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("starting the services of {}", path.display()))?;
     let (table_tx, table_rx) = tokio::sync::watch::channel(config.netboot.clone());
+    bc_proto::runtime::service::ready(&format!(
+        "serving {} machine(s) from {}",
+        config.netboot.len(),
+        path.display()
+    ));
+    let _watchdog = bc_proto::runtime::service::spawn_watchdog().map(AbortOnDrop);
     let reload_path = path.to_owned();
     let running = config.clone();
     let reload = tokio::spawn(async move {
@@ -318,6 +324,7 @@ async fn site_serve(path: &Path) -> anyhow::Result<()> {
         bc_proto::runtime::shutdown_signal(),
     )
     .await;
+    bc_proto::runtime::service::stopping();
     reload.abort();
     result.with_context(|| format!("serving {}", path.display()))
 }
@@ -327,7 +334,7 @@ async fn site_run(
     path: &Path,
     agent_path: &Path,
     agent: crate::config::Config,
-    lease_ttl: u64,
+    lease_ttl: std::time::Duration,
 ) -> anyhow::Result<()> {
     use bcd_site::serve;
     let config = serve::SiteConfig::from_file(path)?;
@@ -345,7 +352,7 @@ async fn site_run(
     let site_agent = crate::site::SiteAgent::new(
         agent,
         crate::site::SiteAgentOptions {
-            lease_ttl: std::time::Duration::from_secs(lease_ttl.max(1)),
+            lease_ttl: lease_ttl.max(std::time::Duration::from_secs(1)),
             artifacts: Some(config.artifacts.clone()),
             cache_max_bytes: config.cache_max_bytes,
             ..Default::default()
@@ -355,6 +362,8 @@ async fn site_run(
         .await
         .with_context(|| format!("starting the services of {}", path.display()))?;
     let (table_tx, table_rx) = tokio::sync::watch::channel(serve::Netboot::default());
+    bc_proto::runtime::service::ready("serving; the agent connects to the control plane");
+    let _watchdog = bc_proto::runtime::service::spawn_watchdog().map(AbortOnDrop);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -384,10 +393,20 @@ async fn site_run(
             _ = wait_stop(stop_rx.clone()) => {}
         }
     });
+    bc_proto::runtime::service::stopping();
     #[cfg(feature = "telemetry")]
     if let Some(t) = telemetry {
         let _ = t.await;
     }
     agent_result?;
     served.with_context(|| format!("serving {}", path.display()))
+}
+
+/// Aborts a task when dropped (the watchdog pinger of a serving loop that returned).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

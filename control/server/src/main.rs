@@ -2,10 +2,9 @@
 
 use anyhow::Context as _;
 use bc_control::client::ApiClient;
-use bc_control::config::ServeConfigWire;
+use bc_control::output::{self, Format, Table};
 use bc_core::api::nodes::{self as api, CommandState};
 use bc_mod_nodes::methods as nodes;
-use bc_store::Store;
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use std::net::SocketAddr;
@@ -22,49 +21,52 @@ struct Cli {
     command: Command,
 }
 
+/// The flags of every command that calls the API; they go anywhere after the group (`nodes list --api-key X`).
 #[derive(clap::Args)]
 struct ApiArgs {
-    /// Control-plane API URL.
-    #[arg(long, env = "BC_API_URL", default_value = "http://127.0.0.1:7080")]
-    api_url: String,
-    /// API key (bcak_…).
-    #[arg(long, env = "BC_API_KEY", hide_env_values = true)]
-    api_key: String,
+    /// Control-plane API URL [default: the context's, else http://127.0.0.1:7080].
+    #[arg(long, env = "BC_API_URL", global = true)]
+    api_url: Option<String>,
+    /// API key (bcak_…) [default: the context's].
+    #[arg(long, env = "BC_API_KEY", hide_env_values = true, global = true)]
+    api_key: Option<String>,
+    /// A context of the CLI profile ($BC_CONFIG, else ~/.config/better-compute/config.toml) [default: its
+    /// `current`].
+    #[arg(long, env = "BC_CONTEXT", global = true)]
+    context: Option<String>,
+    /// How reads print: table, wide, json or yaml (JSON and YAML: the API's answer, times as RFC 3339).
+    #[arg(short, long, value_enum, default_value_t, global = true)]
+    output: bc_control::output::Format,
+}
+
+impl ApiArgs {
+    fn client(&self) -> anyhow::Result<ApiClient> {
+        let r = bc_control::profile::resolve(
+            self.api_url.clone(),
+            self.api_key.clone(),
+            self.context.as_deref(),
+            bc_control::profile::default_path().as_deref(),
+        )?;
+        Ok(ApiClient::new(&r.api_url, &r.api_key))
+    }
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell), e.g.
+    /// `better-compute completion bash > /etc/bash_completion.d/better-compute`.
+    Completion { shell: clap_complete::Shell },
+    /// Print the man page (roff), e.g. `better-compute man > /usr/share/man/man1/better-compute.1`.
+    Man,
+    /// Print the control plane's systemd unit (`better-compute unit > /etc/systemd/system/better-compute.service`).
+    Unit,
     /// Apply the embedded database migrations (once per deploy).
     Migrate {
         #[arg(long, env = "BC_DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
     /// Serve the given roles.
-    Serve {
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Comma-separated: api,gateway,controllers,scheduler,sinks,iam (or all).
-        #[arg(long)]
-        roles: Option<String>,
-        #[arg(long, env = "BC_DATABASE_URL", hide_env_values = true)]
-        database_url: Option<String>,
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        #[arg(long)]
-        trust_domain: Option<String>,
-        #[arg(long)]
-        api_listen: Option<String>,
-        #[arg(long)]
-        gateway_listen: Option<String>,
-        /// A DNS name or IP address for the gateway certificate (repeatable).
-        #[arg(long = "gateway-host")]
-        gateway_hosts: Vec<String>,
-        #[arg(long)]
-        gateway_url: Option<String>,
-        /// Do not run migrations at start (they are run by `migrate` in the deploy).
-        #[arg(long)]
-        no_migrate: bool,
-    },
+    Serve(bc_control::serve_cli::ServeArgs),
     /// Everything in one process on a private PostgreSQL under --data-dir. No other setup.
     Dev {
         #[arg(long, default_value = ".bc-dev")]
@@ -137,6 +139,12 @@ enum Command {
         #[command(subcommand)]
         command: bc_control::site_cli::ArtifactCommand,
     },
+    /// What nodes and operators need to trust and reach this control plane: CA pin, join key, gateway URL,
+    /// trust domain, and the server's and this CLI's versions.
+    Info {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// Instances (VMs on vps-host pools): create, show, list, stop, start, reboot, delete, set-pool.
     Instances {
         #[command(flatten)]
@@ -168,8 +176,8 @@ enum ReservationCommand {
         #[arg(long, default_value = "node")]
         topology: String,
         /// How long: 90s, 30m, 24h, 7d.
-        #[arg(long, default_value = "1h")]
-        duration: String,
+        #[arg(long, default_value = "1h", value_parser = bc_proto::duration::parse)]
+        duration: std::time::Duration,
         /// The pool to book in (required when the control plane places by pool).
         #[arg(long)]
         pool: Option<String>,
@@ -198,8 +206,8 @@ enum JoinTokenCommand {
         #[arg(long, default_value_t = 1)]
         uses: i32,
         /// Lifetime: 90s, 30m, 24h, 7d.
-        #[arg(long, default_value = "24h")]
-        ttl: String,
+        #[arg(long, default_value = "24h", value_parser = bc_proto::duration::parse)]
+        ttl: std::time::Duration,
         /// Hardware the joining node must match, e.g. --expect gpu.count=8 (repeatable).
         #[arg(long = "expect", value_name = "CLAIM=VALUE")]
         expect: Vec<String>,
@@ -223,8 +231,10 @@ enum NodeCommand {
     /// One node: state, conditions, GPUs, inventory, last seen.
     Show { id: String },
     /// Stop handing out this node's GPUs: once this returns no new booking lands on it (existing ones stay).
+    #[command(visible_alias = "cordon")]
     Drain { id: String },
     /// Hand out a drained node's GPUs again.
+    #[command(visible_alias = "uncordon")]
     Undrain { id: String },
     /// Refuse this node's identity from now on (its session is closed within a liveness interval).
     Revoke { id: String },
@@ -235,9 +245,9 @@ enum NodeCommand {
         /// Arguments: a JSON object (at most 64 KiB), e.g. '{"disks": ["vda"]}'.
         #[arg(long, default_value = "{}")]
         args: String,
-        /// Seconds until the command expires unanswered.
-        #[arg(long, default_value_t = 600)]
-        timeout: u64,
+        /// How long until the command expires unanswered: 90s, 10m, 1h.
+        #[arg(long, default_value = "10m", value_parser = bc_proto::duration::parse)]
+        timeout: std::time::Duration,
     },
 }
 
@@ -252,22 +262,8 @@ enum CommandsCommand {
     },
 }
 
-fn parse_ttl(s: &str) -> anyhow::Result<i64> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, 's')) => (&s[..i], 1),
-        Some((i, 'm')) => (&s[..i], 60),
-        Some((i, 'h')) => (&s[..i], 3600),
-        Some((i, 'd')) => (&s[..i], 86_400),
-        _ => (s, 1),
-    };
-    let n: i64 = num
-        .parse()
-        .with_context(|| format!("--ttl {s:?}: expected a number with s, m, h or d"))?;
-    Ok(n * mult)
-}
-
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    bc_proto::runtime::quiet_broken_pipe();
     bc_proto::install_crypto_provider();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -275,33 +271,52 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info,sqlx=warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(bc_proto::runtime::ansi())
         .init();
     let cli = Cli::parse();
-    let rt = bc_proto::runtime::build(None)?;
-    rt.block_on(run(cli))
-}
-
-async fn connect(url: &str) -> anyhow::Result<Store> {
-    let pool = bc_store::sqlx::postgres::PgPoolOptions::new()
-        .max_connections(64)
-        .connect(url)
-        .await
-        .context("connecting to PostgreSQL")?;
-    Ok(Store::new(pool))
+    let result = bc_proto::runtime::build(None)
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(run(cli)));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // One line with the cause chain, no backtrace: these are the operator's errors to act on (exit 1; clap
+        // exits 2 for a usage error before this).
+        Err(e) => {
+            eprintln!("better-compute: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Migrate { database_url } => {
-            let store = connect(&database_url).await?;
+            let store = bc_control::serve_cli::connect(&database_url).await?;
             let n = bc_control::migrate(&store).await?;
             println!("applied {n} migration(s)");
         }
         Command::BootstrapAdmin { database_url } => {
-            let store = connect(&database_url).await?;
+            let store = bc_control::serve_cli::connect(&database_url).await?;
             println!("{}", bc_control::bootstrap_admin(&store).await?);
         }
-        command @ Command::Serve { .. } => serve(command).await?,
+        Command::Completion { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "better-compute",
+                &mut std::io::stdout(),
+            );
+        }
+        Command::Man => {
+            use clap::CommandFactory as _;
+            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+        }
+        Command::Unit => print!(
+            "{}",
+            include_str!("../../../packaging/systemd/better-compute.service")
+        ),
+        Command::Serve(args) => bc_control::serve_cli::serve(args).await?,
         Command::Dev {
             data_dir,
             api_listen,
@@ -338,50 +353,74 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .await?;
         }
         Command::JoinTokens { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            join_tokens(&client, command).await?;
+            let client = api.client()?;
+            join_tokens(&client, api.output, command).await?;
         }
         Command::Instances { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
+            let client = api.client()?;
             bc_control::instances_cli::instances(&client, command).await?;
         }
         Command::Sites { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            bc_control::site_cli::sites(&client, command).await?;
+            let client = api.client()?;
+            bc_control::site_cli::sites(&client, api.output, command).await?;
         }
         Command::SiteTokens { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            bc_control::site_cli::site_tokens(&client, command).await?;
+            let client = api.client()?;
+            bc_control::site_cli::site_tokens(&client, api.output, command).await?;
         }
         Command::Machines { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            bc_control::site_cli::machines(&client, command).await?;
+            let client = api.client()?;
+            bc_control::site_cli::machines(&client, api.output, command).await?;
         }
         Command::Secrets { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            bc_control::site_cli::secrets(&client, command).await?;
+            let client = api.client()?;
+            bc_control::site_cli::secrets(&client, api.output, command).await?;
         }
         Command::Artifacts { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            bc_control::site_cli::artifacts(&client, command).await?;
+            let client = api.client()?;
+            bc_control::site_cli::artifacts(&client, api.output, command).await?;
+        }
+        Command::Info { api } => {
+            let client = api.client()?;
+            let i = client
+                .method::<bc_control::plane::InfoMethod>(&bc_core::api::system::Nothing {})
+                .await?;
+            output::print(api.output, &i, || {
+                let mut t = Table::new(&["FIELD", "VALUE"]);
+                for (k, v) in [
+                    ("trust domain", i.trust_domain.as_str()),
+                    ("CA pin", i.ca_pin.as_str()),
+                    ("join key", i.join_public_key.as_str()),
+                    ("gateway URL", i.gateway_url.as_str()),
+                    ("server version", i.version.as_str()),
+                    ("CLI version", env!("CARGO_PKG_VERSION")),
+                ] {
+                    t.row(vec![k.to_string(), v.to_string()]);
+                }
+                t
+            })?;
         }
         Command::Reservations { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            reservations(&client, command).await?;
+            let client = api.client()?;
+            reservations(&client, api.output, command).await?;
         }
         Command::Nodes { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            nodes(&client, command).await?;
+            let client = api.client()?;
+            nodes(&client, api.output, command).await?;
         }
         Command::Commands { api, command } => {
-            let client = ApiClient::new(&api.api_url, &api.api_key);
-            commands(&client, command).await?;
+            let client = api.client()?;
+            commands(&client, api.output, command).await?;
         }
     }
     Ok(())
 }
 
-async fn join_tokens(client: &ApiClient, command: JoinTokenCommand) -> anyhow::Result<()> {
+async fn join_tokens(
+    client: &ApiClient,
+    out: Format,
+    command: JoinTokenCommand,
+) -> anyhow::Result<()> {
     match command {
         JoinTokenCommand::Create {
             pool,
@@ -399,7 +438,8 @@ async fn join_tokens(client: &ApiClient, command: JoinTokenCommand) -> anyhow::R
                 .method::<nodes::CreateJoinTokenMethod>(&api::CreateJoinToken {
                     pool: pool_id(&pool)?,
                     uses,
-                    ttl_seconds: parse_ttl(&ttl)?,
+                    ttl_seconds: i64::try_from(ttl.as_secs())
+                        .map_err(|_| anyhow::anyhow!("--ttl is too long"))?,
                     expect: bc_core::join::Expectations(exp),
                     reclaim,
                 })
@@ -415,16 +455,24 @@ async fn join_tokens(client: &ApiClient, command: JoinTokenCommand) -> anyhow::R
             let v = client
                 .method::<nodes::ListJoinTokensMethod>(&api::ListJoinTokens { pool })
                 .await?;
-            println!(
-                "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
-                "ID", "POOL", "LEFT", "TOTAL", "REVOKED", "RECLAIM"
-            );
-            for t in v.tokens {
-                println!(
-                    "{:<18} {:<12} {:>6} {:>6} {:<8} {:<8}",
-                    t.id, t.pool_id, t.uses_left, t.uses_total, t.revoked, t.reclaim
-                );
-            }
+            let now = output::now_ms();
+            output::print(out, &v, || {
+                let mut t = Table::new(&["ID", "POOL", "LEFT", "TOTAL", "REVOKED", "EXPIRES"])
+                    .wide(&["RECLAIM", "AGE"]);
+                for k in &v.tokens {
+                    t.row(vec![
+                        k.id.clone(),
+                        k.pool_id.to_string(),
+                        k.uses_left.to_string(),
+                        k.uses_total.to_string(),
+                        k.revoked.to_string(),
+                        output::age(Some(k.expires_at_ms), now),
+                        k.reclaim.to_string(),
+                        output::age(Some(k.created_at_ms), now),
+                    ]);
+                }
+                t
+            })?;
         }
         JoinTokenCommand::Revoke { id } => {
             client
@@ -453,19 +501,35 @@ async fn call_typed<M: bc_kernel::ApiMethod>(
     })
 }
 
-fn print_reservation(r: &bc_core::api::capacity::Reservation) {
-    let gpus: Vec<String> = r
-        .gpus
-        .iter()
-        .map(|g| format!("{}:{}", g.node, g.uuid))
-        .collect();
-    println!(
-        "{:<40} {:<10} {:<9} {}",
-        r.id,
-        r.tenant,
-        r.state,
-        gpus.join(" ")
-    );
+/// The reservations table: one row each.
+fn reservation_table<'a>(
+    rows: impl IntoIterator<Item = &'a bc_core::api::capacity::Reservation>,
+) -> Table {
+    let now = output::now_ms();
+    let mut t = Table::new(&["ID", "TENANT", "STATE", "GPUS", "AGE", "EXPIRES"])
+        .wide(&["POOL", "NODE:GPU"]);
+    for r in rows {
+        let gpus: Vec<String> = r
+            .gpus
+            .iter()
+            .map(|g| format!("{}:{}", g.node, g.uuid))
+            .collect();
+        t.row(vec![
+            r.id.to_string(),
+            r.tenant.to_string(),
+            r.state.to_string(),
+            r.gpus.len().to_string(),
+            output::age(Some(r.created_at_ms), now),
+            output::age(r.expires_at_ms, now),
+            r.request
+                .pool
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            gpus.join(","),
+        ]);
+    }
+    t
 }
 
 fn pool_id(s: &str) -> anyhow::Result<bc_core::ids::PoolId> {
@@ -478,7 +542,11 @@ fn node_ref(id: &str) -> anyhow::Result<api::NodeRef> {
     })
 }
 
-async fn reservations(client: &ApiClient, command: ReservationCommand) -> anyhow::Result<()> {
+async fn reservations(
+    client: &ApiClient,
+    out: Format,
+    command: ReservationCommand,
+) -> anyhow::Result<()> {
     use bc_core::api::capacity::{CreateReservation, ListReservations, ReservationById};
     use bc_mod_capacity::admission::{
         CreateReservationMethod, GetReservationMethod, ListReservationsMethod,
@@ -507,13 +575,15 @@ async fn reservations(client: &ApiClient, command: ReservationCommand) -> anyhow
                 gpus,
                 model,
                 topology,
-                duration_s: u32::try_from(parse_ttl(&duration)?)
+                duration_s: u32::try_from(duration.as_secs())
                     .map_err(|_| anyhow::anyhow!("--duration {duration:?} is too long"))?,
                 pool,
                 idempotency_key,
             };
             let answer = call_typed::<CreateReservationMethod>(client, &request).await?;
-            print_reservation(&answer.reservation.reservation);
+            output::print(out, &answer, || {
+                reservation_table([&answer.reservation.reservation])
+            })?;
         }
         ReservationCommand::List { tenant } => {
             let request = ListReservations {
@@ -521,15 +591,18 @@ async fn reservations(client: &ApiClient, command: ReservationCommand) -> anyhow
                 limit: None,
             };
             let list = call_typed::<ListReservationsMethod>(client, &request).await?;
-            for r in &list.reservations {
-                print_reservation(&r.reservation);
-            }
+            output::print(out, &list, || {
+                reservation_table(list.reservations.iter().map(|r| &r.reservation))
+            })?;
         }
         ReservationCommand::Show { id } => {
             let answer = call_typed::<GetReservationMethod>(client, &by_id(&id)?).await?;
+            if out != Format::Table && out != Format::Wide {
+                return output::print(out, &answer, Table::default);
+            }
             let shown = &answer.reservation;
             let r = &shown.reservation;
-            print_reservation(r);
+            print!("{}", reservation_table([r]).render(out == Format::Wide));
             if let Some(e) = &r.error {
                 println!("error: {e}");
             }
@@ -548,11 +621,12 @@ async fn reservations(client: &ApiClient, command: ReservationCommand) -> anyhow
                     );
                 }
             }
-            println!("{}", serde_json::to_string_pretty(shown)?);
         }
         ReservationCommand::Release { id } => {
             let answer = call_typed::<ReleaseReservationMethod>(client, &by_id(&id)?).await?;
-            print_reservation(&answer.reservation.reservation);
+            output::print(out, &answer, || {
+                reservation_table([&answer.reservation.reservation])
+            })?;
         }
     }
     Ok(())
@@ -566,41 +640,52 @@ fn delivery_name(d: bc_core::reservation::Delivery) -> &'static str {
     }
 }
 
-async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
+async fn nodes(client: &ApiClient, out: Format, command: NodeCommand) -> anyhow::Result<()> {
     match command {
         NodeCommand::List => {
             let v = client
                 .method::<nodes::ListNodesMethod>(&api::ListNodes {})
                 .await?;
-            let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
-            println!(
-                "{:<38} {:<10} {:<10} {:<7} {:>5} {:>9} {:<20}",
-                "NODE", "POOL", "STATE", "ONLINE", "GPUS", "SEEN", "HOSTNAME"
-            );
-            for n in &v.nodes {
-                let seen = n
-                    .last_seen_ms
-                    .map(|t| format!("{}s ago", (now - t).max(0) / 1000))
-                    .unwrap_or_else(|| "never".into());
-                println!(
-                    "{:<38} {:<10} {:<10} {:<7} {:>5} {:>9} {:<20}",
-                    n.id.as_str(),
-                    n.pool_id.as_str(),
-                    n.state.as_str(),
-                    if n.online { "yes" } else { "no" },
-                    n.gpu_count(),
-                    seen,
-                    n.hostname()
-                );
-            }
+            let now = output::now_ms();
+            output::print(out, &v, || {
+                let mut t = Table::new(&[
+                    "NODE", "POOL", "STATE", "ONLINE", "GPUS", "SEEN", "HOSTNAME",
+                ])
+                .wide(&["EPOCH", "GENERATION", "CONDITIONS"]);
+                for n in &v.nodes {
+                    t.row(vec![
+                        n.id.to_string(),
+                        n.pool_id.to_string(),
+                        n.state.as_str().to_string(),
+                        if n.online { "yes" } else { "no" }.to_string(),
+                        n.gpu_count().to_string(),
+                        n.last_seen_ms
+                            .map_or_else(|| "never".to_string(), |t| output::age(Some(t), now)),
+                        n.hostname().to_string(),
+                        n.session_epoch.to_string(),
+                        format!("{}/{}", n.acked_generation, n.desired_generation),
+                        n.conditions.len().to_string(),
+                    ]);
+                }
+                t
+            })?;
         }
         NodeCommand::Show { id } => {
             let v = client
                 .method::<nodes::GetNodeMethod>(&node_ref(&id)?)
                 .await?;
+            if out != Format::Table && out != Format::Wide {
+                return output::print(out, &v, Table::default);
+            }
             let n = &v.node;
             println!("node {}  pool {}  state {}", n.id, n.pool_id, n.state);
-            let seen = n.last_seen_ms.map_or("never".into(), |t| t.to_string());
+            let seen = n.last_seen_ms.map_or("never".into(), |t| {
+                format!(
+                    "{} ago ({})",
+                    output::age(Some(t), output::now_ms()),
+                    output::rfc3339(t)
+                )
+            });
             println!(
                 "online {}  last seen {seen}  epoch {}",
                 n.online, n.session_epoch
@@ -626,7 +711,6 @@ async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
             for g in gpus.iter().flat_map(|s| &s.gpus) {
                 println!("gpu {} {} {}", g.index, g.uuid, g.model);
             }
-            println!("{}", serde_json::to_string_pretty(&v)?);
         }
         NodeCommand::Drain { id } => {
             client
@@ -659,7 +743,7 @@ async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
                     node_id: bc_core::ids::NodeId::parse(&node)?,
                     kind,
                     args,
-                    timeout_s: timeout,
+                    timeout_s: timeout.as_secs(),
                 })
                 .await?;
             println!("{}", queued.id);
@@ -668,7 +752,7 @@ async fn nodes(client: &ApiClient, command: NodeCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn commands(client: &ApiClient, command: CommandsCommand) -> anyhow::Result<()> {
+async fn commands(client: &ApiClient, out: Format, command: CommandsCommand) -> anyhow::Result<()> {
     match command {
         CommandsCommand::Show { id, wait } => {
             let request = api::CommandRef {
@@ -681,7 +765,7 @@ async fn commands(client: &ApiClient, command: CommandsCommand) -> anyhow::Resul
                     .await?
                     .command;
                 if !wait || c.state.is_finished() {
-                    println!("{}", serde_json::to_string_pretty(&c)?);
+                    print_command(out, &c)?;
                     if matches!(c.state, CommandState::Failed | CommandState::Expired) {
                         anyhow::bail!(
                             "command {id} {}: {}",
@@ -703,68 +787,29 @@ async fn commands(client: &ApiClient, command: CommandsCommand) -> anyhow::Resul
     Ok(())
 }
 
-/// `better-compute serve`: the configured roles until a shutdown signal.
-async fn serve(command: Command) -> anyhow::Result<()> {
-    let Command::Serve {
-        config,
-        roles,
-        database_url,
-        state_dir,
-        trust_domain,
-        api_listen,
-        gateway_listen,
-        gateway_hosts,
-        gateway_url,
-        no_migrate,
-    } = command
-    else {
-        anyhow::bail!("serve: not a serve command");
-    };
-    let (base, origin) = match &config {
-        Some(p) => (ServeConfigWire::from_file(p)?, p.display().to_string()),
-        None => (ServeConfigWire::default(), "command line".to_string()),
-    };
-    let cfg = base
-        .overlay(ServeConfigWire {
-            state_dir,
-            database_url,
-            trust_domain,
-            roles,
-            api_listen,
-            gateway_listen,
-            gateway_hosts: (!gateway_hosts.is_empty()).then_some(gateway_hosts),
-            gateway_url,
-            shard_lease_ms: None,
-            telemetry: None,
-            capacity: None,
-        })
-        .validate(&origin)?;
-    let url = cfg.database_url.clone().context(
-        "INVALID_CONFIG: database_url is required (flag --database-url or BC_DATABASE_URL)",
-    )?;
-    let store = connect(&url).await?;
-    if !no_migrate {
-        bc_control::migrate(&store).await?;
+/// A command as `commands show` prints it: its fields (table), or the API's answer (json, yaml).
+fn print_command(out: Format, c: &api::Command) -> anyhow::Result<()> {
+    if out != Format::Table && out != Format::Wide {
+        return output::print(out, c, Table::default);
     }
-    let mut running = bc_control::start_with(&cfg, store, false).await?;
-    let stop = bc_proto::runtime::shutdown_signal();
+    let now = output::now_ms();
     println!(
-        "serving: api={} gateway={} ca_pin={} join_key={}",
-        running
-            .api_addr
-            .map(|a| a.to_string())
-            .unwrap_or_else(|| "-".into()),
-        running
-            .gateway_addr
-            .map(|a| a.to_string())
-            .unwrap_or_else(|| "-".into()),
-        running.ca_pin,
-        running.join_public_key
+        "command {}  node {}  kind {}  state {}",
+        c.id, c.node_id, c.kind, c.state
     );
-    tokio::select! {
-        _ = stop => {}
-        _ = running.wait_any() => tracing::error!("a role stopped on its own"),
+    println!(
+        "created {} ago  deadline {}",
+        output::age(Some(c.created_ms), now),
+        output::age(Some(c.deadline_ms), now)
+    );
+    if let Some(p) = &c.progress {
+        println!("progress: {p}");
     }
-    running.shutdown().await;
+    if let Some(e) = &c.error {
+        println!("error: {e}");
+    }
+    if let Some(r) = &c.result {
+        println!("result:\n{}", serde_json::to_string_pretty(r)?);
+    }
     Ok(())
 }

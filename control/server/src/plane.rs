@@ -72,6 +72,7 @@ async fn info(cx: Cx, _: Nothing) -> Result<Info, ApiError> {
         ca_pin: state.ca.pin(),
         join_public_key: state.join_public_key.clone(),
         gateway_url: state.gateway_url.clone(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
     })
 }
 

@@ -1,6 +1,7 @@
 //! Operator commands of sites: `better-compute sites|site-tokens|machines|secrets|artifacts …`, thin calls of the API.
 
 use crate::client::ApiClient;
+use crate::output::{self, Format, Table};
 use anyhow::Context as _;
 use bc_core::api::sites::{
     BootSpec, BySite, CreateMachineRequest, CreateSiteTokenRequest, ListArtifactsRequest,
@@ -42,7 +43,7 @@ pub enum SiteCommand {
     Revoke { site: String },
 }
 
-pub async fn sites(client: &ApiClient, command: SiteCommand) -> anyhow::Result<()> {
+pub async fn sites(client: &ApiClient, _out: Format, command: SiteCommand) -> anyhow::Result<()> {
     match command {
         SiteCommand::Revoke { site } => {
             let v = client
@@ -78,9 +79,9 @@ pub enum SiteTokenCommand {
         /// One per site agent (an active one and a standby: 2).
         #[arg(long, default_value_t = 2)]
         uses: i32,
-        /// Lifetime in seconds.
-        #[arg(long, default_value_t = 86_400)]
-        ttl_seconds: i64,
+        /// Lifetime: 90s, 30m, 24h, 7d.
+        #[arg(long, default_value = "24h", value_parser = bc_proto::duration::parse)]
+        ttl: std::time::Duration,
     },
     List {
         #[arg(long)]
@@ -148,7 +149,11 @@ pub enum ArtifactCommand {
     List,
 }
 
-pub async fn artifacts(client: &ApiClient, command: ArtifactCommand) -> anyhow::Result<()> {
+pub async fn artifacts(
+    client: &ApiClient,
+    out: Format,
+    command: ArtifactCommand,
+) -> anyhow::Result<()> {
     match command {
         ArtifactCommand::Put { file, name } => {
             let name = name.or_else(|| file.file_name().map(|n| n.to_string_lossy().into_owned()));
@@ -163,10 +168,13 @@ pub async fn artifacts(client: &ApiClient, command: ArtifactCommand) -> anyhow::
             let v = client
                 .method::<ListArtifacts>(&ListArtifactsRequest {})
                 .await?;
-            println!("{:<64} {:>12} NAME", "SHA256", "SIZE");
-            for a in v.artifacts {
-                println!("{:<64} {:>12} {}", a.sha256, a.size, a.name);
-            }
+            output::print(out, &v, || {
+                let mut t = Table::new(&["SHA256", "SIZE", "NAME"]);
+                for a in &v.artifacts {
+                    t.row(vec![a.sha256.clone(), a.size.to_string(), a.name.clone()]);
+                }
+                t
+            })?;
         }
     }
     Ok(())
@@ -185,18 +193,19 @@ pub enum SecretCommand {
     },
 }
 
-pub async fn site_tokens(client: &ApiClient, command: SiteTokenCommand) -> anyhow::Result<()> {
+pub async fn site_tokens(
+    client: &ApiClient,
+    out: Format,
+    command: SiteTokenCommand,
+) -> anyhow::Result<()> {
     match command {
-        SiteTokenCommand::Create {
-            site,
-            uses,
-            ttl_seconds,
-        } => {
+        SiteTokenCommand::Create { site, uses, ttl } => {
             let v = client
                 .method::<CreateSiteToken>(&CreateSiteTokenRequest {
                     site: site_arg(&site)?,
                     uses,
-                    ttl_seconds,
+                    ttl_seconds: i64::try_from(ttl.as_secs())
+                        .map_err(|_| anyhow::anyhow!("--ttl is too long"))?,
                 })
                 .await?;
             println!("{}", v.token);
@@ -207,20 +216,19 @@ pub async fn site_tokens(client: &ApiClient, command: SiteTokenCommand) -> anyho
         }
         SiteTokenCommand::List { site } => {
             let v = client.method::<ListSiteTokens>(&site_filter(site)?).await?;
-            println!(
-                "{:<18} {:<16} {:>6} {:>6} {:<8}",
-                "ID", "SITE", "LEFT", "TOTAL", "REVOKED"
-            );
-            for t in v.tokens {
-                println!(
-                    "{:<18} {:<16} {:>6} {:>6} {:<8}",
-                    t.id,
-                    t.site_id.as_str(),
-                    t.uses_left,
-                    t.uses_total,
-                    t.revoked
-                );
-            }
+            output::print(out, &v, || {
+                let mut t = Table::new(&["ID", "SITE", "LEFT", "TOTAL", "REVOKED"]);
+                for k in &v.tokens {
+                    t.row(vec![
+                        k.id.clone(),
+                        k.site_id.to_string(),
+                        k.uses_left.to_string(),
+                        k.uses_total.to_string(),
+                        k.revoked.to_string(),
+                    ]);
+                }
+                t
+            })?;
         }
         SiteTokenCommand::Revoke { id } => {
             client
@@ -232,7 +240,11 @@ pub async fn site_tokens(client: &ApiClient, command: SiteTokenCommand) -> anyho
     Ok(())
 }
 
-pub async fn machines(client: &ApiClient, command: MachineCommand) -> anyhow::Result<()> {
+pub async fn machines(
+    client: &ApiClient,
+    out: Format,
+    command: MachineCommand,
+) -> anyhow::Result<()> {
     match command {
         MachineCommand::Create { mac, site, boot } => {
             let v = client
@@ -246,15 +258,20 @@ pub async fn machines(client: &ApiClient, command: MachineCommand) -> anyhow::Re
         }
         MachineCommand::List { site } => {
             let v = client.method::<ListMachines>(&site_filter(site)?).await?;
-            println!("{:<18} {:<16} BOOT", "MAC", "SITE");
-            for m in v.machines {
-                println!(
-                    "{:<18} {:<16} {}",
-                    m.mac.as_str(),
-                    m.site_id.as_str(),
-                    json(&m.boot)
-                );
-            }
+            output::print(out, &v, || {
+                let mut t = Table::new(&["MAC", "SITE", "KERNEL"]).wide(&["INITRD", "CMDLINE"]);
+                for m in &v.machines {
+                    let boot = m.boot.as_ref();
+                    t.row(vec![
+                        m.mac.to_string(),
+                        m.site_id.to_string(),
+                        boot.map(|b| b.kernel.clone()).unwrap_or_default(),
+                        boot.and_then(|b| b.initrd.clone()).unwrap_or_default(),
+                        boot.map(|b| b.cmdline.clone()).unwrap_or_default(),
+                    ]);
+                }
+                t
+            })?;
         }
         MachineCommand::SetBoot { mac, boot } => {
             let v = client
@@ -269,7 +286,11 @@ pub async fn machines(client: &ApiClient, command: MachineCommand) -> anyhow::Re
     Ok(())
 }
 
-pub async fn secrets(client: &ApiClient, command: SecretCommand) -> anyhow::Result<()> {
+pub async fn secrets(
+    client: &ApiClient,
+    _out: Format,
+    command: SecretCommand,
+) -> anyhow::Result<()> {
     match command {
         SecretCommand::Put {
             name,

@@ -90,3 +90,105 @@ fn second_dev_reuses_the_same_data() {
     // Not a performance assertion (that is scripts/bench): a sanity bound far above the 3 s goal.
     assert!(ready < Duration::from_secs(30), "dev took {ready:?}");
 }
+
+/// Issue 17: a reader that goes away (`better-compute … | head -1`) ends the CLI quietly with 141, as SIGPIPE
+/// would, where `println!` used to panic ("failed printing to stdout: Broken pipe") and exit 101.
+#[test]
+fn a_closed_stdout_ends_the_cli_quietly() {
+    let mut child = Command::new(BIN)
+        .arg("unit")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // The read end closes before the child's first write.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(141), "{out:?}");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 17: exit codes and errors a script can act on. A usage error exits 2 (clap); an operational error exits 1
+/// with one line naming the cause and no backtrace; an unreachable database is named at once, not after the pool's
+/// 30 s of silence ending in "pool timed out".
+#[test]
+fn errors_exit_1_in_one_line_and_an_unreachable_database_is_named_at_once() {
+    let out = Command::new(BIN)
+        .args(["nodes", "list", "--no-such-flag"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    // One duration syntax: a bare number is a usage error that says how to write it.
+    let out = Command::new(BIN)
+        .args(["join-tokens", "create", "--ttl", "600", "--api-key", "k"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("write 600s"), "{err}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let t0 = Instant::now();
+    let out = Command::new(BIN)
+        .args(["migrate", "--database-url"])
+        .arg(format!("postgres://x:secret@127.0.0.1:{port}/db"))
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("run");
+    let took = t0.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(took < Duration::from_secs(5), "took {took:?}: {err}");
+    assert!(
+        err.starts_with("better-compute: error: connecting to PostgreSQL")
+            && err.contains("refused")
+            && err.lines().count() == 1
+            && !err.contains("secret"),
+        "{err}"
+    );
+}
+
+/// Issue 17: shell completions and the man page come from the parser itself, so they cannot drift from it: bash
+/// loads the completion script and registers it for `better-compute`; the man page is roff naming the commands.
+#[test]
+fn completions_load_in_bash_and_the_man_page_is_roff() {
+    let out = Command::new(BIN)
+        .args(["completion", "bash"])
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let script = std::env::temp_dir().join(format!("bc-completion-{}.bash", std::process::id()));
+    std::fs::write(&script, &out.stdout).expect("write");
+    let loaded = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {} && complete -p better-compute",
+            script.display()
+        ))
+        .output();
+    let _ = std::fs::remove_file(&script);
+    match loaded {
+        Err(e) => println!("bash is not here to load the script ({e}); checked its text only"),
+        Ok(o) => assert!(
+            o.status.success() && String::from_utf8_lossy(&o.stdout).contains("better-compute"),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    }
+    let man = Command::new(BIN).arg("man").output().expect("run");
+    let text = String::from_utf8_lossy(&man.stdout);
+    assert!(
+        man.status.success() && text.contains(".TH better-compute"),
+        "{text}"
+    );
+    // roff spells a hyphen `\-`.
+    for command in ["reservations", "nodes", "join\\-tokens", "info"] {
+        assert!(text.contains(command), "the man page lacks {command}");
+    }
+}

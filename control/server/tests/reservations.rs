@@ -631,3 +631,146 @@ async fn the_cli_shows_a_failed_delivery_and_drains_and_undrains() {
     assert!(cli(&["nodes", "undrain", "n-1"]).contains("undrained n-1"));
     f.stop().await;
 }
+
+/// Issue 17 item 1 at the CLI: reads print a header and aligned columns (`-o table`, more with `-o wide`), or the
+/// API's answer as JSON or YAML with times as RFC 3339; the API flags go anywhere after the group; a profile's
+/// named context supplies the URL and key, and an unknown context is named with the ones there are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_prints_tables_json_and_yaml_and_takes_flags_anywhere_and_contexts() {
+    let f = fleet(1, 2).await;
+    f.admin
+        .call(
+            "reservations",
+            "create",
+            json!({"tenant": "root", "gpus": 1, "duration_s": 600}),
+        )
+        .await
+        .expect("create");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_better-compute"));
+        cmd.args(args)
+            .env_remove("BC_API_URL")
+            .env_remove("BC_API_KEY")
+            .env_remove("BC_CONTEXT")
+            .env("BC_CONFIG", dir.path().join("absent.toml"));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run cli")
+    };
+    let key = f.admin.key().to_string();
+    let ok = |args: &[&str]| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--api-url", &f.url, "--api-key", &key]);
+        let out = run(&all, &[]);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // A table: the header first, then a row per node; wide adds columns.
+    let table = ok(&["nodes", "list"]);
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "NODE", "POOL", "STATE", "ONLINE", "GPUS", "SEEN", "HOSTNAME"
+        ],
+        "{table}"
+    );
+    assert!(lines.any(|l| l.starts_with("n-1 ")), "{table}");
+    let wide = ok(&["nodes", "list", "-o", "wide"]);
+    assert!(
+        wide.lines()
+            .next()
+            .unwrap_or_default()
+            .ends_with("CONDITIONS"),
+        "{wide}"
+    );
+    let reservations = ok(&["reservations", "list"]);
+    assert!(reservations.starts_with("ID "), "{reservations}");
+    assert_eq!(reservations.lines().count(), 2, "{reservations}");
+    // JSON: the API's answer, its instants as RFC 3339 under the name without `_ms`.
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&["nodes", "list", "-o", "json"])).expect("json");
+    let joined = v["nodes"][0]["joined_at"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        time::OffsetDateTime::parse(&joined, &time::format_description::well_known::Rfc3339)
+            .is_ok(),
+        "{v}"
+    );
+    assert!(v["nodes"][0].get("joined_at_ms").is_none(), "{v}");
+    let yaml = ok(&["reservations", "list", "-o", "yaml"]);
+    assert!(yaml.starts_with("reservations:\n- "), "{yaml}");
+    // `info`: what a node or operator needs to trust and reach the control plane, and the versions.
+    let info = ok(&["info"]);
+    assert!(
+        info.starts_with("FIELD ") && info.contains("CA pin") && info.contains("sha256:"),
+        "{info}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&ok(&["info", "-o", "json"])).expect("json");
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"), "{v}");
+    // `cordon` is drain's kubectl name.
+    assert!(ok(&["nodes", "cordon", "n-1"]).contains("draining n-1"));
+    assert!(ok(&["nodes", "uncordon", "n-1"]).contains("undrained n-1"));
+    // The flags before the subcommand work too.
+    let out = run(
+        &["nodes", "--api-key", &key, "--api-url", &f.url, "list"],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A profile: the current context, a named one, an unknown one.
+    let key_file = dir.path().join("admin.key");
+    std::fs::write(&key_file, format!("{key}\n")).expect("key");
+    let profile = dir.path().join("config.toml");
+    std::fs::write(
+        &profile,
+        format!(
+            "current = \"lab\"\n[contexts.lab]\napi_url = {:?}\napi_key_file = {key_file:?}\n\
+             [contexts.other]\napi_url = \"http://127.0.0.1:1\"\napi_key = \"bcak_x\"\n",
+            f.url
+        ),
+    )
+    .expect("profile");
+    let config = profile.to_str().unwrap_or_default();
+    let out = run(&["nodes", "list"], &[("BC_CONFIG", config)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("n-1"));
+    let out = run(
+        &["nodes", "list", "--context", "staging"],
+        &[("BC_CONFIG", config)],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no context \"staging\"") && err.contains("lab, other"),
+        "{err}"
+    );
+    // No key anywhere: named with where one comes from.
+    let out = run(&["nodes", "list"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no API key") && err.contains("--api-key"),
+        "{err}"
+    );
+    f.stop().await;
+}

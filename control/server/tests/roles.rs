@@ -240,3 +240,121 @@ async fn api_scheduler_and_controllers_share_work_across_processes() {
     })
     .await;
 }
+
+/// Issue 17 item 2: `better-compute serve` as its systemd unit runs it (packaging/systemd/better-compute.service),
+/// in the unit's sandbox reproduced here (a dynamic user without capabilities, the state directory the only
+/// writable path of its tree, umask 077): it tells the service manager it is ready only once its API answers, with
+/// the addresses as status; pings the watchdog at half of WATCHDOG_USEC; and on SIGTERM says it is stopping and
+/// exits cleanly. The CA key it writes belongs to the dynamic user and is private.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_under_its_units_sandbox_is_ready_watched_and_stops_cleanly() {
+    use bc_testkit::unit::{DYNAMIC_USER, Notifications, Sandbox, can_sandbox};
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    if let Err(why) = can_sandbox() {
+        bc_testkit::skip!("{why}");
+    }
+    let db = test_db().await;
+    // The modules' migrations too: `serve --no-migrate` refuses a database with any pending.
+    bc_control::migrate(&bc_store::Store::new(db.pool.clone()))
+        .await
+        .expect("module migrations");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let unit = include_str!("../../../packaging/systemd/better-compute.service");
+    let sandbox = Sandbox::parse(unit);
+    assert!(
+        sandbox.dynamic_user && sandbox.bounding.as_deref() == Some(&[][..]),
+        "{unit}"
+    );
+    let root = dir.path().join("stage");
+    let state = root.join("var/lib/better-compute");
+    let etc = root.join("etc/better-compute");
+    std::fs::create_dir_all(&state).expect("state dir");
+    std::fs::create_dir_all(&etc).expect("config dir");
+    // systemd makes the StateDirectory= the dynamic user's.
+    std::os::unix::fs::chown(&state, Some(DYNAMIC_USER), Some(DYNAMIC_USER)).expect("chown");
+    let cfg = etc.join("serve.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "database_url = {:?}\nroles = \"all\"\napi_listen = \"127.0.0.1:0\"\n\
+             gateway_listen = \"127.0.0.1:0\"\ntrust_domain = \"test.bc\"\n",
+            db.url()
+        ),
+    )
+    .expect("config");
+    let mut notes = Notifications::bind(dir.path()).expect("notify socket");
+    let args: Vec<&std::ffi::OsStr> = vec![
+        BIN.as_ref(),
+        "serve".as_ref(),
+        "--no-migrate".as_ref(),
+        "--config".as_ref(),
+        cfg.as_os_str(),
+        "--state-dir".as_ref(),
+        state.as_os_str(),
+    ];
+    let mut child = Command::from(sandbox.command(&root, &args).expect("sandbox"))
+        .env("BC_LOG", "warn")
+        .env("NOTIFY_SOCKET", &notes.path)
+        .env("WATCHDOG_USEC", "200000")
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve");
+    let status = tokio::task::block_in_place(|| notes.until("STATUS=serving: api=", 60))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        notes.seen.iter().any(|l| l == "READY=1"),
+        "{:?}",
+        notes.seen
+    );
+    let api = status
+        .trim_start_matches("STATUS=serving: api=")
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    // Ready means serving: the API answers at once.
+    let mut conn = tokio::net::TcpStream::connect(&api)
+        .await
+        .expect("api after READY");
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    conn.write_all(b"GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).await.expect("read");
+    assert!(
+        answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
+        "{answer}"
+    );
+    tokio::task::block_in_place(|| notes.pings(3, 5)).unwrap_or_else(|e| panic!("{e}"));
+    // What it wrote is the dynamic user's and private (UMask=0077).
+    let written: Vec<_> = std::fs::read_dir(&state)
+        .expect("state dir")
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .collect();
+    assert!(
+        !written.is_empty(),
+        "serve wrote nothing to its state directory"
+    );
+    for m in &written {
+        assert_eq!(m.uid(), DYNAMIC_USER);
+        assert_eq!(
+            m.mode() & 0o077,
+            0,
+            "a state file is readable by others: {:o}",
+            m.mode()
+        );
+    }
+    let pid = child.id().expect("running");
+    let _ = Command::new("kill").arg(pid.to_string()).status().await;
+    tokio::task::block_in_place(|| notes.until("STOPPING=1", 15)).unwrap_or_else(|e| panic!("{e}"));
+    let exit = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("serve stops within 30 s of SIGTERM")
+        .expect("wait");
+    assert!(exit.success(), "serve did not stop cleanly: {exit}");
+}

@@ -30,4 +30,7 @@ pub struct Info {
     pub ca_pin: String,
     pub join_public_key: String,
     pub gateway_url: String,
+    /// The server's version (empty from a server older than the field).
+    #[serde(default)]
+    pub version: String,
 }
