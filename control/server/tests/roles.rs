@@ -287,7 +287,6 @@ async fn serve_under_its_units_sandbox_is_ready_watched_and_stops_cleanly() {
     let args: Vec<&std::ffi::OsStr> = vec![
         BIN.as_ref(),
         "serve".as_ref(),
-        "--no-migrate".as_ref(),
         "--config".as_ref(),
         cfg.as_os_str(),
         "--state-dir".as_ref(),
