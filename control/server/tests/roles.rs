@@ -254,10 +254,6 @@ async fn serve_under_its_units_sandbox_is_ready_watched_and_stops_cleanly() {
         bc_testkit::skip!("{why}");
     }
     let db = test_db().await;
-    // The modules' migrations too: `serve --no-migrate` refuses a database with any pending.
-    bc_control::migrate(&bc_store::Store::new(db.pool.clone()))
-        .await
-        .expect("module migrations");
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let unit = include_str!("../../../packaging/systemd/better-compute.service");
