@@ -1,8 +1,8 @@
-//! `scripts/bench instances`: the node side of VPS instances, under the accelerator bcd's probe picks (TCG here).
+//! `scripts/bench instances`: VPS instances, under the accelerator bcd's probe picks (TCG here).
 //!
-//! 1. Create → cloud-init done: bcd's VMM supervisor (this process; the control plane's instance API is not built
-//!    yet, so the desired list is handed to `InstanceHost::apply` as the session would) creates an instance from
-//!    the lab image (images/build-instance-image) served by Python's http.server on 127.0.0.1, and the time to
+//! 1. Create → cloud-init done: bcd's VMM supervisor in this process (the node side alone: the desired list is
+//!    handed to `InstanceHost::apply` as the session would; bcd/tests/vmm.rs goes through the control plane)
+//!    creates an instance from the lab image (images/build-instance-image) served by Python's http.server on 127.0.0.1, and the time to
 //!    cloud-init's final message on the serial console is taken; the instance is then deleted. The peer, in the
 //!    same run and interleaved with it: plain QEMU started by hand with the same arguments on a ready overlay and
 //!    seed (no fetch, no verification, no supervisor), timed to the same console line. 3 runs each, medians.

@@ -9,7 +9,7 @@ use bc_store::Store;
 use bc_store::embedded::{Durability, EmbeddedPostgres};
 use bc_store::join_tokens::NewJoinToken;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 pub const DATABASE: &str = "bettercompute";
@@ -142,4 +142,24 @@ pub async fn run(
     store.pool().close().await;
     tokio::task::spawn_blocking(move || pg.stop()).await?;
     Ok(())
+}
+
+/// What `better-compute dev` prints once it is ready: the addresses, keys and token to use, and the environment
+/// file that holds them.
+pub fn print_ready(r: &DevReady, data_dir: &Path) {
+    println!(
+        "better-compute dev is ready in {} ms (data in {})",
+        r.ready_ms,
+        data_dir.display()
+    );
+    println!("  api:           {}", r.api_url);
+    println!("  gateway:       {}", r.gateway_url);
+    println!("  admin key:     {}", r.admin_key);
+    println!("  CA pin:        {}", r.ca_pin);
+    println!("  join key:      {}", r.join_public_key);
+    println!(
+        "  join token:    {}  (pool default, 16 uses, 24h, reclaim)",
+        r.join_token
+    );
+    println!("  environment:   {}/dev.env", data_dir.display());
 }

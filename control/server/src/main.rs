@@ -352,23 +352,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             bc_control::dev::run(
                 opts,
-                |r| {
-                    println!(
-                        "better-compute dev is ready in {} ms (data in {})",
-                        r.ready_ms,
-                        data_dir.display()
-                    );
-                    println!("  api:           {}", r.api_url);
-                    println!("  gateway:       {}", r.gateway_url);
-                    println!("  admin key:     {}", r.admin_key);
-                    println!("  CA pin:        {}", r.ca_pin);
-                    println!("  join key:      {}", r.join_public_key);
-                    println!(
-                        "  join token:    {}  (pool default, 16 uses, 24h, reclaim)",
-                        r.join_token
-                    );
-                    println!("  environment:   {}/dev.env", data_dir.display());
-                },
+                |r| bc_control::dev::print_ready(r, &data_dir),
                 bc_proto::runtime::shutdown_signal(),
             )
             .await?;
@@ -378,8 +362,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             join_tokens(&client, api.output, command).await?;
         }
         Command::Instances { api, command } => {
-            let client = api.client()?;
-            bc_control::instances_cli::instances(&client, command).await?;
+            bc_control::instances_cli::instances(&api.client()?, command).await?
         }
         Command::Sites { api, command } => {
             let client = api.client()?;
