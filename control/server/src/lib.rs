@@ -15,10 +15,12 @@ pub mod dev;
 pub mod iam_api;
 pub mod instances_cli;
 pub use bc_mod_nodes::{join, lifecycle, methods as node_methods, session};
+pub mod nodes_cli;
 pub mod notify;
 pub mod output;
 pub mod plane;
 pub mod profile;
+pub mod reservations_cli;
 pub mod serve_cli;
 pub mod site_cli;
 pub mod statistics;
@@ -332,17 +334,7 @@ pub async fn start_with(
         queues: config.roles.controllers,
     };
     export_metrics(config, &metrics, sources, &mut plane).await?;
-    if config.roles.sinks {
-        tracing::info!(
-            "sinks role: the outbox sink runs inside the controllers role in this version"
-        );
-    }
-    if config.roles.iam {
-        tracing::info!(
-            role = "iam",
-            "role enabled; no loops of this role exist in this version yet"
-        );
-    }
+    note_roles_without_loops(config);
     Ok(Running {
         api_addr,
         gateway_addr,
@@ -471,4 +463,19 @@ async fn install_admin_key(store: &Store, key: &Token) -> Result<(), bc_store::S
             &[all],
         )
         .await
+}
+
+/// Says which asked-for roles run nothing of their own in this version.
+fn note_roles_without_loops(config: &ServeConfig) {
+    if config.roles.sinks {
+        tracing::info!(
+            "sinks role: the outbox sink runs inside the controllers role in this version"
+        );
+    }
+    if config.roles.iam {
+        tracing::info!(
+            role = "iam",
+            "role enabled; no loops of this role exist in this version yet"
+        );
+    }
 }
