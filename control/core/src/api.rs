@@ -9,6 +9,7 @@ use std::fmt;
 pub mod capacity;
 pub mod iam;
 pub mod inventory;
+pub mod metal;
 pub mod nodes;
 pub mod sites;
 pub mod system;

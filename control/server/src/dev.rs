@@ -64,7 +64,7 @@ pub async fn run(
     }
     admin_pool.close().await;
     let pool = pg.pool(DATABASE, 64).await?;
-    bc_store::migrate::migrate(&pool).await?;
+    bc_store::migrate::migrate_with(&pool, &crate::module_migrations()).await?;
     let store = Store::new(pool);
     store.ensure_root_tenant().await?;
     store

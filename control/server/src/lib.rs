@@ -50,6 +50,32 @@ pub enum StartError {
     Config(#[from] bc_kernel::InvalidConfig),
     #[error("initializing the control plane: {0}")]
     Initialize(#[from] bc_kernel::ApiError),
+    #[error("applying the modules' migrations")]
+    Migrate(#[from] bc_store::migrate::MigrateError),
+}
+
+/// The migrations of the modules this binary composes (numbered from 1000), as the store's runner takes them.
+pub fn module_migrations() -> Vec<bc_store::migrate::Migration> {
+    bc_mod_metal::MIGRATIONS
+        .iter()
+        .map(|m| bc_store::migrate::Migration {
+            version: m.version,
+            name: m.name,
+            sql: m.sql,
+        })
+        .collect()
+}
+
+/// Applies the composed modules' pending migrations when the base schema is complete (a database `migrate` has
+/// not reached yet is left for `initialize` to refuse, naming the first pending one).
+async fn migrate_modules(store: &Store) -> Result<(), StartError> {
+    if bc_store::migrate::pending(store.pool(), &[])
+        .await?
+        .is_empty()
+    {
+        bc_store::migrate::migrate_with(store.pool(), &module_migrations()).await?;
+    }
+    Ok(())
 }
 
 /// A started control plane: where it listens and what nodes need to trust it.
@@ -199,6 +225,7 @@ async fn gateway(
 /// tests can connect at once. `store` must be migrated (`initialize` verifies it).
 pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartError> {
     let roles = role_set(&config.roles)?;
+    migrate_modules(&store).await?;
     let mut ca = Ca::load_or_create(&config.state_dir, &config.trust_domain)?;
     if let Some(l) = config.leaf_lifetime {
         ca = ca.with_leaf_lifetime(time::Duration::try_from(l).unwrap_or(ca::LEAF_LIFETIME));
@@ -238,7 +265,8 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         .module(plane::module(store.clone()))
         .module(bc_mod_nodes::module(nodes))
         .module(capacity_module(config, &metrics))
-        .module(bc_mod_sites::module());
+        .module(bc_mod_sites::module())
+        .module(bc_mod_metal::module(bc_mod_metal::Config::default()));
     if api.is_some() {
         builder = builder.resource(sites_state(config, &store, &ca, &sessions, &secrets));
         builder = builder.resource(api::ApiState {

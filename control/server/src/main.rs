@@ -287,7 +287,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Migrate { database_url } => {
             let store = connect(&database_url).await?;
-            let n = bc_store::migrate::migrate(store.pool()).await?;
+            let n = bc_store::migrate::migrate_with(store.pool(), &bc_control::module_migrations())
+                .await?;
             println!("applied {n} migration(s)");
         }
         Command::BootstrapAdmin { database_url } => {
@@ -733,7 +734,7 @@ async fn serve(command: Command) -> anyhow::Result<()> {
     )?;
     let store = connect(&url).await?;
     if !no_migrate {
-        bc_store::migrate::migrate(store.pool()).await?;
+        bc_store::migrate::migrate_with(store.pool(), &bc_control::module_migrations()).await?;
     }
     let mut running = bc_control::start(&cfg, store).await?;
     let stop = bc_proto::runtime::shutdown_signal();
