@@ -131,6 +131,19 @@ pub async fn apply(
             Action::CancelCommands { reason } => cancel(tx, mac, reason, &[]).await?,
         }
     }
+    record(tx, row, plan, actor, &mut done).await?;
+    Ok(done)
+}
+
+/// Stores the plan's record with one audit event per transition, and wakes the site and the executor.
+async fn record(
+    tx: &mut PgConnection,
+    row: &MetalRow,
+    plan: &Plan,
+    actor: &str,
+    done: &mut Applied,
+) -> Result<(), StoreError> {
+    let mac = row.mac.as_str();
     queries::save(tx, &plan.next).await?;
     for t in &plan.transitions {
         audit(
@@ -157,7 +170,7 @@ pub async fn apply(
             .execute(&mut *tx)
             .await?;
     }
-    Ok(done)
+    Ok(())
 }
 
 pub(crate) async fn audit(
