@@ -14,6 +14,7 @@ pub mod config;
 pub mod dev;
 pub mod iam_api;
 pub use bc_mod_nodes::{join, lifecycle, methods as node_methods, session};
+pub mod metal_cli;
 pub mod notify;
 pub mod plane;
 pub mod site_cli;
@@ -207,7 +208,14 @@ async fn gateway(
     let services = bc_gateway::Services {
         join,
         session: Some((backend, session_config, registry.clone())),
-        site: Some((Arc::new(site), config.trust_domain.clone())),
+        site: Some((
+            Arc::new(bc_mod_metal::gateway::WithBmc::new(
+                Arc::new(site),
+                store.clone(),
+                &config.trust_domain,
+            )),
+            config.trust_domain.clone(),
+        )),
     };
     Ok(Gateway {
         id: gateway_id,

@@ -137,6 +137,13 @@ enum Command {
         #[command(subcommand)]
         command: bc_control::site_cli::ArtifactCommand,
     },
+    /// Bare-metal machines through the metal flow: enroll, inspect, provide, deploy, release, abort, retry, show, list.
+    Metal {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: bc_control::metal_cli::MetalCommand,
+    },
     /// Reservations: create, list, show, release.
     Reservations {
         #[command(flatten)]
@@ -354,6 +361,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Artifacts { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);
             bc_control::site_cli::artifacts(&client, command).await?;
+        }
+        Command::Metal { api, command } => {
+            let client = ApiClient::new(&api.api_url, &api.api_key);
+            bc_control::metal_cli::metal(&client, command).await?;
         }
         Command::Reservations { api, command } => {
             let client = ApiClient::new(&api.api_url, &api.api_key);

@@ -6,12 +6,13 @@
 //! netboot entries, ramdisk commands on the machine's node and audit events ([`apply`]), in one transaction.
 //!
 //! It imports no other module (check-deps): machines, commands and join tokens are reached through bc-store's
-//! tables. The site agent's side of the BMC commands is served through the gateway ([`queries::take_bmc`],
-//! [`queries::finish_bmc`]). Start with [`module`].
+//! tables. The site agent's side of the BMC commands is served on the gateway's SiteService by [`gateway::WithBmc`]
+//! (long-polled `BmcCommands`, signed `BmcResult`). Start with [`module`].
 
 pub mod api;
 pub mod apply;
 pub mod executor;
+pub mod gateway;
 pub mod outcomes;
 pub mod queries;
 

@@ -373,7 +373,12 @@ pub async fn insert_bmc(tx: &mut PgConnection, c: NewBmcCommand<'_>) -> Result<(
     Ok(())
 }
 
-/// The open BMC commands of `site` (pending, or sent and not reported), oldest first, marked sent at `now_ms`.
+/// How long a command handed to the site waits for its result before it is handed out again (a lost answer, an
+/// agent that restarted).
+pub const REDELIVER_MS: i64 = 30_000;
+
+/// The open BMC commands of `site` (pending, or sent [`REDELIVER_MS`] ago without a result), oldest first, marked
+/// sent at `now_ms`.
 pub async fn take_bmc(
     pool: &sqlx::PgPool,
     site: &str,
@@ -382,13 +387,15 @@ pub async fn take_bmc(
 ) -> Result<Vec<BmcCommand>, StoreError> {
     let rows = sqlx::query(
         "UPDATE metal_bmc_commands b SET state = 'sent', sent_ms = $2 FROM metal_machines m \
-         WHERE b.id IN (SELECT id FROM metal_bmc_commands WHERE site_id = $1 AND state IN ('pending', 'sent') \
-                        AND deadline_ms > $2 ORDER BY created_ms LIMIT $3) AND m.mac = b.mac \
+         WHERE b.id IN (SELECT id FROM metal_bmc_commands WHERE site_id = $1 AND deadline_ms > $2 \
+                        AND (state = 'pending' OR (state = 'sent' AND sent_ms < $2 - $4)) \
+                        ORDER BY created_ms LIMIT $3) AND m.mac = b.mac \
          RETURNING b.id, b.mac, m.bmc_address, m.bmc_credentials, b.op, b.deadline_ms",
     )
     .bind(site)
     .bind(now_ms)
     .bind(limit)
+    .bind(REDELIVER_MS)
     .fetch_all(pool)
     .await?;
     let mut out = Vec::new();
