@@ -73,8 +73,9 @@ fn summary(inv: &bcd_site::redfish::Inventory) -> HardwareSummary {
         return HardwareSummary::default();
     };
     HardwareSummary {
-        cpus: u32::try_from(s.cpu_count()).ok(),
-        memory_mib: Some(s.memory_mib()),
+        // A count of 0 is a BMC that does not say (sushy's fake driver), not a machine without CPUs.
+        cpus: u32::try_from(s.cpu_count()).ok().filter(|n| *n > 0),
+        memory_mib: Some(s.memory_mib()).filter(|n| *n > 0),
         gpus: u32::try_from(s.gpus().count()).ok(),
         disks: u32::try_from(s.drives.len()).ok().filter(|n| *n > 0),
         macs: s.macs().map(str::to_ascii_lowercase).collect(),
