@@ -274,7 +274,11 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         .module(bc_mod_nodes::module(nodes))
         .module(capacity_module(config, &metrics))
         .module(bc_mod_sites::module())
-        .module(bc_mod_metal::module(bc_mod_metal::Config::default()));
+        .module(bc_mod_metal::module(metal_config(
+            &gateway_url,
+            &ca.pin(),
+            &join_public_key,
+        )));
     if api.is_some() {
         builder = builder.resource(sites_state(config, &store, &ca, &sessions, &secrets));
         builder = builder.resource(api::ApiState {
@@ -343,6 +347,17 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
         notes: initialized.notes().to_vec(),
         plane,
     })
+}
+
+/// The metal module's configuration: the ramdisk's command line names this control plane (gateway URL, CA pin,
+/// JoinService key), so the ramdisk joins it with the attempt's boot token.
+fn metal_config(gateway_url: &str, ca_pin: &str, join_key: &str) -> bc_mod_metal::Config {
+    let mut c = bc_mod_metal::Config::default();
+    c.ramdisk.cmdline = format!(
+        "{} bc.url={gateway_url} bc.ca_pin={ca_pin} bc.join_key={join_key}",
+        c.ramdisk.cmdline
+    );
+    c
 }
 
 /// The capacity module as `config` sets it up, recording placement latency into `metrics`.
