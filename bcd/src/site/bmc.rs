@@ -101,16 +101,14 @@ impl BmcWorker {
             .clone()
     }
 
-    /// Carries out one operation against the BMC at `address` and reads it back.
+    /// Carries out one operation against the BMC at `address` and reads it back (the caller holds the BMC's slot).
     pub async fn execute(&self, address: &str, credentials_ref: &str, op: &BmcOp) -> Outcome {
         let creds =
             match super::secrets::fetch_bmc_credentials(&self.state_dir, credentials_ref).await {
                 Ok(c) => c,
                 Err(e) => return failed(bc_error_chain::chain(&e), true),
             };
-        let mut opts = self.options.bmc.clone();
-        opts.limiter = Some(self.limit(address));
-        let bmc = match Bmc::connect(address, creds, opts).await {
+        let bmc = match Bmc::connect(address, creds, self.options.bmc.clone()).await {
             Ok(b) => b,
             Err(e) => {
                 return failed(
@@ -222,6 +220,10 @@ impl BmcWorker {
         }
         tokio::spawn(async move {
             let Ok(_slot) = self.in_flight.clone().acquire_owned().await else {
+                return;
+            };
+            // One command at a time against one BMC (`per_bmc`): BMCs fall over under parallel work.
+            let Ok(_bmc) = self.limit(&c.bmc_address).acquire_owned().await else {
                 return;
             };
             let now = crate::session::now_ms();
