@@ -8,7 +8,7 @@ use crate::outcomes;
 use crate::queries::{self, MetalRow, step_str};
 use crate::{Config, POKE};
 use bc_core::api::sites::BootSpec;
-use bc_core::metal::{Action, Plan, Step};
+use bc_core::metal::{Action, Plan, State, Step};
 use bc_proto::token::{Token, TokenKind};
 use bc_store::StoreError;
 use bc_store::sqlx::{self, PgConnection};
@@ -57,8 +57,12 @@ pub async fn apply(
     if !plan.next.state.is_failed() {
         keep.push(plan.next.attempt_id);
     }
-    if plan.next.attempt_id != row.machine.attempt_id || plan.next.state.is_failed() {
-        cancel(tx, mac, "the attempt is over", &keep).await?;
+    match &plan.next.state {
+        State::Failed { reason, .. } => cancel(tx, mac, reason, &keep).await?,
+        State::Active { .. } if plan.next.attempt_id != row.machine.attempt_id => {
+            cancel(tx, mac, "the attempt is over", &keep).await?
+        }
+        State::Active { .. } => {}
     }
     for action in &plan.actions {
         match action {

@@ -499,3 +499,152 @@ async fn a_stale_lease_changes_nothing_and_a_repeated_pass_repeats_nothing() {
         "the inspection and one boot override"
     );
 }
+
+/// Up to the ramdisk's join and the diagnose answered: the machine is wiping with `ramdisk.wipe` queued.
+async fn to_wiping(lab: &Lab) {
+    lab.enroll().await;
+    lab.verb(Verb::Provide, T0).await.expect("provide");
+    let c = lab.one_bmc(T0, BmcOp::Inspect).await;
+    lab.site_reports(&c, inventory(), T0).await;
+    lab.pass(T0).await;
+    let c = lab.one_bmc(T0, BmcOp::BootOncePxe).await;
+    lab.site_reports(&c, Outcome::BootOnceSet { persistent: false }, T0)
+        .await;
+    lab.pass(T0).await;
+    let c = lab.one_bmc(T0, BmcOp::Power { power: Power::Boot }).await;
+    lab.site_reports(&c, Outcome::Done, T0).await;
+    lab.ramdisk_joins("node-ramdisk-2").await;
+    lab.pass(T0 + S).await;
+    lab.ramdisk_answers(
+        "ramdisk.diagnose",
+        serde_json::json!({"cpu": {"logical_cpus": 2}, "gpus": [], "disks": [], "nics": [], "problems": []}),
+    )
+    .await;
+    lab.pass(T0 + 2 * S).await;
+    assert_eq!(
+        lab.state().await,
+        State::Active {
+            phase: Phase::Wiping
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_accepted_and_not_applied_fails_the_machine_with_what_was_read() {
+    let (_db, lab) = lab().await;
+    lab.enroll().await;
+    lab.verb(Verb::Provide, T0).await.expect("provide");
+    let c = lab.one_bmc(T0, BmcOp::Inspect).await;
+    lab.site_reports(&c, inventory(), T0).await;
+    lab.pass(T0).await;
+    let c = lab.one_bmc(T0, BmcOp::BootOncePxe).await;
+    let read = "the BMC accepted the boot override Pxe but reads back Target=Hdd, Enabled=Disabled";
+    lab.site_reports(
+        &c,
+        Outcome::Failed {
+            reason: read.into(),
+            retryable: false,
+        },
+        T0,
+    )
+    .await;
+    lab.pass(T0 + S).await;
+    let State::Failed { phase, reason } = lab.state().await else {
+        panic!("not failed");
+    };
+    assert_eq!(phase, Phase::BootingRamdisk);
+    assert!(reason.contains(read), "{reason}");
+    assert_eq!(
+        lab.netboot_cmdline().await,
+        None,
+        "the netboot entry is withdrawn"
+    );
+    assert!(
+        lab.site_takes(T0 + S).await.is_empty(),
+        "no power kick after a failed override"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_during_wiping_cancels_the_wipe_on_the_node() {
+    let (_db, lab) = lab().await;
+    to_wiping(&lab).await;
+    lab.verb(Verb::Abort, T0 + 3 * S).await.expect("abort");
+    let State::Failed { phase, reason } = lab.state().await else {
+        panic!("not failed");
+    };
+    assert_eq!(phase, Phase::Wiping);
+    assert!(
+        reason.contains("aborted by the operator during wiping"),
+        "{reason}"
+    );
+    let (state, error): (String, Option<String>) =
+        sqlx::query_as("SELECT state, error FROM commands WHERE kind = 'ramdisk.wipe'")
+            .fetch_one(lab.pool())
+            .await
+            .expect("wipe command");
+    assert_eq!(state, "failed", "the node is not left wiping for nobody");
+    assert!(error.is_some_and(|e| e.contains("aborted")));
+    // It stopped: there is nothing left to abort; retry starts the phase again.
+    assert!(lab.verb(Verb::Abort, T0 + 4 * S).await.is_err());
+    lab.verb(Verb::Retry, T0 + 5 * S).await.expect("retry");
+    assert_eq!(
+        lab.state().await,
+        State::Active {
+            phase: Phase::Wiping
+        }
+    );
+    assert_eq!(
+        lab.count("SELECT count(*) FROM metal_commands WHERE mac = $1 AND step = 'wipe'")
+            .await,
+        2,
+        "retry queues a fresh wipe"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_executor_resumes_from_the_stored_record() {
+    let (_db, lab) = lab().await;
+    to_wiping(&lab).await;
+    // Another process (a restarted control plane) takes over the shards and plans from the stored record.
+    sqlx::query("UPDATE shard_leases SET owner = 'w2', fence = 2")
+        .execute(lab.pool())
+        .await
+        .expect("move");
+    let leases: Vec<ShardLease> = lab
+        .leases
+        .iter()
+        .map(|l| ShardLease {
+            shard: l.shard,
+            fence: 2,
+        })
+        .collect();
+    let restarted = Metal {
+        store: lab.metal.store.clone(),
+        config: lab.metal.config.clone(),
+    };
+    let again = executor::pass(&restarted, "w2", &leases, MAC, T0 + 3 * S)
+        .await
+        .expect("pass");
+    assert_eq!(again, Pass::Unchanged, "nothing is planned twice");
+    assert_eq!(
+        lab.count("SELECT count(*) FROM metal_commands WHERE mac = $1")
+            .await,
+        2,
+        "one diagnose, one wipe"
+    );
+    lab.ramdisk_answers(
+        "ramdisk.wipe",
+        serde_json::json!({"wiped": true, "failed": []}),
+    )
+    .await;
+    executor::pass(&restarted, "w2", &leases, MAC, T0 + 4 * S)
+        .await
+        .expect("pass");
+    assert_eq!(
+        lab.state().await,
+        State::Active {
+            phase: Phase::Ready
+        }
+    );
+}
