@@ -349,6 +349,10 @@ async fn site_run(
     let telemetry = crate::telemetry::build_site(agent_path, &agent, counters.clone()).await?;
     #[cfg(not(feature = "telemetry"))]
     let _ = agent_path;
+    let bmc_worker = crate::site::bmc::BmcWorker::new(
+        agent.state_dir.clone(),
+        crate::site::bmc::BmcWorkerOptions::default(),
+    );
     let site_agent = crate::site::SiteAgent::new(
         agent,
         crate::site::SiteAgentOptions {
@@ -387,13 +391,22 @@ async fn site_run(
         bc_proto::runtime::shutdown_signal().await;
         let _ = stop_tx.send(true);
     };
-    let (served, agent_result, ()) = tokio::join!(services, agent_run, async {
-        tokio::select! {
-            _ = signal => {}
-            _ = wait_stop(stop_rx.clone()) => {}
-        }
-    });
+    let bmc_run = bmc_worker.run(wait_stop(stop_rx.clone()));
+    let (served, agent_result, (), bmc_result) = tokio::join!(
+        services,
+        agent_run,
+        async {
+            tokio::select! {
+                _ = signal => {}
+                _ = wait_stop(stop_rx.clone()) => {}
+            }
+        },
+        bmc_run
+    );
     bc_proto::runtime::service::stopping();
+    if let Err(e) = bmc_result {
+        tracing::warn!(error = %bc_error_chain::InlineErrorChain::new(&e), "the BMC worker stopped");
+    }
     #[cfg(feature = "telemetry")]
     if let Some(t) = telemetry {
         let _ = t.await;

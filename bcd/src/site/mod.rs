@@ -17,6 +17,7 @@
 //! - [`cli`]: the `bcd site` subcommands (serve, enroll, run, redfish).
 
 pub mod agent;
+pub mod bmc;
 pub mod cache;
 pub mod cli;
 pub mod lease;

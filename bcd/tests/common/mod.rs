@@ -2,6 +2,8 @@
 //! database, TLS on loopback, simulated machines (claims, fake /sys and /proc trees).
 #![allow(dead_code)]
 
+pub mod sushy;
+
 use bc_control::client::ApiClient;
 use bc_control::config::{Roles, ServeConfig, SessionTiming};
 use bc_control::lifecycle::LifecycleTiming;

@@ -10,6 +10,7 @@ pub mod capacity;
 pub mod iam;
 pub mod instances;
 pub mod inventory;
+pub mod metal;
 pub mod nodes;
 pub mod sites;
 pub mod system;

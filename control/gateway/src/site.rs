@@ -45,7 +45,26 @@ pub trait SiteHandler: Send + Sync + 'static {
         agent: &SiteAgent,
         request: v1::ArtifactRequest,
     ) -> BoxFuture<'_, Result<ArtifactStream, Status>>;
+    /// The metal flow's open BMC commands for the agent's site (a composition without the metal module answers
+    /// UNIMPLEMENTED).
+    fn bmc_commands(
+        &self,
+        _agent: &SiteAgent,
+        _request: v1::BmcCommandsRequest,
+    ) -> BoxFuture<'_, Result<v1::BmcCommandsResponse, Status>> {
+        Box::pin(async { Err(Status::unimplemented(NO_METAL)) })
+    }
+    /// A BMC command's signed result.
+    fn bmc_result(
+        &self,
+        _agent: &SiteAgent,
+        _request: v1::BmcResultRequest,
+    ) -> BoxFuture<'_, Result<v1::BmcResultResponse, Status>> {
+        Box::pin(async { Err(Status::unimplemented(NO_METAL)) })
+    }
 }
+
+const NO_METAL: &str = "this control plane runs without the metal module: it sends no BMC work";
 
 /// The chunks of one artifact.
 pub type ArtifactStream = std::pin::Pin<
@@ -142,6 +161,30 @@ impl v1::site_service_server::SiteService for SiteSvc {
     ) -> Result<Response<ArtifactStream>, Status> {
         let agent = self.agent(&request)?;
         let r = self.handler.artifact(&agent, request.into_inner()).await?;
+        Ok(Response::new(r))
+    }
+
+    async fn bmc_commands(
+        &self,
+        request: Request<v1::BmcCommandsRequest>,
+    ) -> Result<Response<v1::BmcCommandsResponse>, Status> {
+        let agent = self.agent(&request)?;
+        let r = self
+            .handler
+            .bmc_commands(&agent, request.into_inner())
+            .await?;
+        Ok(Response::new(r))
+    }
+
+    async fn bmc_result(
+        &self,
+        request: Request<v1::BmcResultRequest>,
+    ) -> Result<Response<v1::BmcResultResponse>, Status> {
+        let agent = self.agent(&request)?;
+        let r = self
+            .handler
+            .bmc_result(&agent, request.into_inner())
+            .await?;
         Ok(Response::new(r))
     }
 }

@@ -15,6 +15,7 @@ pub mod dev;
 pub mod iam_api;
 pub mod instances_cli;
 pub use bc_mod_nodes::{join, lifecycle, methods as node_methods, session};
+pub mod metal_cli;
 pub mod nodes_cli;
 pub mod notify;
 pub mod output;
@@ -57,6 +58,8 @@ pub enum StartError {
     Config(#[from] bc_kernel::InvalidConfig),
     #[error("initializing the control plane: {0}")]
     Initialize(#[from] bc_kernel::ApiError),
+    #[error("applying the modules' migrations")]
+    Migrate(#[from] bc_store::migrate::MigrateError),
 }
 
 /// A started control plane: where it listens and what nodes need to trust it.
@@ -193,7 +196,14 @@ async fn gateway(
     let services = bc_gateway::Services {
         join,
         session: Some((backend, session_config, registry.clone())),
-        site: Some((Arc::new(site), config.trust_domain.clone())),
+        site: Some((
+            Arc::new(bc_mod_metal::gateway::WithBmc::new(
+                Arc::new(site),
+                store.clone(),
+                &config.trust_domain,
+            )),
+            config.trust_domain.clone(),
+        )),
         tunnels: Some(tunnels.clone()),
     };
     Ok(Gateway {
@@ -215,13 +225,13 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
     start_with(config, store, true).await
 }
 
-/// The migrations of the modules this binary composes (numbered from 1000: tunnels' 1200–1299, instances'
-/// 1300–1399), as bc-store's
-/// runner takes them beside the base schema's.
+/// The migrations of the modules this binary composes (numbered from 1000: metal's 1100–1199, tunnels'
+/// 1200–1299, instances' 1300–1399), as bc-store's runner takes them beside the base schema's.
 pub fn module_migrations() -> Vec<bc_store::migrate::Migration> {
-    bc_mod_instances::MIGRATIONS
+    bc_mod_metal::MIGRATIONS
         .iter()
         .chain([&bc_mod_tunnels::MIGRATION])
+        .chain(bc_mod_instances::MIGRATIONS)
         .map(|m| bc_store::migrate::Migration {
             version: m.version,
             name: m.name,
@@ -285,7 +295,12 @@ pub async fn start_with(
         .module(bc_mod_nodes::module(nodes))
         .module(capacity_module(config, &metrics))
         .module(bc_mod_sites::module())
-        .module(bc_mod_instances::module());
+        .module(bc_mod_instances::module())
+        .module(bc_mod_metal::module(metal_config(
+            &gateway_url,
+            &ca.pin(),
+            &join_public_key,
+        )));
     if api.is_some() {
         builder = builder.resource(sites_state(config, &store, &ca, &sessions, &secrets));
         builder = builder.resource(api::ApiState {
@@ -357,6 +372,17 @@ fn with_tunnels(
 ) -> bc_kernel::ControlPlaneBuilder {
     let state = bc_mod_tunnels::TunnelsState::new(store.clone(), tunnels, Default::default());
     builder.module(bc_mod_tunnels::module()).resource(state)
+}
+
+/// The metal module's configuration: the ramdisk's command line names this control plane (gateway URL, CA pin,
+/// JoinService key), so the ramdisk joins it with the attempt's boot token.
+fn metal_config(gateway_url: &str, ca_pin: &str, join_key: &str) -> bc_mod_metal::Config {
+    let mut c = bc_mod_metal::Config::default();
+    c.ramdisk.cmdline = format!(
+        "{} bc.url={gateway_url} bc.ca_pin={ca_pin} bc.join_key={join_key}",
+        c.ramdisk.cmdline
+    );
+    c
 }
 
 /// The capacity module as `config` sets it up, recording placement latency into `metrics`.

@@ -169,6 +169,13 @@ enum Command {
         #[command(subcommand)]
         command: bc_control::tunnel_cli::TunnelsCommand,
     },
+    /// Bare-metal machines through the metal flow: enroll, inspect, provide, deploy, release, abort, retry, show, list.
+    Metal {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(subcommand)]
+        command: bc_control::metal_cli::MetalCommand,
+    },
     /// Reservations: create, list, show, release.
     Reservations {
         #[command(flatten)]
@@ -296,6 +303,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tunnels { api, command } => {
             let client = api.client()?;
             bc_control::tunnel_cli::tunnels(&client, command).await?;
+        }
+        Command::Metal { api, command } => {
+            bc_control::metal_cli::metal(&api.client()?, command).await?
         }
         Command::Reservations { api, command } => {
             let client = api.client()?;

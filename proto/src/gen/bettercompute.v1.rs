@@ -351,6 +351,56 @@ pub struct SignedEnvelope {
     #[prost(bytes = "vec", tag = "5")]
     pub signature: ::prost::alloc::vec::Vec<u8>,
 }
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BmcCommandsRequest {
+    /// How long to wait for a command when there is none (the control plane caps it at 25 s).
+    #[prost(uint32, tag = "1")]
+    pub wait_ms: u32,
+    /// At most this many (the control plane caps it at 64).
+    #[prost(uint32, tag = "2")]
+    pub max: u32,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct BmcCommandsResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub commands: ::prost::alloc::vec::Vec<BmcCommand>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BmcCommand {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    /// The machine's boot MAC, for logs.
+    #[prost(string, tag = "2")]
+    pub mac: ::prost::alloc::string::String,
+    /// The BMC's Redfish base URL.
+    #[prost(string, tag = "3")]
+    pub bmc_address: ::prost::alloc::string::String,
+    /// The site secret with the BMC's credentials: fetched from SecretService per command, wiped after use.
+    #[prost(string, tag = "4")]
+    pub credentials_ref: ::prost::alloc::string::String,
+    /// The operation as JSON: {"op": "inspect"}, {"op": "boot-once-pxe"}, {"op": "power", "power": "boot"|"off"},
+    /// {"op": "boot-disk"}.
+    #[prost(string, tag = "5")]
+    pub op_json: ::prost::alloc::string::String,
+    #[prost(int64, tag = "6")]
+    pub deadline_unix_ms: i64,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BmcResultRequest {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    /// payload_type "application/vnd.bettercompute.bmc-outcome+json": the outcome as JSON ({"outcome": "done"},
+    /// {"outcome": "inspected", ...}, {"outcome": "boot-once-set", "persistent": bool}, {"outcome": "failed",
+    /// "reason": ..., "retryable": bool}), signed by the site agent's key.
+    #[prost(message, optional, tag = "2")]
+    pub result: ::core::option::Option<SignedEnvelope>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BmcResultResponse {
+    /// False when the command is not open (finished, cancelled, past its deadline, another site's).
+    #[prost(bool, tag = "1")]
+    pub accepted: bool,
+}
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ArtifactRequest {
     /// Lowercase hex SHA-256 of the content.
@@ -2207,6 +2257,58 @@ pub mod site_service_client {
                 .insert(GrpcMethod::new("bettercompute.v1.SiteService", "Artifact"));
             self.inner.server_streaming(req, path, codec).await
         }
+        /// The metal flow's BMC work for this site (power, one-time boot, disk boot, inventory): the open commands, oldest
+        /// first, waiting up to `wait_ms` when there are none. A command is handed out again until its result arrives or
+        /// its deadline passes, so a lost answer costs a repeat, never the command.
+        pub async fn bmc_commands(
+            &mut self,
+            request: impl tonic::IntoRequest<super::BmcCommandsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::BmcCommandsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/bettercompute.v1.SiteService/BmcCommands",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("bettercompute.v1.SiteService", "BmcCommands"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// A BMC command's result, read back from the BMC before it is sent, signed by the agent's key.
+        pub async fn bmc_result(
+            &mut self,
+            request: impl tonic::IntoRequest<super::BmcResultRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::BmcResultResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/bettercompute.v1.SiteService/BmcResult",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("bettercompute.v1.SiteService", "BmcResult"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -2259,6 +2361,28 @@ pub mod site_service_server {
             request: tonic::Request<super::ArtifactRequest>,
         ) -> std::result::Result<
             tonic::Response<BoxStream<super::ArtifactChunk>>,
+            tonic::Status,
+        > {
+            Err(tonic::Status::unimplemented("Not yet implemented"))
+        }
+        /// The metal flow's BMC work for this site (power, one-time boot, disk boot, inventory): the open commands, oldest
+        /// first, waiting up to `wait_ms` when there are none. A command is handed out again until its result arrives or
+        /// its deadline passes, so a lost answer costs a repeat, never the command.
+        async fn bmc_commands(
+            &self,
+            request: tonic::Request<super::BmcCommandsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::BmcCommandsResponse>,
+            tonic::Status,
+        > {
+            Err(tonic::Status::unimplemented("Not yet implemented"))
+        }
+        /// A BMC command's result, read back from the BMC before it is sent, signed by the agent's key.
+        async fn bmc_result(
+            &self,
+            request: tonic::Request<super::BmcResultRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::BmcResultResponse>,
             tonic::Status,
         > {
             Err(tonic::Status::unimplemented("Not yet implemented"))
@@ -2519,6 +2643,96 @@ pub mod site_service_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.server_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/bettercompute.v1.SiteService/BmcCommands" => {
+                    #[allow(non_camel_case_types)]
+                    struct BmcCommandsSvc<T: SiteService>(pub Arc<T>);
+                    impl<
+                        T: SiteService,
+                    > tonic::server::UnaryService<super::BmcCommandsRequest>
+                    for BmcCommandsSvc<T> {
+                        type Response = super::BmcCommandsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::BmcCommandsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as SiteService>::bmc_commands(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = BmcCommandsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/bettercompute.v1.SiteService/BmcResult" => {
+                    #[allow(non_camel_case_types)]
+                    struct BmcResultSvc<T: SiteService>(pub Arc<T>);
+                    impl<
+                        T: SiteService,
+                    > tonic::server::UnaryService<super::BmcResultRequest>
+                    for BmcResultSvc<T> {
+                        type Response = super::BmcResultResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::BmcResultRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as SiteService>::bmc_result(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = BmcResultSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)

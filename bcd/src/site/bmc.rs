@@ -1,0 +1,361 @@
+//! The site agent's BMC worker: it long-polls the control plane for the metal flow's BMC commands
+//! (`SiteService.BmcCommands`, over the agent's own mTLS identity), carries each out against the machine's BMC
+//! with credentials fetched from the broker for that command only (wiped when dropped), reads the effect back, and
+//! reports the outcome signed by the agent's key (`BmcResult`). At most `per_bmc` commands run against one BMC at
+//! once; a command already running is not started again when it is handed out again.
+//!
+//! Read-backs: `boot-once-pxe` must read back Target=Pxe (Enabled=Once, or Continuous on a BMC that keeps every
+//! override, as sushy-tools' libvirt driver does: reported `persistent` so the flow restores the disk boot once the
+//! ramdisk joined); an override that does not read back as Pxe fails, not retryable. `power boot` turns the
+//! machine on, or force-restarts it when on, and must read back PowerState On. `boot-disk` must read back Hdd,
+//! Continuous. The decision of what a result means is the control plane's planner's.
+
+use super::{SiteError, site_identity, tls_of};
+use crate::state::StateDir;
+use bc_core::metal::{BmcOp, HardwareSummary, Outcome, Power};
+use bc_proto::envelope::EnvelopeSigner;
+use bc_proto::{channel, v1};
+use bcd_site::redfish::{Bmc, BmcOptions, BootTarget, PowerAction, RedfishError};
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// The payload type of a signed BMC outcome (the control plane's `bc_mod_metal::gateway::OUTCOME_PAYLOAD_TYPE`).
+pub const OUTCOME_PAYLOAD_TYPE: &str = "application/vnd.bettercompute.bmc-outcome+json";
+
+#[derive(Debug, Clone)]
+pub struct BmcWorkerOptions {
+    /// Commands against one BMC at once.
+    pub per_bmc: usize,
+    /// Commands in flight in all.
+    pub max_in_flight: usize,
+    /// How long one `BmcCommands` call waits for work.
+    pub poll_wait: Duration,
+    pub bmc: BmcOptions,
+}
+
+impl Default for BmcWorkerOptions {
+    fn default() -> Self {
+        BmcWorkerOptions {
+            per_bmc: 1,
+            max_in_flight: 32,
+            poll_wait: Duration::from_secs(20),
+            bmc: BmcOptions::default(),
+        }
+    }
+}
+
+/// The BMC worker of the site agent whose state directory is `state_dir`.
+pub struct BmcWorker {
+    state_dir: PathBuf,
+    options: BmcWorkerOptions,
+    limits: Mutex<HashMap<String, Arc<Semaphore>>>,
+    running: Mutex<BTreeSet<String>>,
+    in_flight: Arc<Semaphore>,
+}
+
+fn failed(reason: String, retryable: bool) -> Outcome {
+    Outcome::Failed { reason, retryable }
+}
+
+/// Whether a Redfish error may pass on another attempt (the BMC was busy or unreachable) or will not.
+fn retryable(e: &RedfishError) -> bool {
+    !matches!(
+        e,
+        RedfishError::BootOverrideNotApplied { .. } | RedfishError::PowerNotApplied { .. }
+    )
+}
+
+fn summary(inv: &bcd_site::redfish::Inventory) -> HardwareSummary {
+    let Some(s) = inv.systems.first() else {
+        return HardwareSummary::default();
+    };
+    HardwareSummary {
+        // A count of 0 is a BMC that does not say (sushy's fake driver), not a machine without CPUs.
+        cpus: u32::try_from(s.cpu_count()).ok().filter(|n| *n > 0),
+        memory_mib: Some(s.memory_mib()).filter(|n| *n > 0),
+        gpus: u32::try_from(s.gpus().count()).ok(),
+        disks: u32::try_from(s.drives.len()).ok().filter(|n| *n > 0),
+        macs: s.macs().map(str::to_ascii_lowercase).collect(),
+    }
+}
+
+impl BmcWorker {
+    pub fn new(state_dir: PathBuf, options: BmcWorkerOptions) -> Arc<BmcWorker> {
+        let in_flight = Arc::new(Semaphore::new(options.max_in_flight.max(1)));
+        Arc::new(BmcWorker {
+            state_dir,
+            options,
+            limits: Mutex::default(),
+            running: Mutex::default(),
+            in_flight,
+        })
+    }
+
+    fn limit(&self, address: &str) -> Arc<Semaphore> {
+        let mut l = self.limits.lock().unwrap_or_else(|p| p.into_inner());
+        l.entry(address.to_owned())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.options.per_bmc.max(1))))
+            .clone()
+    }
+
+    /// Carries out one operation against the BMC at `address` and reads it back (the caller holds the BMC's slot).
+    pub async fn execute(&self, address: &str, credentials_ref: &str, op: &BmcOp) -> Outcome {
+        let creds =
+            match super::secrets::fetch_bmc_credentials(&self.state_dir, credentials_ref).await {
+                Ok(c) => c,
+                Err(e) => return failed(bc_error_chain::chain(&e), true),
+            };
+        let bmc = match Bmc::connect(address, creds, self.options.bmc.clone()).await {
+            Ok(b) => b,
+            Err(e) => {
+                return failed(
+                    format!("connecting to the BMC: {}", bc_error_chain::chain(&e)),
+                    true,
+                );
+            }
+        };
+        let outcome = match run_op(&bmc, op).await {
+            Ok(o) => o,
+            Err(e) => failed(bc_error_chain::chain(&e), retryable(&e)),
+        };
+        let _ = bmc.close().await;
+        outcome
+    }
+
+    /// Runs until `shutdown`: polls for commands, runs each once at a time, reports each signed.
+    pub async fn run(
+        self: Arc<Self>,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), SiteError> {
+        tokio::pin!(shutdown);
+        let mut failures = 0u32;
+        loop {
+            let round = self.clone().round();
+            let outcome = tokio::select! {
+                r = round => r,
+                () = &mut shutdown => return Ok(()),
+            };
+            let pause = match outcome {
+                Ok(()) => {
+                    failures = 0;
+                    Duration::ZERO
+                }
+                Err(Round::Unimplemented) => {
+                    tracing::info!(
+                        "the control plane sends no BMC work (no metal module); asking again in 5 min"
+                    );
+                    Duration::from_secs(300)
+                }
+                Err(Round::Failed(why)) => {
+                    failures = failures.saturating_add(1);
+                    let d = Duration::from_millis(500u64.saturating_mul(1 << failures.min(6)))
+                        .mul_f64(0.5 + rand::random::<f64>() / 2.0);
+                    tracing::warn!(error = why, retry_in = ?d, "BMC command poll failed");
+                    d
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = &mut shutdown => return Ok(()),
+            }
+        }
+    }
+
+    async fn round(self: Arc<Self>) -> Result<(), Round> {
+        let state = StateDir::open(&self.state_dir).map_err(|e| Round::Failed(e.to_string()))?;
+        let identity =
+            site_identity(&state, &self.state_dir).map_err(|e| Round::Failed(e.to_string()))?;
+        let tls = tls_of(&state).map_err(|e| Round::Failed(e.to_string()))?;
+        let signer = std::fs::read_to_string(state.path("node.key"))
+            .map_err(|e| e.to_string())
+            .and_then(|pem| rcgen::KeyPair::from_pem(&pem).map_err(|e| e.to_string()))
+            .and_then(|k| {
+                EnvelopeSigner::new(&k.serialize_der(), identity.spiffe_id.clone())
+                    .map_err(|e| e.to_string())
+            })
+            .map_err(Round::Failed)?;
+        let signer = Arc::new(signer);
+        let ch = channel::connect(&identity.gateway_url, tls)
+            .await
+            .map_err(|e| Round::Failed(bc_error_chain::chain(&e)))?;
+        let mut client = v1::site_service_client::SiteServiceClient::new(ch);
+        loop {
+            let ask = v1::BmcCommandsRequest {
+                wait_ms: u32::try_from(self.options.poll_wait.as_millis()).unwrap_or(u32::MAX),
+                max: 16,
+            };
+            let answer = tokio::time::timeout(
+                self.options.poll_wait + Duration::from_secs(10),
+                client.bmc_commands(ask),
+            )
+            .await
+            .map_err(|_| Round::Failed("BmcCommands did not answer in time".into()))?;
+            let commands = match answer {
+                Ok(r) => r.into_inner().commands,
+                Err(s) if s.code() == tonic::Code::Unimplemented => {
+                    return Err(Round::Unimplemented);
+                }
+                Err(s) => return Err(Round::Failed(format!("BmcCommands: {}", s.message()))),
+            };
+            for c in commands {
+                self.clone().start(c, client.clone(), signer.clone());
+            }
+        }
+    }
+
+    fn start(
+        self: Arc<Self>,
+        c: v1::BmcCommand,
+        mut client: v1::site_service_client::SiteServiceClient<tonic::transport::Channel>,
+        signer: Arc<EnvelopeSigner>,
+    ) {
+        {
+            let mut r = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            if !r.insert(c.id.clone()) {
+                return;
+            }
+        }
+        tokio::spawn(async move {
+            let Ok(_slot) = self.in_flight.clone().acquire_owned().await else {
+                return;
+            };
+            // One command at a time against one BMC (`per_bmc`): BMCs fall over under parallel work.
+            let Ok(_bmc) = self.limit(&c.bmc_address).acquire_owned().await else {
+                return;
+            };
+            let now = crate::session::now_ms();
+            let left = Duration::from_millis(u64::try_from(c.deadline_unix_ms - now).unwrap_or(0));
+            let outcome = match serde_json::from_str::<BmcOp>(&c.op_json) {
+                Err(e) => failed(format!("unknown BMC operation {:?}: {e}", c.op_json), false),
+                Ok(op) => {
+                    tracing::info!(
+                        command = c.id,
+                        mac = c.mac,
+                        bmc = c.bmc_address,
+                        ?op,
+                        "BMC command"
+                    );
+                    match tokio::time::timeout(
+                        left,
+                        self.execute(&c.bmc_address, &c.credentials_ref, &op),
+                    )
+                    .await
+                    {
+                        Ok(o) => o,
+                        Err(_) => failed(
+                            "the command's deadline passed before the BMC finished".into(),
+                            true,
+                        ),
+                    }
+                }
+            };
+            tracing::info!(
+                command = c.id,
+                mac = c.mac,
+                ?outcome,
+                "BMC command finished"
+            );
+            let payload = serde_json::to_vec(&outcome).unwrap_or_default();
+            match signer.sign(OUTCOME_PAYLOAD_TYPE, payload) {
+                Ok(env) => {
+                    for n in 0..3u32 {
+                        let req = v1::BmcResultRequest {
+                            id: c.id.clone(),
+                            result: Some(env.clone()),
+                        };
+                        match client.bmc_result(req).await {
+                            Ok(_) => break,
+                            Err(s) => {
+                                tracing::warn!(
+                                    command = c.id,
+                                    error = s.message(),
+                                    "reporting a BMC result failed"
+                                );
+                                tokio::time::sleep(Duration::from_secs(1 << n)).await;
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(command = c.id, error = %e, "signing a BMC result failed")
+                }
+            }
+            self.running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&c.id);
+        });
+    }
+}
+
+enum Round {
+    Unimplemented,
+    Failed(String),
+}
+
+async fn power_state(bmc: &Bmc, path: &str) -> Result<String, RedfishError> {
+    let (sys, _) = bmc
+        .get::<bcd_site::redfish::models::ComputerSystem>(path)
+        .await?;
+    Ok(sys.power_state.unwrap_or_default())
+}
+
+/// One operation, read back.
+async fn run_op(bmc: &Bmc, op: &BmcOp) -> Result<Outcome, RedfishError> {
+    if let BmcOp::Inspect = op {
+        return Ok(Outcome::Inspected(summary(&bmc.inventory().await?)));
+    }
+    let path = bmc.system_path(None).await?;
+    match op {
+        BmcOp::Inspect => unreachable!("handled above"),
+        BmcOp::BootOncePxe => match bmc.boot_once(&path, BootTarget::Pxe).await {
+            Ok(_) => Ok(Outcome::BootOnceSet { persistent: false }),
+            // The override is set, as a persistent one: the flow restores the disk boot after the join.
+            Err(RedfishError::BootOverrideNotApplied { observed, .. })
+                if observed.target == "Pxe" && observed.enabled == "Continuous" =>
+            {
+                tracing::info!(
+                    bmc = bmc.base_url(),
+                    "the BMC keeps the PXE override as Continuous"
+                );
+                Ok(Outcome::BootOnceSet { persistent: true })
+            }
+            Err(e) => Err(e),
+        },
+        BmcOp::BootDisk => {
+            bmc.restore_disk_boot(&path).await?;
+            Ok(Outcome::Done)
+        }
+        BmcOp::Power { power: Power::Off } => {
+            bmc.power(&path, PowerAction::Off).await?;
+            Ok(Outcome::Done)
+        }
+        BmcOp::Power { power: Power::Boot } => {
+            let on = power_state(bmc, &path).await?.eq_ignore_ascii_case("On");
+            let action = if on {
+                PowerAction::Reset
+            } else {
+                PowerAction::On
+            };
+            bmc.power(&path, action).await?;
+            // A restart has no steady state of its own: read back On within the BMC's budget.
+            let started = tokio::time::Instant::now();
+            loop {
+                let state = power_state(bmc, &path).await?;
+                if state.eq_ignore_ascii_case("On") {
+                    return Ok(Outcome::Done);
+                }
+                if started.elapsed() >= Duration::from_secs(30) {
+                    return Ok(failed(
+                        format!("power {action} accepted, but PowerState reads {state} after 30 s"),
+                        false,
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}

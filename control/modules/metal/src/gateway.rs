@@ -1,0 +1,200 @@
+//! The site side of the BMC commands, served on the gateway's SiteService: [`WithBmc`] wraps the sites module's
+//! handler (everything else is delegated to it) and answers `BmcCommands` (the open commands of the agent's site,
+//! long-polled) and `BmcResult` (the agent's signed result, verified against the key its certificate certifies,
+//! then stored for the planner). The agent's site comes from its verified certificate, never from the request.
+
+use crate::queries;
+use bc_core::metal::Outcome;
+use bc_gateway::BoxFuture;
+use bc_gateway::site::{ArtifactStream, SiteAgent, SiteHandler};
+use bc_proto::spiffe::{Role, SpiffeId};
+use bc_proto::v1;
+use bc_store::Store;
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::Status;
+
+/// The payload type of a BMC command's signed result.
+pub const OUTCOME_PAYLOAD_TYPE: &str = "application/vnd.bettercompute.bmc-outcome+json";
+/// The longest a `BmcCommands` call waits for work.
+pub const MAX_WAIT: Duration = Duration::from_secs(25);
+/// How often a waiting call looks again.
+const POLL: Duration = Duration::from_millis(250);
+const MAX_COMMANDS: u32 = 64;
+const MAX_RESULT: usize = 64 * 1024;
+
+fn internal(what: &str, e: &dyn std::error::Error) -> Status {
+    tracing::error!(error = %e, "{what}");
+    Status::unavailable(format!(
+        "{what}; the control plane logged the cause, retry later"
+    ))
+}
+
+/// The sites module's site handler with the metal flow's BMC commands.
+pub struct WithBmc {
+    inner: Arc<dyn SiteHandler>,
+    store: Store,
+    trust_domain: String,
+}
+
+impl WithBmc {
+    pub fn new(inner: Arc<dyn SiteHandler>, store: Store, trust_domain: &str) -> WithBmc {
+        WithBmc {
+            inner,
+            store,
+            trust_domain: trust_domain.to_owned(),
+        }
+    }
+
+    async fn admit(&self, agent: &SiteAgent) -> Result<(), Status> {
+        let revoked = self
+            .store
+            .site_revoked(&agent.site_id)
+            .await
+            .map_err(|e| internal("reading the site", &e))?;
+        if revoked {
+            return Err(Status::permission_denied(format!(
+                "site {} is revoked (`better-compute sites revoke`): it gets no BMC work",
+                agent.site_id
+            )));
+        }
+        Ok(())
+    }
+
+    async fn commands(
+        &self,
+        agent: &SiteAgent,
+        req: v1::BmcCommandsRequest,
+    ) -> Result<v1::BmcCommandsResponse, Status> {
+        self.admit(agent).await?;
+        let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_WAIT);
+        let max = i64::from(req.max.clamp(1, MAX_COMMANDS));
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let taken = queries::take_bmc(self.store.pool(), &agent.site_id, crate::now_ms(), max)
+                .await
+                .map_err(|e| internal("reading the site's BMC commands", &e))?;
+            if !taken.is_empty() || tokio::time::Instant::now() >= until {
+                let commands = taken
+                    .into_iter()
+                    .map(|c| v1::BmcCommand {
+                        op_json: serde_json::to_string(&c.op).unwrap_or_default(),
+                        id: c.id,
+                        mac: c.mac,
+                        bmc_address: c.bmc.address,
+                        credentials_ref: c.bmc.credentials,
+                        deadline_unix_ms: c.deadline_ms,
+                    })
+                    .collect();
+                return Ok(v1::BmcCommandsResponse { commands });
+            }
+            tokio::time::sleep(POLL.min(until - tokio::time::Instant::now())).await;
+        }
+    }
+
+    async fn result(
+        &self,
+        agent: &SiteAgent,
+        req: v1::BmcResultRequest,
+    ) -> Result<v1::BmcResultResponse, Status> {
+        self.admit(agent).await?;
+        let env = req
+            .result
+            .ok_or_else(|| Status::invalid_argument("result: a signed envelope is required"))?;
+        if env.payload_type != OUTCOME_PAYLOAD_TYPE {
+            return Err(Status::invalid_argument(format!(
+                "result: payload_type {:?}, expected {OUTCOME_PAYLOAD_TYPE}",
+                env.payload_type
+            )));
+        }
+        if env.payload.len() > MAX_RESULT {
+            return Err(Status::invalid_argument(format!(
+                "result: payload longer than {MAX_RESULT} bytes"
+            )));
+        }
+        let signer = SpiffeId::new(&self.trust_domain, Role::Site, &agent.site_id)
+            .map_err(|e| internal("naming the site", &e))?
+            .to_string();
+        bc_proto::envelope::verify(&env, &agent.public_point, &signer).map_err(|e| {
+            tracing::warn!(site_id = agent.site_id, agent = agent.agent_id, error = %e, "BMC result refused");
+            Status::permission_denied(format!(
+                "result: not signed by this agent's certified key as {signer}: {e}"
+            ))
+        })?;
+        let outcome: Outcome = serde_json::from_slice(&env.payload)
+            .map_err(|e| Status::invalid_argument(format!("result: not a BMC outcome: {e}")))?;
+        let accepted = queries::finish_bmc(
+            self.store.pool(),
+            &agent.site_id,
+            &req.id,
+            &outcome,
+            crate::now_ms(),
+        )
+        .await
+        .map_err(|e| internal("storing the BMC result", &e))?;
+        tracing::info!(
+            site_id = agent.site_id,
+            command = req.id,
+            accepted,
+            ?outcome,
+            "BMC result"
+        );
+        Ok(v1::BmcResultResponse { accepted })
+    }
+}
+
+impl SiteHandler for WithBmc {
+    fn boot_lease(
+        &self,
+        agent: &SiteAgent,
+        request: v1::BootLeaseRequest,
+    ) -> BoxFuture<'_, Result<v1::BootLeaseResponse, Status>> {
+        self.inner.boot_lease(agent, request)
+    }
+
+    fn netboot(&self, agent: &SiteAgent) -> BoxFuture<'_, Result<v1::NetbootResponse, Status>> {
+        self.inner.netboot(agent)
+    }
+
+    fn renew(
+        &self,
+        agent: &SiteAgent,
+        request: v1::RenewRequest,
+    ) -> BoxFuture<'_, Result<v1::RenewResponse, Status>> {
+        self.inner.renew(agent, request)
+    }
+
+    fn secret(
+        &self,
+        agent: &SiteAgent,
+        request: v1::SecretRequestMessage,
+    ) -> BoxFuture<'_, Result<v1::SecretResponse, Status>> {
+        self.inner.secret(agent, request)
+    }
+
+    fn artifact(
+        &self,
+        agent: &SiteAgent,
+        request: v1::ArtifactRequest,
+    ) -> BoxFuture<'_, Result<ArtifactStream, Status>> {
+        self.inner.artifact(agent, request)
+    }
+
+    fn bmc_commands(
+        &self,
+        agent: &SiteAgent,
+        request: v1::BmcCommandsRequest,
+    ) -> BoxFuture<'_, Result<v1::BmcCommandsResponse, Status>> {
+        let agent = agent.clone();
+        Box::pin(async move { self.commands(&agent, request).await })
+    }
+
+    fn bmc_result(
+        &self,
+        agent: &SiteAgent,
+        request: v1::BmcResultRequest,
+    ) -> BoxFuture<'_, Result<v1::BmcResultResponse, Status>> {
+        let agent = agent.clone();
+        Box::pin(async move { self.result(&agent, request).await })
+    }
+}
