@@ -366,9 +366,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let watchdog = bc_proto::runtime::service::spawn_watchdog();
             let result = daemon.run(stopped(stop_rx.clone())).await;
             bc_proto::runtime::service::stopping();
-            if let Some(w) = watchdog {
-                w.abort();
-            }
+            drop(watchdog);
             let _ = stop_tx.send(true);
             watcher.abort();
             #[cfg(feature = "telemetry")]

@@ -128,9 +128,7 @@ pub mod service {
     use std::time::Duration;
 
     fn send(states: &[NotifyState]) {
-        if std::env::var_os("NOTIFY_SOCKET").is_none() {
-            return;
-        }
+        // sd_notify is itself a no-op without NOTIFY_SOCKET.
         if let Err(e) = sd_notify::notify(false, states) {
             tracing::warn!(error = %e, "telling the service manager failed (NOTIFY_SOCKET)");
         }
@@ -159,20 +157,33 @@ pub mod service {
             .then(|| Duration::from_micros(usec / 2).max(Duration::from_millis(10)))
     }
 
-    /// Pings the watchdog (`WATCHDOG=1`) from a task on the current runtime, at [`watchdog_interval`]. The pings
-    /// stop when the runtime stops making progress (every worker stuck, the timer wheel not turning), and then
-    /// the service manager restarts the daemon: that is the hang it catches. Returns None when no watchdog was
-    /// asked for. Call it from inside the runtime.
-    pub fn spawn_watchdog() -> Option<tokio::task::JoinHandle<()>> {
-        let every = watchdog_interval()?;
+    /// The watchdog's pinger; the pings stop when it is dropped.
+    pub struct Watchdog(Option<tokio::task::JoinHandle<()>>);
+
+    impl Drop for Watchdog {
+        fn drop(&mut self) {
+            if let Some(task) = self.0.take() {
+                task.abort();
+            }
+        }
+    }
+
+    /// Pings the watchdog (`WATCHDOG=1`) from a task on the current runtime, at [`watchdog_interval`], until the
+    /// returned guard is dropped. The pings stop when the runtime stops making progress (every worker stuck, the
+    /// timer wheel not turning), and then the service manager restarts the daemon: that is the hang it catches.
+    /// Pings nothing when no watchdog was asked for. Call it from inside the runtime.
+    pub fn spawn_watchdog() -> Watchdog {
+        let Some(every) = watchdog_interval() else {
+            return Watchdog(None);
+        };
         tracing::info!(every_ms = every.as_millis() as u64, "watchdog pings on");
-        Some(tokio::spawn(async move {
+        Watchdog(Some(tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 send(&[NotifyState::Watchdog]);
             }
-        }))
+        })))
     }
 }

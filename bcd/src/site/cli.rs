@@ -284,7 +284,7 @@ async fn site_serve(path: &Path) -> anyhow::Result<()> {
         config.netboot.len(),
         path.display()
     ));
-    let _watchdog = bc_proto::runtime::service::spawn_watchdog().map(AbortOnDrop);
+    let _watchdog = bc_proto::runtime::service::spawn_watchdog();
     let reload_path = path.to_owned();
     let running = config.clone();
     let reload = tokio::spawn(async move {
@@ -367,7 +367,7 @@ async fn site_run(
         .with_context(|| format!("starting the services of {}", path.display()))?;
     let (table_tx, table_rx) = tokio::sync::watch::channel(serve::Netboot::default());
     bc_proto::runtime::service::ready("serving; the agent connects to the control plane");
-    let _watchdog = bc_proto::runtime::service::spawn_watchdog().map(AbortOnDrop);
+    let _watchdog = bc_proto::runtime::service::spawn_watchdog();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -413,13 +413,4 @@ async fn site_run(
     }
     agent_result?;
     served.with_context(|| format!("serving {}", path.display()))
-}
-
-/// Aborts a task when dropped (the watchdog pinger of a serving loop that returned).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

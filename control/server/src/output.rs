@@ -111,19 +111,16 @@ pub fn render<T: Serialize>(
     value: &T,
     table: impl FnOnce() -> Table,
 ) -> anyhow::Result<String> {
+    let data = || -> anyhow::Result<Value> {
+        let mut v = serde_json::to_value(value)?;
+        instants_as_rfc3339(&mut v);
+        Ok(v)
+    };
     Ok(match format {
         Format::Table => table().render(false),
         Format::Wide => table().render(true),
-        Format::Json => {
-            let mut v = serde_json::to_value(value)?;
-            instants_as_rfc3339(&mut v);
-            format!("{}\n", serde_json::to_string_pretty(&v)?)
-        }
-        Format::Yaml => {
-            let mut v = serde_json::to_value(value)?;
-            instants_as_rfc3339(&mut v);
-            serde_norway::to_string(&v)?
-        }
+        Format::Json => format!("{}\n", serde_json::to_string_pretty(&data()?)?),
+        Format::Yaml => serde_norway::to_string(&data()?)?,
     })
 }
 

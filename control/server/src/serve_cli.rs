@@ -105,9 +105,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         _ = running.wait_any() => tracing::error!("a role stopped on its own"),
     }
     bc_proto::runtime::service::stopping();
-    if let Some(w) = watchdog {
-        w.abort();
-    }
+    drop(watchdog);
     running.shutdown().await;
     Ok(())
 }
