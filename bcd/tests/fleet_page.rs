@@ -37,11 +37,10 @@ fn rows(page: &Value, id: &str) -> usize {
     page[id].as_u64().unwrap_or(u64::MAX) as usize
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_fleet_page_shows_what_the_api_says() -> TestResult {
-    if let Some(why) = bc_testkit::browser::missing() {
-        bc_testkit::skip!("{why}");
-    }
+/// The demo-like fleet: a control plane with all roles, a real `bcd run` (4 fixture GPUs, adopted), two nodes that
+/// joined and never connected, one revoked; reservations placed (1 + 2 GPUs), released and failed; three metal
+/// machines of site `rack-7`: one enrolled, one inspecting (waiting for its BMC), one aborted.
+async fn demo_fleet() -> Result<(Plane, tokio::process::Child), Box<dyn std::error::Error>> {
     let p = plane_with_config(
         Options {
             controllers: true,
@@ -51,7 +50,6 @@ async fn the_fleet_page_shows_what_the_api_says() -> TestResult {
         |_| {},
     )
     .await;
-    let api = format!("http://{}", p.running.api_addr.ok_or("api")?);
 
     // Nodes: one running bcd (adopted, 4 fixture GPUs), two that joined and never connected, one revoked.
     let token = p.token(json!({"pool": "default", "uses": 4})).await;
@@ -64,7 +62,7 @@ async fn the_fleet_page_shows_what_the_api_says() -> TestResult {
     std::fs::write(&fixture, bcd::gpu::fixture::synthetic(4, name))?;
     let hw = p.dir.path().join(format!("{name}-hw"));
     fake_hardware(&hw, name)?;
-    let _daemon = bcd_run(
+    let daemon = bcd_run(
         Path::new(env!("CARGO_BIN_EXE_bcd")),
         &p,
         &p.dir.path().join(name),
@@ -142,6 +140,18 @@ async fn the_fleet_page_shows_what_the_api_says() -> TestResult {
     p.admin
         .call("metal", "abort", json!({"mac": "52:54:00:07:00:03"}))
         .await?;
+
+    Ok((p, daemon))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_page_shows_what_the_api_says() -> TestResult {
+    if let Some(why) = bc_testkit::browser::missing() {
+        bc_testkit::skip!("{why}");
+    }
+    let (p, _daemon) = demo_fleet().await?;
+    let api = format!("http://{}", p.running.api_addr.ok_or("api")?);
+    let reserve = |k: &str, gpus: u32| json!({"tenant": "root", "gpus": gpus, "duration_s": 3600, "idempotency_key": k});
 
     // A principal that may read the fleet page and nothing else.
     let key = bc_proto::token::Token::generate(bc_proto::token::TokenKind::ApiKey)?;
@@ -387,6 +397,103 @@ async fn the_fleet_page_shows_what_the_api_says() -> TestResult {
             .eval("return document.getElementById('sign-in').hidden")
             .await?,
         json!(false)
+    );
+    Ok(())
+}
+
+/// Checks each `(schema, answer)` against docs/openapi.json with the OpenAPI 3.1 schema validator (PyPI's
+/// openapi-schema-validator, `.venv-openapi`); returns what it refused.
+const VALIDATE: &str = r##"
+import json, sys
+from openapi_schema_validator import OAS31Validator
+doc = json.load(open(sys.argv[1]))
+bad = []
+for name, answer in json.load(open(sys.argv[2])):
+    schema = dict(doc, **{"$ref": "#/components/schemas/" + name})
+    for e in OAS31Validator(schema).iter_errors(answer):
+        bad.append(f"{name}: {'/'.join(map(str, e.absolute_path))}: {e.message}")
+print("\n".join(bad) if bad else "OK")
+"##;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_answers_of_a_demo_fleet_match_the_api_documents_schemas() -> TestResult {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let python = repo.join(".venv-openapi/bin/python");
+    if !python.exists() {
+        bc_testkit::skip!(
+            "no .venv-openapi (scripts/setup installs openapi-spec-validator into it)"
+        );
+    }
+    let (p, _daemon) = demo_fleet().await?;
+    let a = &p.admin;
+    let nodes = a.call("nodes", "list", json!({})).await?;
+    let node = nodes["nodes"][0]["id"].clone();
+    let reservations = a.call("reservations", "list", json!({})).await?;
+    let answers = json!([
+        ["Nodes", nodes],
+        [
+            "NodeDetail",
+            a.call("nodes", "get", json!({"id": node})).await?
+        ],
+        ["ReservationList", reservations],
+        [
+            "ReservationAnswer",
+            a.call(
+                "reservations",
+                "get",
+                json!({"id": reservations["reservations"][0]["id"]})
+            )
+            .await?
+        ],
+        ["ListResponse", a.call("metal", "list", json!({})).await?],
+        [
+            "MachineView",
+            a.call("metal", "show", json!({"mac": "52:54:00:07:00:03"}))
+                .await?
+        ],
+        [
+            "FleetOverview",
+            a.call("fleet", "overview", json!({})).await?
+        ],
+        [
+            "JoinTokens",
+            a.call("join-tokens", "list", json!({})).await?
+        ],
+        [
+            "ListSiteTokensResponse",
+            a.call("site-tokens", "list", json!({"site": "rack-7"}))
+                .await?
+        ],
+        ["Info", a.call("system", "info", json!({})).await?],
+        ["ApiDocument", a.call("system", "methods", json!({})).await?],
+    ]);
+    let file = p.dir.path().join("answers.json");
+    std::fs::write(&file, answers.to_string())?;
+    let out = std::process::Command::new(&python)
+        .args(["-c", VALIDATE])
+        .arg(repo.join("docs/openapi.json"))
+        .arg(&file)
+        .output()?;
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && said.trim() == "OK",
+        "answers outside their schemas:\n{said}"
+    );
+    // The validator refuses what breaks a schema (a check that can fail): a node whose state is not one.
+    let mut broken = answers.clone();
+    broken[0][1]["nodes"][0]["state"] = json!("melting");
+    broken[0][1]["nodes"][0]["joined_at_ms"] = json!("yesterday");
+    std::fs::write(&file, broken.to_string())?;
+    let out = std::process::Command::new(&python)
+        .args(["-c", VALIDATE])
+        .arg(repo.join("docs/openapi.json"))
+        .arg(&file)
+        .output()?;
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("nodes/0/state") && said.contains("nodes/0/joined_at_ms"),
+        "{said}"
     );
     Ok(())
 }

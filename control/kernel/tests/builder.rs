@@ -9,12 +9,14 @@ use bc_kernel::{
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, bc_kernel::schemars::JsonSchema)]
+#[schemars(crate = "bc_kernel::schemars")]
 struct Ping {
     n: u32,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, bc_kernel::schemars::JsonSchema)]
+#[schemars(crate = "bc_kernel::schemars")]
 struct Pong {
     n: u32,
 }
