@@ -358,6 +358,29 @@ pub fn markdown(doc: &Value) -> String {
         out.push_str(&fields("Request", request, schemas));
         out.push_str(&fields("Answer", response, schemas));
     }
+    out.push_str("## Types\n\nThe schemas the methods refer to (`components/schemas`).\n\n");
+    for (name, schema) in schemas {
+        out.push_str(&format!("### {name}\n\n"));
+        if let Some(d) = schema["description"].as_str() {
+            out.push_str(&one_line(d));
+            out.push_str("\n\n");
+        }
+        if schema["properties"].is_object() {
+            out.push_str(&fields("Fields", schema, schemas));
+        } else if let Some(variants) = schema["oneOf"].as_array().or(schema["anyOf"].as_array()) {
+            out.push_str("One of:\n\n");
+            for v in variants {
+                let fields: Vec<String> = v["properties"]
+                    .as_object()
+                    .map(|p| p.iter().map(|(k, s)| format!("`{k}`: {}", type_of(s))).collect())
+                    .unwrap_or_else(|| vec![type_of(v)]);
+                out.push_str(&format!("- {}\n", fields.join(", ")));
+            }
+            out.push('\n');
+        } else {
+            out.push_str(&format!("{}\n\n", type_of(schema)));
+        }
+    }
     out.push_str("## Other paths\n\n| path | method | what |\n|---|---|---|\n");
     for (path, item) in others {
         for (verb, op) in item.as_object().unwrap_or(&empty) {
@@ -401,10 +424,8 @@ fn fields(title: &str, schema: &Value, schemas: &Map<String, Value>) -> String {
         .as_array()
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    let mut out = format!(
-        "{title}: `{}`\n\n| field | type | |\n|---|---|---|\n",
-        name.unwrap_or("object")
-    );
+    let named = name.map_or_else(|| ":".to_string(), |n| format!(": `{n}`"));
+    let mut out = format!("{title}{named}\n\n| field | type | |\n|---|---|---|\n");
     for (field, s) in props {
         out.push_str(&format!(
             "| `{field}` | {} | {}{} |\n",
