@@ -346,11 +346,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 crate::telemetry::WithoutTable::MetricsOnly,
             )
             .await?
-            .map(|t| {
+            .inspect(|t| {
                 if let Some(addr) = t.metrics_addr() {
                     tracing::info!(%addr, "serving /metrics");
                 }
-                t
             })
             .map(|t| tokio::spawn(t.run(stopped(stop_rx.clone()))));
             let signal = bc_proto::runtime::shutdown_signal();

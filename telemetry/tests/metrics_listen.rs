@@ -12,14 +12,19 @@ fn origin() -> Origin {
 }
 
 #[tokio::test]
-async fn a_taken_default_port_turns_metrics_off_and_a_taken_chosen_port_fails() -> anyhow::Result<()> {
+async fn a_taken_default_port_turns_metrics_off_and_a_taken_chosen_port_fails() -> anyhow::Result<()>
+{
     let held = std::net::TcpListener::bind("127.0.0.1:0")?;
     let taken: SocketAddr = held.local_addr()?;
     let dir = tempfile::tempdir()?;
 
     let default = TelemetryWire::default().validate_with("test", dir.path().into(), Some(taken))?;
     let t = Telemetry::new(default, Registry::new(), origin()).await?;
-    assert_eq!(t.metrics_addr(), None, "the default port is taken: no /metrics, no error");
+    assert_eq!(
+        t.metrics_addr(),
+        None,
+        "the default port is taken: no /metrics, no error"
+    );
 
     let chosen: TelemetryWire = toml::from_str(&format!("metrics_listen = \"{taken}\""))?;
     let chosen = chosen.validate_with("test", dir.path().into(), Some(taken))?;

@@ -372,7 +372,11 @@ pub fn markdown(doc: &Value) -> String {
             for v in variants {
                 let fields: Vec<String> = v["properties"]
                     .as_object()
-                    .map(|p| p.iter().map(|(k, s)| format!("`{k}`: {}", type_of(s))).collect())
+                    .map(|p| {
+                        p.iter()
+                            .map(|(k, s)| format!("`{k}`: {}", type_of(s)))
+                            .collect()
+                    })
                     .unwrap_or_else(|| vec![type_of(v)]);
                 out.push_str(&format!("- {}\n", fields.join(", ")));
             }
@@ -453,6 +457,9 @@ fn resolve<'a>(schema: &'a Value, schemas: &'a Map<String, Value>) -> (Option<&'
 fn type_of(s: &Value) -> String {
     if let Some(r) = s["$ref"].as_str() {
         return format!("`{}`", r.rsplit('/').next().unwrap_or(r));
+    }
+    if let Some(c) = s.get("const") {
+        return format!("`{c}`");
     }
     if let Some(any) = s["anyOf"].as_array().or(s["oneOf"].as_array()) {
         return any.iter().map(type_of).collect::<Vec<_>>().join(" or ");

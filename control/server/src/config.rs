@@ -295,10 +295,14 @@ mod tests {
     }
 
     #[test]
-    fn metrics_are_served_on_loopback_by_default_and_off_turns_them_off() -> Result<(), ConfigError> {
+    fn metrics_are_served_on_loopback_by_default_and_off_turns_them_off() -> Result<(), ConfigError>
+    {
         let c = ServeConfigWire::default().validate("cli")?;
         let t = c.telemetry.expect("telemetry without a table");
-        assert_eq!(t.metrics_listen, Some(crate::telemetry::DEFAULT_METRICS_LISTEN));
+        assert_eq!(
+            t.metrics_listen,
+            Some(crate::telemetry::DEFAULT_METRICS_LISTEN)
+        );
         assert!(t.metrics_listen_is_default);
         assert!(t.remote_write.is_none() && t.otlp.is_none(), "no exporter");
         let wire: ServeConfigWire =
