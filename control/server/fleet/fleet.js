@@ -4,6 +4,7 @@
 
 const KEY = "bc-fleet-key";
 const REFRESH_MS = 5000;
+const DEADLINE_MS = 10000;
 const $ = (id) => document.getElementById(id);
 let timer = null;
 let view = "nodes";
@@ -110,8 +111,11 @@ async function refresh() {
   clearTimeout(timer);
   const key = sessionStorage.getItem(KEY);
   if (!key) return show(false);
+  const abort = new AbortController();
+  const deadline = setTimeout(() => abort.abort(), DEADLINE_MS);
   try {
     const r = await fetch("/api/compute/fleet/overview", {
+      signal: abort.signal,
       method: "POST",
       headers: { "Authorization": "Bearer " + key, "Content-Type": "application/json" },
       body: "{}",
@@ -128,7 +132,10 @@ async function refresh() {
     show(true);
     render(body);
   } catch (e) {
-    $("status").textContent = "Refresh failed (" + e.message + "); retrying";
+    const why = e.name === "AbortError" ? "no answer within " + DEADLINE_MS / 1000 + " s" : e.message;
+    $("status").textContent = "Refresh failed (" + why + "); retrying";
+  } finally {
+    clearTimeout(deadline);
   }
   timer = setTimeout(refresh, REFRESH_MS);
 }
