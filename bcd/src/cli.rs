@@ -339,9 +339,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 let _ = rx.wait_for(|s| *s).await;
             };
             #[cfg(feature = "telemetry")]
-            let telemetry = crate::telemetry::build(&config_path, &config, gpu.clone())
-                .await?
-                .map(|t| tokio::spawn(t.run(stopped(stop_rx.clone()))));
+            let telemetry = crate::telemetry::build(
+                &config_path,
+                &config,
+                gpu.clone(),
+                crate::telemetry::WithoutTable::MetricsOnly,
+            )
+            .await?
+            .inspect(|t| {
+                if let Some(addr) = t.metrics_addr() {
+                    tracing::info!(%addr, "serving /metrics");
+                }
+            })
+            .map(|t| tokio::spawn(t.run(stopped(stop_rx.clone()))));
             let signal = bc_proto::runtime::shutdown_signal();
             let signal_tx = stop_tx.clone();
             let watcher = tokio::spawn(async move {
@@ -410,7 +420,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 print!("{out}");
                 return Ok(());
             }
-            let Some(t) = crate::telemetry::build(&config_path, &config, gpu).await? else {
+            let without = crate::telemetry::WithoutTable::Nothing;
+            let Some(t) = crate::telemetry::build(&config_path, &config, gpu, without).await?
+            else {
                 anyhow::bail!(
                     "{} has no [telemetry] table: add one (docs/telemetry.md) or use --once to print a sample",
                     config_path.display()

@@ -6,7 +6,7 @@
 //! interval = "10s"                      # sample every 10 s (ms, s or m; at least 100ms)
 //! max_series = 10000                    # the node's series budget
 //! queue_max_bytes = 268435456           # the disk queue of each exporter (default 256 MiB)
-//! metrics_listen = "127.0.0.1:9402"     # optional loopback /metrics (Prometheus text format)
+//! metrics_listen = "127.0.0.1:9402"     # loopback /metrics (Prometheus text format); "off" turns it off
 //! [telemetry.labels]                    # added to every series
 //! cluster = "eu-1"
 //! [telemetry.remote_write]              # Prometheus remote write 1.0
@@ -62,6 +62,9 @@ pub struct TelemetryConfig {
     pub queue_dir: PathBuf,
     pub queue_max_bytes: u64,
     pub metrics_listen: Option<SocketAddr>,
+    /// `metrics_listen` is the daemon's default, not the operator's choice: when the port is taken (another daemon
+    /// on the host), `/metrics` is off with a warning instead of failing the start.
+    pub metrics_listen_is_default: bool,
     pub labels: Labels,
     pub remote_write: Option<Endpoint>,
     pub otlp: Option<Endpoint>,
@@ -106,12 +109,27 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
     Duration::try_from_secs_f64(secs).ok()
 }
 
+/// The value of `metrics_listen` that turns `/metrics` off.
+pub const METRICS_OFF: &str = "off";
+
 impl TelemetryWire {
-    /// Validates; `default_queue_dir` is the daemon's (bcd: `<state_dir>/telemetry`).
+    /// Validates; `default_queue_dir` is the daemon's (bcd: `<state_dir>/telemetry`). Without `metrics_listen` there
+    /// is no `/metrics`.
     pub fn validate(
         self,
         origin: &str,
         default_queue_dir: PathBuf,
+    ) -> Result<TelemetryConfig, TelemetryConfigError> {
+        self.validate_with(origin, default_queue_dir, None)
+    }
+
+    /// Like [`TelemetryWire::validate`], with the daemon's default `/metrics` address: used when `metrics_listen`
+    /// is absent (`"off"` turns it off).
+    pub fn validate_with(
+        self,
+        origin: &str,
+        default_queue_dir: PathBuf,
+        default_metrics: Option<SocketAddr>,
     ) -> Result<TelemetryConfig, TelemetryConfigError> {
         let err = |field: &str, message: String| TelemetryConfigError {
             origin: origin.to_string(),
@@ -139,13 +157,17 @@ impl TelemetryWire {
         if queue_max_bytes < 4096 {
             return Err(err("queue_max_bytes", "must be at least 4096".into()));
         }
+        let metrics_listen_is_default = self.metrics_listen.is_none() && default_metrics.is_some();
         let metrics_listen = match &self.metrics_listen {
-            None => None,
+            None => default_metrics,
+            Some(s) if s == METRICS_OFF => None,
             Some(s) => {
                 let a: SocketAddr = s.parse().map_err(|_| {
                     err(
                         "metrics_listen",
-                        format!("{s:?} is not an address:port (e.g. \"127.0.0.1:9402\")"),
+                        format!(
+                            "{s:?} is not an address:port (e.g. \"127.0.0.1:9402\") or \"{METRICS_OFF}\""
+                        ),
                     )
                 })?;
                 if !a.ip().is_loopback() {
@@ -223,6 +245,7 @@ impl TelemetryWire {
             queue_dir: self.queue_dir.unwrap_or(default_queue_dir),
             queue_max_bytes,
             metrics_listen,
+            metrics_listen_is_default,
             labels,
             remote_write: endpoint("remote_write", self.remote_write)?,
             otlp: endpoint("otlp", self.otlp)?,
@@ -270,6 +293,42 @@ mod tests {
         assert!(c.remote_write.is_some_and(|e| e.client_cert.is_some()));
         assert_eq!(c.queue_dir, PathBuf::from("/var/lib/bcd/telemetry"));
         Ok(())
+    }
+
+    #[test]
+    fn metrics_listen_defaults_to_the_daemons_address_and_off_turns_it_off() {
+        let default = Some(SocketAddr::from(([127, 0, 0, 1], 9402)));
+        let with = |t: &str| {
+            let w: TelemetryWire = toml::from_str(t).unwrap_or_else(|e| panic!("{e}"));
+            w.validate_with("bcd.toml", PathBuf::from("/q"), default)
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let c = with("");
+        assert_eq!(
+            (c.metrics_listen, c.metrics_listen_is_default),
+            (default, true)
+        );
+        let c = with(r#"metrics_listen = "off""#);
+        assert_eq!(
+            (c.metrics_listen, c.metrics_listen_is_default),
+            (None, false)
+        );
+        let c = with(r#"metrics_listen = "127.0.0.1:9500""#);
+        assert_eq!(
+            c.metrics_listen,
+            Some(SocketAddr::from(([127, 0, 0, 1], 9500)))
+        );
+        assert!(
+            !c.metrics_listen_is_default,
+            "an address the operator chose must bind or fail"
+        );
+        // Without a daemon default (the old entry point) an absent metrics_listen stays off.
+        let w: TelemetryWire = toml::from_str("").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            w.validate("x", PathBuf::from("/q"))
+                .map(|c| c.metrics_listen),
+            Ok(None)
+        );
     }
 
     #[test]

@@ -113,10 +113,17 @@ impl Telemetry {
         }
         let mut t = Telemetry::with_sinks(config, registry, origin, endpoints)?;
         if let Some(addr) = t.config.metrics_listen {
-            let l = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|source| TelemetryError::Bind { addr, source })?;
-            t.metrics_listener = Some(l);
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => t.metrics_listener = Some(l),
+                // The default port, taken (a second daemon on the host): no /metrics rather than no daemon.
+                Err(e) if t.config.metrics_listen_is_default => tracing::warn!(
+                    %addr,
+                    error = %e,
+                    "/metrics is off: its default address is taken; set telemetry.metrics_listen to another \
+                     loopback address:port (or \"off\")"
+                ),
+                Err(source) => return Err(TelemetryError::Bind { addr, source }),
+            }
         }
         Ok(t)
     }

@@ -35,9 +35,30 @@ impl Drop for Prometheus {
 
 impl Prometheus {
     pub async fn start_on(port: u16) -> Result<Prometheus> {
+        Prometheus::start_with(port, "global:\n  scrape_interval: 1h\n").await
+    }
+
+    /// A Prometheus that scrapes `/metrics` of each `(job, address)` every second (and still receives remote
+    /// write); None without the binary.
+    pub async fn scraping(jobs: &[(&str, std::net::SocketAddr)]) -> Result<Option<Prometheus>> {
+        if !Path::new(PROMETHEUS).exists() {
+            return Ok(None);
+        }
+        let mut cfg =
+            String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n");
+        for (job, addr) in jobs {
+            cfg.push_str(&format!(
+                "  - job_name: {job:?}\n    static_configs:\n      - targets: [{:?}]\n",
+                addr.to_string()
+            ));
+        }
+        Ok(Some(Prometheus::start_with(free_port()?, &cfg).await?))
+    }
+
+    async fn start_with(port: u16, config: &str) -> Result<Prometheus> {
         let dir = tempfile::tempdir()?;
         let cfg = dir.path().join("prometheus.yml");
-        std::fs::write(&cfg, "global:\n  scrape_interval: 1h\n")?;
+        std::fs::write(&cfg, config)?;
         let log = std::fs::File::create(dir.path().join("prometheus.log"))?;
         let child = Command::new(PROMETHEUS)
             .arg(format!("--config.file={}", cfg.display()))

@@ -98,20 +98,21 @@ pub enum TelemetryStartError {
     Start(#[from] bc_telemetry::TelemetryError),
 }
 
-/// The pipeline for a site agent (`bcd site run`): the boot services' and BMC counters plus the host, when
-/// `agent_config` has a `[telemetry]` table.
+/// The pipeline for a site agent (`bcd site run`): the boot services' and BMC counters plus the host, exported as
+/// `agent_config`'s `[telemetry]` table says, and on `/metrics` ([`SITE_METRICS_LISTEN`] unless it says otherwise)
+/// with or without a table.
 #[cfg(feature = "site")]
 pub async fn build_site(
     agent_config: &Path,
     config: &crate::config::Config,
     counters: bcd_site::serve::SiteCounters,
 ) -> Result<Option<bc_telemetry::Telemetry>, TelemetryStartError> {
-    let Some(wire) = crate::config::telemetry_from_file(agent_config)? else {
-        return Ok(None);
-    };
-    let t = wire.validate(
+    // No table: no exporter, /metrics on its default address.
+    let wire = crate::config::telemetry_from_file(agent_config)?.unwrap_or_default();
+    let t = wire.validate_with(
         &agent_config.display().to_string(),
         config.state_dir.join("telemetry"),
+        Some(SITE_METRICS_LISTEN),
     )?;
     let registry = Registry::new();
     let host = NodeSampler::new(&registry, None, &config.hardware_root, &config.state_dir);
@@ -126,18 +127,41 @@ pub async fn build_site(
     ))
 }
 
-/// The pipeline for this node, when `config_path` has a `[telemetry]` table; `None` when it has none.
+/// Where `bcd run` serves `/metrics` unless `telemetry.metrics_listen` says otherwise (`"off"` turns it off).
+pub const NODE_METRICS_LISTEN: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9402);
+
+/// Where `bcd site run` serves `/metrics` unless `telemetry.metrics_listen` in its agent config says otherwise.
+pub const SITE_METRICS_LISTEN: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9403);
+
+/// What [`build`] does for a configuration without a `[telemetry]` table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WithoutTable {
+    /// `bcd run`: no exporter, `/metrics` on [`NODE_METRICS_LISTEN`].
+    MetricsOnly,
+    /// `bcd telemetry` (an exporter-only bcd): nothing (the caller says the table is missing).
+    Nothing,
+}
+
+/// The pipeline for this node: the `[telemetry]` table's exporters and `/metrics` (on [`NODE_METRICS_LISTEN`]
+/// unless it says otherwise); without a table, what `without_table` says.
 pub async fn build(
     config_path: &Path,
     config: &crate::config::Config,
     gpu: Option<Arc<dyn GpuBackend>>,
+    without_table: WithoutTable,
 ) -> Result<Option<bc_telemetry::Telemetry>, TelemetryStartError> {
-    let Some(wire) = crate::config::telemetry_from_file(config_path)? else {
-        return Ok(None);
+    let wire = match crate::config::telemetry_from_file(config_path)? {
+        Some(wire) => wire,
+        // `bcd run` without a table: no exporter, /metrics on its default address.
+        None if without_table == WithoutTable::MetricsOnly => Default::default(),
+        None => return Ok(None),
     };
-    let t = wire.validate(
+    let t = wire.validate_with(
         &config_path.display().to_string(),
         config.state_dir.join("telemetry"),
+        Some(NODE_METRICS_LISTEN),
     )?;
     let registry = Registry::new();
     let sampler = NodeSampler::new(&registry, gpu, &config.hardware_root, &config.state_dir);

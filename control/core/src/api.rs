@@ -7,6 +7,7 @@
 use std::fmt;
 
 pub mod capacity;
+pub mod fleet;
 pub mod iam;
 pub mod instances;
 pub mod inventory;
@@ -78,6 +79,50 @@ impl<'de> serde::Deserialize<'de> for ApiCode {
         let s = String::deserialize(d)?;
         ApiCode::parse(&s)
             .ok_or_else(|| serde::de::Error::custom(format!("unknown error code {s:?}")))
+    }
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for ApiCode {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ApiCode".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let codes: Vec<&str> = ApiCode::ALL.iter().map(|c| c.as_str()).collect();
+        schemars::json_schema!({
+            "type": "string",
+            "enum": codes,
+            "description": "A stable error code; the message says what to do next.",
+        })
+    }
+}
+
+/// The API document's name for an instant sent as an integer: milliseconds since 1970-01-01T00:00:00Z (UTC).
+/// Every `*_ms` instant of the typed API carries it (`#[schemars(with = "EpochMs")]`), so a client (the CLI's
+/// RFC 3339 output) reads the format from the schema instead of guessing from the name.
+pub const EPOCH_MS_FORMAT: &str = "unix-epoch-ms";
+
+/// A schema-only type: an instant as epoch milliseconds (`{"type": "integer", "format": "unix-epoch-ms"}`).
+#[cfg(feature = "schema")]
+pub struct EpochMs;
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for EpochMs {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "EpochMs".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "integer",
+            "format": EPOCH_MS_FORMAT,
+            "description": "An instant: milliseconds since 1970-01-01T00:00:00Z.",
+        })
     }
 }
 

@@ -19,6 +19,10 @@ pub struct BadId {
 /// The longest identifier accepted.
 pub const MAX_ID_LEN: usize = 128;
 
+/// What [`check`] accepts, as a JSON Schema pattern (the API document's).
+#[cfg(feature = "schema")]
+const ID_PATTERN: &str = "^[A-Za-z0-9_.:/@-]+$";
+
 fn check(kind: &'static str, s: &str) -> Result<(), BadId> {
     let bad = |why| {
         Err(BadId {
@@ -88,6 +92,23 @@ macro_rules! id_type {
         impl AsRef<str> for $name {
             fn as_ref(&self) -> &str {
                 &self.0
+            }
+        }
+
+        #[cfg(feature = "schema")]
+        impl schemars::JsonSchema for $name {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($name).into()
+            }
+
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": MAX_ID_LEN,
+                    "pattern": ID_PATTERN,
+                    "description": concat!("A ", $kind, " id: 1 to 128 ASCII letters, digits and -_.:/@."),
+                })
             }
         }
 

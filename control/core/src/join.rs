@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 /// `dmi.board_serial`, `dmi.chassis_serial`, `dmi.vendor`, `dmi.product`, `gpu.count`, `gpu.model` (every GPU),
 /// `nic.mac` (some NIC), `hostname`, `arch`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(transparent)]
 pub struct Expectations(pub BTreeMap<String, String>);
 

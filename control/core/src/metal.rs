@@ -37,6 +37,7 @@ pub type Millis = i64;
 
 /// Where a machine is in its flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum Phase {
     Enrolled,
@@ -92,6 +93,7 @@ impl fmt::Display for Phase {
 
 /// The machine's state: in a phase, or failed in one (with why).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "state", rename_all = "kebab-case")]
 pub enum State {
     Active { phase: Phase },
@@ -121,6 +123,7 @@ impl fmt::Display for State {
 
 /// What the operator asked the machine to become.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "goal", rename_all = "kebab-case")]
 pub enum Goal {
     /// Stay where it rests.
@@ -134,6 +137,7 @@ pub enum Goal {
 
 /// What to deploy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct DeploySpec {
     /// The image artifact's digest (`sha256:…`): streamed, then verified against it.
     pub image: String,
@@ -143,10 +147,13 @@ pub struct DeploySpec {
 
 /// One row of the machine's timeline: one attempt at one phase.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TimelineRow {
     pub phase: Phase,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub start: Millis,
     /// `None` while the row is open (the machine's current phase and attempt).
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub end: Option<Millis>,
     pub attempt: u32,
     pub outcome: Option<String>,
@@ -154,6 +161,7 @@ pub struct TimelineRow {
 
 /// A step of an attempt. Each is planned at most once per attempt ([`Machine::done`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum Step {
     /// `bmc.inspect`: the Redfish inventory.

@@ -6,6 +6,7 @@ use sha2::{Digest, Sha256};
 
 /// How the GPUs of one reservation must sit relative to each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Topology {
     /// All on one node (the default: what a single training or inference job needs).
@@ -19,6 +20,7 @@ pub enum Topology {
 
 /// A validated reservation request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ReservationRequest {
     pub tenant: String,
@@ -91,6 +93,7 @@ pub fn tenant_allowed(caller_tenant: &str, caller_is_root: bool, target_tenant: 
 
 /// Reservation states as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum ReservationState {
     /// Recorded (tx 1); the placer has not decided yet.
@@ -146,6 +149,7 @@ impl std::fmt::Display for ReservationState {
 
 /// How far a placed reservation's booking has reached a node (or, summed up, all of its nodes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Delivery {
     /// Published as the node's desired state; the node has not applied it yet.

@@ -19,6 +19,7 @@ pub mod backend;
 pub mod error;
 pub mod method;
 pub mod module;
+pub mod openapi;
 pub mod plane;
 pub mod reconcile;
 pub mod registry;
@@ -30,9 +31,11 @@ pub use error::{ApiCode, ApiError, Coded, InvalidConfig, http_status};
 pub use method::{ApiMethod, BoxFuture, Caller, Cx, Method, Permission, Scope, ScopeKind};
 pub use module::{IntoModule, Migration, Module, Route, StartCx};
 pub use plane::{
-    ControlPlane, ControlPlaneBuilder, DEFAULT_SHARD_LEASE, Initialized, Options, RoleSet, Running,
+    ControlPlane, ControlPlaneBuilder, DEFAULT_SHARD_LEASE, Initialized, OpenApiDocument, Options,
+    RoleSet, Running,
 };
 pub use reconcile::{ROLES, ReconcileCx, Reconciler, StepCx, Stop, Tick, Worker};
 pub use registry::{ApiDocument, Empty, ListMethods, MethodEntry};
 pub use resources::Resources;
-pub use router::{MAX_BODY, RouterState, check_strings, read_body};
+pub use router::{KERNEL_PATHS, MAX_BODY, READY_DEADLINE, RouterState, check_strings, read_body};
+pub use schemars;

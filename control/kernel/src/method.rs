@@ -5,6 +5,7 @@
 use crate::error::ApiError;
 use crate::resources::Resources;
 use bc_core::iam::Grant;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::future::Future;
@@ -20,8 +21,10 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait ApiMethod: Send + Sync + 'static {
     const GROUP: &'static str;
     const METHOD: &'static str;
-    type Request: Serialize + DeserializeOwned + Send + 'static;
-    type Response: Serialize + DeserializeOwned + Send + 'static;
+    /// Its JSON Schema (from the type and its serde attributes) is the API document's request body.
+    type Request: Serialize + DeserializeOwned + JsonSchema + Send + 'static;
+    /// Its JSON Schema is the API document's answer.
+    type Response: Serialize + DeserializeOwned + JsonSchema + Send + 'static;
 }
 
 /// Declares a method type: `api_method!(pub ListNodes = "nodes" / "list": ListNodesRequest => ListNodesResponse);`
@@ -216,7 +219,16 @@ pub struct MethodDef {
     pub scope: Option<Scope>,
     pub request: &'static str,
     pub response: &'static str,
+    /// The request's and the response's schemas, added to a generator (the API document's).
+    pub(crate) schemas: fn(&mut SchemaGenerator) -> (Schema, Schema),
     pub(crate) call: Option<CallFn>,
+}
+
+fn schemas_of<M: ApiMethod>(generator: &mut SchemaGenerator) -> (Schema, Schema) {
+    (
+        generator.subschema_for::<M::Request>(),
+        generator.subschema_for::<M::Response>(),
+    )
 }
 
 impl std::fmt::Debug for MethodDef {
@@ -341,6 +353,7 @@ impl<M: ApiMethod> Method<M> {
             scope: self.scope,
             request: std::any::type_name::<M::Request>(),
             response: std::any::type_name::<M::Response>(),
+            schemas: schemas_of::<M>,
             call: self.call,
         }
     }

@@ -24,6 +24,11 @@ pub struct Route {
     /// The HTTP method it answers (for the "use PUT" answer to any other).
     pub http_method: &'static str,
     pub permission: Option<Permission>,
+    /// Its OpenAPI operation object (summary, description, parameters, request body, responses), as
+    /// [`Route::doc`] set it; the API document adds the permission and the error answers.
+    pub(crate) doc: Option<serde_json::Value>,
+    /// The schema of its JSON answer (200), as [`Route::answers`] set it.
+    pub(crate) answer: Option<fn(&mut schemars::SchemaGenerator) -> schemars::Schema>,
     pub(crate) router: axum::routing::MethodRouter<RouterState>,
 }
 
@@ -37,8 +42,26 @@ impl Route {
             path,
             http_method,
             permission: None,
+            doc: None,
+            answer: None,
             router,
         }
+    }
+
+    /// Documents the route in the API document: an OpenAPI operation object (`summary`, `description`,
+    /// `parameters`, `requestBody`, `responses`).
+    pub fn doc(mut self, operation: serde_json::Value) -> Route {
+        self.doc = Some(operation);
+        self
+    }
+
+    /// Its 200 answer is `T` as JSON (the API document takes `T`'s schema).
+    pub fn answers<T: schemars::JsonSchema>(mut self) -> Route {
+        fn schema<T: schemars::JsonSchema>(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+            g.subschema_for::<T>()
+        }
+        self.answer = Some(schema::<T>);
+        self
     }
 
     pub fn permission(mut self, permission: &'static str) -> Route {

@@ -120,6 +120,7 @@ pub struct ControlPlaneBuilder {
     options: Options,
     modules: Vec<(Kind, Result<Module, InvalidConfig>)>,
     resources: Resources,
+    api_paths: Vec<(&'static str, serde_json::Value)>,
 }
 
 impl ControlPlaneBuilder {
@@ -138,6 +139,13 @@ impl ControlPlaneBuilder {
     /// A value every module may read (configuration the binary resolved, a handle it owns).
     pub fn resource<T: Send + Sync + 'static>(mut self, value: T) -> ControlPlaneBuilder {
         self.resources.insert(value);
+        self
+    }
+
+    /// Documents a path the binary serves itself (outside the kernel's router, or on another listener) in the API
+    /// document: `item` is an OpenAPI path item object.
+    pub fn api_path(mut self, path: &'static str, item: serde_json::Value) -> ControlPlaneBuilder {
+        self.api_paths.push((path, item));
         self
     }
 
@@ -164,6 +172,7 @@ impl ControlPlaneBuilder {
             options: self.options,
             modules,
             resources: self.resources,
+            api_paths: self.api_paths,
         })
     }
 }
@@ -174,7 +183,12 @@ pub struct ControlPlane {
     /// In start order (dependencies first).
     modules: Vec<(Kind, Module)>,
     resources: Resources,
+    api_paths: Vec<(&'static str, serde_json::Value)>,
 }
+
+/// The control plane's OpenAPI document, as `GET /api/openapi.json` serves it (a kernel resource).
+#[derive(Debug, Clone)]
+pub struct OpenApiDocument(pub Arc<serde_json::Value>);
 
 impl ControlPlane {
     pub fn builder(options: Options) -> ControlPlaneBuilder {
@@ -182,7 +196,13 @@ impl ControlPlane {
             options,
             modules: Vec::new(),
             resources: Resources::new(),
+            api_paths: Vec::new(),
         }
+    }
+
+    /// The OpenAPI 3.1 document of this control plane (pure: from the registry, no I/O).
+    pub fn openapi(&self) -> serde_json::Value {
+        crate::openapi::document(&self.modules, &self.api_paths)
     }
 
     /// Every registered method (the API document), in start order of the modules.
@@ -223,9 +243,11 @@ impl ControlPlane {
         if applied > 0 {
             tracing::info!(applied, "migrations applied");
         }
+        let openapi = OpenApiDocument(Arc::new(self.openapi()));
         let mut resources = self.resources;
         backend.provide(&mut resources);
         resources.insert(registry::ApiDocument::of(&self.modules));
+        resources.insert(openapi);
         let mut notes = Vec::new();
         for (kind, module) in &self.modules {
             let Some(start) = &module.start else { continue };
@@ -309,6 +331,7 @@ impl Initialized {
         let state = crate::router::RouterState::new(
             self.resources.clone(),
             self.auth.clone(),
+            self.backend.clone(),
             &self.methods,
             allowed,
         );

@@ -115,7 +115,8 @@ pub(crate) fn check(modules: &[(Kind, Module)]) -> Result<Vec<usize>, InvalidCon
                     r.http_method, r.path
                 )));
             }
-            if r.path.starts_with("/api/compute/") || r.path == "/healthz" {
+            if r.path.starts_with("/api/compute/") || crate::router::KERNEL_PATHS.contains(&r.path)
+            {
                 return Err(at(format!("route {} is the kernel's", r.path)));
             }
             if let Some(first) = routes.insert(r.path, m.name) {
@@ -182,7 +183,7 @@ fn start_order(
 // === the system module ===
 
 /// One method as `system.methods` lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct MethodEntry {
     pub module: String,
     pub group: String,
@@ -194,7 +195,7 @@ pub struct MethodEntry {
 }
 
 /// The API document: every method of this control plane.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ApiDocument {
     pub methods: Vec<MethodEntry>,
 }
@@ -236,7 +237,9 @@ fn short(type_name: &str) -> String {
 }
 
 /// A request that takes no fields (any object is accepted).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct Empty {}
 
 crate::api_method!(

@@ -2,7 +2,7 @@
 //! registered method. The caller is authenticated before the body is read; every refusal, the router's own and the
 //! HTTP layer's, is `{code, message}` saying what to send instead.
 
-use crate::backend::Authenticator;
+use crate::backend::{Authenticator, Backend};
 use crate::error::ApiError;
 use crate::method::{Caller, Cx, MethodDef};
 use crate::resources::Resources;
@@ -18,11 +18,18 @@ pub const MAX_BODY: usize = 2 << 20;
 /// A method body must arrive whole within this long.
 pub const BODY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// The paths the kernel serves itself besides the methods: no module route may take one.
+pub const KERNEL_PATHS: [&str; 3] = ["/healthz", "/readyz", crate::openapi::OPENAPI_PATH];
+
+/// `/readyz` answers 503 when the database does not answer within this long.
+pub const READY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// What the router's handlers (and modules' own routes) share.
 #[derive(Clone)]
 pub struct RouterState {
     resources: Arc<Resources>,
     auth: Arc<dyn Authenticator>,
+    backend: Arc<dyn Backend>,
     methods: Arc<HashMap<&'static str, HashMap<&'static str, MethodDef>>>,
     /// Extra routes and the HTTP method each answers.
     routes: Arc<Vec<(&'static str, &'static str)>>,
@@ -32,6 +39,7 @@ impl RouterState {
     pub(crate) fn new(
         resources: Arc<Resources>,
         auth: Arc<dyn Authenticator>,
+        backend: Arc<dyn Backend>,
         methods: &[MethodDef],
         routes: Vec<(&'static str, &'static str)>,
     ) -> RouterState {
@@ -45,6 +53,7 @@ impl RouterState {
         RouterState {
             resources,
             auth,
+            backend,
             methods: Arc::new(by_group),
             routes: Arc::new(routes),
         }
@@ -76,7 +85,9 @@ pub(crate) fn router(
             "/api/compute/{group}/{method}",
             axum::routing::post(dispatch),
         )
-        .route("/healthz", axum::routing::get(|| async { "ok" }));
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route("/readyz", axum::routing::get(readyz))
+        .route(crate::openapi::OPENAPI_PATH, axum::routing::get(openapi));
     for (path, route) in extra {
         router = router.route(path, route);
     }
@@ -84,6 +95,27 @@ pub(crate) fn router(
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
         .with_state(state)
+}
+
+/// Ready when the database answers within [`READY_DEADLINE`]; UNAVAILABLE naming the cause otherwise.
+async fn readyz(State(state): State<RouterState>) -> Response {
+    let check = tokio::time::timeout(READY_DEADLINE, state.backend.check()).await;
+    match check {
+        Ok(Ok(())) => axum::Json(serde_json::json!({ "ready": true })).into_response(),
+        Ok(Err(e)) => ApiError::unavailable(format!("not ready: {}", e.message())).into_response(),
+        Err(_) => ApiError::unavailable(format!(
+            "not ready: the database did not answer within {} s",
+            READY_DEADLINE.as_secs()
+        ))
+        .into_response(),
+    }
+}
+
+async fn openapi(State(state): State<RouterState>) -> Response {
+    match state.resources.get::<crate::plane::OpenApiDocument>() {
+        Some(doc) => axum::Json(doc.0.as_ref()).into_response(),
+        None => ApiError::unavailable("the API document is not built yet").into_response(),
+    }
 }
 
 async fn unknown_route(State(state): State<RouterState>, uri: axum::http::Uri) -> ApiError {
@@ -109,7 +141,7 @@ async fn wrong_method(
     uri: axum::http::Uri,
 ) -> ApiError {
     let allowed = match uri.path() {
-        "/healthz" => "GET",
+        p if KERNEL_PATHS.contains(&p) => "GET",
         path => state
             .routes
             .iter()

@@ -9,12 +9,14 @@ use bc_kernel::{
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, bc_kernel::schemars::JsonSchema)]
+#[schemars(crate = "bc_kernel::schemars")]
 struct Ping {
     n: u32,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, bc_kernel::schemars::JsonSchema)]
+#[schemars(crate = "bc_kernel::schemars")]
 struct Pong {
     n: u32,
 }
@@ -248,4 +250,46 @@ fn roles_parse_and_refuse_an_unknown_one() {
     let e = RoleSet::parse("api,janitors").expect_err("unknown role");
     assert_eq!(e.field, "roles");
     assert!(e.reason.contains("janitors"), "{e}");
+}
+
+#[test]
+fn a_module_route_on_a_kernel_path_is_refused_and_the_document_lists_what_is_registered() {
+    for path in bc_kernel::KERNEL_PATHS {
+        let route = bc_kernel::Route::new(path, "GET", axum::routing::get(|| async { "mine" }))
+            .permission("compute:demo:read");
+        let e = refused(
+            ControlPlane::builder(options())
+                .module(Module::new("demo").route(route))
+                .build(),
+        );
+        assert!(e.reason.contains("is the kernel's"), "{path}: {e}");
+    }
+    // The document is built from the registry, with no I/O: the method with its schemas, permission and scope.
+    let plane = ControlPlane::builder(options())
+        .module(Module::new("demo").method(ping_method()))
+        .build()
+        .expect("build");
+    let doc = plane.openapi();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let op = &doc["paths"]["/api/compute/demo/ping"]["post"];
+    assert_eq!(op["x-permission"], "compute:demo:ping");
+    assert_eq!(op["x-scope"], "demo/*");
+    assert_eq!(op["x-scope-check"], "fixed");
+    assert_eq!(
+        op["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/Ping"
+    );
+    assert_eq!(
+        doc["components"]["schemas"]["Pong"]["properties"]["n"]["type"],
+        "integer"
+    );
+    for path in bc_kernel::KERNEL_PATHS {
+        assert!(doc["paths"][path]["get"].is_object(), "{path}");
+    }
+    assert!(
+        doc["paths"]["/api/compute/system/methods"]["post"]["responses"]
+            .get("403")
+            .is_none(),
+        "a method any caller may call cannot answer ACCESS_DENIED"
+    );
 }

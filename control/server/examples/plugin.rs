@@ -17,13 +17,15 @@ use bc_kernel::{
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, bc_kernel::schemars::JsonSchema)]
+#[schemars(crate = "bc_kernel::schemars")]
 #[serde(deny_unknown_fields)]
 struct Greet {
     name: String,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, bc_kernel::schemars::JsonSchema)]
+#[schemars(crate = "bc_kernel::schemars")]
 struct Greeting {
     text: String,
 }

@@ -110,7 +110,9 @@ pub struct ServeConfig {
     pub capacity_reload: Option<std::time::Duration>,
     /// Which placer books reservations (`[capacity] placer`).
     pub placer: bc_mod_capacity::Placer,
-    /// Where the process's own metrics go ([`crate::telemetry`]); None exports nothing.
+    /// Where the process's own metrics go ([`crate::telemetry`]) and where `/metrics` is served; None exports and
+    /// serves nothing (tests). A configuration file without a `[telemetry]` table serves `/metrics` on
+    /// [`crate::telemetry::DEFAULT_METRICS_LISTEN`].
     pub telemetry: Option<bc_telemetry::TelemetryConfig>,
 }
 
@@ -241,10 +243,12 @@ impl ServeConfigWire {
             Some(p) => bc_mod_capacity::Placer::parse(&p)
                 .map_err(|e| field("capacity.placer", e.reason))?,
         };
-        let telemetry = match self.telemetry {
-            None => None,
-            Some(t) => Some(t.validate(origin, state_dir.join("telemetry"))?),
-        };
+        // Without a table: no exporter, and /metrics on its default loopback address.
+        let telemetry = Some(self.telemetry.unwrap_or_default().validate_with(
+            origin,
+            state_dir.join("telemetry"),
+            Some(crate::telemetry::DEFAULT_METRICS_LISTEN),
+        )?);
         Ok(ServeConfig {
             state_dir,
             database_url: self.database_url,
@@ -287,6 +291,24 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/examples/control.toml");
         let c = ServeConfigWire::from_file(&path)?.validate(&path.display().to_string())?;
         assert!(c.roles.api && c.roles.gateway);
+        Ok(())
+    }
+
+    #[test]
+    fn metrics_are_served_on_loopback_by_default_and_off_turns_them_off() -> Result<(), ConfigError>
+    {
+        let c = ServeConfigWire::default().validate("cli")?;
+        let t = c.telemetry.expect("telemetry without a table");
+        assert_eq!(
+            t.metrics_listen,
+            Some(crate::telemetry::DEFAULT_METRICS_LISTEN)
+        );
+        assert!(t.metrics_listen_is_default);
+        assert!(t.remote_write.is_none() && t.otlp.is_none(), "no exporter");
+        let wire: ServeConfigWire =
+            toml::from_str("[telemetry]\nmetrics_listen = \"off\"\n").expect("toml");
+        let t = wire.validate("x.toml")?.telemetry.expect("telemetry");
+        assert_eq!(t.metrics_listen, None);
         Ok(())
     }
 

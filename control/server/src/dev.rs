@@ -90,6 +90,7 @@ pub async fn run(
         api_listen: opts.api_listen,
         gateway_listen: opts.gateway_listen,
         gateway_hosts: vec!["localhost".into(), "127.0.0.1".into()],
+        telemetry: Some(dev_metrics(&data_dir.join("state"))?),
         ..ServeConfig::loopback(data_dir.join("state"), &opts.trust_domain, Roles::all())
     };
     let running = crate::start(&config, store.clone()).await?;
@@ -162,4 +163,16 @@ pub fn print_ready(r: &DevReady, data_dir: &Path) {
         r.join_token
     );
     println!("  environment:   {}/dev.env", data_dir.display());
+}
+
+/// `dev` serves `/metrics` like `serve` ([`crate::telemetry::DEFAULT_METRICS_LISTEN`], off with a warning when
+/// another process holds it) and exports nowhere.
+fn dev_metrics(
+    state_dir: &std::path::Path,
+) -> Result<bc_telemetry::TelemetryConfig, bc_telemetry::config::TelemetryConfigError> {
+    bc_telemetry::TelemetryWire::default().validate_with(
+        "better-compute dev",
+        state_dir.join("telemetry"),
+        Some(crate::telemetry::DEFAULT_METRICS_LISTEN),
+    )
 }

@@ -12,6 +12,7 @@ pub use bc_ca as ca;
 pub mod client;
 pub mod config;
 pub mod dev;
+pub mod fleet;
 pub mod iam_api;
 pub mod instances_cli;
 pub use bc_mod_nodes::{join, lifecycle, methods as node_methods, session};
@@ -66,6 +67,8 @@ pub enum StartError {
 pub struct Running {
     pub api_addr: Option<SocketAddr>,
     pub gateway_addr: Option<SocketAddr>,
+    /// Where `/metrics` is served (loopback), when it is.
+    pub metrics_addr: Option<SocketAddr>,
     pub gateway_url: String,
     /// The sessions the gateway role holds (for status and benchmarks).
     pub sessions: Option<bc_gateway::session::Registry>,
@@ -313,6 +316,9 @@ pub async fn start_with(
     }
     let tunnels = gateway.as_ref().map(|g| g.tunnels.clone());
     builder = with_tunnels(builder, &store, tunnels.clone());
+    for (path, item) in [fleet::api_path(), telemetry::api_path()] {
+        builder = builder.api_path(path, item);
+    }
     let initialized = builder.build()?.initialize(backend).await?;
     store.ensure_root_tenant().await?;
     let mut plane = initialized.start(&roles);
@@ -324,12 +330,9 @@ pub async fn start_with(
     let mut api_addr = None;
     if let Some((listener, addr)) = api {
         api_addr = Some(addr);
-        let router = initialized
-            .router()
-            .layer(axum::middleware::from_fn_with_state(
-                metrics.clone(),
-                telemetry::count_api,
-            ));
+        let router = initialized.router().merge(fleet::routes()).layer(
+            axum::middleware::from_fn_with_state(metrics.clone(), telemetry::count_api),
+        );
         let mut stop = plane.stop_signal();
         plane.spawn(async move {
             if let Err(e) = axum::serve(listener, router)
@@ -348,11 +351,12 @@ pub async fn start_with(
         lease_roles: Vec::new(),
         queues: config.roles.controllers,
     };
-    export_metrics(config, &metrics, sources, &mut plane).await?;
+    let metrics_addr = export_metrics(config, &metrics, sources, &mut plane).await?;
     note_roles_without_loops(config);
     Ok(Running {
         api_addr,
         gateway_addr,
+        metrics_addr,
         gateway_url,
         sessions,
         tunnels,
@@ -415,17 +419,19 @@ fn sites_state(
     }
 }
 
-/// With a `[telemetry]` table: samples the control plane's own metrics and exports them until the plane stops.
+/// With telemetry configured (`serve` always is): samples the control plane's own metrics, serves them on
+/// `/metrics` and exports them until the plane stops. Returns where `/metrics` is served.
 async fn export_metrics(
     config: &ServeConfig,
     metrics: &telemetry::ControlMetrics,
     mut sources: telemetry::Sources,
     plane: &mut bc_kernel::Running,
-) -> Result<(), StartError> {
+) -> Result<Option<SocketAddr>, StartError> {
     let Some(table) = &config.telemetry else {
-        return Ok(());
+        return Ok(None);
     };
     let pipeline = telemetry::pipeline(table, metrics, &sources.worker).await?;
+    let metrics_addr = pipeline.metrics_addr();
     let interval = table.interval;
     if config.roles.controllers {
         sources.lease_roles.push(bc_mod_nodes::controllers::ROLE);
@@ -437,8 +443,8 @@ async fn export_metrics(
     plane.spawn(telemetry::sample(metrics.clone(), sources, interval, stop));
     let mut stop = plane.stop_signal();
     plane.spawn(pipeline.run(async move { stop.stopped().await }));
-    tracing::info!("telemetry: the control plane's own metrics are exported");
-    Ok(())
+    tracing::info!(metrics = ?metrics_addr, "telemetry: the control plane's own metrics are sampled");
+    Ok(metrics_addr)
 }
 
 async fn serve_gateway(g: Gateway, mut stop: bc_kernel::Stop) {

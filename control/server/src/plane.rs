@@ -1,5 +1,5 @@
 //! The server's own module `server`: the IAM methods it keeps (`tenants.create`, `principals.create`: see
-//! [`crate::iam_api`]) and `system.stats|info`, typed with `bc_core::api::{iam, system}`, and the `statistics`
+//! [`crate::iam_api`]), `system.stats|info` and `fleet.overview` (the fleet page's: [`crate::fleet`]), typed with `bc_core::api::{iam, system}`, and the `statistics`
 //! reconciler (`controllers` and `scheduler` roles). Every other group is a module crate's: the nodes' groups and
 //! controllers [`bc_mod_nodes`]', reservations and the placer bc-mod-capacity's, the sites' groups, the artifact
 //! upload route and the site gateway service bc-mod-sites'.
@@ -46,6 +46,7 @@ pub fn module(store: Store) -> Module {
         )
         .method(Method::<StatsMethod>::new().any_caller().handler(stats))
         .method(Method::<InfoMethod>::new().any_caller().handler(info))
+        .method(crate::fleet::method())
         .reconciler(statistics_loop(store))
 }
 

@@ -75,6 +75,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let mut running = crate::start_with(&cfg, store, false).await?;
     let stop = bc_proto::runtime::shutdown_signal();
+    if let Some(addr) = running.metrics_addr {
+        tracing::info!(%addr, "serving /metrics");
+    }
     println!(
         "serving: api={} gateway={} ca_pin={} join_key={}",
         running

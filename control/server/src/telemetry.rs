@@ -33,6 +33,36 @@ const QUEUES: [&str; 4] = [
     "commands_open",
 ];
 
+/// Where `/metrics` is served when the configuration names no `telemetry.metrics_listen` (loopback only; `"off"`
+/// turns it off).
+pub const DEFAULT_METRICS_LISTEN: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9404);
+
+/// `/metrics`' entry in the API document: it is served on the metrics listener, not the API's.
+pub fn api_path() -> (&'static str, serde_json::Value) {
+    (
+        "/metrics",
+        serde_json::json!({
+            "servers": [{
+                "url": format!("http://{DEFAULT_METRICS_LISTEN}"),
+                "description": "The metrics listener (`telemetry.metrics_listen`, loopback only), not the API's",
+            }],
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics",
+                "description": "The process's own metrics in the Prometheus text format 0.0.4 (per role: API calls                     and latency, gateway sessions, placement latency, shard leases, queue depths, and the exporter's                     own counters), on its loopback metrics listener: 127.0.0.1:9404 unless                     `telemetry.metrics_listen` says otherwise (`\"off\"` turns it off). No key: bind it to                     loopback and let a local Prometheus (or agent) scrape it.",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "The latest sample.",
+                        "content": { "text/plain; version=0.0.4": { "schema": { "type": "string" } } },
+                    },
+                },
+            },
+        }),
+    )
+}
+
 /// The handles every role records into; cheap to clone.
 #[derive(Clone)]
 pub struct ControlMetrics {

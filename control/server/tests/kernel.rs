@@ -15,13 +15,15 @@ use serde_json::{Value, json};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, bc_kernel::schemars::JsonSchema)]
+#[schemars(crate = "bc_kernel::schemars")]
 #[serde(deny_unknown_fields)]
 struct Hello {
     name: String,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, bc_kernel::schemars::JsonSchema)]
+#[schemars(crate = "bc_kernel::schemars")]
 struct Greeting {
     text: String,
     caller: String,

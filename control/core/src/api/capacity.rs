@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 /// `reservations.create`: a [`ReservationRequest`] and, optionally, the caller's idempotency key (one key and one
 /// body replay the reservation it created; the same key with another body is CONFLICT).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateReservation {
     pub tenant: String,
@@ -50,6 +51,7 @@ impl CreateReservation {
 
 /// `reservations.get` and `reservations.release`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ReservationById {
     pub id: ReservationId,
@@ -58,6 +60,7 @@ pub struct ReservationById {
 /// `reservations.list`: a tenant's reservations (the caller's own tenant when absent, every tenant's for a root
 /// caller), newest first, at most `limit` (1 to 1000, default 100).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ListReservations {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -68,6 +71,7 @@ pub struct ListReservations {
 
 /// One GPU a placed reservation booked.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct BookedGpu {
     pub node: NodeId,
     pub uuid: String,
@@ -77,6 +81,7 @@ pub struct BookedGpu {
 
 /// A reservation as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Reservation {
     pub id: ReservationId,
     pub tenant: TenantId,
@@ -86,14 +91,19 @@ pub struct Reservation {
     pub nodes: Vec<NodeId>,
     pub gpus: Vec<BookedGpu>,
     pub error: Option<String>,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub created_at_ms: i64,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub placed_at_ms: Option<i64>,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub expires_at_ms: Option<i64>,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub ended_at_ms: Option<i64>,
 }
 
 /// One node's share of a placed reservation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct NodeDelivery {
     pub node: NodeId,
     /// The desired generation that first carried the booking to this node.
@@ -105,6 +115,7 @@ pub struct NodeDelivery {
 
 /// How far a placed reservation's booking has reached its nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ReservationDelivery {
     /// Failed if any node failed, else pending while any has not applied it, else applied.
     pub state: Delivery,
@@ -113,6 +124,7 @@ pub struct ReservationDelivery {
 
 /// A reservation as `get` and `list` show it: a placed one carries its delivery.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ReservationView {
     #[serde(flatten)]
     pub reservation: Reservation,
@@ -122,12 +134,14 @@ pub struct ReservationView {
 
 /// The answer of `create`, `get` and `release`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ReservationAnswer {
     pub reservation: ReservationView,
 }
 
 /// The answer of `list`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ReservationList {
     pub reservations: Vec<ReservationView>,
 }

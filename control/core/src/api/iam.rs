@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// `tenants.create`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateTenant {
     pub id: String,
@@ -14,6 +15,7 @@ pub struct CreateTenant {
 
 /// A tenant as created.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Tenant {
     pub id: String,
     pub name: String,
@@ -21,6 +23,7 @@ pub struct Tenant {
 
 /// `principals.create`: a principal of `tenant` holding `grants` (each covered by one of the caller's own).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreatePrincipal {
     pub id: String,
@@ -33,6 +36,7 @@ pub struct CreatePrincipal {
 
 /// A principal as created, with its API key (shown once: the store keeps only its hash).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct PrincipalCreated {
     pub id: String,
     pub tenant: String,

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 /// The image an instance's disk is an overlay on: fetched by the node over HTTP(S) and trusted by its digest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct InstanceImage {
     pub url: String,
@@ -20,6 +21,7 @@ pub struct InstanceImage {
 /// What an instance is: everything but its idempotency key. Its [`InstanceRequest::body_hash`] tells a replay
 /// from a conflicting reuse of a key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct InstanceRequest {
     pub tenant: String,
@@ -168,6 +170,7 @@ impl InstanceRequest {
 /// `instances.create`: an [`InstanceRequest`] and, optionally, the caller's idempotency key (one key and one body
 /// replay the instance it created; the same key with another body is CONFLICT).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateInstance {
     pub tenant: String,
@@ -216,6 +219,7 @@ impl CreateInstance {
 
 /// `instances.show|stop|start|reboot|delete`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct InstanceById {
     pub id: String,
@@ -224,6 +228,7 @@ pub struct InstanceById {
 /// `instances.list`: a tenant's instances (the caller's own tenant when absent, every tenant's for a root caller),
 /// newest first, deleted ones only with `deleted`, at most `limit` (1 to 1000, default 100).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ListInstances {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -236,6 +241,7 @@ pub struct ListInstances {
 
 /// Where an instance stands in the control plane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum InstanceState {
     /// Admitted (tx 1), not placed yet.
@@ -272,6 +278,7 @@ impl InstanceState {
 
 /// The power an instance should have (its node starts or stops the VM to match).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Power {
     Running,
@@ -297,6 +304,7 @@ impl Power {
 
 /// What the node last reported about the instance (its `instances` inventory section), if anything.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ObservedInstance {
     /// The instance generation the report is about.
     pub generation: i64,
@@ -314,6 +322,7 @@ pub struct ObservedInstance {
 
 /// An instance as the API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Instance {
     pub id: String,
     pub tenant: TenantId,
@@ -333,24 +342,29 @@ pub struct Instance {
     pub error: Option<String>,
     /// The node's report, when it has sent one for this instance.
     pub observed: Option<ObservedInstance>,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub created_at_ms: i64,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub deleted_at_ms: Option<i64>,
 }
 
 /// The answer of `create`, `show`, `stop`, `start`, `reboot` and `delete`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct InstanceAnswer {
     pub instance: Instance,
 }
 
 /// The answer of `list`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct InstanceList {
     pub instances: Vec<Instance>,
 }
 
 /// What a pool's nodes are for, as far as instances go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum PoolClass {
     /// Its nodes run bcd with `[vmm]` and host the instances placed on them.
@@ -378,6 +392,7 @@ impl PoolClass {
 
 /// `instances.set-pool`: makes an existing pool a hosted (`vps-host`) or provider pool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SetInstancePool {
     pub pool: String,
@@ -386,6 +401,7 @@ pub struct SetInstancePool {
 
 /// The answer of `set-pool`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct InstancePool {
     pub pool: String,
     pub class: PoolClass,

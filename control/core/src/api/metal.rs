@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 /// How the site agent reaches the machine's BMC: its Redfish address and the name of the site secret holding the
 /// credentials (`secrets.put`); the credentials themselves never pass through this API.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct BmcRef {
     /// `https://10.0.0.5` or `http://127.0.0.1:8000` (a Redfish service root's base URL).
@@ -19,6 +20,7 @@ pub struct BmcRef {
 
 /// `metal.enroll`: a machine of `site` with its BMC and boot NIC; it rests in `enrolled`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct EnrollRequest {
     #[serde(deserialize_with = "crate::api::sites::site_name")]
@@ -32,6 +34,7 @@ pub struct EnrollRequest {
 
 /// `metal.inspect|provide|release|abort|retry|show`: one machine by its boot MAC.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct MachineRef {
     pub mac: String,
@@ -39,6 +42,7 @@ pub struct MachineRef {
 
 /// `metal.deploy`: the image by its artifact digest and the cloud-init NoCloud data.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DeployRequest {
     pub mac: String,
@@ -52,6 +56,7 @@ pub struct DeployRequest {
 
 /// `metal.list`: filters, all optional.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ListRequest {
     #[serde(default)]
@@ -65,6 +70,7 @@ pub struct ListRequest {
 
 /// A machine as `metal.show` answers it (and every verb, after applying it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct MachineView {
     pub mac: MachineId,
     pub site: SiteId,
@@ -73,6 +79,7 @@ pub struct MachineView {
     pub goal: Goal,
     pub attempt: u32,
     /// When the current wait ends, and what for.
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub deadline_ms: Option<Millis>,
     pub waiting_for: Option<String>,
     /// The node the ramdisk joined as (and the installed system reclaims).
@@ -89,6 +96,7 @@ pub struct MachineView {
 
 /// A step sent for the machine: to the site's BMC worker or to the ramdisk, and how it ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct StepView {
     pub attempt_id: u64,
     pub step: crate::metal::Step,
@@ -101,16 +109,26 @@ pub struct StepView {
 
 /// One line of `metal.list`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct MachineSummary {
     pub mac: MachineId,
     pub site: SiteId,
     pub state: State,
     pub attempt: u32,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub deadline_ms: Option<Millis>,
     pub last_error: Option<String>,
+    /// When the current phase started (absent from a server older than the field).
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
+    pub phase_started_ms: Option<Millis>,
+    /// What the deadline is for.
+    #[serde(default)]
+    pub waiting_for: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ListResponse {
     pub machines: Vec<MachineSummary>,
 }

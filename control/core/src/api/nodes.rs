@@ -14,6 +14,7 @@ use std::str::FromStr;
 
 /// `join-tokens.create`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateJoinToken {
     pub pool: PoolId,
@@ -41,17 +42,20 @@ fn day() -> i64 {
 
 /// The created token; `token` (its secret) is shown only here.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct CreatedJoinToken {
     pub id: String,
     pub token: String,
     pub pool: PoolId,
     pub uses: i32,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub expires_at_ms: i64,
     pub reclaim: bool,
 }
 
 /// `join-tokens.list`: every token the caller may list, or those of one pool.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ListJoinTokens {
     #[serde(default)]
@@ -59,33 +63,39 @@ pub struct ListJoinTokens {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct JoinTokens {
     pub tokens: Vec<JoinToken>,
 }
 
 /// A join token as listed (never its secret).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct JoinToken {
     pub id: String,
     pub pool_id: PoolId,
     pub uses_total: i32,
     pub uses_left: i32,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub expires_at_ms: i64,
     pub revoked: bool,
     pub expect: Expectations,
     pub reclaim: bool,
     pub created_by: String,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub created_at_ms: i64,
 }
 
 /// `join-tokens.revoke`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JoinTokenRef {
     pub id: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RevokedJoinToken {
     pub id: String,
     pub revoked: bool,
@@ -95,15 +105,18 @@ pub struct RevokedJoinToken {
 
 /// `nodes.list` (it takes no argument).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ListNodes {}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Nodes {
     pub nodes: Vec<Node>,
 }
 
 /// `nodes.get`, `nodes.drain`, `nodes.undrain`, `nodes.revoke`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NodeRef {
     pub id: NodeId,
@@ -111,6 +124,7 @@ pub struct NodeRef {
 
 /// A node as operators see it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Node {
     pub id: NodeId,
     pub pool_id: PoolId,
@@ -118,11 +132,14 @@ pub struct Node {
     pub hardware_key: Option<String>,
     /// The hardware claims it joined with (`hostname`, `gpus`, `nics`, ...).
     pub claims: Value,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub joined_at_ms: i64,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub cert_not_after_ms: i64,
     pub join_token_id: Option<String>,
     pub session_epoch: i64,
     pub online: bool,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub last_seen_ms: Option<i64>,
     pub desired_generation: i64,
     pub acked_generation: i64,
@@ -146,6 +163,7 @@ impl Node {
 
 /// A node's desired state as far as it got.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct DesiredState {
     pub generation: i64,
     pub applied_generation: i64,
@@ -154,11 +172,13 @@ pub struct DesiredState {
     pub failed_generation: i64,
     /// The node's reason, while failing.
     pub message: Option<String>,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub failing_since_ms: Option<i64>,
 }
 
 /// `nodes.get`: the node and its inventory sections by name.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct NodeDetail {
     pub node: Node,
     pub inventory: BTreeMap<String, Value>,
@@ -166,6 +186,7 @@ pub struct NodeDetail {
 
 /// `nodes.drain|undrain|revoke`: the state the node is in now, and whether this call changed it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct NodeStateChanged {
     pub id: NodeId,
     pub state: NodeState,
@@ -176,6 +197,7 @@ pub struct NodeStateChanged {
 
 /// `nodes.command`: queue a command of `kind` for a node.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct QueueCommand {
     pub node_id: NodeId,
@@ -198,40 +220,50 @@ fn ten_minutes() -> u64 {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct QueuedCommand {
     pub id: CommandId,
     pub node_id: NodeId,
     pub kind: String,
     pub state: CommandState,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub deadline_ms: i64,
 }
 
 /// `commands.get`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CommandRef {
     pub id: CommandId,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct CommandDetail {
     pub command: Command,
 }
 
 /// A command: what was asked, how far it got and what the node answered.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Command {
     pub id: CommandId,
     pub node_id: NodeId,
     pub kind: String,
     pub args: Value,
     pub state: CommandState,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub created_ms: i64,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub sent_ms: Option<i64>,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub deadline_ms: i64,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub finished_ms: Option<i64>,
     /// The latest progress the node reported while it ran.
     pub progress: Option<Value>,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub progress_ms: Option<i64>,
     /// The signed result's payload (verified against the node's key).
     pub result: Option<Value>,
@@ -242,6 +274,7 @@ pub struct Command {
 
 /// Where a command is: queued, handed to the node, or finished one of three ways.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum CommandState {
     Pending,

@@ -36,6 +36,7 @@ pub fn site_name<'de, D: Deserializer<'de>>(d: D) -> Result<SiteId, D::Error> {
 /// A machine's desired boot as the API takes it and the store keeps it (`machines.boot`). `kernel` and `initrd`
 /// are an http(s) URL, a path under the site's artifact cache, or `sha256:<hex>` of a stored artifact.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct BootSpec {
     pub kernel: String,
@@ -47,6 +48,7 @@ pub struct BootSpec {
 
 /// `sites.revoke`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RevokeSiteRequest {
     #[serde(deserialize_with = "site_name")]
@@ -54,6 +56,7 @@ pub struct RevokeSiteRequest {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RevokeSiteResponse {
     pub site: SiteId,
     pub revoked: bool,
@@ -73,6 +76,7 @@ fn day() -> i64 {
 
 /// `site-tokens.create`: one use per site agent (an active one and a standby: 2).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateSiteTokenRequest {
     #[serde(deserialize_with = "site_name")]
@@ -85,16 +89,19 @@ pub struct CreateSiteTokenRequest {
 
 /// The new token: `token` (the secret) is shown only here.
 #[derive(Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct CreateSiteTokenResponse {
     pub id: String,
     pub token: String,
     pub site: SiteId,
     pub uses: i32,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub expires_at_ms: i64,
 }
 
 /// `site-tokens.list` and `machines.list`: one site, or every site the caller's grant reaches.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct BySite {
     #[serde(default)]
@@ -103,30 +110,36 @@ pub struct BySite {
 
 /// A site token as listed (never its secret).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SiteToken {
     pub id: String,
     pub site_id: SiteId,
     pub uses_total: i32,
     pub uses_left: i32,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub expires_at_ms: i64,
     pub revoked: bool,
     pub created_by: String,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub created_at_ms: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ListSiteTokensResponse {
     pub tokens: Vec<SiteToken>,
 }
 
 /// `site-tokens.revoke`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RevokeSiteTokenRequest {
     pub id: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RevokeSiteTokenResponse {
     pub id: String,
     pub revoked: bool,
@@ -134,6 +147,7 @@ pub struct RevokeSiteTokenResponse {
 
 /// A machine of a site: its MAC in canonical form (`aa:bb:cc:dd:ee:ff`) and what it netboots (None: it must not).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Machine {
     pub mac: MachineId,
     pub site_id: SiteId,
@@ -142,6 +156,7 @@ pub struct Machine {
 
 /// `machines.create`: `mac` in any common form (`52-54-00-AA-BB-01`); it is answered canonical.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateMachineRequest {
     pub mac: String,
@@ -152,17 +167,20 @@ pub struct CreateMachineRequest {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct CreateMachineResponse {
     pub machine: Machine,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ListMachinesResponse {
     pub machines: Vec<Machine>,
 }
 
 /// `machines.set-boot`: `boot` null stops the machine netbooting.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SetMachineBootRequest {
     pub mac: String,
@@ -171,6 +189,7 @@ pub struct SetMachineBootRequest {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SetMachineBootResponse {
     pub mac: MachineId,
     pub site: SiteId,
@@ -179,6 +198,7 @@ pub struct SetMachineBootResponse {
 
 /// `secrets.put` (no `Debug`: it carries the value).
 #[derive(Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PutSecretRequest {
     #[serde(deserialize_with = "site_name")]
@@ -188,6 +208,7 @@ pub struct PutSecretRequest {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct PutSecretResponse {
     pub site: SiteId,
     pub name: String,
@@ -196,26 +217,31 @@ pub struct PutSecretResponse {
 
 /// `artifacts.list` takes nothing.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ListArtifactsRequest {}
 
 /// An artifact the control plane stores (the bytes are in its state directory, content-addressed).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Artifact {
     pub sha256: String,
     pub name: String,
     pub size: i64,
     pub created_by: String,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub created_at_ms: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ListArtifactsResponse {
     pub artifacts: Vec<Artifact>,
 }
 
 /// What `PUT /api/artifacts` answers: the row and the reference a boot spec names it by (`sha256:<hex>`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct PutArtifactResponse {
     pub artifact: Artifact,
     pub reference: String,

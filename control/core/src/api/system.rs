@@ -5,15 +5,18 @@ use serde::{Deserialize, Serialize};
 
 /// The request of a method that takes nothing (`{}`; other fields are ignored, as they always were).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Nothing {}
 
 /// `system.stats`: the gateway's counters, when this process runs the gateway role.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Stats {
     pub gateway: Option<GatewayStats>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct GatewayStats {
     pub sessions: u64,
     pub opened: u64,
@@ -25,6 +28,7 @@ pub struct GatewayStats {
 
 /// `system.info`: what a node or operator needs to trust and reach this control plane.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Info {
     pub trust_domain: String,
     pub ca_pin: String,

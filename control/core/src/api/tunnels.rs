@@ -9,6 +9,7 @@ pub const MAX_LIST: u32 = 1000;
 
 /// `tunnels.list`: the audit of tunnel connections, newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ListTunnels {
     /// Only this node's.
@@ -21,14 +22,17 @@ pub struct ListTunnels {
 
 /// One tunnel connection: who, to what, when, how many bytes, how it ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TunnelRecord {
     pub id: String,
     pub principal: String,
     pub node: String,
     pub pool: String,
     pub port: u16,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub started_at_ms: i64,
     /// None while it is open.
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub stopped_at_ms: Option<i64>,
     /// Bytes from the node's port to the operator.
     pub bytes_from_node: i64,
@@ -41,12 +45,14 @@ pub struct TunnelRecord {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TunnelList {
     pub tunnels: Vec<TunnelRecord>,
 }
 
 /// `tunnels.set-ports`: the ports tunnels may reach on the pool's nodes (replaces the list; empty refuses all).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PoolPorts {
     pub pool: String,
@@ -55,6 +61,7 @@ pub struct PoolPorts {
 
 /// `tunnels.ports`: a pool's allowlist.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct GetPoolPorts {
     pub pool: String,

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// The counts the flow compares. `None`: not reported by that source.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct HardwareSummary {
     pub cpus: Option<u32>,
     pub memory_mib: Option<u64>,
@@ -17,6 +18,7 @@ pub struct HardwareSummary {
 
 /// What the operator expects the machine to have.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ExpectedHardware {
     pub cpus: Option<u32>,
     /// At least this much.

@@ -235,6 +235,8 @@ pub async fn list(
                 attempt: m.machine.attempt,
                 deadline_ms: m.machine.deadline,
                 last_error: m.machine.last_error,
+                phase_started_ms: Some(m.machine.phase_started),
+                waiting_for: m.machine.waiting_for,
             })
         })
         .collect()

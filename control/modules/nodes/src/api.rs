@@ -130,7 +130,10 @@ fn conditions(v: Value) -> Vec<String> {
 
 /// Nodes as operators see them: with `desired_state` (desired and applied generations, and while the node cannot
 /// apply it, the failed generation, the node's reason and since when) and that failure among its `conditions`.
-async fn shown(nodes: &Nodes, rows: Vec<bc_store::nodes::NodeRow>) -> Result<Vec<Node>, ApiError> {
+pub async fn shown(
+    nodes: &Nodes,
+    rows: Vec<bc_store::nodes::NodeRow>,
+) -> Result<Vec<Node>, ApiError> {
     let ids: Vec<String> = rows.iter().map(|n| n.id.to_string()).collect();
     let mut status = nodes.store.desired_status(&ids).await?;
     Ok(rows

@@ -136,7 +136,28 @@ impl ArtifactDir {
 
 /// `PUT /api/artifacts`, with the permission it checks.
 pub(crate) fn route() -> Route {
-    Route::new("/api/artifacts", "PUT", axum::routing::put(put)).permission("compute:artifacts:put")
+    Route::new("/api/artifacts", "PUT", axum::routing::put(put))
+        .permission("compute:artifacts:put")
+        .answers::<PutArtifactResponse>()
+        .doc(serde_json::json!({
+            "operationId": "artifacts.put",
+            "summary": "Upload an artifact",
+            "description": "The body is the artifact, streamed (any size; `Content-Length` is checked when sent). It is \
+                hashed as it is written and stored content-addressed; the answer names it `sha256:<hex>`. Needs \
+                `compute:artifacts:put` on `artifacts`.",
+            "x-scope": "artifacts",
+            "parameters": [{
+                "name": NAME_HEADER,
+                "in": "header",
+                "required": false,
+                "description": "A name for people (at most 255 visible ASCII characters); the digest is the reference.",
+                "schema": { "type": "string", "maxLength": 255 },
+            }],
+            "requestBody": {
+                "required": true,
+                "content": { "application/octet-stream": { "schema": { "type": "string", "contentMediaType": "application/octet-stream" } } },
+            },
+        }))
 }
 
 /// `PUT /api/artifacts` with header `x-artifact-name: <name>`: the body is the artifact.

@@ -23,6 +23,24 @@ pub(crate) fn route() -> Route {
         axum::routing::get(open),
     )
     .permission(OPEN)
+    .doc(serde_json::json!({
+        "operationId": "tunnels.open",
+        "summary": "Open a tunnel to a port on a node",
+        "description": "An HTTP/1.1 upgrade (`Connection: upgrade`, `Upgrade: bc-tunnel/1`): on `101 Switching \
+            Protocols` the connection carries the tunnel's frames to `127.0.0.1:<port>` on the node \
+            (`better-compute tunnel` speaks it). Checked in order, each refusal `{code, message}` and an audit \
+            row: the key, the node, `compute:tunnels:open` on the node's `pool/<pool>`, the pool's port allowlist \
+            (`tunnels.set-ports`), the caller's cap of open tunnels, the gateway holding the node's session.",
+        "x-scope": "pool/<pool>",
+        "parameters": [
+            { "name": "node", "in": "path", "required": true, "description": "The node id.", "schema": { "type": "string" } },
+            { "name": "port", "in": "path", "required": true, "description": "The TCP port on the node's loopback.", "schema": { "type": "integer", "minimum": 1, "maximum": 65535 } },
+            { "name": "Upgrade", "in": "header", "required": true, "schema": { "type": "string", "const": UPGRADE } },
+        ],
+        "responses": {
+            "101": { "description": "Switched: the connection is the tunnel." },
+        },
+    }))
 }
 
 async fn open(
