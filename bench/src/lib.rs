@@ -3,6 +3,7 @@
 //! PostgreSQL's client tools, and hostile connections against the gateway ([`flood`], also used by the gateway's
 //! flood regression tests).
 
+pub mod failover;
 pub mod flood;
 
 use anyhow::{Context as _, bail};
