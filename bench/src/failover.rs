@@ -92,7 +92,14 @@ impl Drop for Daemon {
     }
 }
 
-fn serve(bin: &Path, dir: &Path, name: &str, url: &str, roles: &str, lease_ms: u64) -> anyhow::Result<Serve> {
+fn serve(
+    bin: &Path,
+    dir: &Path,
+    name: &str,
+    url: &str,
+    roles: &str,
+    lease_ms: u64,
+) -> anyhow::Result<Serve> {
     let cfg = dir.join(format!("{name}.toml"));
     std::fs::write(
         &cfg,
@@ -106,7 +113,10 @@ fn serve(bin: &Path, dir: &Path, name: &str, url: &str, roles: &str, lease_ms: u
     let mut child = Command::new(bin.join("better-compute"))
         .args(["serve", "--no-migrate", "--config"])
         .arg(&cfg)
-        .env("BC_LOG", "warn,sqlx=error")
+        .env(
+            "BC_LOG",
+            std::env::var("BC_FAILOVER_LOG").unwrap_or_else(|_| "warn,sqlx=error".into()),
+        )
         .env("NO_COLOR", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -114,7 +124,10 @@ fn serve(bin: &Path, dir: &Path, name: &str, url: &str, roles: &str, lease_ms: u
         .context("spawning better-compute serve")?;
     let log = Arc::new(Mutex::new(Vec::new()));
     let stderr = child.stderr.take().context("stderr")?;
-    let (sink, file) = (log.clone(), std::fs::File::create(dir.join(format!("{name}.log")))?);
+    let (sink, file) = (
+        log.clone(),
+        std::fs::File::create(dir.join(format!("{name}.log")))?,
+    );
     std::thread::spawn(move || {
         let mut file = file;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -137,7 +150,9 @@ fn serve(bin: &Path, dir: &Path, name: &str, url: &str, roles: &str, lease_ms: u
     };
     for line in lines.by_ref() {
         let line = line?;
-        let Some(rest) = line.strip_prefix("serving: ") else { continue };
+        let Some(rest) = line.strip_prefix("serving: ") else {
+            continue;
+        };
         for field in rest.split_whitespace() {
             match field.split_once('=') {
                 Some(("api", a)) if a != "-" => s.api = Some(format!("http://{a}")),
@@ -150,7 +165,10 @@ fn serve(bin: &Path, dir: &Path, name: &str, url: &str, roles: &str, lease_ms: u
         std::thread::spawn(move || for _ in lines {});
         return Ok(s);
     }
-    bail!("{name} exited before serving; see {}", dir.join(format!("{name}.log")).display())
+    bail!(
+        "{name} exited before serving; see {}",
+        dir.join(format!("{name}.log")).display()
+    )
 }
 
 /// Distinct hardware for join `i` of the load.
@@ -163,7 +181,12 @@ fn claims(i: usize) -> v1::HardwareClaims {
         }),
         nics: vec![v1::NicClaim {
             name: "eth0".into(),
-            mac: format!("02:fa:00:{:02x}:{:02x}:{:02x}", (i >> 16) & 0xff, (i >> 8) & 0xff, i & 0xff),
+            mac: format!(
+                "02:fa:00:{:02x}:{:02x}:{:02x}",
+                (i >> 16) & 0xff,
+                (i >> 8) & 0xff,
+                i & 0xff
+            ),
             ..Default::default()
         }],
         hostname: format!("failover-{i}"),
@@ -176,10 +199,10 @@ fn claims(i: usize) -> v1::HardwareClaims {
 /// Everything the load was told, with when.
 #[derive(Default)]
 struct Ledger {
-    /// Idempotency key → (reservation id, state answered, when).
-    admitted: HashMap<String, (String, String, Instant)>,
-    /// Node ids of joins answered, with when.
-    joined: Vec<(String, Instant)>,
+    /// Idempotency key → (reservation id, when the answered attempt was sent, when it was answered).
+    admitted: HashMap<String, (String, Instant, Instant)>,
+    /// Node ids of joins answered, with when each was sent and answered.
+    joined: Vec<(String, Instant, Instant)>,
     /// Command ids queued (answered), with the daemon and when.
     commands: Vec<(String, String, Instant)>,
     failed: usize,
@@ -194,25 +217,45 @@ fn lock(l: &Shared) -> std::sync::MutexGuard<'_, Ledger> {
 const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
 async fn call(c: &ApiClient, group: &str, method: &str, body: Value) -> anyhow::Result<Value> {
-    Ok(tokio::time::timeout(CALL_TIMEOUT, c.call(group, method, body))
-        .await
-        .map_err(|_| anyhow::anyhow!("{group}.{method}: no answer within {CALL_TIMEOUT:?}"))??)
+    Ok(
+        tokio::time::timeout(CALL_TIMEOUT, c.call(group, method, body))
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!("{group}.{method}: no answer within {CALL_TIMEOUT:?}")
+            })??,
+    )
 }
 
 /// Admissions from worker `w`, each retried under its key (alternating API processes) until answered.
-async fn admit_loop(apis: Vec<ApiClient>, w: usize, ledger: Shared, stop: tokio::sync::watch::Receiver<bool>) {
+async fn admit_loop(
+    apis: Vec<ApiClient>,
+    w: usize,
+    ledger: Shared,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
     let mut i = 0usize;
     while !*stop.borrow() {
         let key = format!("fo-{w}-{i}");
         let body = json!({"tenant": "root", "gpus": 1, "duration_s": 4, "idempotency_key": key});
         let mut attempt = 0usize;
         loop {
-            match call(&apis[(i + attempt) % apis.len()], "reservations", "create", body.clone()).await {
+            let sent = Instant::now();
+            match call(
+                &apis[(i + attempt) % apis.len()],
+                "reservations",
+                "create",
+                body.clone(),
+            )
+            .await
+            {
                 Ok(v) => {
-                    let r = &v["reservation"];
-                    let id = r["id"].as_str().unwrap_or_default().to_string();
-                    let state = r["state"].as_str().unwrap_or_default().to_string();
-                    lock(&ledger).admitted.insert(key.clone(), (id, state, Instant::now()));
+                    let id = v["reservation"]["id"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    lock(&ledger)
+                        .admitted
+                        .insert(key.clone(), (id, sent, Instant::now()));
                     break;
                 }
                 Err(_) => {
@@ -228,16 +271,27 @@ async fn admit_loop(apis: Vec<ApiClient>, w: usize, ledger: Shared, stop: tokio:
 }
 
 /// Joins through the gateway, each with a fresh key and distinct hardware (a failed one is not retried).
-async fn join_loop(config: bcd::config::Config, token: String, ledger: Shared, stop: tokio::sync::watch::Receiver<bool>) {
+async fn join_loop(
+    config: bcd::config::Config,
+    token: String,
+    ledger: Shared,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
     let mut i = 0usize;
     while !*stop.borrow() {
         i += 1;
         let sent = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
             .map_err(|e| e.to_string())
-            .and_then(|key| bcd::join::request_for_key(&config, &key, &token, claims(i)).map_err(|e| e.to_string()));
+            .and_then(|key| {
+                bcd::join::request_for_key(&config, &key, &token, claims(i))
+                    .map_err(|e| e.to_string())
+            });
         let Ok(req) = sent else { continue };
+        let sent = Instant::now();
         match tokio::time::timeout(CALL_TIMEOUT, bcd::join::send(&config, req)).await {
-            Ok(Ok(resp)) => lock(&ledger).joined.push((resp.node_id, Instant::now())),
+            Ok(Ok(resp)) => lock(&ledger)
+                .joined
+                .push((resp.node_id, sent, Instant::now())),
             _ => {
                 lock(&ledger).failed += 1;
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -248,7 +302,12 @@ async fn join_loop(config: bcd::config::Config, token: String, ledger: Shared, s
 }
 
 /// `diag.nvml` commands to the daemons in turn (a call that failed is not repeated).
-async fn command_loop(api: ApiClient, nodes: Vec<String>, ledger: Shared, stop: tokio::sync::watch::Receiver<bool>) {
+async fn command_loop(
+    api: ApiClient,
+    nodes: Vec<String>,
+    ledger: Shared,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
     let mut i = 0usize;
     while !*stop.borrow() {
         let node = &nodes[i % nodes.len()];
@@ -257,7 +316,9 @@ async fn command_loop(api: ApiClient, nodes: Vec<String>, ledger: Shared, stop: 
         match call(&api, "nodes", "command", body).await {
             Ok(v) => {
                 let id = v["id"].as_str().unwrap_or_default().to_string();
-                lock(&ledger).commands.push((id, node.clone(), Instant::now()));
+                lock(&ledger)
+                    .commands
+                    .push((id, node.clone(), Instant::now()));
             }
             Err(_) => lock(&ledger).failed += 1,
         }
@@ -266,13 +327,22 @@ async fn command_loop(api: ApiClient, nodes: Vec<String>, ledger: Shared, stop: 
 }
 
 /// Joins and starts `n` real `bcd run` daemons (two fixture GPUs each); returns them once all are online.
-async fn daemons(bin: &Path, dir: &Path, gw: &Serve, admin: &ApiClient, n: usize) -> anyhow::Result<Vec<Daemon>> {
+async fn daemons(
+    bin: &Path,
+    dir: &Path,
+    gw: &Serve,
+    admin: &ApiClient,
+    n: usize,
+) -> anyhow::Result<Vec<Daemon>> {
     let mut out = Vec::new();
     for d in 0..n {
         let state = dir.join(format!("bcd{d}"));
         std::fs::create_dir_all(&state)?;
         let fixture = state.join("gpus.json");
-        std::fs::write(&fixture, bcd::gpu::fixture::synthetic(2, &format!("failover{d}")))?;
+        std::fs::write(
+            &fixture,
+            bcd::gpu::fixture::synthetic(2, &format!("failover{d}")),
+        )?;
         let cfg = state.join("bcd.toml");
         std::fs::write(
             &cfg,
@@ -286,12 +356,21 @@ async fn daemons(bin: &Path, dir: &Path, gw: &Serve, admin: &ApiClient, n: usize
                 state.join("cdi"),
             ),
         )?;
-        let token = call(admin, "join-tokens", "create", json!({"pool": "default", "uses": 1, "ttl_seconds": 3600})).await?;
+        let token = call(
+            admin,
+            "join-tokens",
+            "create",
+            json!({"pool": "default", "uses": 1, "ttl_seconds": 3600}),
+        )
+        .await?;
         let join = Command::new(bin.join("bcd"))
             .arg("--config")
             .arg(&cfg)
             .arg("join")
-            .env("BCD_JOIN_TOKEN", token["token"].as_str().unwrap_or_default())
+            .env(
+                "BCD_JOIN_TOKEN",
+                token["token"].as_str().unwrap_or_default(),
+            )
             .output()?;
         if !join.status.success() {
             bail!("bcd join failed: {}", String::from_utf8_lossy(&join.stderr));
@@ -308,7 +387,11 @@ async fn daemons(bin: &Path, dir: &Path, gw: &Serve, admin: &ApiClient, n: usize
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .spawn()?;
-        out.push(Daemon { id: node.trim().to_string(), child, log });
+        out.push(Daemon {
+            id: node.trim().to_string(),
+            child,
+            log,
+        });
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -317,9 +400,17 @@ async fn daemons(bin: &Path, dir: &Path, gw: &Serve, admin: &ApiClient, n: usize
             .as_array()
             .into_iter()
             .flatten()
-            .map(|n| (n["id"].as_str().unwrap_or_default().to_string(), n["online"].as_bool().unwrap_or(false)))
+            .map(|n| {
+                (
+                    n["id"].as_str().unwrap_or_default().to_string(),
+                    n["online"].as_bool().unwrap_or(false),
+                )
+            })
             .collect();
-        if out.iter().all(|d| online.get(&d.id).copied().unwrap_or(false)) {
+        if out
+            .iter()
+            .all(|d| online.get(&d.id).copied().unwrap_or(false))
+        {
             return Ok(out);
         }
         if Instant::now() > deadline {
@@ -331,12 +422,21 @@ async fn daemons(bin: &Path, dir: &Path, gw: &Serve, admin: &ApiClient, n: usize
 
 /// Milliseconds since the epoch of a wall-clock instant (the database's timestamps are compared with it).
 fn epoch_ms(t: SystemTime) -> i64 {
-    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 /// The first time after `kill_ms` (epoch ms) that a query's `min(epoch ms)` reports, as a duration after the kill.
-async fn first_after(store: &Store, q: &'static str, kill_ms: i64) -> anyhow::Result<Option<Duration>> {
-    let ms: Option<f64> = bc_store::sqlx::query_scalar(q).bind(kill_ms as f64).fetch_one(store.pool()).await?;
+async fn first_after(
+    store: &Store,
+    q: &'static str,
+    kill_ms: i64,
+) -> anyhow::Result<Option<Duration>> {
+    let ms: Option<f64> = bc_store::sqlx::query_scalar(q)
+        .bind(kill_ms as f64)
+        .fetch_one(store.pool())
+        .await?;
     Ok(ms.map(|m| Duration::from_millis((m as i64 - kill_ms).max(0) as u64)))
 }
 
@@ -347,8 +447,11 @@ pub async fn run(bin: &Path, dir: &Path, opts: &Options) -> anyhow::Result<Repor
     let store = Store::new(bc_store::multihost::connect(&url, 8, Duration::from_secs(10)).await?);
     bc_control::migrate(&store).await?;
     store.ensure_root_tenant().await?;
-    store.ensure_pool("default", "root", "default", true).await?;
-    bc_store::testing::seed_gpu_nodes(store.pool(), "gpu", "seed", 40, 8, "NVIDIA H100 80GB HBM3").await?;
+    store
+        .ensure_pool("default", "root", "default", true)
+        .await?;
+    bc_store::testing::seed_gpu_nodes(store.pool(), "gpu", "seed", 40, 8, "NVIDIA H100 80GB HBM3")
+        .await?;
     let key = bc_control::bootstrap_admin(&store).await?;
     let lease = opts.shard_lease_ms;
     let mut procs = Vec::new();
@@ -362,8 +465,15 @@ pub async fn run(bin: &Path, dir: &Path, opts: &Options) -> anyhow::Result<Repor
     ] {
         procs.push(serve(bin, dir, name, &url, roles, lease)?);
     }
-    let apis: Vec<ApiClient> = procs.iter().filter_map(|p| p.api.as_deref()).map(|a| ApiClient::new(a, &key)).collect();
-    let gw = procs.iter().find(|p| p.gateway.is_some()).context("a gateway")?;
+    let apis: Vec<ApiClient> = procs
+        .iter()
+        .filter_map(|p| p.api.as_deref())
+        .map(|a| ApiClient::new(a, &key))
+        .collect();
+    let gw = procs
+        .iter()
+        .find(|p| p.gateway.is_some())
+        .context("a gateway")?;
     let daemons = daemons(bin, dir, gw, &apis[0], opts.daemons).await?;
     let config = bcd::config::ConfigWire {
         gateway_url: gw.gateway.clone(),
@@ -376,7 +486,13 @@ pub async fn run(bin: &Path, dir: &Path, opts: &Options) -> anyhow::Result<Repor
         tunnels: None,
     }
     .validate("failover")?;
-    let token = call(&apis[0], "join-tokens", "create", json!({"pool": "default", "uses": 100000, "ttl_seconds": 3600})).await?;
+    let token = call(
+        &apis[0],
+        "join-tokens",
+        "create",
+        json!({"pool": "default", "uses": 100000, "ttl_seconds": 3600}),
+    )
+    .await?;
     let token = token["token"].as_str().context("token")?.to_string();
 
     let ledger: Shared = Arc::default();
@@ -387,15 +503,34 @@ pub async fn run(bin: &Path, dir: &Path, opts: &Options) -> anyhow::Result<Repor
     }
     load.spawn(join_loop(config, token, ledger.clone(), stop.clone()));
     let node_ids: Vec<String> = daemons.iter().map(|d| d.id.clone()).collect();
-    load.spawn(command_loop(apis[1].clone(), node_ids, ledger.clone(), stop.clone()));
+    load.spawn(command_loop(
+        apis[1].clone(),
+        node_ids,
+        ledger.clone(),
+        stop.clone(),
+    ));
     tokio::time::sleep(opts.before).await;
 
+    pg.kill_primary();
+    // From here on the old primary is gone (reaped): whatever commits after this, commits on the standby.
     let kill_at = Instant::now();
     let kill_wall = SystemTime::now();
-    pg.kill_primary();
     let promote = pg.promote_standby().await?;
-    let roles = wait_recovery(&store, &ledger, &daemons, &apis[0], kill_at, epoch_ms(kill_wall), opts.deadline).await?;
-    let recovered = roles.iter().filter_map(|r| r.after).max().unwrap_or_default();
+    let roles = wait_recovery(
+        &store,
+        &ledger,
+        &daemons,
+        &apis[0],
+        kill_at,
+        epoch_ms(kill_wall),
+        opts.deadline,
+    )
+    .await?;
+    let recovered = roles
+        .iter()
+        .filter_map(|r| r.after)
+        .max()
+        .unwrap_or_default();
     tokio::time::sleep(opts.after).await;
     let _ = stop_tx.send(true);
     while load.join_next().await.is_some() {}
@@ -403,7 +538,10 @@ pub async fn run(bin: &Path, dir: &Path, opts: &Options) -> anyhow::Result<Repor
         .iter()
         .map(|p| {
             let log = p.log.lock().map(|l| l.clone()).unwrap_or_default();
-            let at = log.iter().find(|(at, l)| *at > kill_at && l.contains("database primary moved")).map(|(at, _)| *at - kill_at);
+            let at = log
+                .iter()
+                .find(|(at, l)| *at > kill_at && l.contains("database primary moved"))
+                .map(|(at, _)| *at - kill_at);
             (p.name.clone(), at)
         })
         .collect();
@@ -438,18 +576,52 @@ async fn wait_recovery(
     deadline: Duration,
 ) -> anyhow::Result<Vec<Recovery>> {
     let mut roles = vec![
-        Recovery { role: "api", what: "first admission answered".into(), after: None },
-        Recovery { role: "scheduler", what: "first reservation placed (placed_at)".into(), after: None },
-        Recovery { role: "controllers", what: "first reservation expired (ended_at)".into(), after: None },
-        Recovery { role: "gateway", what: "first join answered".into(), after: None },
-        Recovery { role: "gateway", what: "first command queued after the kill finished by its daemon".into(), after: None },
-        Recovery { role: "gateway", what: "every daemon online in a session again".into(), after: None },
+        Recovery {
+            role: "api",
+            what: "first admission sent after the kill answered".into(),
+            after: None,
+        },
+        Recovery {
+            role: "scheduler",
+            what: "first reservation placed (placed_at)".into(),
+            after: None,
+        },
+        Recovery {
+            role: "controllers",
+            what: "first reservation expired (ended_at)".into(),
+            after: None,
+        },
+        Recovery {
+            role: "gateway",
+            what: "first join sent after the kill answered".into(),
+            after: None,
+        },
+        Recovery {
+            role: "gateway",
+            what: "first command queued after the kill finished by its daemon".into(),
+            after: None,
+        },
+        Recovery {
+            role: "gateway",
+            what: "every daemon online in a session again".into(),
+            after: None,
+        },
     ];
     loop {
         {
             let l = lock(ledger);
-            roles[0].after = l.admitted.values().filter(|(_, _, at)| *at > kill_at).map(|(_, _, at)| *at - kill_at).min();
-            roles[3].after = l.joined.iter().filter(|(_, at)| *at > kill_at).map(|(_, at)| *at - kill_at).min();
+            roles[0].after = l
+                .admitted
+                .values()
+                .filter(|(_, sent, _)| *sent > kill_at)
+                .map(|(_, _, at)| *at - kill_at)
+                .min();
+            roles[3].after = l
+                .joined
+                .iter()
+                .filter(|(_, sent, _)| *sent > kill_at)
+                .map(|(_, _, at)| *at - kill_at)
+                .min();
         }
         let store = Store::new(store.pool().clone());
         roles[1].after = first_after(
@@ -474,7 +646,9 @@ async fn wait_recovery(
         .await
         .unwrap_or(None);
         if roles[5].after.is_none() {
-            let nodes = call(admin, "nodes", "list", json!({})).await.unwrap_or_default();
+            let nodes = call(admin, "nodes", "list", json!({}))
+                .await
+                .unwrap_or_default();
             let online: HashSet<&str> = nodes["nodes"]
                 .as_array()
                 .into_iter()
@@ -490,7 +664,11 @@ async fn wait_recovery(
             return Ok(roles);
         }
         if kill_at.elapsed() > deadline {
-            let missing: Vec<String> = roles.iter().filter(|r| r.after.is_none()).map(|r| format!("{}: {}", r.role, r.what)).collect();
+            let missing: Vec<String> = roles
+                .iter()
+                .filter(|r| r.after.is_none())
+                .map(|r| format!("{}: {}", r.role, r.what))
+                .collect();
             bail!("not recovered within {deadline:?}: {}", missing.join("; "));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -499,20 +677,30 @@ async fn wait_recovery(
 
 /// Checks, on the promoted standby, that nothing acknowledged was lost, nothing booked twice and no command ran
 /// twice; returns what it saw, or fails naming the first broken invariant.
-async fn verify(store: &Store, ledger: &Shared, daemons: &[Daemon], admin: &ApiClient) -> anyhow::Result<Vec<String>> {
+async fn verify(
+    store: &Store,
+    ledger: &Shared,
+    daemons: &[Daemon],
+    admin: &ApiClient,
+) -> anyhow::Result<Vec<String>> {
     let (admitted, joined, commands) = {
         let l = lock(ledger);
         (l.admitted.clone(), l.joined.clone(), l.commands.clone())
     };
     let mut checks = Vec::new();
     // Acknowledged admissions: each key's reservation exists, once.
-    let rows: Vec<(String, String)> =
-        bc_store::sqlx::query_as("SELECT key, reservation_id FROM idempotency WHERE key LIKE 'fo-%'").fetch_all(store.pool()).await?;
+    let rows: Vec<(String, String)> = bc_store::sqlx::query_as(
+        "SELECT key, reservation_id FROM idempotency WHERE key LIKE 'fo-%'",
+    )
+    .fetch_all(store.pool())
+    .await?;
     let stored: HashMap<String, String> = rows.into_iter().collect();
     for (key, (id, _, _)) in &admitted {
         match stored.get(key) {
             Some(s) if s == id => {}
-            other => bail!("acknowledged admission {key} → {id} is not on the new primary (found {other:?})"),
+            other => bail!(
+                "acknowledged admission {key} → {id} is not on the new primary (found {other:?})"
+            ),
         }
     }
     let (resv, ids): (i64, i64) = bc_store::sqlx::query_as(
@@ -537,16 +725,23 @@ async fn verify(store: &Store, ledger: &Shared, daemons: &[Daemon], admin: &ApiC
     .fetch_one(store.pool())
     .await?;
     if over != 0 || twice != 0 {
-        bail!("booked twice: {over} reservations hold more GPUs than asked; {twice} expired more than once");
+        bail!(
+            "booked twice: {over} reservations hold more GPUs than asked; {twice} expired more than once"
+        );
     }
     checks.push("no reservation holds more GPUs than it asked, none expired twice".into());
     // Acknowledged joins: every node exists.
-    let nodes: Vec<String> = bc_store::sqlx::query_scalar("SELECT id FROM nodes").fetch_all(store.pool()).await?;
+    let nodes: Vec<String> = bc_store::sqlx::query_scalar("SELECT id FROM nodes")
+        .fetch_all(store.pool())
+        .await?;
     let nodes: HashSet<String> = nodes.into_iter().collect();
-    if let Some((lost, _)) = joined.iter().find(|(id, _)| !nodes.contains(id)) {
+    if let Some((lost, _, _)) = joined.iter().find(|(id, _, _)| !nodes.contains(id)) {
         bail!("acknowledged join of node {lost} is not on the new primary");
     }
-    checks.push(format!("{} acknowledged joins all on the new primary", joined.len()));
+    checks.push(format!(
+        "{} acknowledged joins all on the new primary",
+        joined.len()
+    ));
     checks.push(commands_ran_once(store, &commands, daemons, admin).await?);
     Ok(checks)
 }
@@ -561,17 +756,31 @@ async fn commands_ran_once(
     let deadline = Instant::now() + Duration::from_secs(120);
     let ids: Vec<String> = commands.iter().map(|(id, _, _)| id.clone()).collect();
     let (done, deliveries) = loop {
-        let rows: Vec<(String, String, i32)> =
-            bc_store::sqlx::query_as("SELECT id, state, deliveries FROM commands WHERE id = ANY($1)").bind(&ids).fetch_all(store.pool()).await?;
+        let rows: Vec<(String, String, i32)> = bc_store::sqlx::query_as(
+            "SELECT id, state, deliveries FROM commands WHERE id = ANY($1)",
+        )
+        .bind(&ids)
+        .fetch_all(store.pool())
+        .await?;
         if rows.len() != ids.len() {
-            bail!("{} acknowledged commands, {} on the new primary", ids.len(), rows.len());
+            bail!(
+                "{} acknowledged commands, {} on the new primary",
+                ids.len(),
+                rows.len()
+            );
         }
-        let open = rows.iter().filter(|(_, s, _)| s == "pending" || s == "sent").count();
+        let open = rows
+            .iter()
+            .filter(|(_, s, _)| s == "pending" || s == "sent")
+            .count();
         if open == 0 {
             if let Some((id, s, _)) = rows.iter().find(|(_, s, _)| s != "done") {
                 bail!("command {id} ended {s}, not done");
             }
-            break (rows.len(), rows.iter().map(|(_, _, d)| *d as i64).sum::<i64>());
+            break (
+                rows.len(),
+                rows.iter().map(|(_, _, d)| *d as i64).sum::<i64>(),
+            );
         }
         if Instant::now() > deadline {
             bail!("{open} acknowledged commands still open 120 s after the load stopped");
@@ -582,7 +791,11 @@ async fn commands_ran_once(
     for d in daemons {
         let text = std::fs::read_to_string(&d.log).unwrap_or_default();
         for line in text.lines().filter(|l| l.contains("running command")) {
-            if let Some(id) = line.split("command=").nth(1).and_then(|r| r.split_whitespace().next()) {
+            if let Some(id) = line
+                .split("command=")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+            {
                 *runs.entry(id.trim_matches('"').to_string()).or_default() += 1;
             }
         }
@@ -592,7 +805,12 @@ async fn commands_ran_once(
     }
     let ran: usize = ids.iter().filter(|id| runs.contains_key(*id)).count();
     if ran != ids.len() {
-        bail!("{} acknowledged commands done, but the daemons' logs show {ran} of them run", ids.len());
+        bail!(
+            "{} acknowledged commands done, but the daemons' logs show {ran} of them run",
+            ids.len()
+        );
     }
-    Ok(format!("{done} acknowledged commands all done, each run once by its daemon ({deliveries} deliveries)"))
+    Ok(format!(
+        "{done} acknowledged commands all done, each run once by its daemon ({deliveries} deliveries)"
+    ))
 }

@@ -25,7 +25,15 @@ async fn main() -> anyhow::Result<()> {
         after: Duration::from_secs(10),
         deadline: Duration::from_secs(120),
     };
-    let r = run(&bin, data.path(), &opts).await?;
+    // BC_FAILOVER_KEEP=1 keeps the processes' logs and both clusters' directories.
+    let dir = if std::env::var("BC_FAILOVER_KEEP").as_deref() == Ok("1") {
+        let kept = data.keep();
+        println!("keeping {}", kept.display());
+        kept
+    } else {
+        data.path().to_path_buf()
+    };
+    let r = run(&bin, &dir, &opts).await?;
     println!(
         "load: {} admissions, {} joins, {} commands acknowledged; {} calls failed during the outage (admissions retried under their key)",
         r.admissions, r.joins, r.commands, r.failed_calls

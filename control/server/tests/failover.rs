@@ -53,7 +53,10 @@ async fn a_killed_primary_is_replaced_by_its_standby_and_every_role_resumes_losi
     println!("{r:#?}");
     assert!(r.admissions > 0 && r.joins > 0 && r.commands > 0, "{r:?}");
     for (name, at) in &r.switches {
-        assert!(at.is_some(), "{name} never logged its pool moving to the new primary");
+        assert!(
+            at.is_some(),
+            "{name} never logged its pool moving to the new primary"
+        );
     }
     println!("failover: {:.1} s to recover", r.recovered.as_secs_f64());
 }

@@ -105,7 +105,10 @@ pub(crate) fn run_as() -> Result<Option<(u32, u32)>, EmbeddedError> {
     Err(EmbeddedError::NoPostgresUser)
 }
 
-pub(crate) fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> EmbeddedError + 'a {
+pub(crate) fn io_err<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> EmbeddedError + 'a {
     move |source| EmbeddedError::Io {
         what,
         path: path.to_path_buf(),

@@ -76,9 +76,9 @@ impl Targets {
     /// `read-write`; any other value is refused, as is an empty host.
     pub fn parse(url: &str) -> Result<Targets, TargetsError> {
         let bad = |why: &str| TargetsError::Invalid(why.to_string());
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected postgres://[user[:password]@]host[:port][,host[:port]...]/database"))?;
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+            bad("expected postgres://[user[:password]@]host[:port][,host[:port]...]/database")
+        })?;
         if scheme != "postgres" && scheme != "postgresql" {
             return Err(bad("the scheme must be postgres:// or postgresql://"));
         }
@@ -94,7 +94,11 @@ impl Targets {
         };
         let mut attrs = SessionAttrs::Any;
         let mut kept = Vec::new();
-        for pair in query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.is_empty()) {
+        for pair in query
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .filter(|p| !p.is_empty())
+        {
             match pair.split_once('=') {
                 Some(("target_session_attrs", v)) => {
                     attrs = match v {
@@ -108,7 +112,9 @@ impl Targets {
                     }
                 }
                 Some(("host" | "hostaddr" | "port", _)) => {
-                    return Err(bad("list the hosts in the URL's host part (host1:port1,host2:port2), not as parameters"));
+                    return Err(bad(
+                        "list the hosts in the URL's host part (host1:port1,host2:port2), not as parameters",
+                    ));
                 }
                 _ => kept.push(pair),
             }
@@ -145,7 +151,11 @@ impl Targets {
                 Ok(Ok(Ok(conn))) => return Ok((i, conn)),
                 Ok(Ok(Err(why))) => tried.push(format!("{} {why}", t.label)),
                 Ok(Err(e)) => tried.push(format!("{} {}", t.label, chain(&e))),
-                Err(_) => tried.push(format!("{} gave no answer within {} s", t.label, timeout.as_secs_f32())),
+                Err(_) => tried.push(format!(
+                    "{} gave no answer within {} s",
+                    t.label,
+                    timeout.as_secs_f32()
+                )),
             }
         }
         Err(TargetsError::NoHost {
@@ -188,7 +198,10 @@ async fn qualifies(
     attrs: SessionAttrs,
 ) -> Result<Result<(), String>, sqlx::Error> {
     if attrs == SessionAttrs::Any {
-        return sqlx::query("SELECT 1").execute(&mut *conn).await.map(|_| Ok(()));
+        return sqlx::query("SELECT 1")
+            .execute(&mut *conn)
+            .await
+            .map(|_| Ok(()));
     }
     let (recovery, read_only): (bool, String) =
         sqlx::query_as("SELECT pg_is_in_recovery(), current_setting('transaction_read_only')")
@@ -262,7 +275,10 @@ pub async fn connect(
             Box::pin(async move { Ok(!stale) })
         });
     }
-    let pool = pool.connect_with(options).await.map_err(TargetsError::Pool)?;
+    let pool = pool
+        .connect_with(options)
+        .await
+        .map_err(TargetsError::Pool)?;
     if watched {
         tracing::info!(host = %shared.targets.hosts[first].label, hosts = shared.targets.hosts.len(), "database host chosen");
         tokio::spawn(watch(pool.clone(), shared, probe));
@@ -286,7 +302,8 @@ async fn watch(pool: PgPool, shared: Arc<Shared>, probe: PgConnection) {
             return;
         }
         if let Some(conn) = probe.as_mut() {
-            let check = tokio::time::timeout(HOST_TIMEOUT, qualifies(conn, shared.targets.attrs)).await;
+            let check =
+                tokio::time::timeout(HOST_TIMEOUT, qualifies(conn, shared.targets.attrs)).await;
             if matches!(check, Ok(Ok(Ok(())))) {
                 continue;
             }
@@ -299,7 +316,8 @@ async fn watch(pool: PgPool, shared: Arc<Shared>, probe: PgConnection) {
                 probe = Some(conn);
                 lost_at = None;
                 if i != current {
-                    *shared.switched.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+                    *shared.switched.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(Instant::now());
                     shared.current.store(i, Ordering::Relaxed);
                     pool.set_connect_options(shared.targets.hosts[i].options.clone());
                     tracing::warn!(
@@ -380,10 +398,17 @@ mod tests {
             ports[0], ports[1]
         ))
         .expect("parse");
-        let e = t.find(Duration::from_secs(5)).await.expect_err("nothing listens").to_string();
+        let e = t
+            .find(Duration::from_secs(5))
+            .await
+            .expect_err("nothing listens")
+            .to_string();
         assert!(e.contains("read-write"), "{e}");
         for p in ports {
-            assert!(e.contains(&format!("127.0.0.1:{p}")) && e.contains("refused"), "{e}");
+            assert!(
+                e.contains(&format!("127.0.0.1:{p}")) && e.contains("refused"),
+                "{e}"
+            );
         }
     }
 }

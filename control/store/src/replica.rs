@@ -43,13 +43,13 @@ impl Replicated {
         durability: Durability,
         database: &str,
     ) -> Result<Replicated, EmbeddedError> {
-        let settings = ["synchronous_commit=on", "wal_level=replica", "max_wal_senders=4"];
+        let settings = [
+            "synchronous_commit=on",
+            "wal_level=replica",
+            "max_wal_senders=4",
+        ];
         let primary = EmbeddedPostgres::start_with(&dir.join("primary"), durability, &settings)?;
-        let mut conn = primary
-            .connect_options("postgres")
-            .connect()
-            .await
-            .map_err(EmbeddedError::Connect)?;
+        let mut conn = connect_ready(&primary).await?;
         if database.is_empty()
             || !database
                 .bytes()
@@ -60,10 +60,12 @@ impl Replicated {
             )));
         }
         // The name is checked above: lower-case letters, digits and underscores only.
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{database}\"")))
-            .execute(&mut conn)
-            .await
-            .map_err(step_err("creating the database", dir))?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE DATABASE \"{database}\""
+        )))
+        .execute(&mut conn)
+        .await
+        .map_err(step_err("creating the database", dir))?;
         let standby_dir = dir.join("standby");
         base_backup(&primary, &standby_dir)?;
         let standby = EmbeddedPostgres::start_with(&standby_dir, durability, &settings)?;
@@ -113,11 +115,8 @@ impl Replicated {
     pub fn url(&self, database: &str) -> String {
         let single = self.standby.url(database);
         let host = format!("127.0.0.1:{}", self.standby.port());
-        single.replacen(
-            &host,
-            &format!("127.0.0.1:{},{host}", self.primary_port),
-            1,
-        ) + "?target_session_attrs=read-write"
+        single.replacen(&host, &format!("127.0.0.1:{},{host}", self.primary_port), 1)
+            + "?target_session_attrs=read-write"
     }
 
     /// SIGKILL the primary's postmaster (as a crash would) and wait for it. Its backends notice and exit.
@@ -130,12 +129,7 @@ impl Replicated {
     /// Promotes the standby (`pg_promote`, waiting for it) and returns how long that took.
     pub async fn promote_standby(&self) -> Result<Duration, EmbeddedError> {
         let t0 = Instant::now();
-        let mut conn = self
-            .standby
-            .connect_options("postgres")
-            .connect()
-            .await
-            .map_err(EmbeddedError::Connect)?;
+        let mut conn = connect_ready(&self.standby).await?;
         let done: bool = sqlx::query_scalar("SELECT pg_promote(true, 60)")
             .fetch_one(&mut conn)
             .await
@@ -148,6 +142,22 @@ impl Replicated {
             });
         }
         Ok(t0.elapsed())
+    }
+}
+
+/// A connection to `pg`'s `postgres` database, retried for 30 s while the server is still starting up (it accepts
+/// TCP before it accepts sessions).
+async fn connect_ready(pg: &EmbeddedPostgres) -> Result<sqlx::PgConnection, EmbeddedError> {
+    let start = Instant::now();
+    loop {
+        match pg.connect_options("postgres").connect().await {
+            Ok(c) => return Ok(c),
+            Err(e) if start.elapsed() < Duration::from_secs(30) => {
+                tracing::debug!(error = %e, "waiting for PostgreSQL to accept sessions");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(EmbeddedError::Connect(e)),
+        }
     }
 }
 

@@ -241,7 +241,7 @@ async fn lock_valid_leases(
 ) -> Result<Vec<i16>, StoreError> {
     let shards: Vec<i16> = leases.iter().map(|l| l.shard).collect();
     let fences: Vec<i64> = leases.iter().map(|l| l.fence).collect();
-    Ok(sqlx::query_scalar(
+    let valid: Vec<i16> = sqlx::query_scalar(
         "SELECT l.shard FROM shard_leases l JOIN unnest($3::smallint[], $4::bigint[]) AS h(shard, fence) \
            ON l.shard = h.shard AND l.fence = h.fence \
          WHERE l.role = $1 AND l.owner = $2 AND l.expires_at > now() FOR SHARE OF l",
@@ -251,5 +251,19 @@ async fn lock_valid_leases(
     .bind(&shards)
     .bind(&fences)
     .fetch_all(&mut *tx)
-    .await?)
+    .await?;
+    if valid.len() < leases.len() {
+        // A process that was paused (or starved) past its lease: another owner may hold these shards now, with a
+        // higher fence. Nothing is written on them.
+        tracing::warn!(
+            role,
+            owner = me,
+            held = leases.len(),
+            valid = valid.len(),
+            "fenced out: {} of {} shard leases expired or were taken over; nothing written on those shards",
+            leases.len() - valid.len(),
+            leases.len()
+        );
+    }
+    Ok(valid)
 }
