@@ -12,7 +12,8 @@
 //! (`Pool::set_connect_options`: connections opened later go there). Pooled connections opened before the switch are
 //! dropped when next handed out (`before_acquire`), and a new connection that lands on a host that cannot write is
 //! refused (`after_connect`) and wakes the watcher at once. While no host qualifies (between a primary's death and
-//! a standby's promotion) calls fail fast with the database's errors and the watcher keeps walking.
+//! a standby's promotion) calls fail fast with the database's errors and the watcher keeps walking. Every session
+//! gets `idle_in_transaction_session_timeout` ([`IDLE_IN_TRANSACTION`]).
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions as _, Connection as _, PgConnection, PgPool};
@@ -23,6 +24,11 @@ use std::time::{Duration, Instant};
 
 /// How often the watcher checks, with two or more hosts, that the pool's host still qualifies.
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(250);
+/// Every session of the pool is ended by the server once it sits this long inside a transaction without a
+/// statement: a process paused or cut off mid-transaction (a fenced one locks its lease rows `FOR SHARE`) cannot
+/// keep its locks, and so its shards, from a new owner for longer. The control plane's transactions run their
+/// statements back to back.
+pub const IDLE_IN_TRANSACTION: &str = "5s";
 /// How long a call waits for a pooled connection when the URL lists several hosts.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one host may take to accept a connection and answer the check during a walk.
@@ -238,7 +244,13 @@ pub async fn connect(
     max_connections: u32,
     first_timeout: Duration,
 ) -> Result<PgPool, TargetsError> {
-    let targets = Targets::parse(url)?;
+    let mut targets = Targets::parse(url)?;
+    for host in &mut targets.hosts {
+        host.options = host
+            .options
+            .clone()
+            .options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION)]);
+    }
     let (first, probe) = targets.find(first_timeout).await?;
     let options = targets.hosts[first].options.clone();
     let watched = targets.hosts.len() > 1;
