@@ -490,6 +490,10 @@ async fn any_killed_process_is_replaced_within_the_lease_and_a_paused_owner_is_f
         },
     )
     .await;
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    if let Some(line) = text.lines().find(|l| l.contains("fenced out")) {
+        println!("the resumed controller: {line}");
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let _ = stop_tx.send(true);
     while load.join_next().await.is_some() {}
