@@ -47,7 +47,8 @@ impl Dev {
         Dev::spawn(sh, dir, gateway)
     }
 
-    fn spawn(mut command: Command, dir: &Path, gateway: &str) -> anyhow::Result<Dev> {
+    /// As [`Dev::start`], with `command` as the program (better-compute itself, or a tool that runs it: valgrind).
+    pub fn spawn(mut command: Command, dir: &Path, gateway: &str) -> anyhow::Result<Dev> {
         let t0 = Instant::now();
         let mut child = command
             .args([

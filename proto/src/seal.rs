@@ -18,7 +18,7 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use hpke::{Deserializable as _, Kem as _, OpModeR, OpModeS, Serializable as _};
+use hpke::{Deserializable as _, Kem as _, OpModeS, Serializable as _};
 
 type Kem = hpke::kem::X25519HkdfSha256;
 type Kdf = hpke::kdf::HkdfSha256;
@@ -290,6 +290,7 @@ mod receiver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hpke::OpModeR;
     use proptest::prelude::*;
 
     const TOKEN: &str = "bcjt_0123456789abcdef.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
