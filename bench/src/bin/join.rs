@@ -64,7 +64,10 @@ fn dumped_instructions(dir: &std::path::Path) -> anyhow::Result<u64> {
         .context("no callgrind dump")?;
     let text = std::fs::read_to_string(newest.path())?;
     text.lines()
-        .find_map(|l| l.strip_prefix("totals: ").or_else(|| l.strip_prefix("summary: ")))
+        .find_map(|l| {
+            l.strip_prefix("totals: ")
+                .or_else(|| l.strip_prefix("summary: "))
+        })
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .context("no totals in the callgrind dump")
 }
