@@ -228,6 +228,7 @@ impl Commands {
             }
             ledger.running.insert(c.id.clone());
         }
+        tracing::info!(command = c.id, kind = c.kind, "running command");
         let ledger = self.ledger.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {

@@ -3,6 +3,7 @@
 //! PostgreSQL's client tools, and hostile connections against the gateway ([`flood`], also used by the gateway's
 //! flood regression tests).
 
+pub mod failover;
 pub mod flood;
 
 use anyhow::{Context as _, bail};
@@ -46,7 +47,8 @@ impl Dev {
         Dev::spawn(sh, dir, gateway)
     }
 
-    fn spawn(mut command: Command, dir: &Path, gateway: &str) -> anyhow::Result<Dev> {
+    /// As [`Dev::start`], with `command` as the program (better-compute itself, or a tool that runs it: valgrind).
+    pub fn spawn(mut command: Command, dir: &Path, gateway: &str) -> anyhow::Result<Dev> {
         let t0 = Instant::now();
         let mut child = command
             .args([

@@ -16,11 +16,61 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const CONCURRENCY: usize = 64;
-const JOINS: usize = 12_000;
-const WARMUP: usize = 500;
-/// The paced phase: this many joins offered at PACED_RATE per second.
-const PACED: usize = 10_000;
+/// The paced phase's offered rate (joins per second).
 const PACED_RATE: f64 = 1_000.0;
+
+/// How many joins each phase runs: `BC_JOIN_JOINS` timed (12,000), `BC_JOIN_WARMUP` (500), `BC_JOIN_PACED` at
+/// PACED_RATE (10,000; 0 skips it).
+fn counts() -> (usize, usize, usize) {
+    let knob = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    (
+        knob("BC_JOIN_JOINS", 12_000),
+        knob("BC_JOIN_WARMUP", 500),
+        knob("BC_JOIN_PACED", 10_000),
+    )
+}
+
+/// `BC_JOIN_CALLGRIND=<dir>`: the control plane runs under `valgrind --tool=callgrind` (its output in `<dir>`), the
+/// counters are zeroed before the timed joins and dumped after, and the instructions per join are printed: a count
+/// that a loaded machine does not change, for before/after comparisons. Skips the paced phase, pgbench and the
+/// restart.
+fn callgrind_dir() -> Option<PathBuf> {
+    std::env::var_os("BC_JOIN_CALLGRIND").map(PathBuf::from)
+}
+
+/// `callgrind_control <arg> <pid>`.
+fn callgrind_control(arg: &str, pid: u32) -> anyhow::Result<()> {
+    let st = Command::new("callgrind_control")
+        .args([arg, &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    if !st.success() {
+        bail!("callgrind_control {arg} {pid} failed");
+    }
+    Ok(())
+}
+
+/// The instructions (Ir) of the newest callgrind dump in `dir`.
+fn dumped_instructions(dir: &std::path::Path) -> anyhow::Result<u64> {
+    let newest = std::fs::read_dir(dir)?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("callgrind.out"))
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .context("no callgrind dump")?;
+    let text = std::fs::read_to_string(newest.path())?;
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("totals: ")
+                .or_else(|| l.strip_prefix("summary: "))
+        })
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("no totals in the callgrind dump")
+}
 
 fn claims(i: usize) -> v1::HardwareClaims {
     v1::HardwareClaims {
@@ -93,13 +143,28 @@ async fn main() -> anyhow::Result<()> {
     let bin =
         PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
     let data = tempfile::tempdir()?;
-    let dev = Dev::start(&bin, data.path(), "127.0.0.1:0")?;
+    let (joins, warmup, paced_n) = counts();
+    let grind = callgrind_dir();
+    let dev = match &grind {
+        Some(out) => {
+            std::fs::create_dir_all(out)?;
+            let mut cmd = Command::new("valgrind");
+            cmd.args(["--tool=callgrind", "--collect-atstart=yes"])
+                .arg(format!(
+                    "--callgrind-out-file={}/callgrind.out.%p",
+                    out.display()
+                ))
+                .arg(bin.join("better-compute"));
+            Dev::spawn(cmd, data.path(), "127.0.0.1:0")?
+        }
+        None => Dev::start(&bin, data.path(), "127.0.0.1:0")?,
+    };
     let env = &dev.env;
     let api = reqwest::Client::new();
     let token: serde_json::Value = api
         .post(format!("{}/api/compute/join-tokens/create", env["BC_API_URL"]))
         .bearer_auth(&env["BC_API_KEY"])
-        .json(&serde_json::json!({"pool": "default", "uses": JOINS + WARMUP + PACED + 10, "ttl_seconds": 3600}))
+        .json(&serde_json::json!({"pool": "default", "uses": joins + warmup + paced_n + 10, "ttl_seconds": 3600}))
         .send()
         .await?
         .json()
@@ -121,11 +186,11 @@ async fn main() -> anyhow::Result<()> {
 
     println!(
         "preparing {} join requests (node keys, CSRs, sealed tokens: node-side work, not timed)",
-        JOINS + WARMUP + PACED
+        joins + warmup + paced_n
     );
     let t = Instant::now();
-    let mut requests = Vec::with_capacity(JOINS + WARMUP + PACED);
-    for i in 0..JOINS + WARMUP + PACED {
+    let mut requests = Vec::with_capacity(joins + warmup + paced_n);
+    for i in 0..joins + warmup + paced_n {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
         requests.push(bcd::join::request_for_key(
             &config,
@@ -135,10 +200,24 @@ async fn main() -> anyhow::Result<()> {
         )?);
     }
     println!("  prepared in {:.1} s", t.elapsed().as_secs_f64());
-    let paced = requests.split_off(WARMUP + JOINS);
-    let timed = requests.split_off(WARMUP);
+    let paced = requests.split_off(warmup + joins);
+    let timed = requests.split_off(warmup);
     run_clients(config.clone(), requests).await?;
 
+    if let Some(out) = &grind {
+        let pid = dev.child.id();
+        callgrind_control("-z", pid)?;
+        let n = timed.len();
+        run_clients(config.clone(), timed).await?;
+        callgrind_control("-d", pid)?;
+        let ir = dumped_instructions(out)?;
+        dev.stop()?;
+        println!(
+            "control plane (dev: api + gateway) under callgrind: {ir} instructions over {n} joins"
+        );
+        println!("join-instructions: {} per join", ir / n.max(1) as u64);
+        return Ok(());
+    }
     let t0 = Instant::now();
     let latencies = run_clients(config.clone(), timed).await?;
     let wall = t0.elapsed();

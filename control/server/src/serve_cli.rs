@@ -113,27 +113,21 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A pool on the database at `url`, or an error that names why not at once.
+/// A pool on the database at `url`, or an error that names why not at once. The URL may list several hosts
+/// (libpq's `host1:port1,host2:port2` with `target_session_attrs=read-write`): the pool follows the primary among
+/// them ([`bc_store::multihost`]).
 pub async fn connect(url: &str) -> anyhow::Result<Store> {
-    use bc_store::sqlx::Connection as _;
-    // One connection first, so a database that refuses or does not answer is named at once: the pool would retry
-    // in silence for 30 s and then say only "pool timed out".
+    // Each host is given 10 s to answer, so a database that refuses or does not answer is named at once: a pool
+    // would retry in silence for 30 s and then say only "pool timed out".
     const PROBE: std::time::Duration = std::time::Duration::from_secs(10);
-    let probe = tokio::time::timeout(PROBE, bc_store::sqlx::PgConnection::connect(url))
+    let pool = bc_store::multihost::connect(url, 64, PROBE)
         .await
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "connecting to PostgreSQL: no answer within {} s (check the host and port of the database URL, and \
-                 that nothing drops the traffic)",
-                PROBE.as_secs()
-            )
-        })?
-        .context("connecting to PostgreSQL (check the database URL and that the server runs)")?;
-    let _ = probe.close().await;
-    let pool = bc_store::sqlx::postgres::PgPoolOptions::new()
-        .max_connections(64)
-        .connect(url)
-        .await
-        .context("connecting to PostgreSQL")?;
+        .map_err(|e| match e {
+            bc_store::multihost::TargetsError::NoHost { .. } => anyhow::anyhow!(
+                "connecting to PostgreSQL: {e} (check the database URL's hosts and ports, that the server runs, and \
+                 that nothing drops the traffic)"
+            ),
+            e => anyhow::Error::new(e).context("connecting to PostgreSQL"),
+        })?;
     Ok(Store::new(pool))
 }

@@ -36,7 +36,9 @@ async fn serve(dir: &std::path::Path, name: &str, url: &str, roles: &str) -> Pro
         .args(["serve", "--no-migrate", "--config"])
         .arg(&cfg)
         .env("BC_LOG", "warn")
+        .env("NO_COLOR", "1")
         .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join(format!("{name}.log"))).expect("log file"))
         .kill_on_drop(true)
         .spawn()
         .expect("spawn serve");
@@ -246,6 +248,300 @@ async fn api_scheduler_and_controllers_share_work_across_processes() {
         }
     })
     .await;
+}
+
+/// A signal to a child (SIGKILL, SIGSTOP, SIGCONT).
+async fn signal(child: &Child, sig: &str) {
+    let pid = child.id().expect("running").to_string();
+    let ok = Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(ok.success(), "kill {sig} {pid}");
+}
+
+/// The worker id (lease owner) of the process with `pid` in `role`, from its leases.
+async fn owner_of(store: &Store, role: &str, pid: u32) -> String {
+    let rows = store.shard_leases(role).await.expect("leases");
+    rows.into_iter()
+        .map(|(_, owner, _, _)| owner)
+        .find(|o| o.split('-').rev().nth(1) == Some(pid.to_string().as_str()))
+        .unwrap_or_else(|| panic!("no {role} lease owned by pid {pid}"))
+}
+
+/// Admissions from `w`, each retried under its key on the other API process until answered; the answered keys
+/// (and reservation ids) go to `answered`.
+async fn admit_load(
+    clients: Vec<ApiClient>,
+    w: usize,
+    answered: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut i = 0usize;
+    while !*stop.borrow() {
+        let key = format!("load-{w}-{i}");
+        let body = json!({"tenant": "root", "gpus": 1, "duration_s": 3, "idempotency_key": key});
+        for attempt in 0usize.. {
+            let c = &clients[(i + attempt) % clients.len()];
+            match tokio::time::timeout(
+                Duration::from_secs(15),
+                c.call("reservations", "create", body.clone()),
+            )
+            .await
+            {
+                Ok(Ok(r)) => {
+                    let id = r["reservation"]["id"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    answered.lock().expect("lock").push((key.clone(), id));
+                    break;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+}
+
+/// Issue 18 item 2: under load, kill -9 one API process, one of two schedulers and one of three controllers in
+/// turn: the API's calls are answered by the other, and each killed process's shards are taken within the lease
+/// expiry. Then a controller is paused (SIGSTOP) until the others took its shards, and resumed: its fenced write
+/// (expiry and the outbox sink lock their leases `FOR SHARE` with the fence they hold them by) is refused, as the
+/// store shows directly with its stale fences and as the resumed process logs; every reservation expires once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_killed_process_is_replaced_within_the_lease_and_a_paused_owner_is_fenced_out() {
+    bc_proto::install_crypto_provider();
+    let db = test_db().await;
+    let store = Store::new(db.pool.clone());
+    bc_control::migrate(&store)
+        .await
+        .expect("module migrations");
+    seed_gpu_nodes(&db.pool, "gpu", "n", 40, 8, "NVIDIA H100 80GB HBM3")
+        .await
+        .expect("seed");
+    let admin_key = bc_control::bootstrap_admin(&store).await.expect("admin");
+    let dir = tempfile::tempdir().expect("dir");
+    let url = db.url();
+    let mut api1 = serve(dir.path(), "api1", &url, "api").await;
+    let api2 = serve(dir.path(), "api2", &url, "api").await;
+    let sched1 = serve(dir.path(), "sched1", &url, "scheduler").await;
+    let sched2 = serve(dir.path(), "sched2", &url, "scheduler").await;
+    let mut ctl = Vec::new();
+    for i in 0..3 {
+        ctl.push(serve(dir.path(), &format!("ctl{i}"), &url, "controllers").await);
+    }
+    let clients: Vec<ApiClient> = [&api1, &api2]
+        .iter()
+        .map(|p| ApiClient::new(p.api.as_deref().expect("api addr"), &admin_key))
+        .collect();
+    let pid = |p: &Proc| p.child.id().unwrap_or_default().to_string();
+    let (s2, c1, c2) = (pid(&sched2), pid(&ctl[1]), pid(&ctl[2]));
+    until(
+        30,
+        "two schedulers and three controllers share all shards",
+        || async {
+            let (sv, so) = leases(&store, "scheduler").await;
+            let (cv, co) = leases(&store, "controllers").await;
+            if sv == 256 && so.len() == 2 && cv == 256 && co.len() == 3 {
+                Ok(())
+            } else {
+                Err(format!("scheduler {sv} {so:?}, controllers {cv} {co:?}"))
+            }
+        },
+    )
+    .await;
+    let answered = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let mut load = tokio::task::JoinSet::new();
+    for w in 0..2 {
+        load.spawn(admit_load(
+            clients.clone(),
+            w,
+            answered.clone(),
+            stop.clone(),
+        ));
+    }
+    let count =
+        |a: &std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>| a.lock().expect("lock").len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let lease = Duration::from_millis(LEASE_MS);
+    let bound = lease * 2 + Duration::from_millis(1500);
+
+    // kill -9 an API process: the calls go on through the other.
+    signal(&api1.child, "-KILL").await;
+    let _ = api1.child.wait().await;
+    let n = count(&answered);
+    until(
+        15,
+        "admissions answered by the other API process",
+        || async {
+            if count(&answered) >= n + 5 {
+                Ok(())
+            } else {
+                Err(format!("{} answered", count(&answered)))
+            }
+        },
+    )
+    .await;
+
+    // kill -9 a scheduler: the other holds every scheduler shard within the lease.
+    signal(&sched1.child, "-KILL").await;
+    let t0 = tokio::time::Instant::now();
+    until(
+        15,
+        "the other scheduler takes every scheduler shard",
+        || async {
+            let (v, o) = leases(&store, "scheduler").await;
+            if v == 256 && o.len() == 1 && o.contains_key(&s2) {
+                Ok(())
+            } else {
+                Err(format!("{v} valid, {o:?}"))
+            }
+        },
+    )
+    .await;
+    let sched_moved = t0.elapsed();
+    assert!(
+        sched_moved < bound,
+        "scheduler shards took {sched_moved:?} with a {lease:?} lease"
+    );
+
+    // kill -9 a controller: the two others hold every shard within the lease.
+    signal(&ctl[0].child, "-KILL").await;
+    let t0 = tokio::time::Instant::now();
+    until(
+        15,
+        "the other controllers take the killed one's shards",
+        || async {
+            let (v, o) = leases(&store, "controllers").await;
+            if v == 256 && o.len() == 2 && o.contains_key(&c1) && o.contains_key(&c2) {
+                Ok(())
+            } else {
+                Err(format!("{v} valid, {o:?}"))
+            }
+        },
+    )
+    .await;
+    let ctl_moved = t0.elapsed();
+    assert!(
+        ctl_moved < bound,
+        "controller shards took {ctl_moved:?} with a {lease:?} lease"
+    );
+    println!(
+        "shards moved: scheduler {sched_moved:?}, controllers {ctl_moved:?} (lease {lease:?})"
+    );
+
+    // Pause a controller past its lease: the last one takes its shards with higher fences.
+    let paused = owner_of(&store, "controllers", ctl[1].child.id().unwrap_or_default()).await;
+    let stale: Vec<bc_store::work::ShardLease> = store
+        .shard_leases("controllers")
+        .await
+        .expect("leases")
+        .into_iter()
+        .filter(|(_, o, _, ok)| *o == paused && *ok)
+        .map(|(shard, _, fence, _)| bc_store::work::ShardLease { shard, fence })
+        .collect();
+    assert!(!stale.is_empty(), "the controller to pause holds no shard");
+    signal(&ctl[1].child, "-STOP").await;
+    until(
+        15,
+        "the running controller takes the paused one's shards",
+        || async {
+            let (v, o) = leases(&store, "controllers").await;
+            if v == 256 && o.len() == 1 && o.contains_key(&c2) {
+                Ok(())
+            } else {
+                Err(format!("{v} valid, {o:?}"))
+            }
+        },
+    )
+    .await;
+    let now: HashMap<i16, i64> = store
+        .shard_leases("controllers")
+        .await
+        .expect("leases")
+        .into_iter()
+        .map(|(s, _, f, _)| (s, f))
+        .collect();
+    assert!(
+        stale.iter().all(|l| now[&l.shard] > l.fence),
+        "a takeover raises every fence"
+    );
+    // The paused owner's stale fences write nothing: a due expiry on its old shard stays for the new owner.
+    let written = store
+        .run_due_expiries("controllers", &paused, &stale, 500)
+        .await
+        .expect("stale expiry round");
+    assert!(written.is_empty(), "a stale owner expired {written:?}");
+    let drained = store
+        .drain_outbox("controllers", &paused, &stale, 1000)
+        .await
+        .expect("stale outbox round");
+    assert_eq!(drained, 0, "a stale owner drained the outbox");
+    // Resumed, the process itself tries its old leases once more and is refused.
+    signal(&ctl[1].child, "-CONT").await;
+    let log = dir.path().join("ctl1.log");
+    until(
+        20,
+        "the resumed controller logs its fenced-out write",
+        || async {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("fenced out") {
+                Ok(())
+            } else {
+                Err(text)
+            }
+        },
+    )
+    .await;
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    if let Some(line) = text.lines().find(|l| l.contains("fenced out")) {
+        println!("the resumed controller: {line}");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = stop_tx.send(true);
+    while load.join_next().await.is_some() {}
+
+    // Every answered admission is stored once, and every reservation expires exactly once.
+    let answered = answered.lock().expect("lock").clone();
+    assert!(
+        answered.len() > 20,
+        "only {} admissions answered",
+        answered.len()
+    );
+    until(30, "every answered reservation expires", || async {
+        let ids: Vec<String> = answered.iter().map(|(_, id)| id.clone()).collect();
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM reservations WHERE id = ANY($1) AND state = 'expired'",
+        )
+        .bind(&ids)
+        .fetch_one(store.pool())
+        .await
+        .map_err(|e| e.to_string())?;
+        if n as usize == ids.len() {
+            Ok(())
+        } else {
+            Err(format!("{n} of {} expired", ids.len()))
+        }
+    })
+    .await;
+    let twice: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT subject FROM audit_events WHERE action = 'reservation.expired' \
+         GROUP BY subject HAVING count(*) > 1) x",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("audits");
+    assert_eq!(twice, 0, "reservations expired twice");
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM devices WHERE reservation_id IS NOT NULL")
+            .fetch_one(store.pool())
+            .await
+            .expect("left");
+    assert_eq!(left, 0, "GPUs still booked after every reservation expired");
 }
 
 /// Issue 17 item 2: `better-compute serve` as its systemd unit runs it (packaging/systemd/better-compute.service),

@@ -65,7 +65,7 @@ pub struct EmbeddedPostgres {
     data: PathBuf,
 }
 
-fn find_bin_dir() -> Result<PathBuf, EmbeddedError> {
+pub(crate) fn find_bin_dir() -> Result<PathBuf, EmbeddedError> {
     let mut best: Option<(u32, PathBuf)> = None;
     let entries =
         std::fs::read_dir("/usr/lib/postgresql").map_err(|_| EmbeddedError::NoBinaries)?;
@@ -85,7 +85,7 @@ fn find_bin_dir() -> Result<PathBuf, EmbeddedError> {
 }
 
 /// (uid, gid) to run PostgreSQL as: ourselves, or `postgres` when we are root.
-fn run_as() -> Result<Option<(u32, u32)>, EmbeddedError> {
+pub(crate) fn run_as() -> Result<Option<(u32, u32)>, EmbeddedError> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     #[allow(unsafe_code)]
     let euid = unsafe { libc::geteuid() };
@@ -105,7 +105,10 @@ fn run_as() -> Result<Option<(u32, u32)>, EmbeddedError> {
     Err(EmbeddedError::NoPostgresUser)
 }
 
-fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> EmbeddedError + 'a {
+pub(crate) fn io_err<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> EmbeddedError + 'a {
     move |source| EmbeddedError::Io {
         what,
         path: path.to_path_buf(),
@@ -113,7 +116,7 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> E
     }
 }
 
-fn command(bin: &Path, owner: Option<(u32, u32)>) -> Command {
+pub(crate) fn command(bin: &Path, owner: Option<(u32, u32)>) -> Command {
     let mut cmd = Command::new(bin);
     if let Some((uid, gid)) = owner {
         cmd.uid(uid).gid(gid);
@@ -122,7 +125,7 @@ fn command(bin: &Path, owner: Option<(u32, u32)>) -> Command {
     cmd
 }
 
-fn run(mut cmd: Command) -> Result<(), EmbeddedError> {
+pub(crate) fn run(mut cmd: Command) -> Result<(), EmbeddedError> {
     let program = format!("{:?}", cmd.get_program());
     let out = cmd.output().map_err(|source| EmbeddedError::Io {
         what: "running",
@@ -143,7 +146,7 @@ fn run(mut cmd: Command) -> Result<(), EmbeddedError> {
     })
 }
 
-fn free_port() -> Result<u16, EmbeddedError> {
+pub(crate) fn free_port() -> Result<u16, EmbeddedError> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")
         .map_err(io_err("binding a probe port", Path::new("127.0.0.1")))?;
     l.local_addr()
@@ -257,7 +260,7 @@ fn postgres_command(
 }
 
 /// Spawns `cmd` on a keeper thread that reaps it; the server dies with this process (PR_SET_PDEATHSIG).
-fn spawn_kept(
+pub(crate) fn spawn_kept(
     mut cmd: Command,
     bin: &Path,
 ) -> Result<(u32, std::thread::JoinHandle<()>), EmbeddedError> {
@@ -297,6 +300,15 @@ impl EmbeddedPostgres {
     /// Creates the cluster under `dir` if it does not exist yet, then starts it. `dir` holds `data/` (the cluster),
     /// `password` (0600) and `postgres.log`.
     pub fn start(dir: &Path, durability: Durability) -> Result<EmbeddedPostgres, EmbeddedError> {
+        EmbeddedPostgres::start_with(dir, durability, &[])
+    }
+
+    /// As [`EmbeddedPostgres::start`], with more server settings (`name=value`, after the durability's: they win).
+    pub fn start_with(
+        dir: &Path,
+        durability: Durability,
+        settings: &[&str],
+    ) -> Result<EmbeddedPostgres, EmbeddedError> {
         let bin = find_bin_dir()?;
         let owner = run_as()?;
         std::fs::create_dir_all(dir).map_err(io_err("creating", dir))?;
@@ -323,6 +335,9 @@ impl EmbeddedPostgres {
         }
         let log2 = log.try_clone().map_err(io_err("opening", &log_path))?;
         let mut cmd = postgres_command(&bin, &data, port, owner, durability);
+        for setting in settings {
+            cmd.args(["-c", setting]);
+        }
         cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
         let (pid, keeper) = spawn_kept(cmd, &bin)?;
         let mut pg = EmbeddedPostgres {
@@ -416,6 +431,29 @@ impl EmbeddedPostgres {
                 }
                 Err(e) => return Err(EmbeddedError::Connect(e)),
             }
+        }
+    }
+
+    pub(crate) fn password(&self) -> &str {
+        &self.password
+    }
+
+    /// The server's process id (the postmaster).
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// SIGKILL, as a crash would end it, and wait: nothing is flushed or shut down cleanly.
+    pub fn kill(mut self) {
+        if let Some(keeper) = self.keeper.take() {
+            if !keeper.is_finished() {
+                // SAFETY: kill(2) on our own child's pid (not yet reaped: the keeper thread is still waiting on it).
+                #[allow(unsafe_code)]
+                unsafe {
+                    libc::kill(self.pid, libc::SIGKILL);
+                }
+            }
+            let _ = keeper.join();
         }
     }
 

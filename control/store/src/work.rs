@@ -74,6 +74,10 @@ impl Store {
     /// Makes this process's leases match `want`: renews the wanted shards it holds, takes wanted shards that are
     /// free or expired (the fence increases on every change of owner), and lets go of shards it holds but no longer
     /// wants (expired at once, fence kept). Returns the leases held now.
+    ///
+    /// A lease row another process still has locked (`FOR SHARE`, inside a fenced transaction it has not ended:
+    /// it may be paused, or cut off from the database) is skipped, not waited for: it is taken on a later round,
+    /// once the server ended that transaction, and renewing this process's own leases never waits behind it.
     pub async fn sync_leases(
         &self,
         role: &str,
@@ -84,14 +88,20 @@ impl Store {
         let rows = sqlx::query(
             "WITH rel AS (UPDATE shard_leases SET expires_at = now() - interval '1 millisecond' \
                  WHERE role = $1 AND owner = $2 AND NOT (shard = ANY($3)) AND expires_at > now()), \
-             acq AS (INSERT INTO shard_leases (role, shard, owner, fence, expires_at) \
+             renew AS (UPDATE shard_leases SET expires_at = now() + make_interval(secs => $4 / 1000.0) \
+                 WHERE role = $1 AND owner = $2 AND shard = ANY($3) AND expires_at > now() \
+                 RETURNING shard, fence), \
+             free AS (SELECT shard FROM shard_leases \
+                 WHERE role = $1 AND shard = ANY($3) AND expires_at <= now() FOR UPDATE SKIP LOCKED), \
+             took AS (UPDATE shard_leases l SET owner = $2, fence = l.fence + 1, \
+                   expires_at = now() + make_interval(secs => $4 / 1000.0) \
+                 FROM free WHERE l.role = $1 AND l.shard = free.shard RETURNING l.shard, l.fence), \
+             new AS (INSERT INTO shard_leases (role, shard, owner, fence, expires_at) \
                  SELECT $1, s, $2, 1, now() + make_interval(secs => $4 / 1000.0) FROM unnest($3::smallint[]) AS s \
-                 ON CONFLICT (role, shard) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, \
-                   fence = CASE WHEN shard_leases.owner = EXCLUDED.owner AND shard_leases.expires_at > now() \
-                                THEN shard_leases.fence ELSE shard_leases.fence + 1 END \
-                 WHERE shard_leases.owner = EXCLUDED.owner OR shard_leases.expires_at < now() \
-                 RETURNING shard, fence) \
-             SELECT shard, fence FROM acq ORDER BY shard",
+                 WHERE NOT EXISTS (SELECT 1 FROM shard_leases x WHERE x.role = $1 AND x.shard = s) \
+                 ON CONFLICT (role, shard) DO NOTHING RETURNING shard, fence) \
+             SELECT shard, fence FROM renew UNION ALL SELECT shard, fence FROM took \
+             UNION ALL SELECT shard, fence FROM new ORDER BY shard",
         )
         .bind(role)
         .bind(me)
@@ -241,7 +251,7 @@ async fn lock_valid_leases(
 ) -> Result<Vec<i16>, StoreError> {
     let shards: Vec<i16> = leases.iter().map(|l| l.shard).collect();
     let fences: Vec<i64> = leases.iter().map(|l| l.fence).collect();
-    Ok(sqlx::query_scalar(
+    let valid: Vec<i16> = sqlx::query_scalar(
         "SELECT l.shard FROM shard_leases l JOIN unnest($3::smallint[], $4::bigint[]) AS h(shard, fence) \
            ON l.shard = h.shard AND l.fence = h.fence \
          WHERE l.role = $1 AND l.owner = $2 AND l.expires_at > now() FOR SHARE OF l",
@@ -251,5 +261,19 @@ async fn lock_valid_leases(
     .bind(&shards)
     .bind(&fences)
     .fetch_all(&mut *tx)
-    .await?)
+    .await?;
+    if valid.len() < leases.len() {
+        // A process that was paused (or starved) past its lease: another owner may hold these shards now, with a
+        // higher fence. Nothing is written on them.
+        tracing::warn!(
+            role,
+            owner = me,
+            held = leases.len(),
+            valid = valid.len(),
+            "fenced out: {} of {} shard leases expired or were taken over; nothing written on those shards",
+            leases.len() - valid.len(),
+            leases.len()
+        );
+    }
+    Ok(valid)
 }

@@ -144,3 +144,52 @@ async fn membership_lists_live_workers_and_leaving_frees_shards() {
         .expect("y takes");
     assert_eq!(taken.len(), 2, "a clean leave frees the shards at once");
 }
+
+/// A lease row still locked by another process's open transaction (a fenced holder that was paused, or cut off,
+/// mid-transaction) is skipped by a takeover instead of waited for: the taker renews its own leases and takes the
+/// other free shards at once, and takes the locked one once that transaction ended. Before, the one statement that
+/// syncs every lease waited behind the lock, so every lease of the taker expired too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_skips_a_lease_row_locked_by_a_stalled_holder() {
+    let db = test_db().await;
+    let store = Store::new(db.pool.clone());
+    let a = store
+        .sync_leases("controllers", "a", &[0, 1, 2, 3], 600)
+        .await
+        .expect("a");
+    assert_eq!(a.len(), 4);
+    let b = store
+        .sync_leases("controllers", "b", &[10, 11], 60_000)
+        .await
+        .expect("b");
+    assert_eq!(b.len(), 2);
+    // A's fenced transaction locks shard 0's lease and stalls (never commits while B works).
+    let mut stalled = db.pool.begin().await.expect("begin");
+    sqlx::query(
+        "SELECT shard FROM shard_leases WHERE role = 'controllers' AND shard = 0 FOR SHARE",
+    )
+    .fetch_all(&mut *stalled)
+    .await
+    .expect("lock");
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    // A's leases expired: B renews its own and takes 1..3 now, without waiting for the stalled transaction.
+    let held = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        store.sync_leases("controllers", "b", &[0, 1, 2, 3, 10, 11], 60_000),
+    )
+    .await
+    .expect("the sync waited behind the stalled transaction's lock")
+    .expect("b syncs");
+    let shards: Vec<i16> = held.iter().map(|l| l.shard).collect();
+    assert_eq!(shards, [1, 2, 3, 10, 11]);
+    assert!(held.iter().filter(|l| l.shard < 4).all(|l| l.fence == 2));
+    // Once the holder's transaction ended, shard 0 is taken with a higher fence.
+    stalled.rollback().await.expect("rollback");
+    let held = store
+        .sync_leases("controllers", "b", &[0, 1, 2, 3, 10, 11], 60_000)
+        .await
+        .expect("b again");
+    assert_eq!(held.len(), 6);
+    assert_eq!(held[0].shard, 0);
+    assert_eq!(held[0].fence, 2);
+}
