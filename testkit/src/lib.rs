@@ -8,8 +8,10 @@
 //!
 //! It depends on nothing but std, except behind the `prometheus` feature: [`prometheus`], Debian's Prometheus
 //! as a real remote-write receiver (bcd's and the control plane's telemetry tests); and [`unit`], a systemd unit's
-//! sandbox reproduced for a daemon a test starts.
+//! sandbox reproduced for a daemon a test starts; [`gateways`], the two-gateway lab (control-plane processes behind a
+//! real HAProxy, every process killed by its PID), std only as well.
 
+pub mod gateways;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
 pub mod unit;

@@ -4,10 +4,12 @@
 //! against the same CA) and serves the `bettercompute.v1` services over HTTP/2. It holds no CA and no signing key:
 //! Join, the site services ([`site`]: boot lease, netboot table, SecretRequest) are handed to services it receives as traits ([`JoinHandler`]). It must
 //! not import bc-store or bc-control. Start with [`serve`]; what a peer may hold before it authenticates, and for
-//! how long, is [`conns`] (the policy) and `accept` (the accept loop applying it).
+//! how long, is [`conns`] (the policy) and `accept` (the accept loop applying it). Tunnels are [`tunnel`] (to the
+//! nodes this gateway holds) and [`relay`] (between control-plane processes: the API's side and the gateway's).
 
 mod accept;
 pub mod conns;
+pub mod relay;
 pub mod session;
 pub mod site;
 pub mod tls;
@@ -46,8 +48,9 @@ pub struct Services {
     )>,
     /// Site agents' boot lease, netboot table and secrets (with the trust domain their identities must carry).
     pub site: Option<(Arc<dyn site::SiteHandler>, String)>,
-    /// Tunnels to nodes' ports (`TunnelService`, node identities of the sessions' trust domain), when sessions
-    /// are served too; its HTTP/2 windows apply to every connection.
+    /// Tunnels to nodes' ports (`TunnelService`, node identities of the sessions' trust domain, and the relay for
+    /// other control-plane processes, `TunnelRelay`, control-plane identities only), when sessions are served too;
+    /// its HTTP/2 windows apply to every connection.
     pub tunnels: Option<tunnel::Tunnels>,
 }
 
@@ -154,14 +157,23 @@ pub async fn serve(
             revocation_watermark,
         )));
         if let Some(tunnels) = services.tunnels {
+            let relay = relay::RelaySvc {
+                tunnels: tunnels.clone(),
+                trust_domain: config.trust_domain.clone(),
+            };
             let svc = tunnel::TunnelSvc {
                 tunnels,
                 trust_domain: config.trust_domain.clone(),
             };
-            router = router.add_service(
-                v1::tunnel_service_server::TunnelServiceServer::new(svc)
-                    .max_decoding_message_size(bc_proto::tunnel::MAX_ENCODED),
-            );
+            router = router
+                .add_service(
+                    v1::tunnel_service_server::TunnelServiceServer::new(svc)
+                        .max_decoding_message_size(bc_proto::tunnel::MAX_ENCODED),
+                )
+                .add_service(
+                    v1::tunnel_relay_server::TunnelRelayServer::new(relay)
+                        .max_decoding_message_size(bc_proto::tunnel::MAX_ENCODED),
+                );
         }
         let svc = session::SessionSvc {
             backend,

@@ -10,6 +10,7 @@ pub mod artifacts;
 pub mod desired;
 pub mod devices;
 pub mod embedded;
+pub mod gateways;
 pub mod gauges;
 pub mod iam;
 pub mod join_tokens;
