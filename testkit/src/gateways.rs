@@ -28,6 +28,11 @@ impl Binaries {
     /// by side), and HAProxy from the PATH or /usr/sbin. Err names what is missing (HAProxy: Debian's `haproxy`,
     /// installed by scripts/setup).
     pub fn beside(one_of_them: &Path) -> Result<Binaries, String> {
+        Binaries::beside_with(one_of_them, true)
+    }
+
+    /// [`Binaries::beside`]; HAProxy only when `haproxy` (else its path is empty).
+    pub fn beside_with(one_of_them: &Path, haproxy_too: bool) -> Result<Binaries, String> {
         let dir = one_of_them
             .parent()
             .ok_or_else(|| format!("{} has no directory", one_of_them.display()))?;
@@ -45,11 +50,17 @@ impl Binaries {
         Ok(Binaries {
             better_compute: find("better-compute")?,
             bcd: find("bcd")?,
-            haproxy: haproxy()
-                .ok_or("haproxy is not installed (Debian's haproxy; scripts/setup installs it)")?,
+            haproxy: match haproxy_too {
+                true => haproxy().ok_or(NO_HAPROXY)?,
+                false => PathBuf::new(),
+            },
         })
     }
 }
+
+/// What [`Binaries::beside`] says without HAProxy (a test skips with it).
+pub const NO_HAPROXY: &str =
+    "haproxy is not installed (Debian's haproxy; scripts/setup installs it)";
 
 /// HAProxy's binary, when installed.
 pub fn haproxy() -> Option<PathBuf> {
@@ -77,8 +88,12 @@ pub struct LabSpec {
     pub api_roles: String,
     /// Lines appended to every process's configuration (e.g. `shard_lease_ms = 2000`, a `[tunnels]` table last).
     pub extra_config: String,
-    /// HAProxy's `maxconn` (global and frontend).
+    /// HAProxy's `maxconn` (global and frontend). HAProxy needs about twice as many descriptors (RLIMIT_NOFILE's
+    /// hard limit) and refuses to start otherwise.
     pub max_connections: u32,
+    /// Whether HAProxy runs in front of the gateways. Without it (one gateway, the relay alone), nodes are given
+    /// the first gateway's own URL.
+    pub balancer: bool,
     /// How long one process may take to say it serves.
     pub start_deadline: Duration,
 }
@@ -92,7 +107,8 @@ impl LabSpec {
             gateways: 2,
             api_roles: "api,controllers,scheduler".into(),
             extra_config: String::new(),
-            max_connections: 10_000,
+            max_connections: 4_000,
+            balancer: true,
             start_deadline: Duration::from_secs(60),
         }
     }
@@ -142,7 +158,8 @@ impl Drop for Proc {
 pub struct GatewayLab {
     /// `http://` URL of the API process.
     pub api_url: String,
-    /// `https://127.0.0.1:<port>`: the balancer, the gateway URL nodes are given.
+    /// `https://127.0.0.1:<port>`: the gateway URL nodes are given (the balancer's; without one, the first
+    /// gateway's).
     pub balancer_url: String,
     pub gateways: Vec<Gateway>,
     pub ca_pin: String,
@@ -251,6 +268,14 @@ impl GatewayLab {
         }
         lab.procs = gateway_procs;
         lab.procs.push(Some(api_proc));
+        if !spec.balancer {
+            let first = lab
+                .gateways
+                .first()
+                .ok_or("a lab without a balancer needs a gateway")?;
+            lab.balancer_url = format!("https://127.0.0.1:{}", first.addr.port());
+            return Ok(lab);
+        }
         let haproxy = lab.haproxy(bins, lb_port, spec)?;
         lab.haproxy_pid = haproxy.pid();
         lab.procs.push(Some(haproxy));
@@ -294,16 +319,20 @@ impl GatewayLab {
             Ok(s) => Ok((proc, s)),
             Err(_) => {
                 let exited = proc.exited();
+                let log = std::fs::read_to_string(self.dir.join(format!("{name}.log")))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
                 Err(format!(
-                    "{name} did not say it serves within {} s (exited: {exited}); its log: {}",
+                    "{name} did not say it serves within {} s (exited: {exited}); the end of its log:\n{}",
                     spec.start_deadline.as_secs(),
-                    self.dir.join(format!("{name}.log")).display()
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                 ))
             }
         }
     }
 
-    /// HAProxy in TCP mode (TLS passthrough) on `port`, round-robin over the gateways with health checks every
+    /// HAProxy in TCP mode (TLS passthrough) on `port`, least connections first (sessions are long-lived: new ones
+    /// go where fewest are held) over the gateways with health checks every
     /// 500 ms, sessions of a gateway marked down shut.
     fn haproxy(&self, bins: &Binaries, port: u16, spec: &LabSpec) -> Result<Proc, String> {
         let servers: String = self
@@ -319,7 +348,7 @@ impl GatewayLab {
         let cfg = format!(
             "global\n    maxconn {max}\n\ndefaults\n    mode tcp\n    timeout connect 5s\n    timeout client 2h\n    \
              timeout server 2h\n\nfrontend gateways\n    bind 127.0.0.1:{port}\n    maxconn {max}\n    \
-             default_backend gateways\n\nbackend gateways\n    balance roundrobin\n{servers}",
+             default_backend gateways\n\nbackend gateways\n    balance leastconn\n{servers}",
             max = spec.max_connections
         );
         let path = self.dir.join("haproxy.cfg");
@@ -346,9 +375,10 @@ impl GatewayLab {
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if proc.exited() || Instant::now() > deadline {
+                let log = std::fs::read_to_string(self.dir.join("haproxy.log")).unwrap_or_default();
                 return Err(format!(
-                    "haproxy does not accept on 127.0.0.1:{port}; its log: {}",
-                    self.dir.join("haproxy.log").display()
+                    "haproxy does not accept on 127.0.0.1:{port}; its log:\n{}",
+                    log.trim()
                 ));
             }
             std::thread::sleep(Duration::from_millis(50));
