@@ -136,7 +136,8 @@ impl Sshd {
 }
 
 /// A network namespace `bctun<pid>` joined to this one by the veth pair `bt<pid>a` (here, `.1`) and `bt<pid>b`
-/// (there, `.2`) on 10.231.0.0/30, both ends delayed by half the RTT and rate-limited with netem.
+/// (there, `.2`) on a /30 of 10.0.0.0/8 chosen by the PID (two benches side by side do not collide), both ends
+/// delayed by half the RTT and rate-limited with netem.
 pub struct Wan {
     pub name: String,
     veth: String,
@@ -147,11 +148,12 @@ pub struct Wan {
 impl Wan {
     pub fn create(rtt: Duration, rate: &str) -> anyhow::Result<Wan> {
         let pid = std::process::id();
+        let (b, c) = (200 + (pid % 50) as u8, ((pid / 50) % 256) as u8);
         let wan = Wan {
             name: format!("bctun{pid}"),
             veth: format!("bt{pid}a"),
-            here: std::net::Ipv4Addr::new(10, 231, 0, 1),
-            there: std::net::Ipv4Addr::new(10, 231, 0, 2),
+            here: std::net::Ipv4Addr::new(10, b, c, 1),
+            there: std::net::Ipv4Addr::new(10, b, c, 2),
         };
         let peer = format!("bt{pid}b");
         let delay = format!("{}us", rtt.as_micros() / 2);
@@ -164,9 +166,10 @@ impl Wan {
                 .args(["netns", "exec", &wan.name])
                 .args(args))
         };
-        run(Command::new("ip").args(["addr", "add", "10.231.0.1/30", "dev", &wan.veth]))?;
+        let (here, there) = (format!("{}/30", wan.here), format!("{}/30", wan.there));
+        run(Command::new("ip").args(["addr", "add", &here, "dev", &wan.veth]))?;
         run(Command::new("ip").args(["link", "set", &wan.veth, "up"]))?;
-        ns(&["ip", "addr", "add", "10.231.0.2/30", "dev", &peer])?;
+        ns(&["ip", "addr", "add", &there, "dev", &peer])?;
         ns(&["ip", "link", "set", &peer, "up"])?;
         ns(&["ip", "link", "set", "lo", "up"])?;
         // A queue that holds a bandwidth-delay product at line rate (1 Gbit/s × 25 ms ≈ 2,100 full frames).

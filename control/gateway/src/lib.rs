@@ -103,6 +103,31 @@ impl v1::join_service_server::JoinService for JoinSvc {
     }
 }
 
+/// Sessions are long-lived streams: a graceful shutdown first closes them (daemons reconnect elsewhere or later),
+/// then gives in-flight calls a bounded grace period (whose start the receiver says).
+fn graceful(
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    registry: Option<session::Registry>,
+) -> (
+    impl Future<Output = ()> + Send + 'static,
+    tokio::sync::watch::Receiver<bool>,
+) {
+    let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        if let Some(r) = registry {
+            r.close_all("gateway shutting down");
+            // Let the sessions record that they went offline (bounded: the grace period below still applies).
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while !r.is_empty() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let _ = stopping_tx.send(true);
+    };
+    (shutdown, stopping_rx)
+}
+
 /// Serves the gateway on an already-bound listener until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
@@ -200,21 +225,7 @@ pub async fn serve(
                     .max_decoding_message_size(limits.max_message_bytes),
             );
     }
-    // Sessions are long-lived streams: a graceful shutdown first closes them (daemons reconnect elsewhere or
-    // later), then gives in-flight calls a bounded grace period.
-    let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
-    let shutdown = async move {
-        shutdown.await;
-        if let Some(r) = registry_for_shutdown {
-            r.close_all("gateway shutting down");
-            // Let the sessions record that they went offline (bounded: the grace period below still applies).
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            while !r.is_empty() && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-        let _ = stopping_tx.send(true);
-    };
+    let (shutdown, mut stopping_rx) = graceful(shutdown, registry_for_shutdown);
     let serve = router.serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown);
     let result = tokio::select! {
         r = serve => r.map_err(GatewayError::Serve),

@@ -329,38 +329,12 @@ pub async fn start_with(
         });
     }
     let tunnels = gateway.as_ref().map(|g| g.tunnels.clone());
-    let local = gateway.as_ref().map(|g| bc_mod_tunnels::LocalGateway {
-        id: g.id.clone(),
-        tunnels: g.tunnels.clone(),
-    });
-    let peers = match config.roles.api {
-        true => Some(relay_peers(&ca, &worker)?),
-        false => None,
-    };
-    let tunnel_state = bc_mod_tunnels::TunnelsState::new(
-        store.clone(),
-        local,
-        peers.clone(),
-        config.tunnels.clone(),
-    );
-    builder = builder
-        .module(bc_mod_tunnels::module())
-        .resource(tunnel_state);
+    builder = with_tunnels(builder, config, &store, &ca, &worker, gateway.as_ref())?;
     let initialized = builder.build()?.initialize(backend).await?;
     store.ensure_root_tenant().await?;
     let mut plane = initialized.start(&roles);
     if let Some(g) = gateway {
-        let (addr, stop) = (g.addr, plane.stop_signal());
-        store.publish_gateway(&g.id, &g.relay_url).await?;
-        let publish = plane.stop_signal();
-        plane.spawn(publish_gateway(
-            store.clone(),
-            g.id.clone(),
-            g.relay_url.clone(),
-            publish,
-        ));
-        tracing::info!(%addr, gateway_id = g.id, relay_url = g.relay_url, "gateway role listening");
-        plane.spawn(serve_gateway(g, stop));
+        start_gateway(g, &store, &mut plane).await?;
     }
     let mut api_addr = None;
     if let Some((listener, addr)) = api {
@@ -403,6 +377,49 @@ pub async fn start_with(
         notes: initialized.notes().to_vec(),
         plane,
     })
+}
+
+/// The tunnels module and its state: this process's gateway role (when it runs one) and, for the API role, the
+/// relay's client to the other gateways.
+fn with_tunnels(
+    builder: bc_kernel::ControlPlaneBuilder,
+    config: &ServeConfig,
+    store: &Store,
+    ca: &Ca,
+    worker: &str,
+    gateway: Option<&Gateway>,
+) -> Result<bc_kernel::ControlPlaneBuilder, StartError> {
+    let local = gateway.map(|g| bc_mod_tunnels::LocalGateway {
+        id: g.id.clone(),
+        tunnels: g.tunnels.clone(),
+    });
+    let peers = match config.roles.api {
+        true => Some(relay_peers(ca, worker)?),
+        false => None,
+    };
+    let state =
+        bc_mod_tunnels::TunnelsState::new(store.clone(), local, peers, config.tunnels.clone());
+    Ok(builder.module(bc_mod_tunnels::module()).resource(state))
+}
+
+/// Publishes the gateway role's relay URL (and keeps it fresh), then serves it until the plane stops.
+async fn start_gateway(
+    g: Gateway,
+    store: &Store,
+    plane: &mut bc_kernel::Running,
+) -> Result<(), StartError> {
+    let (addr, stop) = (g.addr, plane.stop_signal());
+    store.publish_gateway(&g.id, &g.relay_url).await?;
+    let publish = plane.stop_signal();
+    plane.spawn(publish_gateway(
+        store.clone(),
+        g.id.clone(),
+        g.relay_url.clone(),
+        publish,
+    ));
+    tracing::info!(%addr, gateway_id = g.id, relay_url = g.relay_url, "gateway role listening");
+    plane.spawn(serve_gateway(g, stop));
+    Ok(())
 }
 
 /// This host's name as an id part (letters, digits, '.', '-', '_'; "host" when unknown).

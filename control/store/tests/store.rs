@@ -449,7 +449,11 @@ async fn a_session_row_names_its_gateway_and_the_route_follows_the_newest_sessio
         .commit_joins("0123456789abcdef", "p1", &[candidate(1, "hk-1")], now_ms())
         .await
         .expect("commit");
-    let before = store.node_route("node-1").await.expect("route").expect("node");
+    let before = store
+        .node_route("node-1")
+        .await
+        .expect("route")
+        .expect("node");
     assert_eq!((before.gateway_id, before.online), (None, false));
     assert_eq!(store.node_route("nobody").await.expect("route"), None);
     store
@@ -465,10 +469,17 @@ async fn a_session_row_names_its_gateway_and_the_route_follows_the_newest_sessio
         .await
         .expect("open")
         .expect("opened");
-    let r = store.node_route("node-1").await.expect("route").expect("node");
+    let r = store
+        .node_route("node-1")
+        .await
+        .expect("route")
+        .expect("node");
     assert_eq!(r.gateway_id.as_deref(), Some("gw-a"));
     assert_eq!(r.relay_url.as_deref(), Some("https://10.0.0.5:7443"));
-    assert!(r.online && r.gateway_silent_ms.is_some_and(|ms| ms < 60_000), "{r:?}");
+    assert!(
+        r.online && r.gateway_silent_ms.is_some_and(|ms| ms < 60_000),
+        "{r:?}"
+    );
     // The node reconnects through the other gateway: its row follows; the stale session's close changes nothing.
     store
         .open_session_on("node-1", &KEY, Some("gw-b"))
@@ -479,7 +490,11 @@ async fn a_session_row_names_its_gateway_and_the_route_follows_the_newest_sessio
         .close_session("node-1", first.epoch)
         .await
         .expect("close stale");
-    let r = store.node_route("node-1").await.expect("route").expect("node");
+    let r = store
+        .node_route("node-1")
+        .await
+        .expect("route")
+        .expect("node");
     assert_eq!(
         (r.gateway_id.as_deref(), r.relay_url.as_deref(), r.online),
         (Some("gw-b"), Some("https://10.0.0.6:7443"), true)
