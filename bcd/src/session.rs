@@ -319,7 +319,12 @@ impl Daemon {
         {
             return SessionEnd::Local("outbound queue closed".into());
         }
-        let tunnel_ch = ch.clone();
+        // This session's tunnels: each its own task, held here so that the session's end ends them too (a revoked
+        // or superseded session must not keep serving tunnels on a connection that happens to stay up).
+        let mut tunnels = SessionTunnels {
+            ch: ch.clone(),
+            tasks: tokio::task::JoinSet::new(),
+        };
         let mut client = v1::session_service_client::SessionServiceClient::new(ch);
         let mut inbound = match client
             .session(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -394,6 +399,7 @@ impl Daemon {
                         return SessionEnd::Closed;
                     }
                 }
+                Some(_) = tunnels.tasks.join_next(), if !tunnels.tasks.is_empty() => {}
                 _ = heartbeat.tick() => {
                     seq += 1;
                     if tx.send(msg(v1::node_message::Msg::Heartbeat(v1::Heartbeat { seq }))).await.is_err() {
@@ -436,7 +442,7 @@ impl Daemon {
                         }
                         continue;
                     }
-                    if let Some(every) = self.handle(m, &tx, &state, &signer, &tunnel_ch).await {
+                    if let Some(every) = self.handle(m, &tx, &state, &signer, &mut tunnels).await {
                         heartbeat = tokio::time::interval(every);
                         heartbeat.reset();
                     }
@@ -452,7 +458,7 @@ impl Daemon {
         tx: &mpsc::Sender<v1::NodeMessage>,
         state: &StateDir,
         signer: &Arc<EnvelopeSigner>,
-        tunnel_ch: &tonic::transport::Channel,
+        tunnels: &mut SessionTunnels,
     ) -> Option<Duration> {
         use v1::gateway_message::Msg;
         match m {
@@ -524,9 +530,9 @@ impl Daemon {
             Msg::OpenTunnel(t) => {
                 // Each tunnel is its own task and its own HTTP/2 stream: a slow one never holds up this loop.
                 let allow = self.config.tunnels.clone();
-                let ch = tunnel_ch.clone();
+                let ch = tunnels.ch.clone();
                 let slots = self.tunnel_slots.clone();
-                tokio::spawn(async move {
+                tunnels.tasks.spawn(async move {
                     let id = t.tunnel_id.clone();
                     let port = t.port;
                     let out = crate::tunnel::serve_limited(&slots, &allow, t, |rx| async move {
@@ -715,6 +721,13 @@ async fn ack(
     tx.send(msg(v1::node_message::Msg::Ack(ack)))
         .await
         .map_err(|_| ())
+}
+
+/// A session's tunnels: the connection they open their streams on, and their tasks (aborted when the session ends
+/// and this is dropped).
+struct SessionTunnels {
+    ch: tonic::transport::Channel,
+    tasks: tokio::task::JoinSet<()>,
 }
 
 fn msg(m: v1::node_message::Msg) -> v1::NodeMessage {

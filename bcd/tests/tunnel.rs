@@ -459,6 +459,42 @@ async fn a_stalled_tunnel_reader_never_delays_heartbeats() -> TestResult {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_that_ends_ends_its_tunnels() -> TestResult {
+    let lab = lab().await;
+    let addr = lab.forward(&lab.api, lab.echo.port).await;
+    let mut s = TcpStream::connect(addr).await?;
+    s.write_all(b"ping").await?;
+    let mut buf = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut buf)).await??;
+    assert_eq!(&buf, b"ping");
+    // The gateway ends the node's session; the connection itself stays up (bcd reconnects on a new one), so only
+    // bcd holding its tunnels per session ends this tunnel.
+    let sessions = lab.p.running.sessions.as_ref().ok_or("no gateway")?;
+    let opened = sessions.opened();
+    sessions.close(&lab.node, "test: the session ends");
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut rest)).await;
+    assert!(ended.is_ok(), "the tunnel outlived its session");
+    // The node is back on a new session, and a new tunnel works.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while sessions.opened() == opened {
+        assert!(tokio::time::Instant::now() < deadline, "no new session");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_node(&lab.p, &lab.node, 30, "session", |n| n.online).await;
+    let (f, back) = lab.once(&lab.api, lab.echo.port, b"again").await;
+    assert_eq!((f.closed, back.as_slice()), (None, b"again".as_slice()));
+    let row = lab
+        .audit()
+        .await
+        .into_iter()
+        .find(|r| r["bytes_to_node"] == 4)
+        .ok_or("row")?;
+    assert_eq!(row["outcome"], "ABORTED", "{row}");
+    Ok(())
+}
+
 /// How long the stalled-reader test holds the stall: past reqwest's 30 s TCP_USER_TIMEOUT.
 const STALL_SECS: u64 = 35;
 

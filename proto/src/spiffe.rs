@@ -10,6 +10,8 @@ pub enum Role {
     Node,
     Site,
     Gateway,
+    /// A control-plane process (an API process reaching a gateway over internal mTLS: the tunnel relay).
+    Control,
 }
 
 impl Role {
@@ -18,6 +20,7 @@ impl Role {
             Role::Node => "node",
             Role::Site => "site",
             Role::Gateway => "gateway",
+            Role::Control => "control",
         }
     }
 }
@@ -35,7 +38,7 @@ pub enum SpiffeError {
     Scheme,
     #[error("trust domain must be 1-255 characters of [a-z0-9.-_]")]
     TrustDomain,
-    #[error("SPIFFE path must be /<node|site|gateway>/<id>")]
+    #[error("SPIFFE path must be /<node|site|gateway|control>/<id>")]
     Path,
     #[error("id must be 1-128 characters of [A-Za-z0-9.-_]")]
     Id,
@@ -119,6 +122,7 @@ impl FromStr for SpiffeId {
             "node" => Role::Node,
             "site" => Role::Site,
             "gateway" => Role::Gateway,
+            "control" => Role::Control,
             _ => return Err(SpiffeError::Path),
         };
         SpiffeId::new(domain, role, id)

@@ -64,6 +64,9 @@ pub fn serve_config(dir: &Path, opts: &Options, gateway_listen: SocketAddr) -> S
         capacity_reload: None,
         placer: Default::default(),
         telemetry: None,
+        gateway_id: None,
+        gateway_relay_url: None,
+        tunnels: Default::default(),
     }
 }
 

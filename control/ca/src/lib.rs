@@ -248,6 +248,34 @@ impl Ca {
         })
     }
 
+    /// A client certificate and its fresh key for a control-plane process (`spiffe://<domain>/control/<id>`): how an
+    /// API process authenticates to the gateways (the tunnel relay). Valid 30 days, like a gateway's; a process
+    /// issues its own at start.
+    pub fn issue_control(
+        &self,
+        id: &str,
+    ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), CaError> {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let spiffe = SpiffeId::new(&self.trust_domain, Role::Control, id)
+            .map_err(|e| CaError::Rcgen(rcgen::Error::X509(e.to_string())))?;
+        let mut p = CertificateParams::default();
+        p.subject_alt_names = vec![SanType::URI(spiffe.to_string().try_into()?)];
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, format!("control {id}"));
+        p.distinguished_name = dn;
+        p.is_ca = IsCa::ExplicitNoCa;
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        p.use_authority_key_identifier_extension = true;
+        let now = OffsetDateTime::now_utc();
+        p.not_before = now - BACKDATE;
+        p.not_after = now + Duration::days(30);
+        p.serial_number = Some(random_serial()?);
+        let cert = p.signed_by(&key, &self.issuer)?;
+        let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        Ok((vec![cert.der().clone(), self.cert_der.clone()], key_der))
+    }
+
     /// A fresh gateway server certificate (new key each start) for `hosts` (DNS names or IP addresses), plus the
     /// gateway's SPIFFE ID. Returns the chain (leaf, CA) and the key.
     pub fn issue_gateway(

@@ -4,10 +4,12 @@
 //! against the same CA) and serves the `bettercompute.v1` services over HTTP/2. It holds no CA and no signing key:
 //! Join, the site services ([`site`]: boot lease, netboot table, SecretRequest) are handed to services it receives as traits ([`JoinHandler`]). It must
 //! not import bc-store or bc-control. Start with [`serve`]; what a peer may hold before it authenticates, and for
-//! how long, is [`conns`] (the policy) and `accept` (the accept loop applying it).
+//! how long, is [`conns`] (the policy) and `accept` (the accept loop applying it). Tunnels are [`tunnel`] (to the
+//! nodes this gateway holds) and [`relay`] (between control-plane processes: the API's side and the gateway's).
 
 mod accept;
 pub mod conns;
+pub mod relay;
 pub mod session;
 pub mod site;
 pub mod tls;
@@ -46,8 +48,9 @@ pub struct Services {
     )>,
     /// Site agents' boot lease, netboot table and secrets (with the trust domain their identities must carry).
     pub site: Option<(Arc<dyn site::SiteHandler>, String)>,
-    /// Tunnels to nodes' ports (`TunnelService`, node identities of the sessions' trust domain), when sessions
-    /// are served too; its HTTP/2 windows apply to every connection.
+    /// Tunnels to nodes' ports (`TunnelService`, node identities of the sessions' trust domain, and the relay for
+    /// other control-plane processes, `TunnelRelay`, control-plane identities only), when sessions are served too;
+    /// its HTTP/2 windows apply to every connection.
     pub tunnels: Option<tunnel::Tunnels>,
 }
 
@@ -98,6 +101,31 @@ impl v1::join_service_server::JoinService for JoinSvc {
         let response = self.0.join(request.into_inner(), peer).await?;
         Ok(tonic::Response::new(response))
     }
+}
+
+/// Sessions are long-lived streams: a graceful shutdown first closes them (daemons reconnect elsewhere or later),
+/// then gives in-flight calls a bounded grace period (whose start the receiver says).
+fn graceful(
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    registry: Option<session::Registry>,
+) -> (
+    impl Future<Output = ()> + Send + 'static,
+    tokio::sync::watch::Receiver<bool>,
+) {
+    let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        if let Some(r) = registry {
+            r.close_all("gateway shutting down");
+            // Let the sessions record that they went offline (bounded: the grace period below still applies).
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while !r.is_empty() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let _ = stopping_tx.send(true);
+    };
+    (shutdown, stopping_rx)
 }
 
 /// Serves the gateway on an already-bound listener until `shutdown` resolves.
@@ -154,14 +182,23 @@ pub async fn serve(
             revocation_watermark,
         )));
         if let Some(tunnels) = services.tunnels {
+            let relay = relay::RelaySvc {
+                tunnels: tunnels.clone(),
+                trust_domain: config.trust_domain.clone(),
+            };
             let svc = tunnel::TunnelSvc {
                 tunnels,
                 trust_domain: config.trust_domain.clone(),
             };
-            router = router.add_service(
-                v1::tunnel_service_server::TunnelServiceServer::new(svc)
-                    .max_decoding_message_size(bc_proto::tunnel::MAX_ENCODED),
-            );
+            router = router
+                .add_service(
+                    v1::tunnel_service_server::TunnelServiceServer::new(svc)
+                        .max_decoding_message_size(bc_proto::tunnel::MAX_ENCODED),
+                )
+                .add_service(
+                    v1::tunnel_relay_server::TunnelRelayServer::new(relay)
+                        .max_decoding_message_size(bc_proto::tunnel::MAX_ENCODED),
+                );
         }
         let svc = session::SessionSvc {
             backend,
@@ -188,21 +225,7 @@ pub async fn serve(
                     .max_decoding_message_size(limits.max_message_bytes),
             );
     }
-    // Sessions are long-lived streams: a graceful shutdown first closes them (daemons reconnect elsewhere or
-    // later), then gives in-flight calls a bounded grace period.
-    let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
-    let shutdown = async move {
-        shutdown.await;
-        if let Some(r) = registry_for_shutdown {
-            r.close_all("gateway shutting down");
-            // Let the sessions record that they went offline (bounded: the grace period below still applies).
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            while !r.is_empty() && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-        let _ = stopping_tx.send(true);
-    };
+    let (shutdown, mut stopping_rx) = graceful(shutdown, registry_for_shutdown);
     let serve = router.serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown);
     let result = tokio::select! {
         r = serve => r.map_err(GatewayError::Serve),

@@ -198,6 +198,13 @@ impl Registry {
         }
     }
 
+    /// When the gateway last heard from `node_id`'s session (milliseconds since the epoch); None without a session.
+    pub fn last_seen_ms(&self, node_id: &str) -> Option<i64> {
+        let m = self.inner.lock().ok()?;
+        m.get(node_id)
+            .map(|e| e.last_seen_ms.load(Ordering::Relaxed))
+    }
+
     /// Closes a node's session with a reason (the node reconnects).
     pub fn close(&self, node_id: &str, reason: &str) {
         self.close_with(node_id, Status::aborted(reason));

@@ -111,7 +111,7 @@ pub struct TunnelStats {
 }
 
 #[derive(Default)]
-struct Counters {
+pub(crate) struct Counters {
     opens_sent: AtomicU64,
     opened: AtomicU64,
     refused_streams: AtomicU64,
@@ -149,6 +149,18 @@ pub struct Tunnels {
     prefix: String,
 }
 
+/// Counters as a snapshot.
+pub(crate) fn snapshot(c: &Counters) -> TunnelStats {
+    TunnelStats {
+        opens_sent: c.opens_sent.load(Relaxed),
+        opened: c.opened.load(Relaxed),
+        refused_streams: c.refused_streams.load(Relaxed),
+        open_now: c.open_now.load(Relaxed),
+        bytes_from_nodes: c.from_nodes.load(Relaxed),
+        bytes_to_nodes: c.to_nodes.load(Relaxed),
+    }
+}
+
 impl Tunnels {
     pub fn new(registry: Registry, limits: TunnelLimits) -> Tunnels {
         let nonce = std::time::SystemTime::now()
@@ -169,15 +181,7 @@ impl Tunnels {
     }
 
     pub fn stats(&self) -> TunnelStats {
-        let c = &self.counters;
-        TunnelStats {
-            opens_sent: c.opens_sent.load(Relaxed),
-            opened: c.opened.load(Relaxed),
-            refused_streams: c.refused_streams.load(Relaxed),
-            open_now: c.open_now.load(Relaxed),
-            bytes_from_nodes: c.from_nodes.load(Relaxed),
-            bytes_to_nodes: c.to_nodes.load(Relaxed),
-        }
+        snapshot(&self.counters)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -244,7 +248,7 @@ impl Tunnels {
         self.counters.open_now.fetch_add(1, Relaxed);
         let open = Arc::new(Open {
             counters: self.counters.clone(),
-            _slot: slot,
+            _slot: Some(slot),
         });
         let bytes = Arc::<Bytes>::default();
         Ok(Tunnel {
@@ -320,10 +324,11 @@ pub struct Bytes {
     pub down: AtomicU64,
 }
 
-/// What both halves of a tunnel hold: its slot in the node's count and the gateway's open count.
+/// What both halves of a tunnel hold: its slot in the node's count at this gateway (none for a tunnel relayed
+/// through another gateway) and the open count of its counters.
 struct Open {
     counters: Arc<Counters>,
-    _slot: Slot,
+    _slot: Option<Slot>,
 }
 
 impl Drop for Open {
@@ -346,6 +351,39 @@ impl Tunnel {
     /// Its byte counters (shared: they go on counting while the tunnel relays).
     pub fn bytes(&self) -> Arc<Bytes> {
         self.tx.bytes.clone()
+    }
+
+    /// A tunnel whose node end is a stream to another gateway (the relay's client side), counted in `counters`.
+    pub(crate) fn relayed(
+        id: String,
+        node_id: String,
+        port: u16,
+        to_node: mpsc::Sender<Result<v1::TunnelFrame, Status>>,
+        from_node: Streaming<v1::TunnelFrame>,
+        counters: Arc<Counters>,
+    ) -> Tunnel {
+        counters.opened.fetch_add(1, Relaxed);
+        counters.open_now.fetch_add(1, Relaxed);
+        let open = Arc::new(Open {
+            counters,
+            _slot: None,
+        });
+        let bytes = Arc::<Bytes>::default();
+        Tunnel {
+            id,
+            node_id,
+            port,
+            tx: TunnelTx {
+                to_node,
+                bytes: bytes.clone(),
+                open: open.clone(),
+            },
+            rx: TunnelRx {
+                from_node,
+                bytes,
+                open,
+            },
+        }
     }
 }
 
@@ -373,7 +411,9 @@ impl TunnelTx {
     }
 }
 
-/// The receiving half of a [`Tunnel`].
+/// The receiving half of a [`Tunnel`]. Once the relay is done with a tunnel, drop its [`TunnelTx`] first and then
+/// [`TunnelRx::finish`] it: dropping the receiving half of a stream whose far end has not ended yet resets the stream
+/// (HTTP/2 RST_STREAM), which discards frames the sending half still had queued (the last bytes, a half-close).
 pub struct TunnelRx {
     from_node: Streaming<v1::TunnelFrame>,
     bytes: Arc<Bytes>,
@@ -395,6 +435,15 @@ impl TunnelRx {
                 .fetch_add(d.len() as u64, Relaxed);
         }
         Some(f)
+    }
+
+    /// Reads (and drops) what still arrives until the far end ends its stream, for at most `within`; then drops the
+    /// stream. Frames the tunnel's sending half had queued reach the far end meanwhile.
+    pub async fn finish(mut self, within: Duration) {
+        let _ = tokio::time::timeout(within, async {
+            while let Some(Ok(_)) = self.from_node.message().await.transpose() {}
+        })
+        .await;
     }
 }
 

@@ -77,6 +77,52 @@ pub struct ServeConfigWire {
     pub telemetry: Option<bc_telemetry::TelemetryWire>,
     /// The capacity module (`[capacity]`): which placer books reservations.
     pub capacity: Option<CapacityWire>,
+    /// This gateway's id: its certificate's `spiffe://<domain>/gateway/<id>` and the name session rows carry
+    /// (default `gw-<hostname>-<port>`). Unique among the gateways sharing a database.
+    pub gateway_id: Option<String>,
+    /// Where the other control-plane processes reach this gateway directly (never through a balancer), for the
+    /// tunnel relay: `https://<host>:<port>`, host among `gateway_hosts` (default: the first of them and the
+    /// gateway's port).
+    pub gateway_relay_url: Option<String>,
+    /// The tunnels module (`[tunnels]`): the idle limit and the per-principal cap.
+    pub tunnels: Option<TunnelsWire>,
+}
+
+/// `[tunnels]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TunnelsWire {
+    /// A tunnel that moves no byte either way for this long is closed (`IDLE`): seconds, 60 to 604800 (a week);
+    /// default 3600.
+    pub idle_limit_s: Option<u64>,
+    /// Tunnels one principal holds open at once through one API process: 1 to 65536; default 256.
+    pub per_principal: Option<usize>,
+}
+
+impl TunnelsWire {
+    /// The module's options; Err((field, message)) names what is out of range.
+    fn validate(self) -> Result<bc_mod_tunnels::Options, (&'static str, String)> {
+        let mut o = bc_mod_tunnels::Options::default();
+        if let Some(s) = self.idle_limit_s {
+            if !(60..=604_800).contains(&s) {
+                return Err((
+                    "tunnels.idle_limit_s",
+                    format!("{s} is out of range: seconds from 60 to 604800 (a week)"),
+                ));
+            }
+            o.idle = std::time::Duration::from_secs(s);
+        }
+        if let Some(n) = self.per_principal {
+            if !(1..=65_536).contains(&n) {
+                return Err((
+                    "tunnels.per_principal",
+                    format!("{n} is out of range: from 1 to 65536"),
+                ));
+            }
+            o.per_principal = n;
+        }
+        Ok(o)
+    }
 }
 
 /// `[capacity]`.
@@ -114,6 +160,13 @@ pub struct ServeConfig {
     /// serves nothing (tests). A configuration file without a `[telemetry]` table serves `/metrics` on
     /// [`crate::telemetry::DEFAULT_METRICS_LISTEN`].
     pub telemetry: Option<bc_telemetry::TelemetryConfig>,
+    /// This gateway's id; None means `gw-<hostname>-<port>`.
+    pub gateway_id: Option<String>,
+    /// Where other control-plane processes reach this gateway (the tunnel relay); None means
+    /// `https://<first gateway host>:<gateway port>`.
+    pub gateway_relay_url: Option<String>,
+    /// The tunnels module's limits (`[tunnels]`).
+    pub tunnels: bc_mod_tunnels::Options,
 }
 
 impl ServeConfig {
@@ -138,6 +191,9 @@ impl ServeConfig {
             capacity_reload: None,
             placer: bc_mod_capacity::Placer::Shard,
             telemetry: None,
+            gateway_id: None,
+            gateway_relay_url: None,
+            tunnels: bc_mod_tunnels::Options::default(),
         }
     }
 }
@@ -199,6 +255,9 @@ impl ServeConfigWire {
             shard_lease_ms: over.shard_lease_ms.or(self.shard_lease_ms),
             telemetry: over.telemetry.or(self.telemetry),
             capacity: over.capacity.or(self.capacity),
+            gateway_id: over.gateway_id.or(self.gateway_id),
+            gateway_relay_url: over.gateway_relay_url.or(self.gateway_relay_url),
+            tunnels: over.tunnels.or(self.tunnels),
         }
     }
 
@@ -235,6 +294,24 @@ impl ServeConfigWire {
             bc_proto::channel::parse_gateway_url(url)
                 .map_err(|e| field("gateway_url", e.to_string()))?;
         }
+        if let Some(url) = &self.gateway_relay_url {
+            bc_proto::channel::parse_gateway_url(url)
+                .map_err(|e| field("gateway_relay_url", e.to_string()))?;
+        }
+        if let Some(id) = &self.gateway_id
+            && bc_proto::spiffe::SpiffeId::new(&trust_domain, bc_proto::spiffe::Role::Gateway, id)
+                .is_err()
+        {
+            return Err(field(
+                "gateway_id",
+                "must be 1 to 128 characters of letters, digits, '.', '-', '_'".into(),
+            ));
+        }
+        let tunnels = self
+            .tunnels
+            .unwrap_or_default()
+            .validate()
+            .map_err(|(name, m)| field(name, m))?;
         let state_dir = self
             .state_dir
             .unwrap_or_else(|| PathBuf::from("/var/lib/better-compute"));
@@ -278,6 +355,9 @@ impl ServeConfigWire {
             capacity_reload: None,
             placer,
             telemetry,
+            gateway_id: self.gateway_id,
+            gateway_relay_url: self.gateway_relay_url,
+            tunnels,
         })
     }
 }
@@ -330,6 +410,39 @@ mod tests {
             ..Default::default()
         };
         assert!(wire.validate("cli").is_err());
+    }
+
+    #[test]
+    fn tunnel_limits_are_read_and_each_bad_one_is_invalid_config_naming_its_field() {
+        let parse = |text: &str| -> Result<ServeConfig, String> {
+            let wire: ServeConfigWire = toml::from_str(text).map_err(|e| e.to_string())?;
+            wire.validate("x.toml").map_err(|e| e.to_string())
+        };
+        let c = parse("[tunnels]\nidle_limit_s = 7200\nper_principal = 8\n");
+        assert_eq!(
+            c.map(|c| (c.tunnels.idle.as_secs(), c.tunnels.per_principal)),
+            Ok((7200, 8))
+        );
+        let defaults = parse("").map(|c| c.tunnels);
+        assert_eq!(defaults, Ok(bc_mod_tunnels::Options::default()));
+        for (text, field) in [
+            ("[tunnels]\nidle_limit_s = 59\n", "tunnels.idle_limit_s"),
+            ("[tunnels]\nidle_limit_s = 604801\n", "tunnels.idle_limit_s"),
+            ("[tunnels]\nper_principal = 0\n", "tunnels.per_principal"),
+            ("gateway_id = \"gw 1\"\n", "gateway_id"),
+            (
+                "gateway_relay_url = \"http://10.0.0.5:7443\"\n",
+                "gateway_relay_url",
+            ),
+        ] {
+            let e = parse(text).map(|_| ()).err().unwrap_or_default();
+            assert!(
+                e.starts_with("INVALID_CONFIG") && e.contains("x.toml") && e.contains(field),
+                "{text}: {e}"
+            );
+        }
+        let unknown = parse("[tunnels]\nidle = 5\n").err().unwrap_or_default();
+        assert!(unknown.contains("idle"), "{unknown}");
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub enum StartError {
     Initialize(#[from] bc_kernel::ApiError),
     #[error("applying the modules' migrations")]
     Migrate(#[from] bc_store::migrate::MigrateError),
+    #[error("the tunnel relay's client TLS: {0}")]
+    Relay(String),
 }
 
 /// A started control plane: where it listens and what nodes need to trust it.
@@ -127,8 +129,10 @@ async fn bind(
 
 /// The gateway role, bound and ready to serve: its listener, TLS and services.
 struct Gateway {
-    /// Its name in certificates and metrics (`gw-<port>`).
+    /// Its name in certificates, session rows and metrics (`gw-<hostname>-<port>` unless configured).
     id: String,
+    /// Where the other control-plane processes reach it (published in the store).
+    relay_url: String,
     listener: tokio::net::TcpListener,
     addr: SocketAddr,
     url: String,
@@ -158,7 +162,21 @@ async fn gateway(
             format!("https://{host}:{}", addr.port())
         }
     };
-    let gateway_id = format!("gw-{}", addr.port());
+    let gateway_id = config
+        .gateway_id
+        .clone()
+        .unwrap_or_else(|| format!("gw-{}-{}", host_name(), addr.port()));
+    let relay_url = match &config.gateway_relay_url {
+        Some(url) => url.clone(),
+        None => {
+            let host = config
+                .gateway_hosts
+                .first()
+                .cloned()
+                .unwrap_or_else(|| addr.ip().to_string());
+            format!("https://{host}:{}", addr.port())
+        }
+    };
     let (chain, key) = ca.issue_gateway(&gateway_id, &config.gateway_hosts)?;
     let registry = bc_gateway::session::Registry::default();
     let tunnels = bc_gateway::tunnel::Tunnels::new(registry.clone(), Default::default());
@@ -185,11 +203,9 @@ async fn gateway(
         session_config.revocation_interval = t.revocation_interval;
     }
     let inventory = Arc::new(bc_mod_inventory::Inventory::new(store.clone()));
-    let backend = Arc::new(session::ControlSessions::new(
-        store.clone(),
-        ca.clone(),
-        inventory,
-    ));
+    let backend = Arc::new(
+        session::ControlSessions::new(store.clone(), ca.clone(), inventory).on_gateway(&gateway_id),
+    );
     let site = SiteBackend::new(
         store.clone(),
         ca.clone(),
@@ -211,6 +227,7 @@ async fn gateway(
     };
     Ok(Gateway {
         id: gateway_id,
+        relay_url,
         listener,
         addr,
         url,
@@ -233,7 +250,7 @@ pub async fn start(config: &ServeConfig, store: Store) -> Result<Running, StartE
 pub fn module_migrations() -> Vec<bc_store::migrate::Migration> {
     bc_mod_metal::MIGRATIONS
         .iter()
-        .chain([&bc_mod_tunnels::MIGRATION])
+        .chain(bc_mod_tunnels::MIGRATIONS)
         .chain(bc_mod_instances::MIGRATIONS)
         .map(|m| bc_store::migrate::Migration {
             version: m.version,
@@ -315,7 +332,7 @@ pub async fn start_with(
         });
     }
     let tunnels = gateway.as_ref().map(|g| g.tunnels.clone());
-    builder = with_tunnels(builder, &store, tunnels.clone());
+    builder = with_tunnels(builder, config, &store, &ca, &worker, gateway.as_ref())?;
     for (path, item) in [fleet::api_path(), telemetry::api_path()] {
         builder = builder.api_path(path, item);
     }
@@ -323,9 +340,7 @@ pub async fn start_with(
     store.ensure_root_tenant().await?;
     let mut plane = initialized.start(&roles);
     if let Some(g) = gateway {
-        let (addr, stop) = (g.addr, plane.stop_signal());
-        plane.spawn(serve_gateway(g, stop));
-        tracing::info!(%addr, "gateway role listening");
+        start_gateway(g, &store, &mut plane).await?;
     }
     let mut api_addr = None;
     if let Some((listener, addr)) = api {
@@ -368,14 +383,105 @@ pub async fn start_with(
     })
 }
 
-/// The tunnels module and its state: the relay reaches `tunnels`, this process's gateway role's, when it runs one.
+/// The tunnels module and its state: this process's gateway role (when it runs one) and, for the API role, the
+/// relay's client to the other gateways.
 fn with_tunnels(
     builder: bc_kernel::ControlPlaneBuilder,
+    config: &ServeConfig,
     store: &Store,
-    tunnels: Option<bc_gateway::tunnel::Tunnels>,
-) -> bc_kernel::ControlPlaneBuilder {
-    let state = bc_mod_tunnels::TunnelsState::new(store.clone(), tunnels, Default::default());
-    builder.module(bc_mod_tunnels::module()).resource(state)
+    ca: &Ca,
+    worker: &str,
+    gateway: Option<&Gateway>,
+) -> Result<bc_kernel::ControlPlaneBuilder, StartError> {
+    let local = gateway.map(|g| bc_mod_tunnels::LocalGateway {
+        id: g.id.clone(),
+        tunnels: g.tunnels.clone(),
+    });
+    let peers = match config.roles.api {
+        true => Some(relay_peers(ca, worker)?),
+        false => None,
+    };
+    let state =
+        bc_mod_tunnels::TunnelsState::new(store.clone(), local, peers, config.tunnels.clone());
+    Ok(builder.module(bc_mod_tunnels::module()).resource(state))
+}
+
+/// Publishes the gateway role's relay URL (and keeps it fresh), then serves it until the plane stops.
+async fn start_gateway(
+    g: Gateway,
+    store: &Store,
+    plane: &mut bc_kernel::Running,
+) -> Result<(), StartError> {
+    let (addr, stop) = (g.addr, plane.stop_signal());
+    store.publish_gateway(&g.id, &g.relay_url).await?;
+    let publish = plane.stop_signal();
+    plane.spawn(publish_gateway(
+        store.clone(),
+        g.id.clone(),
+        g.relay_url.clone(),
+        publish,
+    ));
+    tracing::info!(%addr, gateway_id = g.id, relay_url = g.relay_url, "gateway role listening");
+    plane.spawn(serve_gateway(g, stop));
+    Ok(())
+}
+
+/// This host's name as an id part (letters, digits, '.', '-', '_'; "host" when unknown).
+fn host_name() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let clean: String = name
+        .trim()
+        .chars()
+        .map(
+            |c| match c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                true => c,
+                false => '-',
+            },
+        )
+        .take(64)
+        .collect();
+    match clean.is_empty() {
+        true => "host".into(),
+        false => clean,
+    }
+}
+
+/// The API role's client of the tunnel relay: a control-plane certificate for this process (`worker`), issued by
+/// the CA, and the CA to verify the gateways.
+fn relay_peers(ca: &Ca, worker: &str) -> Result<bc_gateway::relay::Peers, StartError> {
+    let id: String = worker
+        .chars()
+        .map(
+            |c| match c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                true => c,
+                false => '-',
+            },
+        )
+        .take(128)
+        .collect();
+    let identity = ca.issue_control(&id)?;
+    let tls = bc_proto::channel::client_config(
+        bc_proto::channel::ServerTrust::Bundle(vec![ca.cert_der().clone()]),
+        Some(identity),
+    )
+    .map_err(|e| StartError::Relay(bc_error_chain::chain(&e)))?;
+    Ok(bc_gateway::relay::Peers::new(tls))
+}
+
+/// How often a gateway refreshes its published row.
+const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Keeps gateway `id`'s row (its relay URL) fresh until the plane stops.
+async fn publish_gateway(store: Store, id: String, relay_url: String, mut stop: bc_kernel::Stop) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(PUBLISH_EVERY) => {}
+            _ = stop.stopped() => return,
+        }
+        if let Err(e) = store.publish_gateway(&id, &relay_url).await {
+            tracing::warn!(error = %bc_error_chain::chain(&e), gateway_id = id, "refreshing the gateway's row failed");
+        }
+    }
 }
 
 /// The metal module's configuration: the ramdisk's command line names this control plane (gateway URL, CA pin,

@@ -11,6 +11,7 @@ pub mod desired;
 pub mod devices;
 pub mod embedded;
 pub mod fleet;
+pub mod gateways;
 pub mod gauges;
 pub mod iam;
 pub mod join_tokens;

@@ -78,6 +78,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "pool_leases",
         sql: include_str!("../migrations/0013_pool_leases.sql"),
     },
+    Migration {
+        version: 14,
+        name: "session_gateways",
+        sql: include_str!("../migrations/0014_session_gateways.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.

@@ -52,14 +52,27 @@ impl Store {
         node_id: &str,
         public_key: &[u8],
     ) -> Result<Result<OpenedSession, OpenRefusal>, StoreError> {
+        self.open_session_on(node_id, public_key, None).await
+    }
+
+    /// [`Store::open_session`], recording `gateway_id` as the gateway that holds the session (the session row names
+    /// its gateway: the tunnel relay finds the node there).
+    pub async fn open_session_on(
+        &self,
+        node_id: &str,
+        public_key: &[u8],
+        gateway_id: Option<&str>,
+    ) -> Result<Result<OpenedSession, OpenRefusal>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
-            "UPDATE nodes n SET session_epoch = n.session_epoch + 1, online = true, last_seen_at = now() \
+            "UPDATE nodes n SET session_epoch = n.session_epoch + 1, online = true, last_seen_at = now(), \
+             gateway_id = $3 \
              FROM nodes o WHERE n.id = $1 AND o.id = n.id AND n.state <> 'revoked' AND n.public_key = $2 \
              RETURNING n.session_epoch, n.state, o.online",
         )
         .bind(node_id)
         .bind(public_key)
+        .bind(gateway_id)
         .fetch_optional(&mut *tx)
         .await?;
         let Some(row) = row else {

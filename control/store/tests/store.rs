@@ -439,3 +439,76 @@ async fn an_unknown_node_state_in_a_row_is_an_error_naming_the_row() {
             .expect_err("drain"),
     );
 }
+
+/// Issue 14: the statement that opens a session names its gateway, and the tunnel relay's route reads that gateway's
+/// published relay URL with it; a newer session elsewhere moves the route.
+#[tokio::test]
+async fn a_session_row_names_its_gateway_and_the_route_follows_the_newest_session() {
+    let store = seeded(1).await;
+    store
+        .commit_joins("0123456789abcdef", "p1", &[candidate(1, "hk-1")], now_ms())
+        .await
+        .expect("commit");
+    let before = store
+        .node_route("node-1")
+        .await
+        .expect("route")
+        .expect("node");
+    assert_eq!((before.gateway_id, before.online), (None, false));
+    assert_eq!(store.node_route("nobody").await.expect("route"), None);
+    store
+        .publish_gateway("gw-a", "https://10.0.0.5:7443")
+        .await
+        .expect("publish");
+    store
+        .publish_gateway("gw-b", "https://10.0.0.6:7443")
+        .await
+        .expect("publish");
+    let first = store
+        .open_session_on("node-1", &KEY, Some("gw-a"))
+        .await
+        .expect("open")
+        .expect("opened");
+    let r = store
+        .node_route("node-1")
+        .await
+        .expect("route")
+        .expect("node");
+    assert_eq!(r.gateway_id.as_deref(), Some("gw-a"));
+    assert_eq!(r.relay_url.as_deref(), Some("https://10.0.0.5:7443"));
+    assert!(
+        r.online && r.gateway_silent_ms.is_some_and(|ms| ms < 60_000),
+        "{r:?}"
+    );
+    // The node reconnects through the other gateway: its row follows; the stale session's close changes nothing.
+    store
+        .open_session_on("node-1", &KEY, Some("gw-b"))
+        .await
+        .expect("open")
+        .expect("opened");
+    store
+        .close_session("node-1", first.epoch)
+        .await
+        .expect("close stale");
+    let r = store
+        .node_route("node-1")
+        .await
+        .expect("route")
+        .expect("node");
+    assert_eq!(
+        (r.gateway_id.as_deref(), r.relay_url.as_deref(), r.online),
+        (Some("gw-b"), Some("https://10.0.0.6:7443"), true)
+    );
+    // A gateway republishing (a restart on another address) moves its URL.
+    store
+        .publish_gateway("gw-b", "https://10.0.0.7:7443")
+        .await
+        .expect("publish");
+    assert_eq!(
+        store.gateways().await.expect("gateways"),
+        [
+            ("gw-a".to_string(), "https://10.0.0.5:7443".to_string()),
+            ("gw-b".to_string(), "https://10.0.0.7:7443".to_string())
+        ]
+    );
+}

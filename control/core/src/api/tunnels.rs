@@ -42,6 +42,10 @@ pub struct TunnelRecord {
     /// `PORT_NOT_ALLOWED`, `DIAL_REFUSED`, `DIAL_TIMEOUT`, `IDLE`, `ABORTED`, ...).
     pub outcome: String,
     pub reason: String,
+    /// The gateway that carried it (the one holding the node's session when it opened); None for a refusal before
+    /// a gateway was chosen.
+    #[serde(default)]
+    pub gateway: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -26,6 +26,8 @@ pub struct ControlSessions {
     inventory: Arc<dyn bc_core::api::inventory::InventorySink>,
     /// Desired-state generation already sent to each (node, epoch), so it is not resent every pull.
     delivered: Mutex<HashMap<String, (u64, i64)>>,
+    /// The gateway these sessions are held by, recorded on each session row (the tunnel relay finds nodes by it).
+    gateway_id: Option<String>,
 }
 
 fn unavailable(e: bc_store::StoreError) -> Status {
@@ -67,7 +69,14 @@ impl ControlSessions {
             trust_domain: ca.trust_domain().to_string(),
             ca,
             delivered: Mutex::new(HashMap::new()),
+            gateway_id: None,
         }
+    }
+
+    /// Sessions held by gateway `id` (each session row names it).
+    pub fn on_gateway(mut self, id: &str) -> ControlSessions {
+        self.gateway_id = Some(id.to_string());
+        self
     }
 
     async fn open_inner(
@@ -78,7 +87,7 @@ impl ControlSessions {
     ) -> Result<SessionGrant, Status> {
         let opened = match self
             .store
-            .open_session(node_id, public_key)
+            .open_session_on(node_id, public_key, self.gateway_id.as_deref())
             .await
             .map_err(unavailable)?
         {

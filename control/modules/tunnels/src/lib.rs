@@ -7,11 +7,12 @@
 //! the node's tunnel stream. Every connection, refused ones too, leaves one audit row ([`queries`]) readable
 //! with `tunnels.list`.
 //!
-//! The relay reaches the gateway of this process (the api and gateway roles together). A node whose session is
-//! held by another gateway process is refused with UNAVAILABLE naming that gateway: the relay between processes
-//! over internal mTLS is not built yet.
+//! The session row names the gateway that holds the node's session: when it is this process's gateway role the
+//! tunnel is opened there; otherwise through that gateway's relay URL (published in the store) over internal mTLS,
+//! as a control-plane identity ([`bc_gateway::relay::Peers`]). Either way the relay here sees the same
+//! [`bc_gateway::tunnel::Tunnel`].
 //!
-//! Its migration is 1200; its state is a [`TunnelsState`] resource the composition provides.
+//! Its migrations are 1200 and 1201; its state is a [`TunnelsState`] resource the composition provides.
 
 pub mod api;
 pub mod queries;
@@ -25,17 +26,24 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The module's schema.
-pub const MIGRATION: Migration = Migration {
-    version: 1200,
-    name: "tunnels: pool port allowlists and the audit of tunnel connections",
-    sql: include_str!("migration.sql"),
-};
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1200,
+        name: "tunnels: pool port allowlists and the audit of tunnel connections",
+        sql: include_str!("migration.sql"),
+    },
+    Migration {
+        version: 1201,
+        name: "tunnels: the gateway each tunnel connection went through",
+        sql: include_str!("migration_1201.sql"),
+    },
+];
 
 /// The permission a tunnel needs on the node's scope (`pool/<pool>`).
 pub const OPEN: &str = "compute:tunnels:open";
 
-/// Limits of the module (per API process).
-#[derive(Debug, Clone)]
+/// Limits of the module (per API process): `[tunnels]` in the control plane's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
     /// A tunnel that moves no byte either way for this long is closed (`IDLE`). At least an hour by default.
     pub idle: Duration,
@@ -52,12 +60,22 @@ impl Default for Options {
     }
 }
 
+/// This process's gateway role, as the relay sees it.
+#[derive(Clone)]
+pub struct LocalGateway {
+    /// Its id (`spiffe://<domain>/gateway/<id>`), as session rows name it.
+    pub id: String,
+    pub tunnels: bc_gateway::tunnel::Tunnels,
+}
+
 /// What the module's handlers share (a kernel resource: `builder.resource(TunnelsState::new(..))`).
 #[derive(Clone)]
 pub struct TunnelsState {
     pub store: Store,
-    /// The tunnels of this process's gateway role, when it runs one.
-    pub gateway: Option<bc_gateway::tunnel::Tunnels>,
+    /// This process's gateway role, when it runs one.
+    pub gateway: Option<LocalGateway>,
+    /// The other gateways, reached over internal mTLS (None: only this process's gateway is reached).
+    pub peers: Option<bc_gateway::relay::Peers>,
     pub options: Options,
     principals: Arc<Mutex<HashMap<String, usize>>>,
 }
@@ -65,12 +83,14 @@ pub struct TunnelsState {
 impl TunnelsState {
     pub fn new(
         store: Store,
-        gateway: Option<bc_gateway::tunnel::Tunnels>,
+        gateway: Option<LocalGateway>,
+        peers: Option<bc_gateway::relay::Peers>,
         options: Options,
     ) -> TunnelsState {
         TunnelsState {
             store,
             gateway,
+            peers,
             options,
             principals: Arc::default(),
         }
@@ -121,8 +141,11 @@ impl Drop for PrincipalSlot {
 
 /// The `tunnels` module: its migration, its methods and the tunnel route.
 pub fn module() -> Module {
-    let module = Module::new("tunnels")
-        .migration(MIGRATION)
+    let module = MIGRATIONS
+        .iter()
+        .fold(Module::new("tunnels"), |m, migration| {
+            m.migration(*migration)
+        })
         .route(route::route());
     api::register(module)
 }

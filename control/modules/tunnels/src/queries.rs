@@ -41,6 +41,8 @@ pub struct Opening<'a> {
     pub node: &'a str,
     pub pool: &'a str,
     pub port: u16,
+    /// The gateway that carries it, once chosen.
+    pub gateway: Option<&'a str>,
 }
 
 /// Starts a row: `outcome` is `OPEN` for a tunnel that goes on, else the refusal (stopped at once).
@@ -52,8 +54,9 @@ pub async fn start(
 ) -> Result<uuid::Uuid, StoreError> {
     let id = uuid::Uuid::now_v7();
     sqlx::query(
-        "INSERT INTO tunnel_connections (id, principal_id, node_id, pool_id, port, outcome, reason, stopped_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, CASE WHEN $6 = 'OPEN' THEN NULL ELSE now() END)",
+        "INSERT INTO tunnel_connections \
+           (id, principal_id, node_id, pool_id, port, outcome, reason, stopped_at, gateway_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, CASE WHEN $6 = 'OPEN' THEN NULL ELSE now() END, $8)",
     )
     .bind(id)
     .bind(o.principal)
@@ -62,6 +65,7 @@ pub async fn start(
     .bind(i32::from(o.port))
     .bind(outcome)
     .bind(reason)
+    .bind(o.gateway)
     .execute(store.pool())
     .await?;
     Ok(id)
@@ -102,6 +106,7 @@ type Row = (
     i64,
     String,
     String,
+    Option<String>,
 );
 
 /// The newest `limit` rows (of `node` when given).
@@ -114,7 +119,7 @@ pub async fn list(
         "SELECT id, principal_id, node_id, pool_id, port, \
                 (extract(epoch FROM started_at) * 1000)::bigint, \
                 (extract(epoch FROM stopped_at) * 1000)::bigint, \
-                bytes_from_node, bytes_to_node, outcome, reason \
+                bytes_from_node, bytes_to_node, outcome, reason, gateway_id \
          FROM tunnel_connections WHERE ($1::text IS NULL OR node_id = $1) \
          ORDER BY started_at DESC, id DESC LIMIT $2",
     )
@@ -136,6 +141,7 @@ pub async fn list(
             bytes_to_node: r.8,
             outcome: r.9,
             reason: r.10,
+            gateway: r.11,
         })
         .collect())
 }

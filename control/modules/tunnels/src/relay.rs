@@ -17,6 +17,8 @@ use tokio::sync::Mutex;
 
 /// How long a close at the idle limit may wait for a side that stopped reading.
 const CLOSE_DEADLINE: Duration = Duration::from_secs(5);
+/// Once the relay ended, how long the node's side may take to end its stream.
+pub const FINISH: Duration = Duration::from_secs(10);
 
 /// How a relayed tunnel ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,7 +122,7 @@ async fn both(
 }
 
 /// Relays until both sides half-closed, either side closed or went away, or the tunnel sat idle for `idle`.
-pub async fn relay<IO>(io: IO, tx: TunnelTx, mut rx: TunnelRx, idle: Duration) -> Ended
+pub async fn relay<IO>(io: IO, tx: &TunnelTx, rx: &mut TunnelRx, idle: Duration) -> Ended
 where
     IO: AsyncRead + AsyncWrite + Send,
 {
@@ -223,7 +225,7 @@ where
             }
         }
     };
-    let idle_watch = idle_close(&last, idle, &tx, &to_client);
+    let idle_watch = idle_close(&last, idle, tx, &to_client);
     let ended = both(up, down, idle_watch).await;
     let mut w = client_wr.lock().await;
     let _ = tokio::time::timeout(CLOSE_DEADLINE, w.shutdown()).await;

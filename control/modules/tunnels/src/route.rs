@@ -12,9 +12,11 @@ use crate::{OPEN, TunnelsState, relay};
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bc_gateway::tunnel::OpenError;
+use bc_gateway::relay::{Peers, RelayError};
+use bc_gateway::tunnel::{OpenError, Tunnels};
 use bc_kernel::{ApiCode, ApiError, Route, RouterState};
 use bc_proto::tunnel::UPGRADE;
+use bc_store::gateways::NodeRoute;
 
 pub(crate) fn route() -> Route {
     Route::new(
@@ -70,6 +72,7 @@ fn outcome_of(e: &ApiError) -> &'static str {
         ApiCode::AccessDenied => "ACCESS_DENIED",
         ApiCode::NotFound => "NOT_FOUND",
         ApiCode::FailedPrecondition => "LIMIT",
+        ApiCode::Unavailable => "NOT_CONNECTED",
         _ => "UNAVAILABLE",
     }
 }
@@ -103,6 +106,7 @@ async fn accept(
         node: &node,
         pool: &pool,
         port,
+        gateway: None,
     };
     let refuse = |e: ApiError| async {
         queries::start(&state.store, &opening, outcome_of(&e), e.message()).await?;
@@ -133,32 +137,20 @@ async fn accept(
         ))
         .await;
     };
-    let Some(gateway) = state.gateway.clone() else {
-        return refuse(ApiError::unavailable(
-            "this process runs no gateway role: open tunnels through a process that runs api and gateway",
-        ))
-        .await;
+    let route = state.store.node_route(&node).await?;
+    let via = match choose(&state, &node, route) {
+        Ok(via) => via,
+        Err(e) => return refuse(e).await,
+    };
+    let opening = Opening {
+        gateway: Some(via.gateway()),
+        ..opening
     };
     let on_upgrade = hyper::upgrade::on(&mut request);
     let id = queries::start(&state.store, &opening, "OPEN", "").await?;
-    let tunnel = match gateway.open(&node, port).await {
+    let tunnel = match via.open(&node, port).await {
         Ok(t) => t,
-        Err(e) => {
-            let (code, outcome) = match &e {
-                OpenError::NotConnected(_) => (ApiCode::Unavailable, "NOT_CONNECTED"),
-                OpenError::SessionBusy(_) | OpenError::NodeFull { .. } => {
-                    (ApiCode::FailedPrecondition, "LIMIT")
-                }
-                OpenError::DialTimeout { .. } => (ApiCode::Unavailable, "DIAL_TIMEOUT"),
-                OpenError::Closed => (ApiCode::Unavailable, "ABORTED"),
-            };
-            let why = match &e {
-                OpenError::NotConnected(_) => format!(
-                    "{e} (a node held by another gateway process is not reachable from this one yet); check \
-                     `better-compute nodes get {node}`"
-                ),
-                _ => e.to_string(),
-            };
+        Err((code, outcome, why)) => {
             queries::stop(&state.store, id, 0, 0, outcome, &why).await?;
             return Err(ApiError::new(code, why));
         }
@@ -176,6 +168,108 @@ async fn accept(
     Ok(response)
 }
 
+/// The gateway a tunnel goes through.
+enum Via {
+    /// This process's gateway role.
+    Local { id: String, tunnels: Tunnels },
+    /// Another gateway process, through its relay URL.
+    Remote {
+        id: String,
+        url: String,
+        peers: Peers,
+    },
+}
+
+impl Via {
+    fn gateway(&self) -> &str {
+        match self {
+            Via::Local { id, .. } | Via::Remote { id, .. } => id,
+        }
+    }
+
+    /// Opens the tunnel; a refusal as (code, audit outcome, reason).
+    async fn open(
+        &self,
+        node: &str,
+        port: u16,
+    ) -> Result<bc_gateway::tunnel::Tunnel, (ApiCode, &'static str, String)> {
+        let e = match self {
+            Via::Local { tunnels, .. } => match tunnels.open(node, port).await {
+                Ok(t) => return Ok(t),
+                Err(e) => e,
+            },
+            Via::Remote { peers, url, id } => match peers.open(url, node, port).await {
+                Ok(t) => return Ok(t),
+                Err(RelayError::Refused(e)) => e,
+                Err(e) => {
+                    return Err((
+                        ApiCode::Unavailable,
+                        "UNREACHABLE",
+                        format!(
+                            "the node's session is held by gateway {id}, which this process cannot reach: {e}"
+                        ),
+                    ));
+                }
+            },
+        };
+        let (code, outcome) = match &e {
+            OpenError::NotConnected(_) => (ApiCode::Unavailable, "NOT_CONNECTED"),
+            OpenError::SessionBusy(_) | OpenError::NodeFull { .. } => {
+                (ApiCode::FailedPrecondition, "LIMIT")
+            }
+            OpenError::DialTimeout { .. } => (ApiCode::Unavailable, "DIAL_TIMEOUT"),
+            OpenError::Closed => (ApiCode::Unavailable, "ABORTED"),
+        };
+        let why = match &e {
+            OpenError::NotConnected(_) => format!(
+                "{e} (gateway {}); the node may be reconnecting: retry, or check `better-compute nodes get {node}`",
+                self.gateway()
+            ),
+            _ => e.to_string(),
+        };
+        Err((code, outcome, why))
+    }
+}
+
+/// Where the node's session is held, from its session row: this process's gateway, another one's relay, or a
+/// refusal saying why neither.
+fn choose(state: &TunnelsState, node: &str, route: Option<NodeRoute>) -> Result<Via, ApiError> {
+    let not_connected = |why: String| ApiError::unavailable(why);
+    let Some(route) = route else {
+        return Err(ApiError::not_found(format!("no node {node:?}")));
+    };
+    let gateway = match (&route.gateway_id, route.online) {
+        (Some(g), true) => g.clone(),
+        _ => {
+            return Err(not_connected(format!(
+                "node {node} has no session (it is offline); a tunnel needs the node connected: check \
+                 `better-compute nodes get {node}`"
+            )));
+        }
+    };
+    if let Some(local) = state.gateway.as_ref().filter(|l| l.id == gateway) {
+        return Ok(Via::Local {
+            id: gateway,
+            tunnels: local.tunnels.clone(),
+        });
+    }
+    let Some(peers) = state.peers.clone() else {
+        return Err(not_connected(format!(
+            "node {node}'s session is held by gateway {gateway}, and this process reaches no other gateway"
+        )));
+    };
+    let Some(url) = route.relay_url else {
+        return Err(not_connected(format!(
+            "node {node}'s session is held by gateway {gateway}, which published no relay address"
+        )));
+    };
+    Ok(Via::Remote {
+        id: gateway,
+        url,
+        peers,
+    })
+}
+
 /// Relays one accepted tunnel once the operator's connection is upgraded, then records its end.
 async fn run(
     on_upgrade: hyper::upgrade::OnUpgrade,
@@ -188,10 +282,11 @@ async fn run(
     use std::sync::atomic::Ordering::Relaxed;
     let tunnel_id = tunnel.id.clone();
     let bytes = tunnel.bytes();
+    let (tx, mut rx) = (tunnel.tx, tunnel.rx);
     let ended = match on_upgrade.await {
         Ok(upgraded) => {
             let io = hyper_util::rt::TokioIo::new(upgraded);
-            relay::relay(io, tunnel.tx, tunnel.rx, idle).await
+            relay::relay(io, &tx, &mut rx, idle).await
         }
         Err(e) => relay::Ended {
             outcome: "ABORTED".into(),
@@ -213,4 +308,8 @@ async fn run(
     if let Err(e) = queries::stop(&store, id, up, down, &ended.outcome, &ended.reason).await {
         tracing::warn!(error = %e, tunnel = tunnel_id, "recording the end of a tunnel failed");
     }
+    // What the relay sent last (a half-close, a close) may still be queued toward the node: end our side, then let
+    // the far side end its own before dropping the stream (dropping it first would reset it).
+    drop(tx);
+    rx.finish(relay::FINISH).await;
 }

@@ -1,0 +1,466 @@
+//! The two-gateway lab (issue 14, reused by issue 18): several `better-compute serve` processes on one PostgreSQL —
+//! one process with the API (and controllers, scheduler) and N gateway processes — behind a real HAProxy in TCP
+//! mode with TLS passthrough (mutual TLS still ends in the gateways). Nodes are told the balancer's URL, so they
+//! spread over the gateways; the API process reaches each node's gateway through the tunnel relay (each gateway's
+//! own address, published in the store).
+//!
+//! Every process this starts (the control plane's, HAProxy, and whatever the test adds with [`GatewayLab::spawn`])
+//! is a child killed and reaped by its PID when the lab is dropped, even when the test fails. Std only: binaries
+//! are given as paths ([`Binaries`]), so a test crate, a benchmark or issue 18's failover lab can all use it.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The binaries the lab runs.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub better_compute: PathBuf,
+    pub bcd: PathBuf,
+    pub haproxy: PathBuf,
+}
+
+impl Binaries {
+    /// `better-compute` and `bcd` from the directory holding `one_of_them` (cargo puts a workspace's binaries side
+    /// by side), and HAProxy from the PATH or /usr/sbin. Err names what is missing (HAProxy: Debian's `haproxy`,
+    /// installed by scripts/setup).
+    pub fn beside(one_of_them: &Path) -> Result<Binaries, String> {
+        Binaries::beside_with(one_of_them, true)
+    }
+
+    /// [`Binaries::beside`]; HAProxy only when `haproxy` (else its path is empty).
+    pub fn beside_with(one_of_them: &Path, haproxy_too: bool) -> Result<Binaries, String> {
+        let dir = one_of_them
+            .parent()
+            .ok_or_else(|| format!("{} has no directory", one_of_them.display()))?;
+        let find = |name: &str| -> Result<PathBuf, String> {
+            let p = dir.join(name);
+            match p.is_file() {
+                true => Ok(p),
+                false => Err(format!(
+                    "{} is not built (cargo build -p {} --bin {name})",
+                    p.display(),
+                    if name == "bcd" { "bcd" } else { "bc-control" }
+                )),
+            }
+        };
+        Ok(Binaries {
+            better_compute: find("better-compute")?,
+            bcd: find("bcd")?,
+            haproxy: match haproxy_too {
+                true => haproxy().ok_or(NO_HAPROXY)?,
+                false => PathBuf::new(),
+            },
+        })
+    }
+}
+
+/// What [`Binaries::beside`] says without HAProxy (a test skips with it).
+pub const NO_HAPROXY: &str =
+    "haproxy is not installed (Debian's haproxy; scripts/setup installs it)";
+
+/// HAProxy's binary, when installed.
+pub fn haproxy() -> Option<PathBuf> {
+    let candidates = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    candidates
+        .into_iter()
+        .chain([PathBuf::from("/usr/sbin")])
+        .map(|d| d.join("haproxy"))
+        .find(|p| p.is_file())
+}
+
+/// What the lab starts.
+#[derive(Debug, Clone)]
+pub struct LabSpec {
+    /// The database every process shares (migrated, modules included: processes run `serve --no-migrate`).
+    pub database_url: String,
+    /// Where configurations, the shared state directory (the CA every process uses) and logs go.
+    pub dir: PathBuf,
+    pub trust_domain: String,
+    /// Gateway processes behind the balancer.
+    pub gateways: usize,
+    /// Roles of the one non-gateway process (it serves the API).
+    pub api_roles: String,
+    /// Lines appended to every process's configuration (e.g. `shard_lease_ms = 2000`, a `[tunnels]` table last).
+    pub extra_config: String,
+    /// HAProxy's `maxconn` (global and frontend). HAProxy needs about twice as many descriptors (RLIMIT_NOFILE's
+    /// hard limit) and refuses to start otherwise.
+    pub max_connections: u32,
+    /// Whether HAProxy runs in front of the gateways. Without it (one gateway, the relay alone), nodes are given
+    /// the first gateway's own URL.
+    pub balancer: bool,
+    /// How long one process may take to say it serves.
+    pub start_deadline: Duration,
+}
+
+impl LabSpec {
+    pub fn new(database_url: &str, dir: &Path) -> LabSpec {
+        LabSpec {
+            database_url: database_url.to_string(),
+            dir: dir.to_path_buf(),
+            trust_domain: "test.bc".into(),
+            gateways: 2,
+            api_roles: "api,controllers,scheduler".into(),
+            extra_config: String::new(),
+            max_connections: 4_000,
+            balancer: true,
+            start_deadline: Duration::from_secs(60),
+        }
+    }
+}
+
+/// One gateway process of the lab.
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    /// Its configured id (`gw0`, `gw1`, ...), as session rows and audit rows name it.
+    pub id: String,
+    /// Where it listens (the balancer forwards here; the relay connects here).
+    pub addr: SocketAddr,
+    pub pid: u32,
+    pub alive: bool,
+}
+
+/// A child process, killed (SIGKILL, by its PID) and reaped when dropped.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether it has exited (reaping it if so).
+    pub fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The running lab.
+pub struct GatewayLab {
+    /// `http://` URL of the API process.
+    pub api_url: String,
+    /// `https://127.0.0.1:<port>`: the gateway URL nodes are given (the balancer's; without one, the first
+    /// gateway's).
+    pub balancer_url: String,
+    pub gateways: Vec<Gateway>,
+    pub ca_pin: String,
+    pub join_public_key: String,
+    /// The state directory every control-plane process shares (the CA).
+    pub state_dir: PathBuf,
+    /// The API process's PID.
+    pub api_pid: u32,
+    pub haproxy_pid: u32,
+    /// Gateway processes by index in `gateways`, then the API process, HAProxy, and what the test added.
+    procs: Vec<Option<Proc>>,
+    dir: PathBuf,
+}
+
+/// What a `serve` process printed once it listened.
+struct Serving {
+    api: Option<SocketAddr>,
+    gateway: Option<SocketAddr>,
+    ca_pin: String,
+    join_key: String,
+}
+
+fn parse_serving(line: &str) -> Option<Serving> {
+    let rest = line.strip_prefix("serving: ")?;
+    let mut s = Serving {
+        api: None,
+        gateway: None,
+        ca_pin: String::new(),
+        join_key: String::new(),
+    };
+    for kv in rest.split_whitespace() {
+        let (k, v) = kv.split_once('=')?;
+        match k {
+            "api" => s.api = v.parse().ok(),
+            "gateway" => s.gateway = v.parse().ok(),
+            "ca_pin" => s.ca_pin = v.to_string(),
+            "join_key" => s.join_key = v.to_string(),
+            _ => {}
+        }
+    }
+    Some(s)
+}
+
+/// A free loopback port (bound, then released for the process that takes it).
+pub fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("binding a free port: {e}"))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| format!("reading a free port: {e}"))
+}
+
+impl GatewayLab {
+    /// Starts the API process, then the gateways (they share its state directory and so its CA), then HAProxy in
+    /// front of the gateways; returns once every process serves and the balancer accepts connections.
+    pub fn start(bins: &Binaries, spec: &LabSpec) -> Result<GatewayLab, String> {
+        let state_dir = spec.dir.join("state");
+        std::fs::create_dir_all(&state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
+        let lb_port = free_port()?;
+        let balancer_url = format!("https://127.0.0.1:{lb_port}");
+        let mut lab = GatewayLab {
+            api_url: String::new(),
+            balancer_url: balancer_url.clone(),
+            gateways: Vec::new(),
+            ca_pin: String::new(),
+            join_public_key: String::new(),
+            state_dir: state_dir.clone(),
+            api_pid: 0,
+            haproxy_pid: 0,
+            procs: Vec::new(),
+            dir: spec.dir.clone(),
+        };
+        let config = |name: &str, roles: &str, gateway_id: Option<&str>| -> String {
+            let id = gateway_id
+                .map(|g| format!("gateway_id = {g:?}\n"))
+                .unwrap_or_default();
+            format!(
+                "state_dir = {state_dir:?}\ndatabase_url = {:?}\ntrust_domain = {:?}\nroles = {roles:?}\n\
+                 api_listen = \"127.0.0.1:0\"\ngateway_listen = \"127.0.0.1:0\"\n\
+                 gateway_hosts = [\"localhost\", \"127.0.0.1\"]\ngateway_url = {balancer_url:?}\n{id}\
+                 # {name}\n{}\n",
+                spec.database_url, spec.trust_domain, spec.extra_config
+            )
+        };
+        let (api_proc, api) =
+            lab.serve(bins, "api", &config("api", &spec.api_roles, None), spec)?;
+        lab.api_url = format!(
+            "http://{}",
+            api.api.ok_or("the API process printed no API address")?
+        );
+        lab.api_pid = api_proc.pid();
+        lab.ca_pin = api.ca_pin;
+        lab.join_public_key = api.join_key;
+        let mut gateway_procs = Vec::new();
+        for i in 0..spec.gateways {
+            let id = format!("gw{i}");
+            let (p, s) = lab.serve(bins, &id, &config(&id, "gateway", Some(&id)), spec)?;
+            lab.gateways.push(Gateway {
+                id,
+                addr: s
+                    .gateway
+                    .ok_or("a gateway process printed no gateway address")?,
+                pid: p.pid(),
+                alive: true,
+            });
+            gateway_procs.push(Some(p));
+        }
+        lab.procs = gateway_procs;
+        lab.procs.push(Some(api_proc));
+        if !spec.balancer {
+            let first = lab
+                .gateways
+                .first()
+                .ok_or("a lab without a balancer needs a gateway")?;
+            lab.balancer_url = format!("https://127.0.0.1:{}", first.addr.port());
+            return Ok(lab);
+        }
+        let haproxy = lab.haproxy(bins, lb_port, spec)?;
+        lab.haproxy_pid = haproxy.pid();
+        lab.procs.push(Some(haproxy));
+        Ok(lab)
+    }
+
+    /// Runs one `better-compute serve` with `config`; waits for its `serving:` line.
+    fn serve(
+        &self,
+        bins: &Binaries,
+        name: &str,
+        config: &str,
+        spec: &LabSpec,
+    ) -> Result<(Proc, Serving), String> {
+        let path = self.dir.join(format!("{name}.toml"));
+        std::fs::write(&path, config).map_err(|e| format!("{}: {e}", path.display()))?;
+        let log = self.log(name)?;
+        let mut cmd = Command::new(&bins.better_compute);
+        cmd.args(["serve", "--no-migrate", "--config"])
+            .arg(&path)
+            .env(
+                "BC_LOG",
+                std::env::var("BC_LAB_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(log);
+        let mut proc = spawn(name, &mut cmd)?;
+        let stdout = proc.child.stdout.take().ok_or("no stdout")?;
+        let (tx, rx) = mpsc::channel();
+        // Reads the serving line, then keeps draining stdout so the process never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if !sent && let Some(s) = parse_serving(&line) {
+                    let _ = tx.send(s);
+                    sent = true;
+                }
+            }
+        });
+        match rx.recv_timeout(spec.start_deadline) {
+            Ok(s) => Ok((proc, s)),
+            Err(_) => {
+                let exited = proc.exited();
+                let log = std::fs::read_to_string(self.dir.join(format!("{name}.log")))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                Err(format!(
+                    "{name} did not say it serves within {} s (exited: {exited}); the end of its log:\n{}",
+                    spec.start_deadline.as_secs(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ))
+            }
+        }
+    }
+
+    /// HAProxy in TCP mode (TLS passthrough) on `port`, least connections first (sessions are long-lived: new ones
+    /// go where fewest are held) over the gateways with health checks every
+    /// 500 ms, sessions of a gateway marked down shut.
+    fn haproxy(&self, bins: &Binaries, port: u16, spec: &LabSpec) -> Result<Proc, String> {
+        let servers: String = self
+            .gateways
+            .iter()
+            .map(|g| {
+                format!(
+                    "    server {} {} check inter 500ms fall 2 rise 2 on-marked-down shutdown-sessions\n",
+                    g.id, g.addr
+                )
+            })
+            .collect();
+        let cfg = format!(
+            "global\n    maxconn {max}\n\ndefaults\n    mode tcp\n    timeout connect 5s\n    timeout client 2h\n    \
+             timeout server 2h\n\nfrontend gateways\n    bind 127.0.0.1:{port}\n    maxconn {max}\n    \
+             default_backend gateways\n\nbackend gateways\n    balance leastconn\n{servers}",
+            max = spec.max_connections
+        );
+        let path = self.dir.join("haproxy.cfg");
+        std::fs::write(&path, cfg).map_err(|e| format!("{}: {e}", path.display()))?;
+        let check = Command::new(&bins.haproxy)
+            .args(["-c", "-q", "-f"])
+            .arg(&path)
+            .output()
+            .map_err(|e| format!("running haproxy -c: {e}"))?;
+        if !check.status.success() {
+            return Err(format!(
+                "haproxy refused {}: {}",
+                path.display(),
+                String::from_utf8_lossy(&check.stderr)
+            ));
+        }
+        let log = self.log("haproxy")?;
+        let mut cmd = Command::new(&bins.haproxy);
+        cmd.args(["-db", "-f"])
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(log);
+        let mut proc = spawn("haproxy", &mut cmd)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if proc.exited() || Instant::now() > deadline {
+                let log = std::fs::read_to_string(self.dir.join("haproxy.log")).unwrap_or_default();
+                return Err(format!(
+                    "haproxy does not accept on 127.0.0.1:{port}; its log:\n{}",
+                    log.trim()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(proc)
+    }
+
+    fn log(&self, name: &str) -> Result<std::fs::File, String> {
+        let path = self.dir.join(format!("{name}.log"));
+        std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Kills gateway `i` with SIGKILL (a crash: no goodbye to its nodes or to the database).
+    pub fn kill_gateway(&mut self, i: usize) {
+        if let Some(Some(p)) = self.procs.get_mut(i) {
+            p.kill();
+        }
+        if let Some(g) = self.gateways.get_mut(i) {
+            g.alive = false;
+        }
+    }
+
+    /// Starts a process the lab owns (a `bcd run`, a load tool): killed by its PID with the lab. Returns its PID.
+    pub fn spawn(&mut self, name: &str, cmd: &mut Command) -> Result<u32, String> {
+        let p = spawn(name, cmd)?;
+        let pid = p.pid();
+        self.procs.push(Some(p));
+        Ok(pid)
+    }
+
+    /// Kills (SIGKILL) and reaps the lab's process `pid`.
+    pub fn kill(&mut self, pid: u32) {
+        for slot in &mut self.procs {
+            if slot.as_ref().is_some_and(|p| p.pid() == pid)
+                && let Some(mut p) = slot.take()
+            {
+                p.kill();
+            }
+        }
+    }
+
+    /// Whether the lab's process `pid` still runs.
+    pub fn running(&mut self, pid: u32) -> bool {
+        self.procs
+            .iter_mut()
+            .flatten()
+            .find(|p| p.pid() == pid)
+            .is_some_and(|p| !p.exited())
+    }
+
+    /// Where the lab writes logs (`<name>.log` per process).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+fn spawn(name: &str, cmd: &mut Command) -> Result<Proc, String> {
+    let child = cmd
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting {name} ({:?}): {e}", cmd.get_program()))?;
+    Ok(Proc {
+        name: name.to_string(),
+        child,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_serving_line_is_read_and_anything_else_is_not() {
+        let s =
+            parse_serving("serving: api=127.0.0.1:7080 gateway=- ca_pin=sha256:ab join_key=bcjk_x");
+        let s = s.expect("a serving line");
+        assert_eq!(s.api, Some(SocketAddr::from(([127, 0, 0, 1], 7080))));
+        assert_eq!(s.gateway, None);
+        assert_eq!(
+            (s.ca_pin.as_str(), s.join_key.as_str()),
+            ("sha256:ab", "bcjk_x")
+        );
+        assert!(parse_serving("starting").is_none());
+    }
+}
