@@ -64,6 +64,7 @@ pub fn serve_config(dir: &Path, opts: &Options, gateway_listen: SocketAddr) -> S
         capacity_reload: None,
         placer: Default::default(),
         telemetry: None,
+        metal: Default::default(),
     }
 }
 

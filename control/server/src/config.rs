@@ -77,6 +77,8 @@ pub struct ServeConfigWire {
     pub telemetry: Option<bc_telemetry::TelemetryWire>,
     /// The capacity module (`[capacity]`): which placer books reservations.
     pub capacity: Option<CapacityWire>,
+    /// The metal module (`[metal]`): deadlines, retry plans, the ramdisk and where deploy images come from.
+    pub metal: Option<crate::metal_config::MetalWire>,
 }
 
 /// `[capacity]`.
@@ -112,6 +114,9 @@ pub struct ServeConfig {
     pub placer: bc_mod_capacity::Placer,
     /// Where the process's own metrics go ([`crate::telemetry`]); None exports nothing.
     pub telemetry: Option<bc_telemetry::TelemetryConfig>,
+    /// The metal module's configuration (`[metal]`); the ramdisk's command line gets this control plane's gateway
+    /// URL, CA pin and JoinService key appended at start.
+    pub metal: bc_mod_metal::Config,
 }
 
 impl ServeConfig {
@@ -136,6 +141,7 @@ impl ServeConfig {
             capacity_reload: None,
             placer: bc_mod_capacity::Placer::Shard,
             telemetry: None,
+            metal: bc_mod_metal::Config::default(),
         }
     }
 }
@@ -197,6 +203,7 @@ impl ServeConfigWire {
             shard_lease_ms: over.shard_lease_ms.or(self.shard_lease_ms),
             telemetry: over.telemetry.or(self.telemetry),
             capacity: over.capacity.or(self.capacity),
+            metal: over.metal.or(self.metal),
         }
     }
 
@@ -245,6 +252,7 @@ impl ServeConfigWire {
             None => None,
             Some(t) => Some(t.validate(origin, state_dir.join("telemetry"))?),
         };
+        let metal = self.metal.unwrap_or_default().validate(origin)?;
         Ok(ServeConfig {
             state_dir,
             database_url: self.database_url,
@@ -274,6 +282,7 @@ impl ServeConfigWire {
             capacity_reload: None,
             placer,
             telemetry,
+            metal,
         })
     }
 }

@@ -64,6 +64,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             shard_lease_ms: None,
             telemetry: None,
             capacity: None,
+            metal: None,
         })
         .validate(&origin)?;
     let url = cfg.database_url.clone().context(
