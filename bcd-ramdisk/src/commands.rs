@@ -257,7 +257,10 @@ pub fn parse(kind: &str, args: &[u8]) -> Result<RamdiskCommand, String> {
                         "expected a single-use join token (bcjt_…)".into(),
                     ));
                 }
-                for (field, v) in [("seed.user_data", &s.user_data), ("seed.meta_data", &s.meta_data)] {
+                for (field, v) in [
+                    ("seed.user_data", &s.user_data),
+                    ("seed.meta_data", &s.meta_data),
+                ] {
                     if v.len() > crate::seed::MAX_OPERATOR_DATA {
                         return Err(bad(field, "at most 64 KiB".into()));
                     }

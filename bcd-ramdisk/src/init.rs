@@ -495,7 +495,7 @@ pub fn run_lab_os() -> ! {
         halt()
     }
     // DHCP on the first NIC with a link: no bc.* parameters on the lab OS's command line.
-    let network = cmdline::parse("")
+    let network = cmdline::parse("bc.mode=rescue")
         .map_err(|e| e.to_string())
         .and_then(|params| bring_up_network(&params));
     if let Err(e) = network {
@@ -523,7 +523,9 @@ pub fn run_lab_os() -> ! {
     }
     loop {
         let status = bcd_cmd(&["run"]).status();
-        say(&format!("BC-LAB-OS: bcd run ended: {status:?}; again in 5 s"));
+        say(&format!(
+            "BC-LAB-OS: bcd run ended: {status:?}; again in 5 s"
+        ));
         std::thread::sleep(Duration::from_secs(5));
     }
 }

@@ -210,7 +210,11 @@ pub fn write(root: &Path, seed: &Seed) -> Result<PathBuf, SeedError> {
     let dir = root.join(SEED_DIR);
     make_dir(&dir)?;
     make_dir(&root.join("etc/bcd"))?;
-    write_file(root.join(TOKEN_FILE), &format!("{}\n", seed.join_token), 0o600)?;
+    write_file(
+        root.join(TOKEN_FILE),
+        &format!("{}\n", seed.join_token),
+        0o600,
+    )?;
     if let Some(toml) = &seed.bcd_toml {
         write_file(root.join(CONFIG_FILE), toml, 0o644)?;
     }
@@ -250,8 +254,14 @@ mod tests {
         with.meta_data = "instance-id: op-1\n".into();
         let seed = render(&with).expect("renders");
         bc_testkit::assert_golden(dir.join("nocloud-user-data-operator"), &seed.user_data);
-        assert_eq!(seed.meta_data, "instance-id: op-1\n", "the operator's meta-data as given");
-        assert!(!seed.user_data.contains("s3cr3t"), "the token is not in the user-data");
+        assert_eq!(
+            seed.meta_data, "instance-id: op-1\n",
+            "the operator's meta-data as given"
+        );
+        assert!(
+            !seed.user_data.contains("s3cr3t"),
+            "the token is not in the user-data"
+        );
     }
 
     #[test]
@@ -274,7 +284,10 @@ mod tests {
         if let Some(c) = i.control.as_mut() {
             c.gateway_url = "https://x\"\nca_pin = \"evil".into();
         }
-        assert!(render(&i).is_err(), "no TOML injection through the gateway URL");
+        assert!(
+            render(&i).is_err(),
+            "no TOML injection through the gateway URL"
+        );
     }
 
     #[test]

@@ -250,7 +250,10 @@ async fn provide_drives_a_real_redfish_emulator_through_the_site_agent() -> Test
         &p,
         (bmc_deadline + Duration::from_secs(30)).as_secs(),
         "the disk boot restored (read back by the BMC worker)",
-        |v| step(v, "restore-disk-boot").is_some_and(|s| s["state"] != "pending" && s["state"] != "sent"),
+        |v| {
+            step(v, "restore-disk-boot")
+                .is_some_and(|s| s["state"] != "pending" && s["state"] != "sent")
+        },
     )
     .await?;
     let restore = step(&v, "restore-disk-boot").expect("restore step");

@@ -29,7 +29,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use bc_hwtests::lab::{self, BasicAuth, Domain, DomainSpec, Firmware, LabOptions, MetalLab, Ns, Segment};
+use bc_hwtests::lab::{
+    self, BasicAuth, Domain, DomainSpec, Firmware, LabOptions, MetalLab, Ns, Segment,
+};
 use bc_hwtests::skip;
 use serde_json::Value;
 
@@ -57,7 +59,10 @@ struct Clock {
 impl Clock {
     fn done(&mut self, what: &str, since: Instant) {
         let took = since.elapsed().as_secs_f64();
-        println!("  {:>6.1} s  {what} ({took:.1} s)", self.t0.elapsed().as_secs_f64());
+        println!(
+            "  {:>6.1} s  {what} ({took:.1} s)",
+            self.t0.elapsed().as_secs_f64()
+        );
         self.rows.push((what.to_owned(), took));
     }
 }
@@ -79,7 +84,10 @@ fn start_plane(lab: &mut MetalLab, bin: &Path, data: &Path, config: &Path) -> Re
         .arg("--data-dir")
         .arg(data)
         .args(["--api-listen", API])
-        .args(["--gateway-listen", &format!("{}:{GATEWAY_PORT}", lab::SITE_IP)])
+        .args([
+            "--gateway-listen",
+            &format!("{}:{GATEWAY_PORT}", lab::SITE_IP),
+        ])
         .args(["--gateway-host", lab::SITE_IP])
         .arg("--config")
         .arg(config)
@@ -90,10 +98,16 @@ fn start_plane(lab: &mut MetalLab, bin: &Path, data: &Path, config: &Path) -> Re
     let until = Instant::now() + Duration::from_secs(120);
     while !env.exists() {
         if let Some(status) = lab.process(handle).child.try_wait()? {
-            bail!("better-compute dev exited ({status}):\n{}", bc_hwtests::watch::tail(&log, 30));
+            bail!(
+                "better-compute dev exited ({status}):\n{}",
+                bc_hwtests::watch::tail(&log, 30)
+            );
         }
         if Instant::now() > until {
-            bail!("better-compute dev not ready in 120 s:\n{}", bc_hwtests::watch::tail(&log, 30));
+            bail!(
+                "better-compute dev not ready in 120 s:\n{}",
+                bc_hwtests::watch::tail(&log, 30)
+            );
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -150,14 +164,20 @@ impl Plane {
             let v = self.show(lab, mac)?;
             let state = state_line(&v);
             if state != last {
-                println!("           {mac} +{:.1} s: {state}", t.elapsed().as_secs_f64());
+                println!(
+                    "           {mac} +{:.1} s: {state}",
+                    t.elapsed().as_secs_f64()
+                );
                 last = state;
             }
             if done(&v) {
                 return Ok(v);
             }
             if t.elapsed() > limit {
-                bail!("{mac}: no {what} within {limit:?}; last:\n{}", serde_json::to_string_pretty(&v)?);
+                bail!(
+                    "{mac}: no {what} within {limit:?}; last:\n{}",
+                    serde_json::to_string_pretty(&v)?
+                );
             }
             std::thread::sleep(Duration::from_secs(1));
         }
@@ -275,7 +295,12 @@ fn start_site(lab: &mut MetalLab, plane: &Plane, bcd: &Path, images: &Images) ->
     public_copy(&images.vmlinuz, &artifacts.join("ramdisk/vmlinuz"))?;
     public_copy(&images.initrd, &artifacts.join("ramdisk/initrd.img"))?;
     let env = fs::read_to_string(plane.data.join("dev.env"))?;
-    let get = |k: &str| env.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or("").to_owned();
+    let get = |k: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or("")
+            .to_owned()
+    };
     let agent = d.join("bcd.toml");
     fs::write(
         &agent,
@@ -286,7 +311,10 @@ fn start_site(lab: &mut MetalLab, plane: &Plane, bcd: &Path, images: &Images) ->
             get("BC_JOIN_KEY")
         ),
     )?;
-    let token = plane.cli(lab, &["site-tokens", "create", "--site", SITE, "--uses", "1"])?;
+    let token = plane.cli(
+        lab,
+        &["site-tokens", "create", "--site", SITE, "--uses", "1"],
+    )?;
     let token = token.trim().to_owned();
     let mut enroll = lab.command(Ns::Site, bcd);
     enroll
@@ -323,7 +351,13 @@ fn start_site(lab: &mut MetalLab, plane: &Plane, bcd: &Path, images: &Images) ->
     Ok(log)
 }
 
-fn define(lab: &mut MetalLab, name: &str, n: u8, segment: Segment, disk_mib: u64) -> Result<Domain> {
+fn define(
+    lab: &mut MetalLab,
+    name: &str,
+    n: u8,
+    segment: Segment,
+    disk_mib: u64,
+) -> Result<Domain> {
     let mut spec = DomainSpec::new(name, n, Firmware::SeaBios).on(segment);
     spec.disk_mib = disk_mib;
     lab.define(&spec)
@@ -333,7 +367,18 @@ fn enroll(lab: &MetalLab, plane: &Plane, d: &Domain, bmc: &str) -> Result<()> {
     let address = format!("{bmc}{}", d.redfish_path());
     plane.cli(
         lab,
-        &["metal", "enroll", "--site", SITE, "--mac", &d.mac, "--bmc", &address, "--credentials", "bmc/lab"],
+        &[
+            "metal",
+            "enroll",
+            "--site",
+            SITE,
+            "--mac",
+            &d.mac,
+            "--bmc",
+            &address,
+            "--credentials",
+            "bmc/lab",
+        ],
     )?;
     Ok(())
 }
@@ -355,18 +400,37 @@ fn a_machine_goes_from_pxe_to_ready_and_deployed_through_the_real_parts() -> Res
     let started = Instant::now();
     let bcd = bcd_binary()?;
     let control = control_binary()?;
-    let mut clock = Clock { t0: Instant::now(), rows: Vec::new() };
-    println!("{TEST}: binaries ready in {:.1} s", started.elapsed().as_secs_f64());
+    let mut clock = Clock {
+        t0: Instant::now(),
+        rows: Vec::new(),
+    };
+    println!(
+        "{TEST}: binaries ready in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 
     let t = Instant::now();
     let mut lab = MetalLab::up(LabOptions {
-        basic_auth: Some(BasicAuth { user: USER.into(), password: PASSWORD.into() }),
+        basic_auth: Some(BasicAuth {
+            user: USER.into(),
+            password: PASSWORD.into(),
+        }),
     })?;
     let m1 = define(&mut lab, "m1", 0x21, Segment::Boot, 256)?;
     let m2 = define(&mut lab, "m2", 0x22, Segment::Isolated, 64)?;
     let m3 = define(&mut lab, "m3", 0x23, Segment::Boot, 64)?;
-    clock.done("lab up: namespaces, dnsmasq, libvirtd, sushy, 3 domains defined", t);
-    let result = flow(&mut lab, &mut clock, &control, &bcd, &images, [&m1, &m2, &m3]);
+    clock.done(
+        "lab up: namespaces, dnsmasq, libvirtd, sushy, 3 domains defined",
+        t,
+    );
+    let result = flow(
+        &mut lab,
+        &mut clock,
+        &control,
+        &bcd,
+        &images,
+        [&m1, &m2, &m3],
+    );
     if let Err(e) = result {
         let mut logs = lab.logs();
         for f in ["control.log", "site.log"] {
@@ -375,7 +439,10 @@ fn a_machine_goes_from_pxe_to_ready_and_deployed_through_the_real_parts() -> Res
                 bc_hwtests::watch::tail(&lab.dir.join(f), 40)
             ));
         }
-        logs.push_str(&format!("--- m1 serial:\n{}\n", bc_hwtests::watch::tail(&m1.serial, 60)));
+        logs.push_str(&format!(
+            "--- m1 serial:\n{}\n",
+            bc_hwtests::watch::tail(&m1.serial, 60)
+        ));
         return Err(e.context(logs));
     }
     println!("{TEST}: phases");
@@ -407,16 +474,25 @@ fn flow(
     )?;
     let data = lab.dir.join("control");
     let mut plane = start_plane(lab, control, &data, &metal)?;
-    clock.done("better-compute dev up in the site namespace (PostgreSQL, migrations, CA)", t);
+    clock.done(
+        "better-compute dev up in the site namespace (PostgreSQL, migrations, CA)",
+        t,
+    );
     let t = Instant::now();
     let _site_log = start_site(lab, &plane, bcd, images)?;
     plane.cli_env(
         lab,
         &["secrets", "put", "bmc/lab", "--site", SITE],
-        &[("BC_SECRET_VALUE", &format!("{{\"username\":\"{USER}\",\"password\":\"{PASSWORD}\"}}"))],
+        &[(
+            "BC_SECRET_VALUE",
+            &format!("{{\"username\":\"{USER}\",\"password\":\"{PASSWORD}\"}}"),
+        )],
     )?;
     let image = plane
-        .cli(lab, &["artifacts", "put", &images.lab_os.display().to_string()])?
+        .cli(
+            lab,
+            &["artifacts", "put", &images.lab_os.display().to_string()],
+        )?
         .trim()
         .to_owned();
     if !image.starts_with("sha256:") {
@@ -425,25 +501,43 @@ fn flow(
     let quirk = lab.dir.join("quirk-bmc.py");
     fs::write(&quirk, QUIRK_PROXY)?;
     let mut q = lab.command(Ns::Site, "python3");
-    q.arg(&quirk).arg("8001").stdout(Stdio::null()).stderr(Stdio::null());
+    q.arg(&quirk)
+        .arg("8001")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     lab.spawn("quirk BMC proxy", &mut q)?;
     enroll(lab, &plane, m1, &lab.bmc_url.clone())?;
     enroll(lab, &plane, m2, &lab.bmc_url.clone())?;
     enroll(lab, &plane, m3, "http://127.0.0.1:8001")?;
-    clock.done("site enrolled and running; BMC secret, lab OS image uploaded; 3 machines enrolled", t);
+    clock.done(
+        "site enrolled and running; BMC secret, lab OS image uploaded; 3 machines enrolled",
+        t,
+    );
 
     // (a), (c), (d) at once.
     let t = Instant::now();
     for d in [m1, m2, m3] {
         plane.cli(lab, &["metal", "provide", &d.mac])?;
     }
-    let v3 = plane.wait(lab, &m3.mac, Duration::from_secs(240), "failure (d)", failed)?;
-    let reason = v3["state"]["reason"].as_str().unwrap_or_default().to_owned();
+    let v3 = plane.wait(
+        lab,
+        &m3.mac,
+        Duration::from_secs(240),
+        "failure (d)",
+        failed,
+    )?;
+    let reason = v3["state"]["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     if !(v3["state"]["phase"] == "booting-ramdisk" && reason.contains("one-time PXE boot")) {
         bail!("(d) failed otherwise than on the override: {reason}");
     }
     println!("  (d) {}: {reason}", m3.mac);
-    clock.done("(d) override accepted and not applied: failed with what was read back", t);
+    clock.done(
+        "(d) override accepted and not applied: failed with what was read back",
+        t,
+    );
     let v1 = plane.wait(lab, &m1.mac, Duration::from_secs(600), "ready (a)", |v| {
         phase_is(v, "ready") || failed(v)
     })?;
@@ -460,25 +554,48 @@ fn flow(
     fs::write(&user_data, "#cloud-config\nhostname: lab-m1\n")?;
     plane.cli(
         lab,
-        &["metal", "deploy", &m1.mac, "--image", &image, "--user-data", &user_data.display().to_string()],
+        &[
+            "metal",
+            "deploy",
+            &m1.mac,
+            "--image",
+            &image,
+            "--user-data",
+            &user_data.display().to_string(),
+        ],
     )?;
-    plane.wait(lab, &m1.mac, Duration::from_secs(300), "the stream sent", |v| {
-        v["steps"].as_array().is_some_and(|s| {
-            s.iter().any(|x| x["step"] == "stream" && (x["state"] == "sent" || x["state"] == "done"))
-        }) || failed(v)
-    })?;
+    plane.wait(
+        lab,
+        &m1.mac,
+        Duration::from_secs(300),
+        "the stream sent",
+        |v| {
+            v["steps"].as_array().is_some_and(|s| {
+                s.iter().any(|x| {
+                    x["step"] == "stream" && (x["state"] == "sent" || x["state"] == "done")
+                })
+            }) || failed(v)
+        },
+    )?;
     let r = Instant::now();
     lab.process(plane.handle).terminate(Duration::from_secs(30));
     println!("  (f) control plane stopped while the ramdisk streams");
     plane = start_plane(lab, control, &data, &metal)?;
     clock.done("(f) control plane restarted mid-deploy", r);
-    let v = plane.wait(lab, &m1.mac, Duration::from_secs(900), "deployed (b)", |v| {
-        phase_is(v, "deployed") || failed(v)
-    })?;
+    let v = plane.wait(
+        lab,
+        &m1.mac,
+        Duration::from_secs(900),
+        "deployed (b)",
+        |v| phase_is(v, "deployed") || failed(v),
+    )?;
     if !phase_is(&v, "deployed") {
         bail!("(b) {} did not reach deployed: {}", m1.mac, state_line(&v));
     }
-    clock.done("(b) ready → deployed (stream, kexec, the installed system's bcd joined)", t);
+    clock.done(
+        "(b) ready → deployed (stream, kexec, the installed system's bcd joined)",
+        t,
+    );
     check_deployed(&v, m1, &node)?;
 
     // (c): bounded, running since the provide.
@@ -491,12 +608,22 @@ fn flow(
         failed,
     )?;
     let reason = v2["state"]["reason"].as_str().unwrap_or_default();
-    let want = format!("never joined: {NETBOOT_ATTEMPTS} PXE attempts, no DHCP seen from {}", m2.mac);
+    let want = format!(
+        "never joined: {NETBOOT_ATTEMPTS} PXE attempts, no DHCP seen from {}",
+        m2.mac
+    );
     if reason != want || v2["power_cycles"] != NETBOOT_ATTEMPTS {
-        bail!("(c) {}: {reason:?} after {} power cycles; expected {want:?}", m2.mac, v2["power_cycles"]);
+        bail!(
+            "(c) {}: {reason:?} after {} power cycles; expected {want:?}",
+            m2.mac,
+            v2["power_cycles"]
+        );
     }
     println!("  (c) {}: {reason}", m2.mac);
-    clock.done("(c) never PXE boots: k re-kicks, then failed (waited here after (b))", t);
+    clock.done(
+        "(c) never PXE boots: k re-kicks, then failed (waited here after (b))",
+        t,
+    );
 
     // (e): release → the ramdisk again → abort while it wipes.
     let t = Instant::now();
@@ -508,7 +635,10 @@ fn flow(
         bail!("(e) {} never observed wiping: {}", m1.mac, state_line(&v));
     }
     if v["node_id"].as_str() != Some(node.as_str()) {
-        bail!("(e) the released machine's ramdisk joined as {} not {node}", v["node_id"]);
+        bail!(
+            "(e) the released machine's ramdisk joined as {} not {node}",
+            v["node_id"]
+        );
     }
     let aborted = plane.cli(lab, &["metal", "abort", &m1.mac]);
     let v = plane.show(lab, &m1.mac)?;
@@ -518,27 +648,43 @@ fn flow(
         }
         other => bail!("(e) abort during wiping: {other:?}; now {}", state_line(&v)),
     }
-    clock.done("(e) release → the ramdisk rejoined as the same node → abort while wiping", t);
+    clock.done(
+        "(e) release → the ramdisk rejoined as the same node → abort while wiping",
+        t,
+    );
     Ok(())
 }
 
 fn check_ready(v: &Value, d: &Domain) -> Result<()> {
-    let inspected = v["inspection"]["macs"].as_array().is_some_and(|m| m.iter().any(|x| x == d.mac.as_str()));
+    let inspected = v["inspection"]["macs"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|x| x == d.mac.as_str()));
     if !inspected {
-        bail!("(a) the inspection lacks the domain's MAC: {}", v["inspection"]);
+        bail!(
+            "(a) the inspection lacks the domain's MAC: {}",
+            v["inspection"]
+        );
     }
     if v["diagnosis"]["cpus"].as_u64().unwrap_or(0) == 0 {
         bail!("(a) no diagnosis: {}", v["diagnosis"]);
     }
     let node = v["node_id"].as_str().unwrap_or_default();
     for step in ["diagnose", "wipe"] {
-        let e = evidence(v, step).with_context(|| format!("(a) no {step} evidence: {}", v["evidence"]))?;
-        if !e["signer"].as_str().is_some_and(|s| s.ends_with(&format!("/node/{node}"))) || e["node_id"] != node {
+        let e = evidence(v, step)
+            .with_context(|| format!("(a) no {step} evidence: {}", v["evidence"]))?;
+        if !e["signer"]
+            .as_str()
+            .is_some_and(|s| s.ends_with(&format!("/node/{node}")))
+            || e["node_id"] != node
+        {
             bail!("(a) the {step} evidence is not signed by the ramdisk's node {node}: {e}");
         }
     }
     if evidence(v, "wipe").is_some_and(|e| e["result"]["wiped"] != true) {
-        bail!("(a) the wipe evidence does not say wiped: {}", v["evidence"]);
+        bail!(
+            "(a) the wipe evidence does not say wiped: {}",
+            v["evidence"]
+        );
     }
     if v["last_dhcp_ms"].as_i64().unwrap_or(0) == 0 {
         bail!("(a) the site reported no DHCP from {}", d.mac);
@@ -552,10 +698,16 @@ fn check_ready(v: &Value, d: &Domain) -> Result<()> {
 
 fn check_deployed(v: &Value, d: &Domain, node: &str) -> Result<()> {
     if v["node_id"].as_str() != Some(node) {
-        bail!("(b) deployed as node {} but the ramdisk was {node}", v["node_id"]);
+        bail!(
+            "(b) deployed as node {} but the ramdisk was {node}",
+            v["node_id"]
+        );
     }
     if v["power_cycles"].as_u64().unwrap_or(99) > 2 {
-        bail!("(b) {} power cycles from enroll to deployed", v["power_cycles"]);
+        bail!(
+            "(b) {} power cycles from enroll to deployed",
+            v["power_cycles"]
+        );
     }
     for (kind, n) in [("ramdisk.stream", 1), ("ramdisk.kexec", 1)] {
         let ran = console_count(d, &["bc-report command", &format!("\"kind\":\"{kind}\"")]);

@@ -70,11 +70,12 @@ fn retryable(e: &RedfishError) -> bool {
 
 /// The system a BMC address names after its host (`https://bmc/redfish/v1/Systems/<id>`: one of several systems
 /// behind one BMC or emulator), or `None` for a bare address (the BMC's only system).
+/// The path keeps its leading `/`, as the BMC's `@odata.id` does.
 pub fn system_of(address: &str) -> Option<&str> {
     let rest = address
         .strip_prefix("https://")
         .or_else(|| address.strip_prefix("http://"))?;
-    let path = rest.split_once('/')?.1.trim_matches('/');
+    let path = rest[rest.find('/')?..].trim_end_matches('/');
     (!path.is_empty()).then_some(path)
 }
 
@@ -84,7 +85,8 @@ fn summary(inv: &bcd_site::redfish::Inventory, wanted: Option<&str>) -> Hardware
         Some(w) => {
             let last = w.rsplit('/').next().unwrap_or(w);
             inv.systems.iter().find(|s| {
-                s.path.trim_matches('/') == w || s.path.rsplit('/').next() == Some(last)
+                s.path.trim_end_matches('/') == w.trim_end_matches('/')
+                    || s.path.trim_end_matches('/').rsplit('/').next() == Some(last)
             })
         }
     };
@@ -325,9 +327,13 @@ mod tests {
         assert_eq!(system_of("https://bmc.example/"), None);
         assert_eq!(
             system_of("http://127.0.0.1:8000/redfish/v1/Systems/6b0f-01"),
-            Some("redfish/v1/Systems/6b0f-01")
+            Some("/redfish/v1/Systems/6b0f-01")
         );
         assert_eq!(system_of("ftp://x/y"), None);
+        assert_eq!(
+            system_of("https://bmc/redfish/v1/Systems/x/"),
+            Some("/redfish/v1/Systems/x")
+        );
     }
 }
 

@@ -129,7 +129,9 @@ impl Reporter {
                     client = Some(c);
                 }
                 Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
-                    tracing::info!("the control plane takes no site reports (no metal module); asking again in 5 min");
+                    tracing::info!(
+                        "the control plane takes no site reports (no metal module); asking again in 5 min"
+                    );
                     pending.clear();
                     pause = UNIMPLEMENTED_PAUSE;
                     client = Some(c);

@@ -50,7 +50,9 @@ impl MetalWire {
         };
         let secs = |name: &'static str, v: Option<u64>, default: Millis| match v {
             None => Ok(default),
-            Some(s) if (1..=86_400).contains(&s) => Ok(Millis::try_from(s * 1000).unwrap_or(default)),
+            Some(s) if (1..=86_400).contains(&s) => {
+                Ok(Millis::try_from(s * 1000).unwrap_or(default))
+            }
             Some(_) => Err(field(name, "must be between 1 and 86400 seconds")),
         };
         let count = |name: &'static str, v: Option<u32>, default: u32| match v {
@@ -66,7 +68,8 @@ impl MetalWire {
         };
         let mut c = bc_mod_metal::Config::default();
         let p = c.policy.clone();
-        c.policy.bmc_timeout_ms = secs("metal.bmc_timeout_s", self.bmc_timeout_s, p.bmc_timeout_ms)?;
+        c.policy.bmc_timeout_ms =
+            secs("metal.bmc_timeout_s", self.bmc_timeout_s, p.bmc_timeout_ms)?;
         c.policy.inspect = retry(
             "metal.inspect_timeout_s",
             "metal.inspect_attempts",
@@ -97,8 +100,11 @@ impl MetalWire {
             (self.deploy_timeout_s, self.deploy_attempts),
             p.deploy,
         )?;
-        c.policy.stream_timeout_ms =
-            secs("metal.stream_timeout_s", self.stream_timeout_s, p.stream_timeout_ms)?;
+        c.policy.stream_timeout_ms = secs(
+            "metal.stream_timeout_s",
+            self.stream_timeout_s,
+            p.stream_timeout_ms,
+        )?;
         c.policy.kexec_join_timeout_ms = secs(
             "metal.kexec_join_timeout_s",
             self.kexec_join_timeout_s,
@@ -137,9 +143,13 @@ impl MetalWire {
         if let Some(d) = self.device {
             let ok = !d.is_empty()
                 && d.len() <= 32
-                && d.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                && d.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
             if !ok {
-                return Err(field("metal.device", "a device name such as vda or nvme0n1"));
+                return Err(field(
+                    "metal.device",
+                    "a device name such as vda or nvme0n1",
+                ));
             }
             c.deploy.device = d;
         }
@@ -180,7 +190,11 @@ mod tests {
             ("image_base_url = \"ftp://x\"", "metal.image_base_url"),
         ] {
             let w: MetalWire = toml::from_str(text).expect("toml");
-            let e = w.validate("x.toml").err().map(|e| e.to_string()).unwrap_or_default();
+            let e = w
+                .validate("x.toml")
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
             assert!(e.contains(name), "{text}: {e}");
         }
         assert!(toml::from_str::<MetalWire>("wizard = 1").is_err());

@@ -56,8 +56,14 @@ pub fn control_binary() -> Result<PathBuf> {
         .to_path_buf();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(workspace())
-        .args(["build", "-q", "-p", "bc-control", "--bin", "better-compute"]);
+    cmd.current_dir(workspace()).args([
+        "build",
+        "-q",
+        "-p",
+        "bc-control",
+        "--bin",
+        "better-compute",
+    ]);
     if profile_dir.file_name().is_some_and(|n| n == "release") {
         cmd.arg("--release");
     }

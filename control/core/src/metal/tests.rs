@@ -287,12 +287,7 @@ fn deploy_on_the_fast_track_takes_one_power_cycle_and_runs_each_step_once() {
         "the installed system joined as node node-7"
     );
     assert_eq!(s.m.power_cycles, 1);
-    for step in [
-        Step::Stream,
-        Step::Kexec,
-        Step::PowerKick,
-        Step::JoinToken,
-    ] {
+    for step in [Step::Stream, Step::Kexec, Step::PowerKick, Step::JoinToken] {
         assert_eq!(s.steps_planned(step), 1, "{step:?}");
     }
 }
@@ -604,11 +599,18 @@ fn the_stream_waits_for_the_site_to_cache_the_image_within_its_deadline() {
     s.image_at_site = false;
     let p = s.verb(deploy());
     assert!(s.active(Phase::Deploying));
-    assert!(kinds(&p).is_empty(), "no stream before the site holds the image");
+    assert!(
+        kinds(&p).is_empty(),
+        "no stream before the site holds the image"
+    );
     let deadline = s.m.deadline.expect("a deadline");
     s.now += 5_000;
     assert!(s.tick().actions.is_empty());
-    assert_eq!(s.m.deadline, Some(deadline), "waiting does not move the deadline");
+    assert_eq!(
+        s.m.deadline,
+        Some(deadline),
+        "waiting does not move the deadline"
+    );
     s.image_at_site = true;
     let p = s.tick();
     assert_eq!(kinds(&p), ["queue.Stream"]);

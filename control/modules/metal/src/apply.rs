@@ -117,7 +117,9 @@ pub async fn apply(
                 command,
             } => {
                 let url = match command {
-                    RamdiskCommand::Stream { image } => Some(stream_url(tx, config, row, image).await?),
+                    RamdiskCommand::Stream { image } => {
+                        Some(stream_url(tx, config, row, image).await?)
+                    }
                     _ => None,
                 };
                 if matches!(command, RamdiskCommand::Kexec { .. }) && join_token.is_none() {

@@ -34,13 +34,12 @@ pub async fn observe(
     input.last_dhcp_seen = row.last_dhcp_ms;
     if let bc_core::metal::Goal::Deployed(spec) = &row.machine.goal {
         let hex = spec.image.strip_prefix("sha256:").unwrap_or(&spec.image);
-        let site: Option<bool> = sqlx::query_scalar(
-            "SELECT $2 = ANY(cached) FROM metal_sites WHERE site_id = $1",
-        )
-        .bind(row.site.as_str())
-        .bind(hex)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let site: Option<bool> =
+            sqlx::query_scalar("SELECT $2 = ANY(cached) FROM metal_sites WHERE site_id = $1")
+                .bind(row.site.as_str())
+                .bind(hex)
+                .fetch_optional(&mut *tx)
+                .await?;
         // A site that reported holds the image or not; one that never did leaves a configured mirror.
         input.image_at_site = site.unwrap_or(mirror);
     }

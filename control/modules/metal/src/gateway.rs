@@ -193,7 +193,11 @@ impl WithBmc {
         req: v1::ArtifactRequest,
     ) -> Result<ArtifactStream, Status> {
         if self.images(agent).await?.contains(&req.sha256) {
-            tracing::info!(site_id = agent.site_id, sha256 = req.sha256, "deploy image sent");
+            tracing::info!(
+                site_id = agent.site_id,
+                sha256 = req.sha256,
+                "deploy image sent"
+            );
             return self.inner.stored_artifact(&req.sha256).await;
         }
         self.inner.artifact(agent, req).await

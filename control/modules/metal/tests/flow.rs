@@ -656,8 +656,11 @@ async fn a_restarted_executor_resumes_from_the_stored_record() {
 async fn deploy_carries_the_join_token_to_the_kexec_and_the_installed_join_deploys() {
     let (_db, lab) = lab().await;
     to_wiping(&lab).await;
-    lab.ramdisk_answers("ramdisk.wipe", serde_json::json!({"wiped": true, "failed": []}))
-        .await;
+    lab.ramdisk_answers(
+        "ramdisk.wipe",
+        serde_json::json!({"wiped": true, "failed": []}),
+    )
+    .await;
     lab.pass(T0 + 3 * S).await;
     sqlx::query("INSERT INTO metal_sites (site_id, boot_url, reported_ms) VALUES ($1, 'http://10.78.0.2:8080', 0)")
         .bind(SITE)
@@ -676,7 +679,11 @@ async fn deploy_carries_the_join_token_to_the_kexec_and_the_installed_join_deplo
     )
     .await
     .expect("deploy");
-    assert_eq!(lab.count(streams).await, 0, "no stream before the site holds the image");
+    assert_eq!(
+        lab.count(streams).await,
+        0,
+        "no stream before the site holds the image"
+    );
     sqlx::query("UPDATE metal_sites SET cached = ARRAY[$1]")
         .bind("ab".repeat(32))
         .execute(lab.pool())
@@ -705,7 +712,9 @@ async fn deploy_carries_the_join_token_to_the_kexec_and_the_installed_join_deplo
             .fetch_one(lab.pool())
             .await
             .expect("kexec queued");
-    let token = args["seed"]["join_token"].as_str().expect("the seed's join token");
+    let token = args["seed"]["join_token"]
+        .as_str()
+        .expect("the seed's join token");
     assert_eq!(args["seed"]["user_data"], "#cloud-config\n");
     let id = token
         .strip_prefix("bcjt_")
@@ -719,8 +728,15 @@ async fn deploy_carries_the_join_token_to_the_kexec_and_the_installed_join_deplo
     .fetch_one(lab.pool())
     .await
     .expect("the join token is the machine's");
-    assert_eq!((reclaim, uses, reclaims.as_str()), (true, 1, "node-ramdisk-2"));
-    assert_eq!(lab.pass(T0 + 6 * S).await, Pass::Unchanged, "waits for the join");
+    assert_eq!(
+        (reclaim, uses, reclaims.as_str()),
+        (true, 1, "node-ramdisk-2")
+    );
+    assert_eq!(
+        lab.pass(T0 + 6 * S).await,
+        Pass::Unchanged,
+        "waits for the join"
+    );
     // The kexec'd system reclaims the node with the token: the node's join token is now that one.
     sqlx::query("UPDATE nodes SET join_token_id = $1, online = true WHERE id = 'node-ramdisk-2'")
         .bind(id)
@@ -734,11 +750,16 @@ async fn deploy_carries_the_join_token_to_the_kexec_and_the_installed_join_deplo
             phase: Phase::Deployed
         }
     );
-    let row = queries::get(lab.pool(), MAC).await.expect("get").expect("row");
+    let row = queries::get(lab.pool(), MAC)
+        .await
+        .expect("get")
+        .expect("row");
     assert_eq!(row.installed_node.as_deref(), Some("node-ramdisk-2"));
     assert_eq!(
-        lab.count("SELECT count(*) FROM metal_commands WHERE mac = $1 AND step IN ('stream', 'kexec')")
-            .await,
+        lab.count(
+            "SELECT count(*) FROM metal_commands WHERE mac = $1 AND step IN ('stream', 'kexec')"
+        )
+        .await,
         2,
         "one stream, one kexec"
     );
@@ -768,7 +789,17 @@ async fn a_dropped_session_is_given_a_grace_before_the_attempt_ends() {
         }
     );
     lab.pass(seen + executor::SESSION_GRACE_MS + S).await;
-    let row = queries::get(lab.pool(), MAC).await.expect("get").expect("row");
-    assert_eq!(row.machine.attempt, 2, "the attempt ended: {:?}", row.machine);
-    assert!(lab.netboot_cmdline().await.is_some(), "the next attempt netboots");
+    let row = queries::get(lab.pool(), MAC)
+        .await
+        .expect("get")
+        .expect("row");
+    assert_eq!(
+        row.machine.attempt, 2,
+        "the attempt ended: {:?}",
+        row.machine
+    );
+    assert!(
+        lab.netboot_cmdline().await.is_some(),
+        "the next attempt netboots"
+    );
 }
