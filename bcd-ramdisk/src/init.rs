@@ -455,7 +455,8 @@ pub fn run_lab_os() -> ! {
     if std::fs::metadata("/dev/console").is_ok() {
         let _ = sys::redirect_stdio(Path::new("/dev/console"));
     }
-    start_reaper();
+    // No reaper thread here: this PID 1 waits for its own children (`bcd join`, `bcd run`) and needs their exit
+    // status; a reaper would take it first (ECHILD).
     init_logging(false);
     let list = std::fs::read_to_string(LOAD_ORDER).unwrap_or_default();
     let _ = load_modules(&list, Path::new("/sys/bus"));

@@ -718,6 +718,9 @@ fn check_deployed(v: &Value, d: &Domain, node: &str) -> Result<()> {
     if console_count(d, &["BC-LAB-OS booted"]) != 1 {
         bail!("(b) the lab OS did not boot once after the kexec");
     }
+    if console_count(d, &["BC-LAB-OS: bcd join: Ok(", "(0)"]) != 1 {
+        bail!("(b) the lab OS's `bcd join` with the seed's token did not exit 0 (its console)");
+    }
     println!(
         "  (b) deployed as node {node} after {} power cycle(s); stream and kexec ran once each on the machine",
         v["power_cycles"]
