@@ -322,6 +322,11 @@ pub struct KexecSpec<'a> {
     pub cmdline: Option<&'a str>,
     /// The single-use join token the installed system joins with; no seed is written without one.
     pub join_token: Option<&'a str>,
+    /// The control plane to join (written as the installed system's `/etc/bcd/bcd.toml`).
+    pub control: Option<crate::seed::ControlPlane>,
+    /// The operator's cloud-init user-data and meta-data (empty: none).
+    pub user_data: &'a str,
+    pub meta_data: &'a str,
 }
 
 /// What staging did, as reported.
@@ -366,6 +371,9 @@ fn stage_mounted(
                 instance_id: format!("bc-{mac}-{:08x}", rand::random::<u32>()),
                 hostname: format!("bc-{mac}"),
                 join_token: token.to_string(),
+                control: spec.control.clone(),
+                user_data: spec.user_data.to_owned(),
+                meta_data: spec.meta_data.to_owned(),
             })
             .map_err(|e| bc_error_chain::chain(&e))?;
             let dir = crate::seed::write(mnt, &seed).map_err(|e| bc_error_chain::chain(&e))?;

@@ -82,6 +82,8 @@ pub struct RamdiskCommands {
     state_dir: Option<PathBuf>,
     /// Staged kexecs waiting for their answer to leave, by command id.
     handovers: std::sync::Mutex<std::collections::HashMap<String, std::sync::mpsc::Sender<()>>>,
+    /// The control plane this ramdisk joined: the installed system joins it too (its seed's bcd.toml).
+    control: Option<crate::seed::ControlPlane>,
 }
 
 impl RamdiskCommands {
@@ -98,7 +100,18 @@ impl RamdiskCommands {
             stream_progress_interval: Duration::from_secs(1),
             state_dir: None,
             handovers: std::sync::Mutex::default(),
+            control: None,
         }
+    }
+
+    /// The control plane the installed system joins after a kexec (this ramdisk's own).
+    pub fn with_control_plane(mut self, config: &Config) -> Self {
+        self.control = Some(crate::seed::ControlPlane {
+            gateway_url: config.gateway_url.clone(),
+            ca_pin: config.ca_pin.clone(),
+            join_public_key: config.join_public_key.encode(),
+        });
+        self
     }
 
     /// Trust the CAs of the join's trust bundle in `state_dir` for https image URLs.
@@ -155,7 +168,7 @@ impl RamdiskCommands {
                 json(commands::STREAM_PAYLOAD_TYPE, &view)
             }
             RamdiskCommand::Kexec(args) => {
-                let r = commands::kexec(&args)?;
+                let r = commands::kexec(&args, self.control.clone())?;
                 let out = json(commands::KEXEC_PAYLOAD_TYPE, &r)?;
                 // Staged: jump once the session has sent this answer (see `delivered`).
                 let (tx, rx) = std::sync::mpsc::channel();
@@ -284,7 +297,8 @@ pub fn run_pid1(params: &RamdiskParams) -> Result<(), String> {
                 );
             }),
         )
-        .with_state_dir(config.state_dir.clone()),
+        .with_state_dir(config.state_dir.clone())
+        .with_control_plane(&config),
     );
     let result = rt.block_on(run(
         config,

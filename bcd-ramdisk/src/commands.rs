@@ -6,7 +6,7 @@
 //! | `ramdisk.diagnose` | ignored | the diagnose report |
 //! | `ramdisk.wipe` | `{"disks": ["vda", "nvme0n1"]}` or `{"disks": "all"}` | per-device evidence, and which failed |
 //! | `ramdisk.stream` | `{"url", "sha256" or "sha512", "device"}` | the stream's report (digest, sizes, read-back) |
-//! | `ramdisk.kexec` | `{"target", "kernel"?, "initrd"?, "cmdline"?, "seed"?: {"join_token"}}` | `{"loaded": true, "reboot_in_ms"}`, then the hand-over once the answer left |
+//! | `ramdisk.kexec` | `{"target", "kernel"?, "initrd"?, "cmdline"?, "seed"?: {"join_token", "user_data"?, "meta_data"?}}` | `{"loaded": true, "reboot_in_ms"}`, then the hand-over once the answer left |
 //!
 //! Safety: `"disks": "all"` and `ramdisk.kexec` run only when this process is PID 1, i.e. really the ramdisk; a
 //! test or operator process refuses them, so it can never wipe or kexec the host it runs on. A named device that is
@@ -142,6 +142,11 @@ pub struct KexecArgs {
 pub struct SeedArgs {
     /// A single-use join token (`bcjt_…`).
     pub join_token: String,
+    /// The operator's cloud-init user-data and meta-data for the NoCloud seed (at most 64 KiB each).
+    #[serde(default)]
+    pub user_data: String,
+    #[serde(default)]
+    pub meta_data: String,
 }
 
 /// A device name under `/dev`: `vda`, `nvme0n1`, `loop3` — never a path.
@@ -245,13 +250,21 @@ pub fn parse(kind: &str, args: &[u8]) -> Result<RamdiskCommand, String> {
             {
                 return Err(bad("cmdline", "at most 4096 bytes on one line".into()));
             }
-            if let Some(s) = &a.seed
-                && !s.join_token.starts_with("bcjt_")
-            {
-                return Err(bad(
-                    "seed.join_token",
-                    "expected a single-use join token (bcjt_…)".into(),
-                ));
+            if let Some(s) = &a.seed {
+                if !s.join_token.starts_with("bcjt_") {
+                    return Err(bad(
+                        "seed.join_token",
+                        "expected a single-use join token (bcjt_…)".into(),
+                    ));
+                }
+                for (field, v) in [
+                    ("seed.user_data", &s.user_data),
+                    ("seed.meta_data", &s.meta_data),
+                ] {
+                    if v.len() > crate::seed::MAX_OPERATOR_DATA {
+                        return Err(bad(field, "at most 64 KiB".into()));
+                    }
+                }
             }
             Ok(RamdiskCommand::Kexec(a))
         }
@@ -383,9 +396,13 @@ pub struct KexecResult {
     pub staged: actions::StagedView,
 }
 
-/// Runs `ramdisk.kexec`: only as PID 1; stages the installed kernel and answers only once the kernel accepted it.
-/// The jump is the caller's: [`hand_over_once_delivered`] after the signed answer left for the gateway.
-pub fn kexec(args: &KexecArgs) -> Result<KexecResult, String> {
+/// Runs `ramdisk.kexec`: only as PID 1; writes the seed (the installed system joins `control`, the control plane
+/// this ramdisk joined), stages the installed kernel and answers only once the kernel accepted it. The jump is the
+/// caller's: [`hand_over_once_delivered`] after the signed answer left for the gateway.
+pub fn kexec(
+    args: &KexecArgs,
+    control: Option<crate::seed::ControlPlane>,
+) -> Result<KexecResult, String> {
     refuse_unless_pid1(
         "ramdisk.kexec",
         "kexec would replace the running host's kernel",
@@ -396,6 +413,9 @@ pub fn kexec(args: &KexecArgs) -> Result<KexecResult, String> {
         initrd: args.initrd.as_deref(),
         cmdline: args.cmdline.as_deref(),
         join_token: args.seed.as_ref().map(|s| s.join_token.as_str()),
+        control,
+        user_data: args.seed.as_ref().map_or("", |s| s.user_data.as_str()),
+        meta_data: args.seed.as_ref().map_or("", |s| s.meta_data.as_str()),
     })?;
     if !staged.kexec_staged {
         return Err(format!(
@@ -593,13 +613,16 @@ mod tests {
             e.contains("not PID 1") && e.contains("name the devices"),
             "{e}"
         );
-        let e = kexec(&KexecArgs {
-            target: "vda".into(),
-            kernel: None,
-            initrd: None,
-            cmdline: None,
-            seed: None,
-        })
+        let e = kexec(
+            &KexecArgs {
+                target: "vda".into(),
+                kernel: None,
+                initrd: None,
+                cmdline: None,
+                seed: None,
+            },
+            None,
+        )
         .expect_err("refused");
         assert!(e.contains("not PID 1") && e.contains("kexec"), "{e}");
     }

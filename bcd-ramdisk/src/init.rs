@@ -446,12 +446,17 @@ fn deploy(params: &RamdiskParams, target: &str, phases: &Phases) -> Result<(), S
 }
 
 /// PID 1 of the lab OS's initramfs (`rdinit=/sbin/bc-lab-os`): mount, load modules, find the root with the
-/// NoCloud seed, print a marker and the seed, power off. It stands in for a real distribution in the QEMU tests.
+/// NoCloud seed, print a marker and the seed. It stands in for a real distribution in the QEMU tests, without
+/// cloud-init or systemd: when the root holds the ramdisk's join token and the real `bcd` (`usr/local/bin/bcd`),
+/// it does what the seed's user-data and `bcd.service` would (DHCP on the NIC, `bcd join --token-file` once and
+/// the token removed, then `bcd run`, kept running); otherwise it powers off.
 pub fn run_lab_os() -> ! {
     let _ = mount_early();
     if std::fs::metadata("/dev/console").is_ok() {
         let _ = sys::redirect_stdio(Path::new("/dev/console"));
     }
+    // No reaper thread here: this PID 1 waits for its own children (`bcd join`, `bcd run`) and needs their exit
+    // status; a reaper would take it first (ECHILD).
     init_logging(false);
     let list = std::fs::read_to_string(LOAD_ORDER).unwrap_or_default();
     let _ = load_modules(&list, Path::new("/sys/bus"));
@@ -474,14 +479,56 @@ pub fn run_lab_os() -> ! {
                 }
             }
             found = true;
-            let _ = sys::umount(mnt);
             break;
         }
     }
     if !found {
         say("BC-LAB-OS-SEED none");
+        halt()
     }
-    halt()
+    let bcd = mnt.join("usr/local/bin/bcd");
+    let token = mnt.join(crate::seed::TOKEN_FILE);
+    let state = mnt.join("var/lib/bcd");
+    let joined = state.join("node.json").exists();
+    if !bcd.exists() || !(joined || token.exists()) {
+        say("BC-LAB-OS: no bcd or no join token on the root; powering off");
+        let _ = sys::umount(mnt);
+        halt()
+    }
+    // DHCP on the first NIC with a link: no bc.* parameters on the lab OS's command line.
+    let network = cmdline::parse("bc.mode=rescue")
+        .map_err(|e| e.to_string())
+        .and_then(|params| bring_up_network(&params));
+    if let Err(e) = network {
+        say(&format!("BC-LAB-OS: no network: {e}"));
+        halt()
+    }
+    let bcd_cmd = |args: &[&str]| {
+        let mut c = std::process::Command::new(&bcd);
+        c.arg("--config")
+            .arg(mnt.join(crate::seed::CONFIG_FILE))
+            .arg("--state-dir")
+            .arg(&state)
+            .args(args)
+            .env("BCD_LOG", "info");
+        c
+    };
+    if token.exists() {
+        let status = bcd_cmd(&["join", "--attempts", "30", "--token-file"])
+            .arg(&token)
+            .status();
+        say(&format!("BC-LAB-OS: bcd join: {status:?}"));
+        if status.is_ok_and(|s| s.success()) {
+            let _ = std::fs::remove_file(&token);
+        }
+    }
+    loop {
+        let status = bcd_cmd(&["run"]).status();
+        say(&format!(
+            "BC-LAB-OS: bcd run ended: {status:?}; again in 5 s"
+        ));
+        std::thread::sleep(Duration::from_secs(5));
+    }
 }
 
 #[cfg(test)]

@@ -187,6 +187,14 @@ async fn drops_are_counted_and_table_updates_apply() -> Result<()> {
         c.decode_failed == 2 && c.ignored.get("not_marked_for_netboot") == Some(&1)
     })
     .await?;
+    // Not answered, but seen: the metal flow's "last DHCP seen at" for a machine that never netbooted.
+    let seen = h.counters.take_sightings();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0.to_string(), "52:54:00:00:00:01");
+    assert!(
+        h.counters.take_sightings().is_empty(),
+        "a take drains the sightings"
+    );
 
     // The control plane marks the MAC: the next DISCOVER is answered.
     h.table.send(["52:54:00:".parse()?].into_iter().collect())?;

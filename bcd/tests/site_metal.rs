@@ -240,20 +240,33 @@ async fn provide_drives_a_real_redfish_emulator_through_the_site_agent() -> Test
         None,
         "the netboot entry is withdrawn once joined"
     );
-    let until = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let sys = system(&emu.url).await?;
-        if sys["Boot"]["BootSourceOverrideTarget"] == "Hdd"
-            && sys["Boot"]["BootSourceOverrideEnabled"] == "Continuous"
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < until,
-            "disk boot not restored: {sys}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    // The disk boot is restored by a BMC command the executor planned with the join: wait on what the flow reports
+    // (the step done, which the worker reports only after reading Hdd/Continuous back), as long as that command may
+    // take (its deadline, the policy's BMC timeout, plus the worker's long poll), then look at the emulator once.
+    let bmc_deadline = Duration::from_millis(
+        u64::try_from(bc_core::metal::Policy::default().bmc_timeout_ms).unwrap_or(120_000),
+    );
+    let v = wait_show(
+        &p,
+        (bmc_deadline + Duration::from_secs(30)).as_secs(),
+        "the disk boot restored (read back by the BMC worker)",
+        |v| {
+            step(v, "restore-disk-boot")
+                .is_some_and(|s| s["state"] != "pending" && s["state"] != "sent")
+        },
+    )
+    .await?;
+    let restore = step(&v, "restore-disk-boot").expect("restore step");
+    assert_eq!(restore["state"], "done", "disk boot not restored: {v}");
+    let sys = system(&emu.url).await?;
+    assert_eq!(
+        (
+            &sys["Boot"]["BootSourceOverrideTarget"],
+            &sys["Boot"]["BootSourceOverrideEnabled"]
+        ),
+        (&json!("Hdd"), &json!("Continuous")),
+        "disk boot not restored on the emulator although the worker read it back: {sys}"
+    );
     // The diagnose is queued on the ramdisk's node (a real `bcd` answers no ramdisk commands: it stays pending).
     let kind: String = bc_store::sqlx::query_scalar(
         "SELECT kind FROM commands WHERE node_id = $1 AND kind LIKE 'ramdisk.%'",

@@ -514,6 +514,11 @@ enum ClientKind {
     Http,
 }
 
+/// The client's Ethernet MAC (`chaddr`), when the request names one.
+pub(crate) fn client_mac(req: &Message) -> Option<MacAddr> {
+    ethernet_mac(req).ok()
+}
+
 fn ethernet_mac(req: &Message) -> Result<MacAddr, IgnoreReason> {
     let hlen = req.hlen();
     if req.htype() != HType::Eth || hlen != 6 {

@@ -3,14 +3,14 @@
 //! The caller binds the sockets ([`bind_udp`] sets SO_BROADCAST and SO_BINDTODEVICE) and owns the netboot table
 //! through a `watch` channel, so table updates take effect on the next packet.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
@@ -106,7 +106,12 @@ pub struct DhcpCounters {
     rogue_seen: AtomicU64,
     ignored: Mutex<BTreeMap<&'static str, u64>>,
     last_rogue: Mutex<Option<RogueServer>>,
+    /// The last DHCP request of each client MAC since [`DhcpCounters::take_sightings`] (bounded).
+    sightings: Mutex<HashMap<MacAddr, SystemTime>>,
 }
+
+/// Client MACs remembered between two [`DhcpCounters::take_sightings`]; more are not recorded until the next take.
+pub const MAX_SIGHTINGS: usize = 4096;
 
 /// A point-in-time copy of [`DhcpCounters`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -135,6 +140,23 @@ impl DhcpCounters {
             rogue_seen: self.rogue_seen.load(Ordering::Relaxed),
             ignored: self.ignored.lock().map(|m| m.clone()).unwrap_or_default(),
             last_rogue: self.last_rogue.lock().ok().and_then(|r| r.clone()),
+        }
+    }
+
+    /// The last DHCP request seen from each client MAC since the previous call (any request on either port, PXE or
+    /// not: "last DHCP seen" for a machine that never booted).
+    pub fn take_sightings(&self) -> Vec<(MacAddr, SystemTime)> {
+        self.sightings
+            .lock()
+            .map(|mut m| m.drain().collect())
+            .unwrap_or_default()
+    }
+
+    fn sighted(&self, mac: MacAddr, at: SystemTime) {
+        if let Ok(mut m) = self.sightings.lock()
+            && (m.len() < MAX_SIGHTINGS || m.contains_key(&mac))
+        {
+            m.insert(mac, at);
         }
     }
 
@@ -207,6 +229,9 @@ async fn serve_port(
                 continue;
             }
         };
+        if let Some(mac) = super::decide::client_mac(&request) {
+            counters.sighted(mac, SystemTime::now());
+        }
         let decision = {
             let table = table.borrow();
             decide(&request, port, &table, &config.info)

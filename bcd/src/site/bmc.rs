@@ -68,8 +68,29 @@ fn retryable(e: &RedfishError) -> bool {
     )
 }
 
-fn summary(inv: &bcd_site::redfish::Inventory) -> HardwareSummary {
-    let Some(s) = inv.systems.first() else {
+/// The system a BMC address names after its host (`https://bmc/redfish/v1/Systems/<id>`: one of several systems
+/// behind one BMC or emulator), or `None` for a bare address (the BMC's only system).
+/// The path keeps its leading `/`, as the BMC's `@odata.id` does.
+pub fn system_of(address: &str) -> Option<&str> {
+    let rest = address
+        .strip_prefix("https://")
+        .or_else(|| address.strip_prefix("http://"))?;
+    let path = rest[rest.find('/')?..].trim_end_matches('/');
+    (!path.is_empty()).then_some(path)
+}
+
+fn summary(inv: &bcd_site::redfish::Inventory, wanted: Option<&str>) -> HardwareSummary {
+    let chosen = match wanted {
+        None => inv.systems.first(),
+        Some(w) => {
+            let last = w.rsplit('/').next().unwrap_or(w);
+            inv.systems.iter().find(|s| {
+                s.path.trim_end_matches('/') == w.trim_end_matches('/')
+                    || s.path.trim_end_matches('/').rsplit('/').next() == Some(last)
+            })
+        }
+    };
+    let Some(s) = chosen else {
         return HardwareSummary::default();
     };
     HardwareSummary {
@@ -117,7 +138,7 @@ impl BmcWorker {
                 );
             }
         };
-        let outcome = match run_op(&bmc, op).await {
+        let outcome = match run_op(&bmc, op, system_of(address)).await {
             Ok(o) => o,
             Err(e) => failed(bc_error_chain::chain(&e), retryable(&e)),
         };
@@ -296,6 +317,26 @@ enum Round {
     Failed(String),
 }
 
+#[cfg(test)]
+mod tests {
+    use super::system_of;
+
+    #[test]
+    fn an_address_may_name_one_system_of_several() {
+        assert_eq!(system_of("http://127.0.0.1:8000"), None);
+        assert_eq!(system_of("https://bmc.example/"), None);
+        assert_eq!(
+            system_of("http://127.0.0.1:8000/redfish/v1/Systems/6b0f-01"),
+            Some("/redfish/v1/Systems/6b0f-01")
+        );
+        assert_eq!(system_of("ftp://x/y"), None);
+        assert_eq!(
+            system_of("https://bmc/redfish/v1/Systems/x/"),
+            Some("/redfish/v1/Systems/x")
+        );
+    }
+}
+
 async fn power_state(bmc: &Bmc, path: &str) -> Result<String, RedfishError> {
     let (sys, _) = bmc
         .get::<bcd_site::redfish::models::ComputerSystem>(path)
@@ -303,12 +344,15 @@ async fn power_state(bmc: &Bmc, path: &str) -> Result<String, RedfishError> {
     Ok(sys.power_state.unwrap_or_default())
 }
 
-/// One operation, read back.
-async fn run_op(bmc: &Bmc, op: &BmcOp) -> Result<Outcome, RedfishError> {
+/// One operation on system `wanted` (the BMC's only one when `None`), read back.
+async fn run_op(bmc: &Bmc, op: &BmcOp, wanted: Option<&str>) -> Result<Outcome, RedfishError> {
+    let path = bmc.system_path(wanted).await?;
     if let BmcOp::Inspect = op {
-        return Ok(Outcome::Inspected(summary(&bmc.inventory().await?)));
+        return Ok(Outcome::Inspected(summary(
+            &bmc.inventory().await?,
+            Some(path.as_str()),
+        )));
     }
-    let path = bmc.system_path(None).await?;
     match op {
         BmcOp::Inspect => unreachable!("handled above"),
         BmcOp::BootOncePxe => match bmc.boot_once(&path, BootTarget::Pxe).await {

@@ -353,6 +353,13 @@ async fn site_run(
         agent.state_dir.clone(),
         crate::site::bmc::BmcWorkerOptions::default(),
     );
+    let reporter = crate::site::report::Reporter {
+        state_dir: agent.state_dir.clone(),
+        boot_url: format!("http://{}:{}", config.server_ip, config.http_port),
+        dhcp: counters.dhcp.clone(),
+        every: crate::site::report::EVERY,
+        cache_dir: Some(config.artifacts.clone()),
+    };
     let site_agent = crate::site::SiteAgent::new(
         agent,
         crate::site::SiteAgentOptions {
@@ -392,7 +399,8 @@ async fn site_run(
         let _ = stop_tx.send(true);
     };
     let bmc_run = bmc_worker.run(wait_stop(stop_rx.clone()));
-    let (served, agent_result, (), bmc_result) = tokio::join!(
+    let report_run = reporter.run(wait_stop(stop_rx.clone()));
+    let (served, agent_result, (), bmc_result, ()) = tokio::join!(
         services,
         agent_run,
         async {
@@ -401,7 +409,8 @@ async fn site_run(
                 _ = wait_stop(stop_rx.clone()) => {}
             }
         },
-        bmc_run
+        bmc_run,
+        report_run
     );
     bc_proto::runtime::service::stopping();
     if let Err(e) = bmc_result {

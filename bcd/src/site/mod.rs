@@ -14,6 +14,7 @@
 //! - [`agent`]: [`SiteAgent`], which performs the lease's steps against the gateway and applies its effects.
 //! - [`cache`]: the artifact cache (bc-cas's content-addressed writer), with eviction planned in [`cache::evict`].
 //! - [`secrets`]: secrets from the control plane's broker as JWE (BMC credentials).
+//! - [`bmc`]: the BMC worker (the metal flow's Redfish commands); [`report`]: DHCP sightings and the boot URL.
 //! - [`cli`]: the `bcd site` subcommands (serve, enroll, run, redfish).
 
 pub mod agent;
@@ -21,6 +22,7 @@ pub mod bmc;
 pub mod cache;
 pub mod cli;
 pub mod lease;
+pub mod report;
 pub mod secrets;
 
 pub use agent::{BootLeaseView, SiteAgent, SiteAgentOptions, netboot_table};

@@ -67,6 +67,7 @@ pub fn serve_config(dir: &Path, opts: &Options, gateway_listen: SocketAddr) -> S
         gateway_id: None,
         gateway_relay_url: None,
         tunnels: Default::default(),
+        metal: Default::default(),
     }
 }
 

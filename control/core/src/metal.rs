@@ -182,8 +182,8 @@ pub enum Step {
     Stream,
     /// Mint the single-use join token the installed system's bcd reclaims the node with.
     JoinToken,
-    /// Write the NoCloud seed (user-data, meta-data, the join token).
-    Seed,
+    /// `ramdisk.kexec`: write the NoCloud seed (user-data, meta-data, the join token) on the installed root and
+    /// jump into its kernel.
     Kexec,
     /// No join after the kexec: reboot from the disk through the BMC.
     FallbackReboot,
@@ -225,13 +225,12 @@ pub enum RamdiskCommand {
     Wipe,
     /// `ramdisk.stream`: stream the image to the disk and verify it against `image`.
     Stream { image: String },
-    /// Write the NoCloud seed with the join token minted in this attempt.
-    Seed {
+    /// `ramdisk.kexec` into the installed system, after writing its NoCloud seed: the operator's user-data and
+    /// meta-data, and the join token minted in the same plan (it travels only inside this command).
+    Kexec {
         user_data: String,
         meta_data: String,
     },
-    /// `ramdisk.kexec` into the installed system.
-    Kexec,
 }
 
 /// What the executor does. Each carries its [`Step`] and the attempt it belongs to, so results come back to the
@@ -403,6 +402,9 @@ pub struct MachineInput {
     pub installed: Option<String>,
     /// When the site last saw DHCP from the boot MAC.
     pub last_dhcp_seen: Option<Millis>,
+    /// The deploy image is where the ramdisk streams it from (the site's cache holds it, or a configured mirror
+    /// serves it): the stream waits for it.
+    pub image_at_site: bool,
 }
 
 impl MachineInput {
@@ -414,6 +416,7 @@ impl MachineInput {
             ramdisk: None,
             installed: None,
             last_dhcp_seen: None,
+            image_at_site: false,
         }
     }
 }
@@ -435,10 +438,9 @@ pub struct Policy {
     pub netboot: Retry,
     pub diagnose: Retry,
     pub wipe: Retry,
-    /// Stream + seed + kexec + the installed system's join, as one attempt.
+    /// Stream + kexec (with the seed) + the installed system's join, as one attempt.
     pub deploy: Retry,
     pub stream_timeout_ms: Millis,
-    pub seed_timeout_ms: Millis,
     /// From the kexec to the installed system's join, before the reboot-from-disk fallback.
     pub kexec_join_timeout_ms: Millis,
     pub reboot_join_timeout_ms: Millis,
@@ -472,7 +474,6 @@ impl Default for Policy {
                 attempts: 2,
             },
             stream_timeout_ms: 1800 * S,
-            seed_timeout_ms: 120 * S,
             kexec_join_timeout_ms: 300 * S,
             reboot_join_timeout_ms: 600 * S,
             ready_idle_timeout_ms: Some(1800 * S),

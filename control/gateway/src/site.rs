@@ -62,6 +62,20 @@ pub trait SiteHandler: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<v1::BmcResultResponse, Status>> {
         Box::pin(async { Err(Status::unimplemented(NO_METAL)) })
     }
+    /// What the agent saw on its boot segment (DHCP sightings) and its boot HTTP URL: the metal flow's.
+    fn report(
+        &self,
+        _agent: &SiteAgent,
+        _request: v1::SiteReport,
+    ) -> BoxFuture<'_, Result<v1::SiteReportResponse, Status>> {
+        Box::pin(async { Err(Status::unimplemented(NO_METAL)) })
+    }
+    /// A stored artifact by digest without [`SiteHandler::artifact`]'s check that a boot entry of the agent's site
+    /// names it: for a wrapper that made its own check (the metal flow's deploy images). NOT_FOUND by default.
+    fn stored_artifact(&self, sha256: &str) -> BoxFuture<'_, Result<ArtifactStream, Status>> {
+        let msg = format!("artifact {sha256} is not served here");
+        Box::pin(async move { Err(Status::not_found(msg)) })
+    }
 }
 
 const NO_METAL: &str = "this control plane runs without the metal module: it sends no BMC work";
@@ -185,6 +199,15 @@ impl v1::site_service_server::SiteService for SiteSvc {
             .handler
             .bmc_result(&agent, request.into_inner())
             .await?;
+        Ok(Response::new(r))
+    }
+
+    async fn report(
+        &self,
+        request: Request<v1::SiteReport>,
+    ) -> Result<Response<v1::SiteReportResponse>, Status> {
+        let agent = self.agent(&request)?;
+        let r = self.handler.report(&agent, request.into_inner()).await?;
         Ok(Response::new(r))
     }
 }

@@ -86,6 +86,8 @@ pub struct ServeConfigWire {
     pub gateway_relay_url: Option<String>,
     /// The tunnels module (`[tunnels]`): the idle limit and the per-principal cap.
     pub tunnels: Option<TunnelsWire>,
+    /// The metal module (`[metal]`): deadlines, retry plans, the ramdisk and where deploy images come from.
+    pub metal: Option<crate::metal_config::MetalWire>,
 }
 
 /// `[tunnels]`.
@@ -167,6 +169,9 @@ pub struct ServeConfig {
     pub gateway_relay_url: Option<String>,
     /// The tunnels module's limits (`[tunnels]`).
     pub tunnels: bc_mod_tunnels::Options,
+    /// The metal module's configuration (`[metal]`); the ramdisk's command line gets this control plane's gateway
+    /// URL, CA pin and JoinService key appended at start.
+    pub metal: bc_mod_metal::Config,
 }
 
 impl ServeConfig {
@@ -194,6 +199,7 @@ impl ServeConfig {
             gateway_id: None,
             gateway_relay_url: None,
             tunnels: bc_mod_tunnels::Options::default(),
+            metal: bc_mod_metal::Config::default(),
         }
     }
 }
@@ -258,6 +264,7 @@ impl ServeConfigWire {
             gateway_id: over.gateway_id.or(self.gateway_id),
             gateway_relay_url: over.gateway_relay_url.or(self.gateway_relay_url),
             tunnels: over.tunnels.or(self.tunnels),
+            metal: over.metal.or(self.metal),
         }
     }
 
@@ -326,6 +333,7 @@ impl ServeConfigWire {
             state_dir.join("telemetry"),
             Some(crate::telemetry::DEFAULT_METRICS_LISTEN),
         )?);
+        let metal = self.metal.unwrap_or_default().validate(origin)?;
         Ok(ServeConfig {
             state_dir,
             database_url: self.database_url,
@@ -358,6 +366,7 @@ impl ServeConfigWire {
             gateway_id: self.gateway_id,
             gateway_relay_url: self.gateway_relay_url,
             tunnels,
+            metal,
         })
     }
 }

@@ -20,6 +20,11 @@ pub struct DevOptions {
     pub api_listen: SocketAddr,
     pub gateway_listen: SocketAddr,
     pub trust_domain: String,
+    /// More names or addresses for the gateway's certificate, the first of them in the gateway URL nodes get (a
+    /// lab whose machines reach the gateway on a segment address).
+    pub gateway_hosts: Vec<String>,
+    /// The metal module's configuration (`[metal]` of a configuration file).
+    pub metal: bc_mod_metal::Config,
 }
 
 /// What `dev` prints when it is ready (and writes to `<data>/dev.env`).
@@ -86,10 +91,17 @@ pub async fn run(
         }
     };
 
+    let mut gateway_hosts = opts.gateway_hosts.clone();
+    for h in ["localhost", "127.0.0.1"] {
+        if !gateway_hosts.iter().any(|g| g == h) {
+            gateway_hosts.push(h.into());
+        }
+    }
     let config = ServeConfig {
         api_listen: opts.api_listen,
         gateway_listen: opts.gateway_listen,
-        gateway_hosts: vec!["localhost".into(), "127.0.0.1".into()],
+        gateway_hosts,
+        metal: opts.metal.clone(),
         telemetry: Some(dev_metrics(&data_dir.join("state"))?),
         ..ServeConfig::loopback(data_dir.join("state"), &opts.trust_domain, Roles::all())
     };

@@ -17,6 +17,7 @@ pub mod iam_api;
 pub mod instances_cli;
 pub use bc_mod_nodes::{join, lifecycle, methods as node_methods, session};
 pub mod metal_cli;
+pub mod metal_config;
 pub mod nodes_cli;
 pub mod notify;
 pub mod output;
@@ -317,6 +318,7 @@ pub async fn start_with(
         .module(bc_mod_sites::module())
         .module(bc_mod_instances::module())
         .module(bc_mod_metal::module(metal_config(
+            &config.metal,
             &gateway_url,
             &ca.pin(),
             &join_public_key,
@@ -486,8 +488,13 @@ async fn publish_gateway(store: Store, id: String, relay_url: String, mut stop: 
 
 /// The metal module's configuration: the ramdisk's command line names this control plane (gateway URL, CA pin,
 /// JoinService key), so the ramdisk joins it with the attempt's boot token.
-fn metal_config(gateway_url: &str, ca_pin: &str, join_key: &str) -> bc_mod_metal::Config {
-    let mut c = bc_mod_metal::Config::default();
+fn metal_config(
+    base: &bc_mod_metal::Config,
+    gateway_url: &str,
+    ca_pin: &str,
+    join_key: &str,
+) -> bc_mod_metal::Config {
+    let mut c = base.clone();
     c.ramdisk.cmdline = format!(
         "{} bc.url={gateway_url} bc.ca_pin={ca_pin} bc.join_key={join_key}",
         c.ramdisk.cmdline

@@ -77,6 +77,14 @@ enum Command {
         gateway_listen: SocketAddr,
         #[arg(long, default_value = "dev.bettercompute.local")]
         trust_domain: String,
+        /// A name or address the gateway's certificate also covers, used in the gateway URL given to nodes
+        /// (repeatable; the first wins): e.g. the address machines on a boot segment reach it at.
+        #[arg(long = "gateway-host")]
+        gateway_hosts: Vec<String>,
+        /// A configuration file whose `[metal]` table configures the metal module (its other settings are
+        /// ignored: dev chooses its own).
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Create the administrator principal (or give it a new key) and print its API key.
     BootstrapAdmin {
@@ -245,12 +253,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             api_listen,
             gateway_listen,
             trust_domain,
+            gateway_hosts,
+            config,
         } => {
+            let metal = match &config {
+                Some(path) => bc_control::config::ServeConfigWire::from_file(path)?
+                    .metal
+                    .unwrap_or_default()
+                    .validate(&path.display().to_string())?,
+                None => bc_mod_metal::Config::default(),
+            };
             let opts = bc_control::dev::DevOptions {
                 data_dir: data_dir.clone(),
                 api_listen,
                 gateway_listen,
                 trust_domain,
+                gateway_hosts,
+                metal,
             };
             bc_control::dev::run(
                 opts,

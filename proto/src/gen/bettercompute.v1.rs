@@ -351,6 +351,29 @@ pub struct SignedEnvelope {
     #[prost(bytes = "vec", tag = "5")]
     pub signature: ::prost::alloc::vec::Vec<u8>,
 }
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct SiteReport {
+    /// The agent's boot HTTP base URL as machines on its segment reach it (`<http://10.0.0.2:8080`>); empty: none.
+    #[prost(string, tag = "1")]
+    pub boot_url: ::prost::alloc::string::String,
+    /// The last DHCP request seen from each MAC since the previous report (at most 4096).
+    #[prost(message, repeated, tag = "2")]
+    pub dhcp: ::prost::alloc::vec::Vec<DhcpSighting>,
+    /// The artifacts (lowercase hex SHA-256) verified in the agent's cache and served under /artifacts/sha256/<hex>
+    /// (at most 4096): the metal flow streams a deploy image only once the site holds it.
+    #[prost(string, repeated, tag = "3")]
+    pub cached: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DhcpSighting {
+    /// aa:bb:cc:dd:ee:ff
+    #[prost(string, tag = "1")]
+    pub mac: ::prost::alloc::string::String,
+    #[prost(int64, tag = "2")]
+    pub at_unix_ms: i64,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SiteReportResponse {}
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct BmcCommandsRequest {
     /// How long to wait for a command when there is none (the control plane caps it at 25 s).
@@ -444,6 +467,10 @@ pub struct NetbootRequest {}
 pub struct NetbootResponse {
     #[prost(message, repeated, tag = "1")]
     pub machines: ::prost::alloc::vec::Vec<NetbootMachine>,
+    /// Artifacts no boot entry names that the agent must hold in its cache and serve under `/artifacts/sha256/<hex>`
+    /// (an image a machine of the site is being deployed with); nothing waits on them.
+    #[prost(message, repeated, tag = "2")]
+    pub prefetch: ::prost::alloc::vec::Vec<NetbootArtifact>,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct NetbootMachine {
@@ -2625,6 +2652,32 @@ pub mod site_service_client {
                 .insert(GrpcMethod::new("bettercompute.v1.SiteService", "BmcResult"));
             self.inner.unary(req, path, codec).await
         }
+        /// What the agent saw on its boot segment since its last report (the last DHCP request of each MAC), and where it
+        /// serves boot HTTP (the metal flow names images there for the ramdisk to stream).
+        pub async fn report(
+            &mut self,
+            request: impl tonic::IntoRequest<super::SiteReport>,
+        ) -> std::result::Result<
+            tonic::Response<super::SiteReportResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/bettercompute.v1.SiteService/Report",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("bettercompute.v1.SiteService", "Report"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -2699,6 +2752,17 @@ pub mod site_service_server {
             request: tonic::Request<super::BmcResultRequest>,
         ) -> std::result::Result<
             tonic::Response<super::BmcResultResponse>,
+            tonic::Status,
+        > {
+            Err(tonic::Status::unimplemented("Not yet implemented"))
+        }
+        /// What the agent saw on its boot segment since its last report (the last DHCP request of each MAC), and where it
+        /// serves boot HTTP (the metal flow names images there for the ramdisk to stream).
+        async fn report(
+            &self,
+            request: tonic::Request<super::SiteReport>,
+        ) -> std::result::Result<
+            tonic::Response<super::SiteReportResponse>,
             tonic::Status,
         > {
             Err(tonic::Status::unimplemented("Not yet implemented"))
@@ -3038,6 +3102,49 @@ pub mod site_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = BmcResultSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/bettercompute.v1.SiteService/Report" => {
+                    #[allow(non_camel_case_types)]
+                    struct ReportSvc<T: SiteService>(pub Arc<T>);
+                    impl<T: SiteService> tonic::server::UnaryService<super::SiteReport>
+                    for ReportSvc<T> {
+                        type Response = super::SiteReportResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::SiteReport>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as SiteService>::report(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ReportSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -270,7 +270,22 @@ impl ArtifactCache {
                 tracing::debug!(mac = m.mac, "netboot entry waits for its artifacts");
             }
         }
-        (v1::NetbootResponse { machines }, missing)
+        // Prefetched artifacts (an image being deployed) gate no entry: fetched, served once in.
+        for a in &table.prefetch {
+            if is_sha256_hex(&a.sha256)
+                && !self.cached(a)
+                && !missing.iter().any(|x| x.sha256 == a.sha256)
+            {
+                missing.push(a.clone());
+            }
+        }
+        (
+            v1::NetbootResponse {
+                machines,
+                prefetch: table.prefetch.clone(),
+            },
+            missing,
+        )
     }
 
     fn start(&self, a: v1::NetbootArtifact, mut client: Client) {
@@ -376,6 +391,7 @@ pub fn referenced(table: &v1::NetbootResponse) -> BTreeSet<String> {
         .machines
         .iter()
         .flat_map(|m| &m.artifacts)
+        .chain(&table.prefetch)
         .filter(|a| is_sha256_hex(&a.sha256))
         .map(|a| a.sha256.clone())
         .collect()

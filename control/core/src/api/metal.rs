@@ -89,9 +89,32 @@ pub struct MachineView {
     pub diagnosis: Option<HardwareSummary>,
     pub conditions: Vec<String>,
     pub last_error: Option<String>,
+    /// When the site agent last saw a DHCP request from the boot MAC (its report).
+    #[serde(default)]
+    pub last_dhcp_ms: Option<Millis>,
     pub timeline: Vec<TimelineRow>,
     /// The BMC and ramdisk steps of the current attempt with their outcomes (evidence).
     pub steps: Vec<StepView>,
+    /// The latest signed result of each ramdisk step the machine went through (diagnose, wipe, stream, kexec),
+    /// whatever attempt it belonged to: what the machine's node signed, verified by the control plane.
+    #[serde(default)]
+    pub evidence: Vec<Evidence>,
+}
+
+/// A ramdisk command's signed result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evidence {
+    pub step: crate::metal::Step,
+    pub command_id: String,
+    /// The node that signed it (the ramdisk's node).
+    pub node_id: String,
+    pub finished_ms: Option<Millis>,
+    /// The signer's SPIFFE ID and the payload type as the envelope names them (verified against the node's key
+    /// before the result was stored).
+    pub signer: String,
+    pub payload_type: String,
+    /// The signed payload.
+    pub result: serde_json::Value,
 }
 
 /// A step sent for the machine: to the site's BMC worker or to the ramdisk, and how it ended.

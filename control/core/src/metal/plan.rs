@@ -50,7 +50,7 @@ struct Planner<'a> {
 }
 
 /// Ramdisk commands: a step of these done in an attempt whose ramdisk then left can never report.
-const QUEUED: [Step; 4] = [Step::Diagnose, Step::Wipe, Step::Stream, Step::Seed];
+const QUEUED: [Step; 3] = [Step::Diagnose, Step::Wipe, Step::Stream];
 
 fn secs(ms: Millis) -> String {
     format!("{} s", ms / 1000)
@@ -586,6 +586,22 @@ impl Planner<'_> {
         }
     }
 
+    /// The site does not hold the image yet (its cache fetches it once the machine deploys): wait for it, within
+    /// the stream's deadline.
+    fn image_wait(&mut self, image: &str, limit: u32) {
+        let what = format!("the site to cache {image}");
+        if self.m.waiting_for.as_deref() != Some(what.as_str()) {
+            self.wait(what, self.policy.stream_timeout_ms);
+        } else if self.expired() {
+            let why = format!(
+                "the site did not cache {image} within {}",
+                secs(self.policy.stream_timeout_ms)
+            );
+            let n = self.m.attempt;
+            self.attempt_over(limit, &why, format!("{why} ({n} attempts)"));
+        }
+    }
+
     fn deploying(&mut self) {
         let Goal::Deployed(spec) = self.m.goal.clone() else {
             self.fail(
@@ -600,6 +616,10 @@ impl Planner<'_> {
                 return;
             }
             if !self.done(Step::Stream) {
+                if !self.input.image_at_site {
+                    self.image_wait(&spec.image, retry.attempts);
+                    return;
+                }
                 self.queue(
                     Step::Stream,
                     RamdiskCommand::Stream {
@@ -627,37 +647,23 @@ impl Planner<'_> {
                 }
                 None => return,
             }
-            if !self.done(Step::Seed) {
-                let Some(node_id) = self.m.node_id.clone() else {
-                    return;
-                };
-                self.mark(Step::JoinToken);
-                self.actions.push(Action::MintJoinToken {
-                    attempt_id: self.m.attempt_id,
-                    node_id,
-                });
-                self.queue(
-                    Step::Seed,
-                    RamdiskCommand::Seed {
-                        user_data: spec.user_data.clone(),
-                        meta_data: spec.meta_data.clone(),
-                    },
-                );
-                self.wait(
-                    "the ramdisk to write the NoCloud seed".into(),
-                    self.policy.seed_timeout_ms,
-                );
+            // The installed system's join token and the kexec that carries it in its NoCloud seed, in one plan:
+            // the token reaches the ramdisk only inside the command that writes it to the disk and jumps.
+            let Some(node_id) = self.m.node_id.clone() else {
                 return;
-            }
-            match self.outcome(Step::Seed, retry.attempts, "NoCloud seed") {
-                Some(Outcome::Done) => {}
-                Some(o) => {
-                    self.unexpected(Step::Seed, &o);
-                    return;
-                }
-                None => return,
-            }
-            self.queue(Step::Kexec, RamdiskCommand::Kexec);
+            };
+            self.mark(Step::JoinToken);
+            self.actions.push(Action::MintJoinToken {
+                attempt_id: self.m.attempt_id,
+                node_id,
+            });
+            self.queue(
+                Step::Kexec,
+                RamdiskCommand::Kexec {
+                    user_data: spec.user_data.clone(),
+                    meta_data: spec.meta_data.clone(),
+                },
+            );
             self.wait(
                 "the installed system to join after the kexec".into(),
                 self.policy.kexec_join_timeout_ms,
@@ -685,7 +691,10 @@ impl Planner<'_> {
             let _ = self.outcome(Step::FallbackReboot, retry.attempts, "reboot from disk");
             return;
         }
-        if !self.expired() {
+        // A kexec the ramdisk could not stage (it stays up, or reboots by itself): the fallback now, not at the
+        // deadline.
+        let kexec_failed = matches!(self.result(Step::Kexec), Some(Outcome::Failed { .. }));
+        if !self.expired() && !(kexec_failed && !self.done(Step::FallbackReboot)) {
             return;
         }
         if !self.done(Step::FallbackReboot) {

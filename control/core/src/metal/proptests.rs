@@ -192,13 +192,14 @@ impl World {
             ramdisk: self.ramdisk.clone(),
             installed: self.installed.clone(),
             last_dhcp_seen: self.dhcp,
+            image_at_site: true,
         }
     }
 }
 
 fn step_at(m: &Machine, i: usize) -> Step {
     let done: Vec<Step> = m.done.keys().copied().collect();
-    const ALL: [Step; 15] = [
+    const ALL: [Step; 14] = [
         Step::Inspect,
         Step::BootToken,
         Step::PublishNetboot,
@@ -210,7 +211,6 @@ fn step_at(m: &Machine, i: usize) -> Step {
         Step::Wipe,
         Step::Stream,
         Step::JoinToken,
-        Step::Seed,
         Step::Kexec,
         Step::FallbackReboot,
         Step::IdlePowerOff,
@@ -361,7 +361,6 @@ proptest! {
                     Action::Queue { step: Step::Diagnose, .. } => report(Step::Diagnose, Outcome::Diagnosed { hardware: HardwareSummary::default(), healthy: true, reasons: vec![] }),
                     Action::Queue { step: Step::Wipe, .. } => report(Step::Wipe, Outcome::Done),
                     Action::Queue { step: Step::Stream, .. } => report(Step::Stream, Outcome::Streamed { digest: IMAGE.into() }),
-                    Action::Queue { step: Step::Seed, .. } => report(Step::Seed, Outcome::Done),
                     Action::Queue { step: Step::Kexec, .. } => {
                         w.ramdisk = None;
                         if !fallback { w.installed = Some("node-1".into()); }

@@ -16,6 +16,7 @@ struct Sim {
     ramdisk: Option<String>,
     installed: Option<String>,
     dhcp: Option<Millis>,
+    image_at_site: bool,
     results: Vec<StepResult>,
     /// Every action of every plan, in order.
     log: Vec<Action>,
@@ -30,6 +31,7 @@ impl Sim {
             ramdisk: None,
             installed: None,
             dhcp: None,
+            image_at_site: true,
             results: Vec::new(),
             log: Vec::new(),
         }
@@ -43,6 +45,7 @@ impl Sim {
             ramdisk: self.ramdisk.clone(),
             installed: self.installed.clone(),
             last_dhcp_seen: self.dhcp,
+            image_at_site: self.image_at_site,
         };
         let p = plan(&input, self.now, &self.policy);
         assert_eq!(p, plan(&input, self.now, &self.policy), "plan is pure");
@@ -270,10 +273,8 @@ fn deploy_on_the_fast_track_takes_one_power_cycle_and_runs_each_step_once() {
             digest: IMAGE.into(),
         },
     );
-    assert_eq!(kinds(&p), ["mint-join-token", "queue.Seed"]);
-    assert!(s.tick().actions.is_empty());
-    let p = s.report(Step::Seed, Outcome::Done);
-    assert_eq!(kinds(&p), ["queue.Kexec"]);
+    // The join token is minted in the plan that queues the kexec carrying it in the seed.
+    assert_eq!(kinds(&p), ["mint-join-token", "queue.Kexec"]);
     assert!(s.tick().actions.is_empty());
     // The ramdisk is gone (kexec), the installed system joins as the same node.
     s.ramdisk = None;
@@ -286,13 +287,7 @@ fn deploy_on_the_fast_track_takes_one_power_cycle_and_runs_each_step_once() {
         "the installed system joined as node node-7"
     );
     assert_eq!(s.m.power_cycles, 1);
-    for step in [
-        Step::Stream,
-        Step::Seed,
-        Step::Kexec,
-        Step::PowerKick,
-        Step::JoinToken,
-    ] {
+    for step in [Step::Stream, Step::Kexec, Step::PowerKick, Step::JoinToken] {
         assert_eq!(s.steps_planned(step), 1, "{step:?}");
     }
 }
@@ -586,7 +581,6 @@ fn no_join_after_the_kexec_reboots_from_disk_through_the_bmc() {
             digest: IMAGE.into(),
         },
     );
-    s.report(Step::Seed, Outcome::Done);
     s.ramdisk = None;
     let p = s.past_deadline();
     // The disk is made the boot device (read back) before the reboot that must boot it.
@@ -596,6 +590,70 @@ fn no_join_after_the_kexec_reboots_from_disk_through_the_bmc() {
     s.tick();
     assert!(s.active(Phase::Deployed));
     assert_eq!(s.steps_planned(Step::Kexec), 1);
+}
+
+#[test]
+fn the_stream_waits_for_the_site_to_cache_the_image_within_its_deadline() {
+    let mut s = Sim::new();
+    s.drive_to_ready();
+    s.image_at_site = false;
+    let p = s.verb(deploy());
+    assert!(s.active(Phase::Deploying));
+    assert!(
+        kinds(&p).is_empty(),
+        "no stream before the site holds the image"
+    );
+    let deadline = s.m.deadline.expect("a deadline");
+    s.now += 5_000;
+    assert!(s.tick().actions.is_empty());
+    assert_eq!(
+        s.m.deadline,
+        Some(deadline),
+        "waiting does not move the deadline"
+    );
+    s.image_at_site = true;
+    let p = s.tick();
+    assert_eq!(kinds(&p), ["queue.Stream"]);
+
+    let mut s = Sim::new();
+    s.policy.deploy.attempts = 1;
+    s.drive_to_ready();
+    s.image_at_site = false;
+    s.verb(deploy());
+    s.past_deadline();
+    assert!(
+        matches!(&s.m.state, State::Failed { reason, .. } if reason.starts_with("the site did not cache sha256:1111")),
+        "{}",
+        s.m.state
+    );
+}
+
+#[test]
+fn a_kexec_the_ramdisk_could_not_stage_reboots_from_disk_at_once() {
+    let mut s = Sim::new();
+    s.drive_to_ready();
+    s.verb(deploy());
+    s.report(
+        Step::Stream,
+        Outcome::Streamed {
+            digest: IMAGE.into(),
+        },
+    );
+    let before = s.m.deadline.expect("waits for the join");
+    let p = s.report(
+        Step::Kexec,
+        Outcome::Failed {
+            reason: "kexec_file_load: Operation not permitted".into(),
+            retryable: false,
+        },
+    );
+    assert!(s.now < before, "not at the deadline");
+    assert_eq!(kinds(&p), ["bmc.BootDisk", "bmc.Power { power: Boot }"]);
+    assert!(s.active(Phase::Deploying));
+    assert!(s.tick().actions.is_empty(), "the fallback runs once");
+    s.installed = Some(NODE.into());
+    s.tick();
+    assert!(s.active(Phase::Deployed));
 }
 
 #[test]
@@ -610,7 +668,6 @@ fn the_installed_system_that_never_joins_fails_the_deploy_after_its_attempts() {
             digest: IMAGE.into(),
         },
     );
-    s.report(Step::Seed, Outcome::Done);
     s.ramdisk = None;
     s.past_deadline();
     s.past_deadline();
@@ -658,7 +715,6 @@ fn a_wrong_digest_or_a_foreign_node_fails_the_deploy() {
             digest: IMAGE.into(),
         },
     );
-    s.report(Step::Seed, Outcome::Done);
     s.ramdisk = None;
     s.installed = Some("node-9".into());
     s.tick();
@@ -692,7 +748,6 @@ fn release_netboots_the_ramdisk_then_wipes() {
             digest: IMAGE.into(),
         },
     );
-    s.report(Step::Seed, Outcome::Done);
     s.ramdisk = None;
     s.installed = Some(NODE.into());
     s.tick();

@@ -153,7 +153,14 @@ fn check_bmc(bmc: &bc_core::api::metal::BmcRef) -> Result<(), ApiError> {
 /// The machine's view: its record, its BMC and the steps of its current attempt.
 pub async fn view(metal: &Metal, row: MetalRow) -> Result<MachineView, ApiError> {
     let m = row.machine;
-    let steps = queries::steps(metal.store.pool(), row.mac.as_str(), m.attempt_id).await?;
+    let steps = queries::steps(
+        metal.store.pool(),
+        row.mac.as_str(),
+        m.attempt_id,
+        m.attempt_started,
+    )
+    .await?;
+    let evidence = queries::evidence(metal.store.pool(), row.mac.as_str()).await?;
     Ok(MachineView {
         mac: row.mac,
         site: row.site,
@@ -169,8 +176,10 @@ pub async fn view(metal: &Metal, row: MetalRow) -> Result<MachineView, ApiError>
         diagnosis: m.diagnosis,
         conditions: m.conditions,
         last_error: m.last_error,
+        last_dhcp_ms: row.last_dhcp_ms,
         timeline: m.timeline,
         steps,
+        evidence,
     })
 }
 

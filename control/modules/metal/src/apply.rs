@@ -8,7 +8,7 @@ use crate::outcomes;
 use crate::queries::{self, MetalRow, step_str};
 use crate::{Config, POKE};
 use bc_core::api::sites::BootSpec;
-use bc_core::metal::{Action, Plan, State, Step};
+use bc_core::metal::{Action, Plan, RamdiskCommand, State, Step};
 use bc_proto::token::{Token, TokenKind};
 use bc_store::StoreError;
 use bc_store::sqlx::{self, PgConnection};
@@ -116,8 +116,23 @@ pub async fn apply(
                 node_id,
                 command,
             } => {
-                let (kind, args) =
-                    outcomes::command(command, &config.deploy, join_token.as_deref());
+                let url = match command {
+                    RamdiskCommand::Stream { image } => {
+                        Some(stream_url(tx, config, row, image).await?)
+                    }
+                    _ => None,
+                };
+                if matches!(command, RamdiskCommand::Kexec { .. }) && join_token.is_none() {
+                    return Err(StoreError::Corrupt(format!(
+                        "machine {mac}: the plan queues a kexec without minting the installed system's join token"
+                    )));
+                }
+                let (kind, args) = outcomes::command(
+                    command,
+                    &config.deploy,
+                    url.as_deref(),
+                    join_token.as_deref(),
+                );
                 let deadline = plan
                     .next
                     .deadline
@@ -137,6 +152,28 @@ pub async fn apply(
     }
     record(tx, row, plan, actor, &mut done).await?;
     Ok(done)
+}
+
+/// Where the ramdisk streams `image` from: the machine's site's boot HTTP, as its agent last reported it (the site
+/// holds the image in its cache while a machine of the site deploys it), else the configured base URL.
+async fn stream_url(
+    tx: &mut PgConnection,
+    config: &Config,
+    row: &MetalRow,
+    image: &str,
+) -> Result<String, StoreError> {
+    let hex = image.strip_prefix("sha256:").unwrap_or(image);
+    let site_url: Option<String> =
+        sqlx::query_scalar("SELECT boot_url FROM metal_sites WHERE site_id = $1")
+            .bind(row.site.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+    outcomes::image_url(&config.deploy, site_url.as_deref(), hex).ok_or_else(|| {
+        StoreError::NotFound {
+            what: "boot HTTP URL (the site agent reports it once it serves boot; no [metal] image_base_url either) of site",
+            id: row.site.as_str().to_owned(),
+        }
+    })
 }
 
 /// Stores the plan's record with one audit event per transition, and wakes the site and the executor.
@@ -240,7 +277,10 @@ async fn mint_boot_token(
     let expires = now_ms
         .saturating_add(config.policy.bmc_timeout_ms)
         .saturating_add(config.policy.netboot.timeout_ms);
-    insert_join_token(tx, config, &token, false, expires).await?;
+    // Reclaim: a machine whose ramdisk joined before (an earlier attempt, a release after a deploy) is the same
+    // hardware and comes back as the same node; without it JoinService refuses the second join ("this hardware
+    // already belongs to node …").
+    insert_join_token(tx, config, &token, true, expires).await?;
     sqlx::query(
         "INSERT INTO metal_boot_tokens (id, mac, attempt_id, secret_hash, created_ms) VALUES ($1, $2, $3, $4, $5)",
     )
@@ -294,6 +334,16 @@ async fn mint_join_token(
         .map_err(|e| StoreError::Corrupt(format!("no randomness for a join token: {e}")))?;
     let expires = now_ms.saturating_add(config.policy.deploy.timeout_ms);
     insert_join_token(tx, config, &token, true, expires).await?;
+    sqlx::query(
+        "INSERT INTO metal_join_tokens (id, mac, attempt_id, node_id, created_ms) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(token.id())
+    .bind(mac)
+    .bind(i64::try_from(attempt_id).unwrap_or(i64::MAX))
+    .bind(node_id)
+    .bind(now_ms)
+    .execute(&mut *tx)
+    .await?;
     audit(
         tx,
         "metal",

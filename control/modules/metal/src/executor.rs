@@ -15,20 +15,45 @@ use bc_store::sqlx::{self, PgConnection};
 
 pub const ROLE: &str = "controllers";
 
-/// Reads what happened since the record was stored: the results of its attempt and the ramdisk's node.
-pub async fn observe(tx: &mut PgConnection, row: &MetalRow) -> Result<MachineInput, StoreError> {
+/// How long a ramdisk whose session dropped still counts as there: a control plane restarted or a gateway that
+/// failed over drops every session, and the ramdisk dials again within seconds; a ramdisk really gone (powered
+/// off, kexec'd) ends its attempt this much later.
+pub const SESSION_GRACE_MS: i64 = 90_000;
+
+/// Reads what happened since the record was stored (at `now_ms`): the results of its attempt, the ramdisk's node
+/// (up while its session is, or dropped less than [`SESSION_GRACE_MS`] ago), the installed system's node, and
+/// whether the site holds the deploy image (`mirror`: a configured image URL serves it when the site never said).
+pub async fn observe(
+    tx: &mut PgConnection,
+    row: &MetalRow,
+    now_ms: i64,
+    mirror: bool,
+) -> Result<MachineInput, StoreError> {
     let mut input = MachineInput::new(row.machine.clone());
     input.results = queries::results(tx, row.mac.as_str(), row.machine.attempt_id).await?;
     input.last_dhcp_seen = row.last_dhcp_ms;
+    if let bc_core::metal::Goal::Deployed(spec) = &row.machine.goal {
+        let hex = spec.image.strip_prefix("sha256:").unwrap_or(&spec.image);
+        let site: Option<bool> =
+            sqlx::query_scalar("SELECT $2 = ANY(cached) FROM metal_sites WHERE site_id = $1")
+                .bind(row.site.as_str())
+                .bind(hex)
+                .fetch_optional(&mut *tx)
+                .await?;
+        // A site that reported holds the image or not; one that never did leaves a configured mirror.
+        input.image_at_site = site.unwrap_or(mirror);
+    }
     // The node a ramdisk joined as with one of this machine's boot tokens (the latest).
-    let joined: Option<(String, bool, String)> = sqlx::query_as(
-        "SELECT n.id, n.online, t.id FROM nodes n JOIN metal_boot_tokens t ON n.join_token_id = t.id \
+    let joined: Option<(String, bool, String, Option<i64>)> = sqlx::query_as(
+        "SELECT n.id, n.online, t.id, (extract(epoch FROM n.last_seen_at) * 1000)::bigint \
+         FROM nodes n JOIN metal_boot_tokens t ON n.join_token_id = t.id \
          WHERE t.mac = $1 AND n.state <> 'revoked' ORDER BY n.joined_at DESC LIMIT 1",
     )
     .bind(row.mac.as_str())
     .fetch_optional(&mut *tx)
     .await?;
-    if let Some((node, online, token)) = joined {
+    if let Some((node, online, token, seen)) = joined {
+        let online = online || seen.is_some_and(|at| now_ms.saturating_sub(at) < SESSION_GRACE_MS);
         if row.ramdisk_node.as_deref() != Some(node.as_str()) {
             queries::set_ramdisk_node(tx, row.mac.as_str(), Some(&node)).await?;
             sqlx::query(
@@ -44,10 +69,33 @@ pub async fn observe(tx: &mut PgConnection, row: &MetalRow) -> Result<MachineInp
             input.ramdisk = Some(node);
         }
     }
-    if let Some(node) = &row.installed_node
-        && queries::node_online(tx, node).await?
-    {
-        input.installed = Some(node.clone());
+    // The node the installed system's bcd joined as with one of this machine's join tokens (a reclaim moves the
+    // node's join token from the boot token to this one, so the ramdisk above is then no longer found).
+    let installed: Option<(String, bool, String)> = sqlx::query_as(
+        "SELECT n.id, n.online, t.id FROM nodes n JOIN metal_join_tokens t ON n.join_token_id = t.id \
+         WHERE t.mac = $1 AND n.state <> 'revoked' ORDER BY n.joined_at DESC LIMIT 1",
+    )
+    .bind(row.mac.as_str())
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some((node, online, token)) = installed {
+        if row.installed_node.as_deref() != Some(node.as_str()) {
+            sqlx::query("UPDATE metal_machines SET installed_node = $2 WHERE mac = $1")
+                .bind(row.mac.as_str())
+                .bind(&node)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                "UPDATE metal_join_tokens SET used_ms = coalesce(used_ms, $2) WHERE id = $1",
+            )
+            .bind(&token)
+            .bind(crate::now_ms())
+            .execute(&mut *tx)
+            .await?;
+        }
+        if online {
+            input.installed = Some(node);
+        }
     }
     Ok(input)
 }
@@ -91,7 +139,8 @@ pub async fn pass(
     let Some(row) = queries::try_lock(&mut tx, mac).await? else {
         return Ok(Pass::Skipped);
     };
-    let input = observe(&mut tx, &row).await?;
+    let mirror = metal.config.deploy.image_base_url.is_some();
+    let input = observe(&mut tx, &row, now_ms, mirror).await?;
     let p = plan(&input, now_ms, &metal.config.policy);
     if p.actions.is_empty() && p.next == row.machine {
         tx.commit().await?;
@@ -121,7 +170,8 @@ pub async fn verb(
             id: mac.to_owned(),
         });
     };
-    let mut input = observe(&mut tx, &row).await?;
+    let mirror = metal.config.deploy.image_base_url.is_some();
+    let mut input = observe(&mut tx, &row, now_ms, mirror).await?;
     let name = format!("{verb:?}").to_ascii_lowercase();
     let name = name.split('(').next().unwrap_or_default().to_owned();
     input.verb = Some(verb);

@@ -143,6 +143,148 @@ impl WithBmc {
     }
 }
 
+/// At most this many DHCP sightings (and cached digests) in one report.
+const MAX_SIGHTINGS: usize = 4096;
+
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+impl WithBmc {
+    /// The images machines of the agent's site are being deployed with (`sha256` hex): the site holds them in its
+    /// cache and serves them to the ramdisks.
+    async fn images(&self, agent: &SiteAgent) -> Result<Vec<String>, Status> {
+        let images: Vec<String> = bc_store::sqlx::query_scalar(
+            "SELECT DISTINCT record->'goal'->>'image' FROM metal_machines \
+             WHERE site_id = $1 AND phase = 'deploying' AND record->'goal'->>'image' IS NOT NULL",
+        )
+        .bind(&agent.site_id)
+        .fetch_all(self.store.pool())
+        .await
+        .map_err(|e| internal("reading the site's deploy images", &e))?;
+        Ok(images
+            .into_iter()
+            .filter_map(|i| i.strip_prefix("sha256:").map(str::to_owned))
+            .collect())
+    }
+
+    async fn netboot_with_images(&self, agent: &SiteAgent) -> Result<v1::NetbootResponse, Status> {
+        let mut table = self.inner.netboot(agent).await?;
+        for sha256 in self.images(agent).await? {
+            let row = self
+                .store
+                .artifact(&sha256)
+                .await
+                .map_err(|e| internal("reading an artifact", &e))?;
+            if let Some(row) = row {
+                table.prefetch.push(v1::NetbootArtifact {
+                    sha256: row.sha256,
+                    size: u64::try_from(row.size).unwrap_or(0),
+                    name: row.name,
+                });
+            }
+        }
+        Ok(table)
+    }
+
+    async fn image_or_boot_artifact(
+        &self,
+        agent: &SiteAgent,
+        req: v1::ArtifactRequest,
+    ) -> Result<ArtifactStream, Status> {
+        if self.images(agent).await?.contains(&req.sha256) {
+            tracing::info!(
+                site_id = agent.site_id,
+                sha256 = req.sha256,
+                "deploy image sent"
+            );
+            return self.inner.stored_artifact(&req.sha256).await;
+        }
+        self.inner.artifact(agent, req).await
+    }
+
+    /// The agent's boot HTTP URL and the last DHCP it saw from machines of its site.
+    async fn report(
+        &self,
+        agent: &SiteAgent,
+        req: v1::SiteReport,
+    ) -> Result<v1::SiteReportResponse, Status> {
+        self.admit(agent).await?;
+        let now = crate::now_ms();
+        if req.dhcp.len() > MAX_SIGHTINGS {
+            return Err(Status::invalid_argument(format!(
+                "dhcp: {} sightings; at most {MAX_SIGHTINGS} per report",
+                req.dhcp.len()
+            )));
+        }
+        let mut macs = Vec::with_capacity(req.dhcp.len());
+        let mut ats = Vec::with_capacity(req.dhcp.len());
+        for (i, d) in req.dhcp.iter().enumerate() {
+            let mac = crate::api::canonical_mac(&d.mac)
+                .map_err(|e| Status::invalid_argument(format!("dhcp[{i}]: {e}")))?;
+            macs.push(mac.as_str().to_owned());
+            // The agent's clock: never later than ours.
+            ats.push(d.at_unix_ms.min(now));
+        }
+        if req.cached.len() > MAX_SIGHTINGS || req.cached.iter().any(|h| !is_sha256_hex(h)) {
+            return Err(Status::invalid_argument(format!(
+                "cached: at most {MAX_SIGHTINGS} lowercase hex SHA-256 digests"
+            )));
+        }
+        if !req.boot_url.is_empty() {
+            check_boot_url(&req.boot_url).map_err(Status::invalid_argument)?;
+            bc_store::sqlx::query(
+                "INSERT INTO metal_sites (site_id, boot_url, cached, reported_ms) VALUES ($1, $2, $4, $3) \
+                 ON CONFLICT (site_id) DO UPDATE SET boot_url = $2, cached = $4, reported_ms = $3",
+            )
+            .bind(&agent.site_id)
+            .bind(&req.boot_url)
+            .bind(now)
+            .bind(&req.cached)
+            .execute(self.store.pool())
+            .await
+            .map_err(|e| internal("storing the site's boot URL", &e))?;
+        }
+        if !macs.is_empty() {
+            bc_store::sqlx::query(
+                "UPDATE metal_machines m SET last_dhcp_ms = greatest(coalesce(m.last_dhcp_ms, 0), s.at) \
+                 FROM (SELECT mac, max(at) AS at FROM unnest($2::text[], $3::bigint[]) AS x(mac, at) GROUP BY mac) s \
+                 WHERE m.mac = s.mac AND m.site_id = $1",
+            )
+            .bind(&agent.site_id)
+            .bind(&macs)
+            .bind(&ats)
+            .execute(self.store.pool())
+            .await
+            .map_err(|e| internal("storing DHCP sightings", &e))?;
+        }
+        Ok(v1::SiteReportResponse {})
+    }
+}
+
+/// An `http://` or `https://` base URL with a host and nothing else odd, at most 256 characters.
+pub fn check_boot_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    let ok = url.len() <= 256
+        && rest.is_some_and(|r| {
+            let host = r.split('/').next().unwrap_or_default();
+            !host.is_empty() && !host.contains('@')
+        })
+        && url
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'"' | b'\\' | b'<' | b'>'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "boot_url {:?}: expected http(s)://host[:port] (at most 256 characters)",
+            url.chars().take(64).collect::<String>()
+        ))
+    }
+}
+
 impl SiteHandler for WithBmc {
     fn boot_lease(
         &self,
@@ -153,7 +295,8 @@ impl SiteHandler for WithBmc {
     }
 
     fn netboot(&self, agent: &SiteAgent) -> BoxFuture<'_, Result<v1::NetbootResponse, Status>> {
-        self.inner.netboot(agent)
+        let agent = agent.clone();
+        Box::pin(async move { self.netboot_with_images(&agent).await })
     }
 
     fn renew(
@@ -177,7 +320,21 @@ impl SiteHandler for WithBmc {
         agent: &SiteAgent,
         request: v1::ArtifactRequest,
     ) -> BoxFuture<'_, Result<ArtifactStream, Status>> {
-        self.inner.artifact(agent, request)
+        let agent = agent.clone();
+        Box::pin(async move { self.image_or_boot_artifact(&agent, request).await })
+    }
+
+    fn stored_artifact(&self, sha256: &str) -> BoxFuture<'_, Result<ArtifactStream, Status>> {
+        self.inner.stored_artifact(sha256)
+    }
+
+    fn report(
+        &self,
+        agent: &SiteAgent,
+        request: v1::SiteReport,
+    ) -> BoxFuture<'_, Result<v1::SiteReportResponse, Status>> {
+        let agent = agent.clone();
+        Box::pin(async move { WithBmc::report(self, &agent, request).await })
     }
 
     fn bmc_commands(

@@ -30,11 +30,18 @@ pub const POKE: &str = "bc_metal";
 pub const BMC_WRITTEN: &str = "bc_metal_bmc";
 
 /// The module's schema.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1100,
-    name: "metal",
-    sql: include_str!("../migrations/1100_metal.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1100,
+        name: "metal",
+        sql: include_str!("../migrations/1100_metal.sql"),
+    },
+    Migration {
+        version: 1101,
+        name: "metal_deploy",
+        sql: include_str!("../migrations/1101_metal_deploy.sql"),
+    },
+];
 
 /// What the composition configures.
 #[derive(Debug, Clone)]
@@ -59,7 +66,7 @@ impl Default for Config {
                 cmdline: "console=ttyS0".into(),
             },
             deploy: DeployTarget {
-                image_base_url: "http://127.0.0.1/artifacts".into(),
+                image_base_url: None,
                 device: "vda".into(),
             },
             pool: "metal".into(),

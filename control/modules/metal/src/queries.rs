@@ -1,7 +1,7 @@
 //! The metal module's queries (its own tables, `migrations/1100_metal.sql`). Rows are parsed here, once: a record
 //! that does not parse is corrupt data naming the machine, never skipped.
 
-use bc_core::api::metal::{BmcRef, MachineSummary, StepView};
+use bc_core::api::metal::{BmcRef, Evidence, MachineSummary, StepView};
 use bc_core::ids::{MachineId, SiteId};
 use bc_core::metal::{BmcOp, Machine, Outcome, Phase, Step, StepResult, TimelineRow};
 use bc_store::StoreError;
@@ -185,17 +185,6 @@ pub async fn set_ramdisk_node(
     Ok(())
 }
 
-/// Whether `node` has a session now.
-pub async fn node_online(tx: &mut PgConnection, node: &str) -> Result<bool, StoreError> {
-    Ok(
-        sqlx::query_scalar::<_, bool>("SELECT online FROM nodes WHERE id = $1")
-            .bind(node)
-            .fetch_optional(&mut *tx)
-            .await?
-            .unwrap_or(false),
-    )
-}
-
 /// The machines of `shards` the executor looks at: every one not failed and not resting in `enrolled` or
 /// `deployed` (a wait phase, or `ready` with its idle timeout).
 pub async fn scan(pool: &sqlx::PgPool, shards: &[i16]) -> Result<Vec<String>, StoreError> {
@@ -297,30 +286,36 @@ pub async fn results(
     Ok(out)
 }
 
-/// The steps of attempt `attempt_id` for `metal show`.
+/// The steps of attempt `attempt_id` for `metal show`, and those planned as it began (`since_ms`, the attempt's
+/// start) for the attempt it closed: the disk boot restored when the ramdisk joined belongs to the netboot attempt,
+/// but is carried out while the machine already diagnoses, and an operator (or a test) waits on its read-back.
 pub async fn steps(
     pool: &sqlx::PgPool,
     mac: &str,
     attempt_id: u64,
+    since_ms: i64,
 ) -> Result<Vec<StepView>, StoreError> {
     let attempt = i64::try_from(attempt_id).unwrap_or(i64::MAX);
     let rows = sqlx::query(
-        "SELECT step, 'bmc', state, outcome, created_ms FROM metal_bmc_commands WHERE mac = $1 AND attempt_id = $2 \
+        "SELECT step, 'bmc', state, outcome, created_ms, attempt_id FROM metal_bmc_commands \
+         WHERE mac = $1 AND (attempt_id = $2 OR created_ms >= $3) \
          UNION ALL \
          SELECT m.step, 'ramdisk', c.state, coalesce(c.result, to_jsonb(c.error)), \
-                (extract(epoch FROM c.created_at) * 1000)::bigint \
+                (extract(epoch FROM c.created_at) * 1000)::bigint, m.attempt_id \
          FROM metal_commands m JOIN commands c ON c.id = m.command_id WHERE m.mac = $1 AND m.attempt_id = $2 \
          ORDER BY 5",
     )
     .bind(mac)
     .bind(attempt)
+    .bind(since_ms)
     .fetch_all(pool)
     .await?;
     rows.iter()
         .map(|r| {
             let step: String = r.get(0);
+            let attempt: i64 = r.get(5);
             Ok(StepView {
-                attempt_id,
+                attempt_id: u64::try_from(attempt).unwrap_or_default(),
                 step: step_of(&step).ok_or_else(|| corrupt(mac, format!("step {step:?}")))?,
                 via: r.get(1),
                 state: r.get(2),
@@ -328,6 +323,38 @@ pub async fn steps(
             })
         })
         .collect()
+}
+
+/// The latest signed result of each ramdisk step of machine `mac` (any attempt), with the envelope's signer.
+pub async fn evidence(pool: &sqlx::PgPool, mac: &str) -> Result<Vec<Evidence>, StoreError> {
+    use prost::Message as _;
+    let rows = sqlx::query(
+        "SELECT DISTINCT ON (m.step) m.step, c.id, c.node_id, \
+                (extract(epoch FROM c.finished_at) * 1000)::bigint, c.envelope, c.result \
+         FROM metal_commands m JOIN commands c ON c.id = m.command_id \
+         WHERE m.mac = $1 AND c.state = 'done' AND c.envelope IS NOT NULL \
+         ORDER BY m.step, c.finished_at DESC",
+    )
+    .bind(mac)
+    .fetch_all(pool)
+    .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let step: String = r.get(0);
+        let envelope: Vec<u8> = r.get(4);
+        let env = bc_proto::v1::SignedEnvelope::decode(envelope.as_slice())
+            .map_err(|e| corrupt(mac, format!("a stored result envelope: {e}")))?;
+        out.push(Evidence {
+            step: step_of(&step).ok_or_else(|| corrupt(mac, format!("step {step:?}")))?,
+            command_id: r.get(1),
+            node_id: r.get(2),
+            finished_ms: r.get(3),
+            signer: env.signer,
+            payload_type: env.payload_type,
+            result: r.get::<Option<serde_json::Value>, _>(5).unwrap_or_default(),
+        });
+    }
+    Ok(out)
 }
 
 // === the site's BMC commands ===

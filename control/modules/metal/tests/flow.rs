@@ -648,3 +648,158 @@ async fn a_restarted_executor_resumes_from_the_stored_record() {
         }
     );
 }
+
+/// From wiping to ready, then deploy: the stream names the image on the site's boot HTTP (as its agent reported
+/// it), the kexec carries the installed system's join token in its seed (minted in the same plan, recorded for the
+/// machine), and the node that joins with that token (a reclaim of the same node) makes the machine deployed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploy_carries_the_join_token_to_the_kexec_and_the_installed_join_deploys() {
+    let (_db, lab) = lab().await;
+    to_wiping(&lab).await;
+    lab.ramdisk_answers(
+        "ramdisk.wipe",
+        serde_json::json!({"wiped": true, "failed": []}),
+    )
+    .await;
+    lab.pass(T0 + 3 * S).await;
+    sqlx::query("INSERT INTO metal_sites (site_id, boot_url, reported_ms) VALUES ($1, 'http://10.78.0.2:8080', 0)")
+        .bind(SITE)
+        .execute(lab.pool())
+        .await
+        .expect("site report");
+    let image = format!("sha256:{}", "ab".repeat(32));
+    let streams = "SELECT count(*) FROM metal_commands WHERE mac = $1 AND step = 'stream'";
+    lab.verb(
+        Verb::Deploy(bc_core::metal::DeploySpec {
+            image: image.clone(),
+            user_data: "#cloud-config\n".into(),
+            meta_data: String::new(),
+        }),
+        T0 + 4 * S,
+    )
+    .await
+    .expect("deploy");
+    assert_eq!(
+        lab.count(streams).await,
+        0,
+        "no stream before the site holds the image"
+    );
+    sqlx::query("UPDATE metal_sites SET cached = ARRAY[$1]")
+        .bind("ab".repeat(32))
+        .execute(lab.pool())
+        .await
+        .expect("the site reports the image cached");
+    lab.pass(T0 + 4 * S + 500).await;
+    assert_eq!(lab.count(streams).await, 1);
+    let args: serde_json::Value =
+        sqlx::query_scalar("SELECT args FROM commands WHERE kind = 'ramdisk.stream'")
+            .fetch_one(lab.pool())
+            .await
+            .expect("stream queued");
+    assert_eq!(
+        args["url"],
+        format!("http://10.78.0.2:8080/artifacts/sha256/{}", "ab".repeat(32)),
+        "the site's boot HTTP serves the image"
+    );
+    lab.ramdisk_answers(
+        "ramdisk.stream",
+        serde_json::json!({"digest": "ab".repeat(32), "algo": "sha256"}),
+    )
+    .await;
+    lab.pass(T0 + 5 * S).await;
+    let args: serde_json::Value =
+        sqlx::query_scalar("SELECT args FROM commands WHERE kind = 'ramdisk.kexec'")
+            .fetch_one(lab.pool())
+            .await
+            .expect("kexec queued");
+    let token = args["seed"]["join_token"]
+        .as_str()
+        .expect("the seed's join token");
+    assert_eq!(args["seed"]["user_data"], "#cloud-config\n");
+    let id = token
+        .strip_prefix("bcjt_")
+        .and_then(|t| t.split('.').next())
+        .expect("bcjt_<id>.<secret>");
+    let (reclaim, uses, reclaims): (bool, i32, String) = sqlx::query_as(
+        "SELECT j.reclaim, j.uses_total, t.node_id FROM join_tokens j JOIN metal_join_tokens t ON t.id = j.id \
+         WHERE j.id = $1",
+    )
+    .bind(id)
+    .fetch_one(lab.pool())
+    .await
+    .expect("the join token is the machine's");
+    assert_eq!(
+        (reclaim, uses, reclaims.as_str()),
+        (true, 1, "node-ramdisk-2")
+    );
+    assert_eq!(
+        lab.pass(T0 + 6 * S).await,
+        Pass::Unchanged,
+        "waits for the join"
+    );
+    // The kexec'd system reclaims the node with the token: the node's join token is now that one.
+    sqlx::query("UPDATE nodes SET join_token_id = $1, online = true WHERE id = 'node-ramdisk-2'")
+        .bind(id)
+        .execute(lab.pool())
+        .await
+        .expect("reclaim");
+    lab.pass(T0 + 30 * S).await;
+    assert_eq!(
+        lab.state().await,
+        State::Active {
+            phase: Phase::Deployed
+        }
+    );
+    let row = queries::get(lab.pool(), MAC)
+        .await
+        .expect("get")
+        .expect("row");
+    assert_eq!(row.installed_node.as_deref(), Some("node-ramdisk-2"));
+    assert_eq!(
+        lab.count(
+            "SELECT count(*) FROM metal_commands WHERE mac = $1 AND step IN ('stream', 'kexec')"
+        )
+        .await,
+        2,
+        "one stream, one kexec"
+    );
+}
+
+/// A ramdisk whose session dropped a moment ago (a control plane restarted, a gateway failed over) keeps its
+/// attempt; one gone longer than the grace ends it and the next attempt netboots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_session_is_given_a_grace_before_the_attempt_ends() {
+    let (_db, lab) = lab().await;
+    to_wiping(&lab).await;
+    let seen = T0 + 2 * S;
+    sqlx::query("UPDATE nodes SET online = false, last_seen_at = to_timestamp($1 / 1000.0)")
+        .bind(seen as f64)
+        .execute(lab.pool())
+        .await
+        .expect("session dropped");
+    assert_eq!(
+        lab.pass(seen + 30 * S).await,
+        Pass::Unchanged,
+        "30 s after the drop the wipe still waits"
+    );
+    assert_eq!(
+        lab.state().await,
+        State::Active {
+            phase: Phase::Wiping
+        }
+    );
+    lab.pass(seen + executor::SESSION_GRACE_MS + S).await;
+    let row = queries::get(lab.pool(), MAC)
+        .await
+        .expect("get")
+        .expect("row");
+    assert_eq!(
+        row.machine.attempt, 2,
+        "the attempt ended: {:?}",
+        row.machine
+    );
+    assert!(
+        lab.netboot_cmdline().await.is_some(),
+        "the next attempt netboots"
+    );
+}

@@ -206,7 +206,10 @@ impl SiteBackend {
                 None => continue,
             }
         }
-        Ok(v1::NetbootResponse { machines: out })
+        Ok(v1::NetbootResponse {
+            machines: out,
+            prefetch: Vec::new(),
+        })
     }
 
     /// A machine's entry with its `sha256:` references turned into cache paths (`sha256/<hex>`) and listed as
@@ -299,19 +302,36 @@ impl SiteBackend {
         if !referenced_here {
             return Err(not_found());
         }
-        let file = std::fs::File::open(self.artifacts.path(&req.sha256)).map_err(|e| {
-            tracing::error!(sha256 = req.sha256, error = %e, "artifact file missing from the state directory");
-            Status::unavailable(format!(
-                "artifact {} is recorded but its file cannot be read; the control plane logged why",
-                req.sha256
-            ))
-        })?;
         tracing::info!(
             site_id = agent.site_id,
             agent = agent.agent_id,
             sha256 = req.sha256,
             "artifact sent"
         );
+        self.open_artifact(&req.sha256).await
+    }
+
+    /// The stored artifact `sha256` as a stream (NOT_FOUND when no such artifact is recorded).
+    async fn open_artifact(&self, sha256: &str) -> Result<ArtifactStream, Status> {
+        if !is_sha256_hex(sha256) {
+            return Err(Status::invalid_argument(
+                "sha256 must be 64 lowercase hex characters",
+            ));
+        }
+        let known = self
+            .store
+            .artifact(sha256)
+            .await
+            .map_err(|e| internal("reading an artifact", &e))?;
+        if known.is_none() {
+            return Err(Status::not_found(format!("no artifact {sha256}")));
+        }
+        let file = std::fs::File::open(self.artifacts.path(sha256)).map_err(|e| {
+            tracing::error!(sha256, error = %e, "artifact file missing from the state directory");
+            Status::unavailable(format!(
+                "artifact {sha256} is recorded but its file cannot be read; the control plane logged why"
+            ))
+        })?;
         Ok(crate::artifacts::stream_file(file))
     }
 }
@@ -468,5 +488,10 @@ impl SiteHandler for SiteBackend {
             self.admit(&agent).await?;
             self.artifact_stream(&agent, request).await
         })
+    }
+
+    fn stored_artifact(&self, sha256: &str) -> BoxFuture<'_, Result<ArtifactStream, Status>> {
+        let sha256 = sha256.to_owned();
+        Box::pin(async move { self.open_artifact(&sha256).await })
     }
 }
