@@ -93,7 +93,12 @@ impl ProviderPool {
             .or_else(|| self.endpoint.strip_prefix("http://"));
         match rest {
             Some(r) if !r.is_empty() && !r.starts_with('/') && !r.contains('@') => {}
-            _ => return bad("endpoint", "must be an http(s) URL with a host and no user info"),
+            _ => {
+                return bad(
+                    "endpoint",
+                    "must be an http(s) URL with a host and no user info",
+                );
+            }
         }
         if self.endpoint.len() > 512 || !self.endpoint.bytes().all(|b| b.is_ascii_graphic()) {
             return bad("endpoint", "must be at most 512 printable ASCII characters");
@@ -108,10 +113,16 @@ impl ProviderPool {
             return bad("region", "must be 1 to 32 of a-z 0-9 -");
         }
         if !crate::reservation::valid_id(&self.credentials.site) {
-            return bad("credentials.site", "must be a site id (1 to 64 of a-z A-Z 0-9 - _)");
+            return bad(
+                "credentials.site",
+                "must be a site id (1 to 64 of a-z A-Z 0-9 - _)",
+            );
         }
         if !token_ok(&self.credentials.name, 128) {
-            return bad("credentials.name", "must be 1 to 128 of A-Z a-z 0-9 . _ / -");
+            return bad(
+                "credentials.name",
+                "must be 1 to 128 of A-Z a-z 0-9 . _ / -",
+            );
         }
         if self.instance_types.is_empty() || self.instance_types.len() > 256 {
             return bad("instance_types", "list 1 to 256 instance types");
@@ -120,7 +131,10 @@ impl ProviderPool {
             if !token_ok(&t.name, 64) || t.vcpus == 0 || t.memory_mib == 0 {
                 return bad(
                     "instance_types",
-                    format!("{:?}: a name of A-Z a-z 0-9 . _ / - and vcpus, memory_mib above 0", t.name),
+                    format!(
+                        "{:?}: a name of A-Z a-z 0-9 . _ / - and vcpus, memory_mib above 0",
+                        t.name
+                    ),
                 );
             }
         }
@@ -135,7 +149,10 @@ impl ProviderPool {
             if !hex || !token_ok(&i.image_id, 128) {
                 return bad(
                     "images",
-                    format!("{:?}: sha256 of 64 lowercase hex digits and a provider image id", i.image_id),
+                    format!(
+                        "{:?}: sha256 of 64 lowercase hex digits and a provider image id",
+                        i.image_id
+                    ),
                 );
             }
         }
@@ -146,14 +163,20 @@ impl ProviderPool {
     /// memory and GPUs, the provider image of its image digest and its user data. An error says what the pool
     /// offers instead.
     pub fn launch_for(&self, r: &InstanceRequest) -> Result<LaunchSpec, String> {
-        let fits = self.instance_types.iter().filter(|t| {
-            t.vcpus >= r.vcpus && t.memory_mib >= r.memory_mib && t.gpus >= r.gpus
-        });
+        let fits = self
+            .instance_types
+            .iter()
+            .filter(|t| t.vcpus >= r.vcpus && t.memory_mib >= r.memory_mib && t.gpus >= r.gpus);
         let Some(t) = fits.min_by_key(|t| (t.gpus, t.vcpus, t.memory_mib, t.name.clone())) else {
             let offered: Vec<String> = self
                 .instance_types
                 .iter()
-                .map(|t| format!("{} ({} vCPU, {} MiB, {} GPU)", t.name, t.vcpus, t.memory_mib, t.gpus))
+                .map(|t| {
+                    format!(
+                        "{} ({} vCPU, {} MiB, {} GPU)",
+                        t.name, t.vcpus, t.memory_mib, t.gpus
+                    )
+                })
                 .collect();
             return Err(format!(
                 "no instance type of pool {} has {} vCPU, {} MiB and {} GPU(s); it offers {}",
@@ -244,7 +267,10 @@ mod tests {
         let p = pool();
         assert_eq!(p.validate(), Ok(()));
         let l = p.launch_for(&request()).expect("fits");
-        assert_eq!((l.instance_type.as_str(), l.image_id.as_str()), ("t3.micro", "ami-12c6146b"));
+        assert_eq!(
+            (l.instance_type.as_str(), l.image_id.as_str()),
+            ("t3.micro", "ami-12c6146b")
+        );
         assert_eq!(l.user_data, None);
         let mut r = request();
         r.memory_mib = 2048;
@@ -252,14 +278,26 @@ mod tests {
         r.gpus = 1;
         assert_eq!(p.launch_for(&r).expect("fits").instance_type, "g5.xlarge");
         r.vcpus = 64;
-        assert!(p.launch_for(&r).expect_err("none").contains("it offers t3.large"));
+        assert!(
+            p.launch_for(&r)
+                .expect_err("none")
+                .contains("it offers t3.large")
+        );
         let mut r = request();
         r.image.sha256 = "cd".repeat(32);
-        assert!(p.launch_for(&r).expect_err("no image").contains("no provider image"));
+        assert!(
+            p.launch_for(&r)
+                .expect_err("no image")
+                .contains("no provider image")
+        );
         let mut r = request();
         r.ssh_keys = vec!["ssh-ed25519 AAAA ops".into()];
         r.hostname = Some("web-1".into());
-        let u = p.launch_for(&r).expect("fits").user_data.expect("cloud-config");
+        let u = p
+            .launch_for(&r)
+            .expect("fits")
+            .user_data
+            .expect("cloud-config");
         assert_eq!(
             u,
             "#cloud-config\nhostname: \"web-1\"\nssh_authorized_keys:\n  - \"ssh-ed25519 AAAA ops\"\n"

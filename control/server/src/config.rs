@@ -110,6 +110,8 @@ pub struct ServeConfig {
     pub capacity_reload: Option<std::time::Duration>,
     /// Which placer books reservations (`[capacity] placer`).
     pub placer: bc_mod_capacity::Placer,
+    /// The instances module's timing overrides (tests); None means [`bc_mod_instances::Config::default`].
+    pub instances: Option<bc_mod_instances::Config>,
     /// Where the process's own metrics go ([`crate::telemetry`]); None exports nothing.
     pub telemetry: Option<bc_telemetry::TelemetryConfig>,
 }
@@ -135,6 +137,7 @@ impl ServeConfig {
             shard_lease: None,
             capacity_reload: None,
             placer: bc_mod_capacity::Placer::Shard,
+            instances: None,
             telemetry: None,
         }
     }
@@ -273,6 +276,7 @@ impl ServeConfigWire {
             },
             capacity_reload: None,
             placer,
+            instances: None,
             telemetry,
         })
     }

@@ -21,6 +21,7 @@ pub mod notify;
 pub mod output;
 pub mod plane;
 pub mod profile;
+pub mod provider_secrets;
 pub mod reservations_cli;
 pub mod serve_cli;
 pub mod site_cli;
@@ -295,7 +296,9 @@ pub async fn start_with(
         .module(bc_mod_nodes::module(nodes))
         .module(capacity_module(config, &metrics))
         .module(bc_mod_sites::module())
-        .module(bc_mod_instances::module())
+        .module(bc_mod_instances::module(
+            config.instances.clone().unwrap_or_default(),
+        ))
         .module(bc_mod_metal::module(metal_config(
             &gateway_url,
             &ca.pin(),
@@ -311,6 +314,12 @@ pub async fn start_with(
             sessions: sessions.clone(),
         });
     }
+    builder = builder.resource(bc_mod_instances::provider::ProviderCredentials(Arc::new(
+        provider_secrets::StoreSecrets {
+            store: store.clone(),
+            secrets: secrets.clone(),
+        },
+    )));
     let tunnels = gateway.as_ref().map(|g| g.tunnels.clone());
     builder = with_tunnels(builder, &store, tunnels.clone());
     let initialized = builder.build()?.initialize(backend).await?;

@@ -136,7 +136,11 @@ pub struct Launch<'a> {
 /// launch with the first one's instance (at most 64 ASCII characters).
 pub fn client_token(instance: &str) -> String {
     let mut t = format!("bc-{instance}");
-    t.truncate(64);
+    let mut end = t.len().min(64);
+    while !t.is_char_boundary(end) {
+        end -= 1;
+    }
+    t.truncate(end);
     t
 }
 
@@ -208,7 +212,11 @@ fn text(n: roxmltree::Node<'_, '_>, name: &'static str) -> Result<String, Decode
         .ok_or(DecodeError::Missing(name))
 }
 
-fn state(id: &str, n: roxmltree::Node<'_, '_>, name: &'static str) -> Result<Ec2State, DecodeError> {
+fn state(
+    id: &str,
+    n: roxmltree::Node<'_, '_>,
+    name: &'static str,
+) -> Result<Ec2State, DecodeError> {
     let s = child(n, name).ok_or(DecodeError::Missing(name))?;
     let v = text(s, "name")?;
     Ec2State::parse(&v).ok_or_else(|| DecodeError::State {
@@ -305,7 +313,8 @@ mod tests {
                 bc_instance_id: Some("inst-1".into()),
             }]))
         );
-        let empty = r#"<DescribeInstancesResponse xmlns="x"><reservationSet/></DescribeInstancesResponse>"#;
+        let empty =
+            r#"<DescribeInstancesResponse xmlns="x"><reservationSet/></DescribeInstancesResponse>"#;
         assert_eq!(decode(empty), Ok(Ec2Answer::Instances(vec![])));
         let stop = r#"<StopInstancesResponse><instancesSet><item><instanceId>i-1</instanceId><currentState>
             <code>64</code><name>stopping</name></currentState><previousState><code>16</code><name>running</name>
@@ -319,7 +328,9 @@ mod tests {
         );
         let err = r#"<Response><Errors><Error><Code>InvalidInstanceID.NotFound</Code><Message>The instance ID
             'i-nope' does not exist</Message></Error></Errors><RequestID>x</RequestID></Response>"#;
-        assert!(matches!(decode(err), Ok(Ec2Answer::Error { code, .. }) if code == "InvalidInstanceID.NotFound"));
+        assert!(
+            matches!(decode(err), Ok(Ec2Answer::Error { code, .. }) if code == "InvalidInstanceID.NotFound")
+        );
         let reboot = "<RebootInstancesResponse><return>true</return></RebootInstancesResponse>";
         assert_eq!(decode(reboot), Ok(Ec2Answer::Accepted));
     }
@@ -329,7 +340,9 @@ mod tests {
         assert!(matches!(decode("not xml"), Err(DecodeError::Xml(_))));
         assert!(matches!(decode("<Other/>"), Err(DecodeError::Document(d)) if d == "Other"));
         let bad_state = DESCRIBE.replace("<name>running</name>", "<name>melting</name>");
-        assert!(matches!(decode(&bad_state), Err(DecodeError::State { state, .. }) if state == "melting"));
+        assert!(
+            matches!(decode(&bad_state), Err(DecodeError::State { state, .. }) if state == "melting")
+        );
         let no_id = DESCRIBE.replace("<instanceId>i-1a2b</instanceId>", "");
         assert_eq!(decode(&no_id), Err(DecodeError::Missing("instanceId")));
         let big = "x".repeat(MAX_ANSWER + 1);
@@ -355,6 +368,8 @@ mod tests {
         assert_eq!(get("TagSpecification.1.Tag.1.Value"), Some("inst-0190"));
         assert_eq!(get("UserData"), Some("I2Nsb3Vk"));
         assert_eq!(client_token(&"x".repeat(100)).len(), 64);
+        // Cut on a character boundary (a byte cut inside `é` would panic).
+        assert_eq!(client_token(&format!("{}é", "x".repeat(60))).len(), 63);
         let d = describe_by_tag("inst-1");
         assert!(d.contains(&("Filter.1.Name".into(), "tag:bc-instance-id".into())));
     }

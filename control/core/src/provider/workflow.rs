@@ -70,7 +70,10 @@ pub struct CallError {
 /// What asking the provider about the instance found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Observed {
-    Found { provider_id: String, state: Ec2State },
+    Found {
+        provider_id: String,
+        state: Ec2State,
+    },
     /// No instance by the provider id, or none tagged with the instance id.
     Absent,
     Failed(CallError),
@@ -217,7 +220,9 @@ impl Planner<'_> {
         }
         match (state, self.desired.power) {
             (Ec2State::Terminated | Ec2State::ShuttingDown, _) => {
-                let why = format!("instance {id} was terminated at the provider, not by this control plane");
+                let why = format!(
+                    "instance {id} was terminated at the provider, not by this control plane"
+                );
                 self.done(None, Some(Outcome::Failed(why)))
             }
             (Ec2State::Running, Power::Stopped) => self.call(Call::Change(StateAction::Stop, id)),
