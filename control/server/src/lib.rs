@@ -314,12 +314,7 @@ pub async fn start_with(
             sessions: sessions.clone(),
         });
     }
-    builder = builder.resource(bc_mod_instances::provider::ProviderCredentials(Arc::new(
-        provider_secrets::StoreSecrets {
-            store: store.clone(),
-            secrets: secrets.clone(),
-        },
-    )));
+    builder = builder.resource(provider_secrets::resource(&store, &secrets));
     let tunnels = gateway.as_ref().map(|g| g.tunnels.clone());
     builder = with_tunnels(builder, &store, tunnels.clone());
     let initialized = builder.build()?.initialize(backend).await?;

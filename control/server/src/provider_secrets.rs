@@ -43,3 +43,14 @@ impl ProviderSecrets for StoreSecrets {
         })
     }
 }
+
+/// The kernel resource the instances module's provider workflow resolves credentials through.
+pub fn resource(
+    store: &Store,
+    secrets: &Arc<SecretBox>,
+) -> bc_mod_instances::provider::ProviderCredentials {
+    bc_mod_instances::provider::ProviderCredentials(Arc::new(StoreSecrets {
+        store: store.clone(),
+        secrets: secrets.clone(),
+    }))
+}
