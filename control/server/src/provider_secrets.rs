@@ -4,11 +4,9 @@
 //! the control plane, never kept.
 
 use bc_core::provider::SecretRef;
-use bc_mod_instances::provider::ProviderSecrets;
+use bc_mod_instances::provider::{ProviderSecrets, SecretValue};
 use bc_mod_sites::SecretBox;
 use bc_store::Store;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use zeroize::Zeroizing;
 
@@ -19,10 +17,7 @@ pub struct StoreSecrets {
 }
 
 impl ProviderSecrets for StoreSecrets {
-    fn resolve<'a>(
-        &'a self,
-        r: &'a SecretRef,
-    ) -> Pin<Box<dyn Future<Output = Result<Zeroizing<Vec<u8>>, String>> + Send + 'a>> {
+    fn resolve<'a>(&'a self, r: &'a SecretRef) -> SecretValue<'a> {
         Box::pin(async move {
             let sealed = self
                 .store

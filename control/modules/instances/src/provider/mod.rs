@@ -25,13 +25,14 @@ use zeroize::Zeroizing;
 
 pub const ROLE: &str = "controllers";
 
+/// A resolved secret's value (wiped when dropped), or why it could not be read.
+pub type SecretValue<'a> =
+    Pin<Box<dyn Future<Output = Result<Zeroizing<Vec<u8>>, String>> + Send + 'a>>;
+
 /// Resolves a secret reference to its value, for one operation (the composition implements it with the
 /// control plane's secret store: this module imports no other).
 pub trait ProviderSecrets: Send + Sync + 'static {
-    fn resolve<'a>(
-        &'a self,
-        r: &'a SecretRef,
-    ) -> Pin<Box<dyn Future<Output = Result<Zeroizing<Vec<u8>>, String>> + Send + 'a>>;
+    fn resolve<'a>(&'a self, r: &'a SecretRef) -> SecretValue<'a>;
 }
 
 /// The kernel resource through which the workflow reaches the secrets.
