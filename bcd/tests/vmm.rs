@@ -486,6 +486,21 @@ async fn an_instance_lives_its_whole_life_through_the_control_plane_under_qemu()
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    // The control plane confirms the delete once the node reports the VM gone (until then the instance is
+    // `deleting` and holds its atoms).
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = show(&p, &id).await;
+        if v["state"] == "deleted" {
+            break;
+        }
+        assert_eq!(v["state"], "deleting", "{v}");
+        assert!(
+            Instant::now() < end,
+            "{id} not confirmed deleted within 60 s: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     // The whole node fits again (a bad digest, so nothing boots), and is deleted.
     let all = p
         .admin

@@ -62,6 +62,7 @@ pub fn serve_config(dir: &Path, opts: &Options, gateway_listen: SocketAddr) -> S
         leaf_lifetime: opts.leaf_lifetime,
         shard_lease: None,
         capacity_reload: None,
+        instances: None,
         placer: Default::default(),
         telemetry: None,
         gateway_id: None,

@@ -158,6 +158,8 @@ pub struct ServeConfig {
     pub capacity_reload: Option<std::time::Duration>,
     /// Which placer books reservations (`[capacity] placer`).
     pub placer: bc_mod_capacity::Placer,
+    /// The instances module's timing overrides (tests); None means [`bc_mod_instances::Config::default`].
+    pub instances: Option<bc_mod_instances::Config>,
     /// Where the process's own metrics go ([`crate::telemetry`]) and where `/metrics` is served; None exports and
     /// serves nothing (tests). A configuration file without a `[telemetry]` table serves `/metrics` on
     /// [`crate::telemetry::DEFAULT_METRICS_LISTEN`].
@@ -195,6 +197,7 @@ impl ServeConfig {
             shard_lease: None,
             capacity_reload: None,
             placer: bc_mod_capacity::Placer::Shard,
+            instances: None,
             telemetry: None,
             gateway_id: None,
             gateway_relay_url: None,
@@ -362,6 +365,7 @@ impl ServeConfigWire {
             },
             capacity_reload: None,
             placer,
+            instances: None,
             telemetry,
             gateway_id: self.gateway_id,
             gateway_relay_url: self.gateway_relay_url,

@@ -75,7 +75,14 @@ pub enum InstanceCommand {
     /// to the pool.
     Delete { id: String },
     /// Make a pool a hosted pool (`vps-host`: its nodes run bcd with [vmm]) or a `provider` pool.
-    SetPool { pool: String, class: String },
+    SetPool {
+        pool: String,
+        class: String,
+        /// A provider pool's configuration, a JSON file: kind, endpoint, region, credentials {site, name},
+        /// instance_types, images (docs/instances.md).
+        #[arg(long)]
+        provider: Option<PathBuf>,
+    },
 }
 
 pub async fn instances(client: &ApiClient, command: InstanceCommand) -> anyhow::Result<()> {
@@ -151,12 +158,30 @@ pub async fn instances(client: &ApiClient, command: InstanceCommand) -> anyhow::
         InstanceCommand::Delete { id } => {
             json(&client.method::<DeleteInstanceMethod>(&by_id(id)).await?)
         }
-        InstanceCommand::SetPool { pool, class } => {
+        InstanceCommand::SetPool {
+            pool,
+            class,
+            provider,
+        } => {
             let class = PoolClass::parse(&class)
                 .with_context(|| format!("class {class:?}: use \"vps-host\" or \"provider\""))?;
+            let provider = match provider {
+                None => None,
+                Some(path) => {
+                    let text = std::fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    Some(serde_json::from_str(&text).with_context(|| {
+                        format!("{}: a provider pool's configuration", path.display())
+                    })?)
+                }
+            };
             json(
                 &client
-                    .method::<SetInstancePoolMethod>(&SetInstancePool { pool, class })
+                    .method::<SetInstancePoolMethod>(&SetInstancePool {
+                        pool,
+                        class,
+                        provider,
+                    })
                     .await?,
             )
         }

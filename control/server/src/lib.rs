@@ -23,6 +23,7 @@ pub mod notify;
 pub mod output;
 pub mod plane;
 pub mod profile;
+pub mod provider_secrets;
 pub mod reservations_cli;
 pub mod serve_cli;
 pub mod site_cli;
@@ -316,7 +317,9 @@ pub async fn start_with(
         .module(bc_mod_nodes::module(nodes))
         .module(capacity_module(config, &metrics))
         .module(bc_mod_sites::module())
-        .module(bc_mod_instances::module())
+        .module(bc_mod_instances::module(
+            config.instances.clone().unwrap_or_default(),
+        ))
         .module(bc_mod_metal::module(metal_config(
             &config.metal,
             &gateway_url,
@@ -333,6 +336,7 @@ pub async fn start_with(
             sessions: sessions.clone(),
         });
     }
+    builder = builder.resource(provider_secrets::resource(&store, &secrets));
     let tunnels = gateway.as_ref().map(|g| g.tunnels.clone());
     builder = with_tunnels(builder, config, &store, &ca, &worker, gateway.as_ref())?;
     for (path, item) in [fleet::api_path(), telemetry::api_path()] {

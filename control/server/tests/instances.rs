@@ -2,7 +2,8 @@
 //! database access, idempotency replay and CONFLICT, also concurrent, capacity exhausted), placement on a hosted
 //! pool's atoms (vCPU, memory and disk from the nodes' inventory, GPUs never booked to a reservation and an
 //! instance at once), the node's desired state carrying the instance, later operations changing only desired
-//! state, and delete giving the atoms back.
+//! state, and delete giving the atoms back only once the node confirms the VM is gone; instances on a drained node
+//! (shown as such, nothing new placed there) and a revoked one (failed with the reason, atoms back).
 
 use bc_control::client::{ApiClient, ClientError};
 use bc_control::config::{Roles, ServeConfig};
@@ -141,6 +142,49 @@ impl Plane {
             .await
             .expect("principal");
         ApiClient::new(&self.url, p["api_key"].as_str().expect("key"))
+    }
+
+    /// The node applied its desired state and reports the instances `ids` in its `instances` section, as bcd does
+    /// once a deleted VM is gone.
+    async fn node_reports(&self, node: &str, ids: &[&str]) {
+        sqlx::query("UPDATE nodes SET acked_generation = desired_generation WHERE id = $1")
+            .bind(node)
+            .execute(self.store.pool())
+            .await
+            .expect("ack");
+        let list: Vec<Value> = ids
+            .iter()
+            .map(|i| json!({"id": i, "generation": 1, "state": "running"}))
+            .collect();
+        sqlx::query(
+            "INSERT INTO inventory_sections (node_id, name, hash, payload) VALUES ($1, 'instances', md5($2::text), $2) \
+             ON CONFLICT (node_id, name) DO UPDATE SET payload = EXCLUDED.payload, hash = EXCLUDED.hash",
+        )
+        .bind(node)
+        .bind(json!({ "instances": list }))
+        .execute(self.store.pool())
+        .await
+        .expect("report");
+    }
+
+    /// One step of the instances reconciler's hosted sweep over every shard (what the controllers role runs).
+    async fn sweep(&self) -> bc_mod_instances::hosted::Swept {
+        let leases: Vec<bc_core::shards::ShardLease> = (0..256)
+            .map(|s| bc_core::shards::ShardLease {
+                shard: bc_core::shards::Shard::new(s).expect("shard"),
+                fence: 0,
+            })
+            .collect();
+        let instances = bc_mod_instances::Instances {
+            store: self.store.clone(),
+            config: bc_mod_instances::Config {
+                delete_deadline: std::time::Duration::from_secs(2),
+                ..Default::default()
+            },
+        };
+        bc_mod_instances::hosted::step(&instances, "test", &leases, bc_mod_instances::now_ms())
+            .await
+            .expect("sweep")
     }
 
     async fn desired(&self, node: &str) -> (i64, Value) {
@@ -305,16 +349,61 @@ async fn capacity_exhausted_says_what_is_free_and_delete_gives_the_atoms_back() 
     assert_eq!(code(&again), "UNAVAILABLE");
 
     let id = id_of(&first);
+    p.node_reports("h-1", &[&id]).await;
     let deleted = a
         .call("instances", "delete", json!({"id": id}))
         .await
         .expect("delete");
-    assert_eq!(deleted["instance"]["state"], "deleted");
+    // Off the node's desired state at once, but `deleting` and holding its atoms until the node confirms.
+    assert_eq!(deleted["instance"]["state"], "deleting");
     let (_, spec) = p.desired("h-1").await;
     assert_eq!(spec["instances"], json!([]), "{spec}");
     let twice = a.call("instances", "delete", json!({"id": id})).await;
     assert_eq!(code(&twice), "CONFLICT");
-    // The vCPUs are back: a new key fits now.
+    assert!(
+        message(&twice).contains("being deleted"),
+        "{}",
+        message(&twice)
+    );
+    let early = a
+        .call("instances", "create", body("team-a", 8, 0, "early"))
+        .await;
+    assert_eq!(
+        code(&early),
+        "UNAVAILABLE",
+        "the deleting VM still holds its vCPUs"
+    );
+    // The node has not applied the removal yet (its report still lists the VM): nothing is confirmed.
+    assert_eq!(p.sweep().await.confirmed, Vec::<String>::new());
+    // Applied, but the VM is still reported: not yet either; past the deadline the instance says why.
+    sqlx::query("UPDATE nodes SET acked_generation = desired_generation WHERE id = 'h-1'")
+        .execute(p.store.pool())
+        .await
+        .expect("ack");
+    tokio::time::sleep(std::time::Duration::from_millis(2_100)).await;
+    let swept = p.sweep().await;
+    assert_eq!(
+        (swept.confirmed.len(), swept.overdue.clone()),
+        (0, vec![id.clone()])
+    );
+    let shown = a
+        .call("instances", "show", json!({"id": id}))
+        .await
+        .expect("show");
+    assert!(
+        shown["instance"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("has not confirmed")),
+        "{shown}"
+    );
+    // The node reports the VM gone: deleted, the vCPUs are back and a new key fits now.
+    p.node_reports("h-1", &[]).await;
+    assert_eq!(p.sweep().await.confirmed, vec![id.clone()]);
+    let shown = a
+        .call("instances", "show", json!({"id": id}))
+        .await
+        .expect("show");
+    assert_eq!(shown["instance"]["state"], "deleted", "{shown}");
     let fits = a
         .call("instances", "create", body("team-a", 8, 0, "all"))
         .await;
@@ -375,10 +464,25 @@ async fn a_gpu_is_never_booked_to_a_reservation_and_an_instance_at_once() {
         .flatten()
         .any(|b| b["reservation"] == inst["instance"]["id"]);
     assert!(!in_bookings, "{spec}");
-    // Delete gives them back: a reservation can book them.
+    // Delete gives them back only once the node confirms the VM (and its passthrough) gone: until then a
+    // reservation cannot book them.
     a.call("instances", "delete", json!({"id": id_of(&inst)}))
         .await
         .expect("delete");
+    let r = a
+        .call(
+            "reservations",
+            "create",
+            json!({"tenant": "team-a", "gpus": 2, "duration_s": 600, "idempotency_key": "before"}),
+        )
+        .await;
+    assert_eq!(
+        code(&r),
+        "UNAVAILABLE",
+        "a deleting VM's GPUs were bookable"
+    );
+    p.node_reports(&node, &[]).await;
+    assert_eq!(p.sweep().await.confirmed, vec![id_of(&inst)]);
     let r = a
         .call(
             "reservations",
@@ -535,7 +639,7 @@ async fn the_cli_creates_stops_and_deletes_an_instance() {
     assert!(ok && out.contains(&id), "{out}");
     let (ok, out, err) = tokio::task::block_in_place(|| cli(&p, &["delete", &id]));
     assert!(ok, "{err}");
-    assert!(out.contains("\"state\":\"deleted\""), "{out}");
+    assert!(out.contains("\"state\":\"deleting\""), "{out}");
     // A bad request is refused by the CLI itself, naming the field; a bad class too.
     let (ok, _, err) = tokio::task::block_in_place(|| {
         cli(
@@ -558,5 +662,76 @@ async fn the_cli_creates_stops_and_deletes_an_instance() {
     assert!(!ok && err.contains("memory_mib"), "{err}");
     let (ok, _, err) = tokio::task::block_in_place(|| cli(&p, &["set-pool", "vps", "cloud"]));
     assert!(!ok && err.contains("vps-host"), "{err}");
+    p.running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_node_keeps_its_instances_and_a_revoked_one_fails_them() {
+    // Two nodes with one GPU each.
+    let p = plane(2, 1).await;
+    let a = p.tenant_user("team-a").await;
+    let one = a
+        .call("instances", "create", body("team-a", 4, 1, "one"))
+        .await
+        .expect("create");
+    let two = a
+        .call("instances", "create", body("team-a", 8, 1, "two"))
+        .await
+        .expect("create");
+    let node_of = |v: &Value| {
+        v["instance"]["node"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (n1, n2) = (node_of(&one), node_of(&two));
+    assert_ne!(n1, n2);
+    // Drained: the instance stays, shown with its node's state; nothing new goes there.
+    p.admin
+        .call("nodes", "drain", json!({"id": n1}))
+        .await
+        .expect("drain");
+    let shown = a
+        .call("instances", "show", json!({"id": id_of(&one)}))
+        .await
+        .expect("show");
+    assert_eq!(shown["instance"]["state"], "placed", "{shown}");
+    assert_eq!(shown["instance"]["node_state"], "draining", "{shown}");
+    a.call("instances", "delete", json!({"id": id_of(&two)}))
+        .await
+        .expect("delete");
+    p.node_reports(&n2, &[]).await;
+    p.sweep().await;
+    let next = a
+        .call("instances", "create", body("team-a", 1, 0, "next"))
+        .await
+        .expect("create");
+    // The drained node is the fullest that fits (4 vCPUs free against 8): only its state keeps the create off it.
+    assert_eq!(node_of(&next), n2, "placed on the drained node");
+    // Revoked: its instances fail with the reason, their GPUs and atoms back.
+    p.admin
+        .call("nodes", "revoke", json!({"id": n2}))
+        .await
+        .expect("revoke");
+    let swept = p.sweep().await;
+    assert_eq!(swept.revoked, vec![id_of(&next)]);
+    let shown = a
+        .call("instances", "show", json!({"id": id_of(&next)}))
+        .await
+        .expect("show");
+    assert_eq!(shown["instance"]["state"], "failed", "{shown}");
+    assert!(
+        shown["instance"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("was revoked")),
+        "{shown}"
+    );
+    assert_eq!(shown["instance"]["node_state"], "revoked", "{shown}");
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM devices WHERE reservation_id = $1")
+        .bind(id_of(&one))
+        .fetch_one(p.store.pool())
+        .await
+        .expect("devices");
+    assert_eq!(held, 1, "the drained node's instance keeps its GPU");
     p.running.shutdown().await;
 }

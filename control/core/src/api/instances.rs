@@ -248,9 +248,13 @@ pub enum InstanceState {
     Pending,
     /// Placed on a node: in its desired state.
     Placed,
-    /// Not placed (no capacity); nothing is held.
+    /// Not placed (no capacity), or lost (its node revoked, its provider instance gone): the reason is in
+    /// `error`; nothing is held.
     Failed,
-    /// Deleted: gone from its node's desired state, its atoms back in the pool.
+    /// Deleted, not confirmed yet: off its node's desired state (or being terminated by its provider) and still
+    /// holding its atoms until the node reports the VM gone (or the provider the instance terminated).
+    Deleting,
+    /// Deleted: the node confirmed the VM gone (or the provider the instance), its atoms back in the pool.
     Deleted,
 }
 
@@ -260,6 +264,7 @@ impl InstanceState {
             InstanceState::Pending => "pending",
             InstanceState::Placed => "placed",
             InstanceState::Failed => "failed",
+            InstanceState::Deleting => "deleting",
             InstanceState::Deleted => "deleted",
         }
     }
@@ -269,6 +274,7 @@ impl InstanceState {
             InstanceState::Pending,
             InstanceState::Placed,
             InstanceState::Failed,
+            InstanceState::Deleting,
             InstanceState::Deleted,
         ]
         .into_iter()
@@ -318,6 +324,9 @@ pub struct ObservedInstance {
     pub pid: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accel: Option<String>,
+    /// On a provider pool: the provider's id of the instance (`i-…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
 }
 
 /// An instance as the API shows it.
@@ -329,8 +338,12 @@ pub struct Instance {
     pub principal: String,
     pub state: InstanceState,
     pub request: InstanceRequest,
-    /// The node it runs on, once placed.
+    /// The node it runs on, once placed (none on a provider pool).
     pub node: Option<NodeId>,
+    /// That node's lifecycle state when it is not `adopted` (`draining`, `failed`, `revoked`): the instance still
+    /// runs there (a revoked node's instances fail), and nothing new is placed there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_state: Option<String>,
     /// UUIDs of the GPUs booked for it on that node.
     pub gpus: Vec<String>,
     pub power: Power,
@@ -390,13 +403,34 @@ impl PoolClass {
     }
 }
 
-/// `instances.set-pool`: makes an existing pool a hosted (`vps-host`) or provider pool.
+/// `instances.set-pool`: makes an existing pool a hosted (`vps-host`) or provider pool; a provider pool needs its
+/// `provider` configuration (a hosted one takes none).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SetInstancePool {
     pub pool: String,
     pub class: PoolClass,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<crate::provider::ProviderPool>,
+}
+
+impl SetInstancePool {
+    /// A provider pool's configuration is present and valid; a hosted pool has none.
+    pub fn validate(&self) -> Result<(), String> {
+        match (self.class, &self.provider) {
+            (PoolClass::VpsHost, None) => Ok(()),
+            (PoolClass::VpsHost, Some(_)) => {
+                Err("provider: a vps-host pool takes no provider configuration".into())
+            }
+            (PoolClass::Provider, None) => Err(
+                "provider: a provider pool needs its configuration (kind, endpoint, region, credentials, \
+                 instance_types, images)"
+                    .into(),
+            ),
+            (PoolClass::Provider, Some(p)) => p.validate().map_err(|e| e.to_string()),
+        }
+    }
 }
 
 /// The answer of `set-pool`.
@@ -405,6 +439,8 @@ pub struct SetInstancePool {
 pub struct InstancePool {
     pub pool: String,
     pub class: PoolClass,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<crate::provider::ProviderPool>,
 }
 
 // === placement ===

@@ -1,16 +1,17 @@
 //! `instances.create|show|list|stop|start|reboot|delete` and `instances.set-pool`. Create is the admission
 //! sequence: the request's validation and the tenant check are pure and run before any database access (the
 //! kernel checked the grant on `tenant/<tenant>` from the request before the handler runs); tx 1 records it under
-//! its idempotency key (the same key and body replay the instance; another body is CONFLICT); tx 2 places it on
-//! the fullest node of its `vps-host` pool that fits (bc-core's `choose_node`), rechecked under that node's lock,
-//! and publishes the node's desired state. Every later method changes only the instance's desired state.
+//! its idempotency key (the same key and body replay the instance; another body is CONFLICT); tx 2 places it: on a
+//! `vps-host` pool it claims the fullest node that fits (bc-core's `choose_node` order, walked on the per-node
+//! free-atoms index and locked `SKIP LOCKED`), books the atoms and publishes the node's desired state; on a provider
+//! pool it hands the instance to the provider workflow. Every later method changes only the instance's desired
+//! state.
 
 use crate::Instances;
-use crate::queries::{self, Admission, Change, NewInstance, NodeLock};
+use crate::queries::{self, Admission, Change, NewInstance};
 use bc_core::api::instances::{
     CreateInstance, Instance, InstanceAnswer, InstanceById, InstanceList, InstancePool,
-    InstanceRequest, InstanceState, ListInstances, PoolClass, Power, SetInstancePool, choose_node,
-    no_capacity,
+    InstanceRequest, InstanceState, ListInstances, PoolClass, Power, SetInstancePool, no_capacity,
 };
 use bc_core::reservation::tenant_allowed;
 use bc_kernel::{ApiCode, ApiError, Caller, Cx, Method, Module, Scope};
@@ -49,7 +50,7 @@ bc_kernel::api_method!(
     pub SetInstancePoolMethod = "instances" / "set-pool": SetInstancePool => InstancePool
 );
 
-/// How many of the best-fitting nodes one round of a placement tries (each rechecked under its lock).
+/// How many nodes whose GPUs were taken under it one placement passes over before it gives up.
 const PLACEMENT_TRIES: usize = 64;
 /// How long a placement keeps trying while the nodes that fit are busy with other placements.
 const PLACEMENT_DEADLINE: Duration = Duration::from_secs(5);
@@ -134,29 +135,36 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
     tenant_check(cx.caller(), &req.tenant)?;
     let instances = cx.get::<Instances>()?;
     let pool = instances.store.pool();
-    match queries::pool_class(pool, &req.pool).await? {
-        Some(PoolClass::VpsHost) => {}
-        Some(PoolClass::Provider) => {
-            return Err(ApiError::new(
-                ApiCode::FailedPrecondition,
-                format!(
-                    "pool {} is a provider pool, and provider pools cannot run instances in this version: use a \
-                     vps-host pool",
-                    req.pool
-                ),
-            ));
+    let class = match queries::pool_class(pool, &req.pool).await? {
+        (Some(PoolClass::VpsHost), _) => PoolClass::VpsHost,
+        (Some(PoolClass::Provider), Some(provider)) => {
+            // What the request launches there is known before anything is recorded.
+            provider
+                .launch_for(&req)
+                .map_err(|why| ApiError::invalid(format!("pool {}: {why}", req.pool)))?;
+            PoolClass::Provider
         }
-        None => {
+        (Some(PoolClass::Provider), None) => {
             return Err(ApiError::new(
                 ApiCode::FailedPrecondition,
                 format!(
-                    "pool {} hosts no instances: make it a hosted pool (`better-compute instances set-pool {} \
-                     vps-host`) with nodes that run bcd with a [vmm] table, or name such a pool",
+                    "pool {} is a provider pool without its configuration: set it again with `better-compute \
+                     instances set-pool {} provider --provider <file>`",
                     req.pool, req.pool
                 ),
             ));
         }
-    }
+        (None, _) => {
+            return Err(ApiError::new(
+                ApiCode::FailedPrecondition,
+                format!(
+                    "pool {} hosts no instances: make it a hosted pool (`better-compute instances set-pool {} \
+                     vps-host`) with nodes that run bcd with a [vmm] table, or a provider pool, or name such a pool",
+                    req.pool, req.pool
+                ),
+            ));
+        }
+    };
     let id = format!("inst-{}", uuid::Uuid::now_v7().simple());
     let key = body.idempotency_key.clone().unwrap_or_else(|| id.clone());
     let body_hash = req.body_hash();
@@ -172,7 +180,7 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
     )
     .await?;
     let instance = match admitted {
-        Admission::Recorded => place(instances, &id, &req).await?,
+        Admission::Recorded => place(instances, class, &id, &req).await?,
         Admission::Existing {
             body_hash: stored,
             instance,
@@ -188,7 +196,7 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
             }
             if instance.state == InstanceState::Pending {
                 // The call that recorded it did not finish placing it: this one does.
-                place(instances, &instance.id, &instance.request).await?
+                place(instances, class, &instance.id, &instance.request).await?
             } else {
                 *instance
             }
@@ -213,60 +221,57 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
 /// [`PLACEMENT_DEADLINE`].
 async fn place(
     instances: &Instances,
+    class: PoolClass,
     id: &str,
     req: &InstanceRequest,
 ) -> Result<Instance, ApiError> {
     let pool = instances.store.pool();
+    if class == PoolClass::Provider {
+        // The provider workflow launches it: the placement is its hand-over, in one transaction.
+        let mut tx = pool.begin().await.map_err(bc_store::StoreError::from)?;
+        queries::mark_placed_provider(&mut tx, id, &req.pool).await?;
+        tx.commit().await.map_err(bc_store::StoreError::from)?;
+        return read(instances, id).await;
+    }
     let deadline = tokio::time::Instant::now() + PLACEMENT_DEADLINE;
     let mut pause = Duration::from_millis(2);
+    // Nodes whose GPUs a reservation booked between the claim and the booking: not tried again by this call.
+    let mut short: Vec<String> = Vec::new();
     loop {
-        let candidates = {
-            let mut conn = pool.acquire().await.map_err(bc_store::StoreError::from)?;
-            queries::free_atoms(&mut conn, &req.pool, None).await?
-        };
-        let mut busy = 0;
-        for node in choose_node(&candidates, req)
-            .into_iter()
-            .take(PLACEMENT_TRIES)
-        {
-            let mut tx = pool.begin().await.map_err(bc_store::StoreError::from)?;
-            match queries::lock_node(&mut tx, &node).await? {
-                NodeLock::Held => {}
-                NodeLock::Busy => {
-                    busy += 1;
-                    continue;
-                }
-                NodeLock::Gone => continue,
-            }
-            let fits = queries::free_atoms(&mut tx, &req.pool, Some(&node))
-                .await?
-                .first()
-                .is_some_and(|f| f.fits(req));
-            if !fits {
-                continue;
-            }
-            let want = i64::from(req.gpus);
-            let gpus = queries::book_gpus(&mut tx, &node, id, want).await?;
-            if gpus.len() as i64 != want {
-                continue;
-            }
-            if !queries::mark_placed(&mut tx, id, &node, &gpus).await? {
-                // Another call placed (or the owner deleted) it meanwhile: what it did stands.
-                drop(tx);
+        let mut tx = pool.begin().await.map_err(bc_store::StoreError::from)?;
+        let Some(node) = queries::claim_node(&mut tx, req, &short).await? else {
+            drop(tx);
+            let busy = queries::any_fits(pool, req, &short).await?;
+            if !busy
+                || tokio::time::Instant::now() + pause > deadline
+                || short.len() >= PLACEMENT_TRIES
+            {
+                let candidates = queries::free_atoms(pool, &req.pool).await?;
+                let why = no_capacity(&req.pool, req, &candidates);
+                queries::mark_failed(pool, id, &why).await?;
                 return read(instances, id).await;
             }
-            queries::publish(&mut tx, &node).await?;
-            tx.commit().await.map_err(bc_store::StoreError::from)?;
-            tracing::debug!(instance = id, node = %node, gpus = gpus.len(), "instance placed");
+            // Every node that fits is held by another placement right now.
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
+            continue;
+        };
+        let want = i64::from(req.gpus);
+        let gpus = queries::book_gpus(&mut tx, &node, id, want).await?;
+        if gpus.len() as i64 != want {
+            short.push(node);
+            continue;
+        }
+        queries::hold(&mut tx, &node, req).await?;
+        if !queries::mark_placed(&mut tx, id, &node, &gpus).await? {
+            // Another call placed (or the owner deleted) it meanwhile: what it did stands.
+            drop(tx);
             return read(instances, id).await;
         }
-        if busy == 0 || tokio::time::Instant::now() + pause > deadline {
-            let why = no_capacity(&req.pool, req, &candidates);
-            queries::mark_failed(pool, id, &why).await?;
-            return read(instances, id).await;
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(100));
+        queries::publish(&mut tx, &node).await?;
+        tx.commit().await.map_err(bc_store::StoreError::from)?;
+        tracing::debug!(instance = id, node = %node, gpus = gpus.len(), "instance placed");
+        return read(instances, id).await;
     }
 }
 
@@ -292,25 +297,35 @@ async fn visible(cx: &Cx, id: &str) -> Result<Instance, ApiError> {
     Ok(i)
 }
 
-/// Adds each placed instance's report from its node (only a report about its current generation or an older one
-/// is shown; one about a newer generation cannot exist).
+/// Adds each placed (or deleting) instance's report: its node's, or the provider workflow's (only a report about
+/// its current generation or an older one is shown; one about a newer generation cannot exist).
 async fn with_observed(
     instances: &Instances,
     mut list: Vec<Instance>,
 ) -> Result<Vec<Instance>, ApiError> {
+    let live = |i: &Instance| matches!(i.state, InstanceState::Placed | InstanceState::Deleting);
     let mut nodes: Vec<String> = list
         .iter()
-        .filter(|i| i.state == InstanceState::Placed)
+        .filter(|i| live(i))
         .filter_map(|i| i.node.as_ref().map(|n| n.to_string()))
         .collect();
     nodes.sort();
     nodes.dedup();
-    if nodes.is_empty() {
-        return Ok(list);
+    let on_provider: Vec<String> = list
+        .iter()
+        .filter(|i| i.node.is_none() && i.state != InstanceState::Pending)
+        .map(|i| i.id.clone())
+        .collect();
+    let pool = instances.store.pool();
+    let mut observed = match nodes.is_empty() {
+        true => Default::default(),
+        false => queries::observed(pool, &nodes).await?,
+    };
+    if !on_provider.is_empty() {
+        observed.extend(crate::provider::store::observed(pool, &on_provider).await?);
     }
-    let mut observed = queries::observed(instances.store.pool(), &nodes).await?;
     for i in &mut list {
-        if i.state == InstanceState::Placed {
+        if live(i) || i.node.is_none() {
             i.observed = observed.remove(&i.id);
         }
     }
@@ -365,15 +380,27 @@ async fn change(cx: Cx, req: InstanceById, change: Change) -> Result<InstanceAns
         .begin()
         .await
         .map_err(bc_store::StoreError::from)?;
-    let Some(node) = queries::change(&mut tx, &i.id, &change).await? else {
+    let Some(changed) = queries::change(&mut tx, &i.id, &change).await? else {
         return Err(ApiError::new(
             ApiCode::Conflict,
-            format!("instance {} is deleted; create a new one", i.id),
+            format!(
+                "instance {} is {}; create a new one",
+                i.id,
+                if i.state == InstanceState::Deleting {
+                    "being deleted"
+                } else {
+                    "deleted"
+                }
+            ),
         ));
     };
-    if let Some(node) = node {
-        queries::publish(&mut tx, &node).await?;
+    if let Some(node) = &changed.node {
+        let generation = queries::publish(&mut tx, node).await?;
+        if changed.state == "deleting" {
+            queries::set_removal_generation(&mut tx, &i.id, generation).await?;
+        }
     }
+    crate::provider::store::poke(&mut tx, &i.id).await?;
     tx.commit().await.map_err(bc_store::StoreError::from)?;
     let actor = &cx.caller().id;
     tracing::info!(instance = %i.id, actor = %actor, change = change_name(&change), "instance changed");
@@ -394,10 +421,18 @@ fn change_name(c: &Change) -> &'static str {
 }
 
 async fn set_pool(cx: Cx, req: SetInstancePool) -> Result<InstancePool, ApiError> {
+    req.validate().map_err(ApiError::invalid)?;
     let instances = cx.get::<Instances>()?;
-    queries::set_pool_class(instances.store.pool(), &req.pool, req.class).await?;
+    queries::set_pool_class(
+        instances.store.pool(),
+        &req.pool,
+        req.class,
+        req.provider.as_ref(),
+    )
+    .await?;
     Ok(InstancePool {
         pool: req.pool,
         class: req.class,
+        provider: req.provider,
     })
 }

@@ -6,16 +6,16 @@ use bc_core::api::instances::{
     FreeAtoms, Instance, InstanceRequest, InstanceState, ObservedInstance, PoolClass, Power,
 };
 use bc_core::ids::{NodeId, TenantId};
+use bc_core::provider::ProviderPool;
 use bc_store::StoreError;
 use bc_store::sqlx::{self, PgConnection, Row, postgres::PgRow};
 
 /// Channel the outbox sink listens on (bc-store's; repeated here only as its value).
 const OUTBOX_WRITTEN_CHANNEL: &str = bc_store::reservations::OUTBOX_WRITTEN_CHANNEL;
-/// Channel the reservation placer hears capacity changes on: a GPU an instance gave back is bookable again.
-const CAPACITY_CHANNEL: &str = bc_store::reservations::CAPACITY_CHANNEL;
 
 const COLUMNS: &str = "i.id, i.tenant_id, i.principal_id, i.state, i.request, i.node_id, i.gpus, i.power, \
-                       i.reboots, i.generation, i.error, i.created_at, i.deleted_at";
+                       i.reboots, i.generation, i.error, i.created_at, i.deleted_at, \
+                       (SELECT n.state FROM nodes n WHERE n.id = i.node_id AND n.state <> 'adopted')";
 
 fn ms(t: time::OffsetDateTime) -> i64 {
     (t.unix_timestamp_nanos() / 1_000_000) as i64
@@ -50,6 +50,7 @@ fn row_to_instance(r: &PgRow, at: usize) -> Result<Instance, StoreError> {
         observed: None,
         created_at_ms: ms(r.get(at + 11)),
         deleted_at_ms: r.get::<Option<time::OffsetDateTime>, _>(at + 12).map(ms),
+        node_state: r.get(at + 13),
     })
 }
 
@@ -72,10 +73,14 @@ pub struct NewInstance<'a> {
     pub request: &'a InstanceRequest,
 }
 
-/// The class of `pool` for instances: None when the pool exists but hosts none; NotFound when there is no pool.
-pub async fn pool_class(pool: &sqlx::PgPool, id: &str) -> Result<Option<PoolClass>, StoreError> {
-    let row: Option<(Option<String>,)> = sqlx::query_as(
-        "SELECT c.class FROM pools p LEFT JOIN instance_pools c ON c.pool_id = p.id WHERE p.id = $1",
+/// The class of `pool` for instances (None when the pool exists but hosts none) and a provider pool's
+/// configuration; NotFound when there is no pool.
+pub async fn pool_class(
+    pool: &sqlx::PgPool,
+    id: &str,
+) -> Result<(Option<PoolClass>, Option<ProviderPool>), StoreError> {
+    let row: Option<(Option<String>, Option<serde_json::Value>)> = sqlx::query_as(
+        "SELECT c.class, c.provider FROM pools p LEFT JOIN instance_pools c ON c.pool_id = p.id WHERE p.id = $1",
     )
     .bind(id)
     .fetch_optional(pool)
@@ -85,7 +90,13 @@ pub async fn pool_class(pool: &sqlx::PgPool, id: &str) -> Result<Option<PoolClas
             what: "pool",
             id: id.to_string(),
         }),
-        Some((class,)) => Ok(class.as_deref().and_then(PoolClass::parse)),
+        Some((class, provider)) => {
+            let provider = provider
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(|e| StoreError::Corrupt(format!("pool {id:?}: provider: {e}")))?;
+            Ok((class.as_deref().and_then(PoolClass::parse), provider))
+        }
     }
 }
 
@@ -93,13 +104,19 @@ pub async fn set_pool_class(
     pool: &sqlx::PgPool,
     id: &str,
     class: PoolClass,
+    provider: Option<&ProviderPool>,
 ) -> Result<(), StoreError> {
+    let provider = provider
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(|e| StoreError::Corrupt(format!("pool {id:?}: provider: {e}")))?;
     let r = sqlx::query(
-        "INSERT INTO instance_pools (pool_id, class) SELECT id, $2 FROM pools WHERE id = $1 \
-         ON CONFLICT (pool_id) DO UPDATE SET class = EXCLUDED.class, updated_at = now()",
+        "INSERT INTO instance_pools (pool_id, class, provider) SELECT id, $2, $3 FROM pools WHERE id = $1 \
+         ON CONFLICT (pool_id) DO UPDATE SET class = EXCLUDED.class, provider = EXCLUDED.provider, updated_at = now()",
     )
     .bind(id)
     .bind(class.as_str())
+    .bind(provider)
     .execute(pool)
     .await?;
     if r.rows_affected() == 0 {
@@ -226,39 +243,82 @@ pub async fn observed(
     Ok(out)
 }
 
-/// The hosted-pool placement's candidates: every adopted node of `pool_id` (or only `node`) with its free atoms.
-/// A node's capacity is what its inventory advertises: `cpu.threads` vCPUs, `memory.total_bytes` in MiB, the sum
-/// of its fixed disks in GiB; the instances placed on it hold the rest. Its GPUs are its present, unbooked devices.
-pub async fn free_atoms(
+const FITS: &str = "f.pool_id = $1 AND f.free_vcpus >= $2 AND f.free_memory_mib >= $3 AND f.free_disk_gib >= $4 \
+    AND n.state = 'adopted' AND f.node_id <> ALL($6) AND ($5 = 0 OR (SELECT count(*) FROM devices g \
+      WHERE g.node_id = f.node_id AND g.present AND g.reservation_id IS NULL) >= $5)";
+
+/// Claims the node `r` goes on: the fullest adopted node of its pool that still fits (bc-core's `choose_node`
+/// order: least vCPUs free, then memory, disk, node id), walked on `instance_node_free`'s index and locked for this
+/// transaction — its free-atoms row `FOR NO KEY UPDATE` and its node `FOR SHARE` (a drain waits for the placement),
+/// both `SKIP LOCKED`: a node another placement holds is passed over, never waited for. None when no node that
+/// fits is free now (see [`any_fits`]). `skip`: nodes this placement already found short of GPUs.
+pub async fn claim_node(
     conn: &mut PgConnection,
-    pool_id: &str,
-    node: Option<&str>,
-) -> Result<Vec<FreeAtoms>, StoreError> {
-    // One node: by its primary key (a generic `$2 IS NULL OR n.id = $2` would read the whole pool again).
-    let only = if node.is_some() {
-        "n.id = $2"
-    } else {
-        "$2::text IS NULL"
-    };
-    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT n.id, \
-           COALESCE((c.payload->>'threads')::bigint, 0) - COALESCE(u.vcpus, 0), \
-           COALESCE((m.payload->>'total_bytes')::bigint / 1048576, 0) - COALESCE(u.memory_mib, 0), \
-           COALESCE(d.gib, 0) - COALESCE(u.disk_gib, 0), \
-           (SELECT count(*) FROM devices g WHERE g.node_id = n.id AND g.present AND g.reservation_id IS NULL) \
-         FROM nodes n \
-         LEFT JOIN inventory_sections c ON c.node_id = n.id AND c.name = 'cpu' \
-         LEFT JOIN inventory_sections m ON m.node_id = n.id AND m.name = 'memory' \
-         LEFT JOIN LATERAL (SELECT (sum((x->>'size_bytes')::bigint) / 1073741824)::bigint AS gib \
-             FROM inventory_sections k, jsonb_array_elements(k.payload->'disks') x \
-             WHERE k.node_id = n.id AND k.name = 'disks' AND NOT COALESCE((x->>'removable')::boolean, false)) d ON true \
-         LEFT JOIN LATERAL (SELECT sum(vcpus)::bigint AS vcpus, sum(memory_mib)::bigint AS memory_mib, \
-             sum(disk_gib)::bigint AS disk_gib FROM instances i WHERE i.node_id = n.id AND i.state = 'placed') u ON true \
-         WHERE n.pool_id = $1 AND n.state = 'adopted' AND {only}"
+    r: &InstanceRequest,
+    skip: &[String],
+) -> Result<Option<String>, StoreError> {
+    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT f.node_id FROM instance_node_free f JOIN nodes n ON n.id = f.node_id WHERE {FITS} \
+         ORDER BY f.free_vcpus, f.free_memory_mib, f.free_disk_gib, f.node_id \
+         LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED FOR SHARE OF n SKIP LOCKED"
     )))
-    .bind(pool_id)
+    .bind(&r.pool)
+    .bind(i64::from(r.vcpus))
+    .bind(i64::from(r.memory_mib))
+    .bind(i64::from(r.disk_gib))
+    .bind(i64::from(r.gpus))
+    .bind(skip)
+    .fetch_optional(&mut *conn)
+    .await?)
+}
+
+/// Whether some node of `r`'s pool fits it, locked or not (after [`claim_node`] found none free: busy or full).
+pub async fn any_fits(
+    pool: &sqlx::PgPool,
+    r: &InstanceRequest,
+    skip: &[String],
+) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT EXISTS (SELECT 1 FROM instance_node_free f JOIN nodes n ON n.id = f.node_id WHERE {FITS})"
+    )))
+    .bind(&r.pool)
+    .bind(i64::from(r.vcpus))
+    .bind(i64::from(r.memory_mib))
+    .bind(i64::from(r.disk_gib))
+    .bind(i64::from(r.gpus))
+    .bind(skip)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Books `r`'s vCPUs, memory and disk on the claimed `node`.
+pub async fn hold(
+    conn: &mut PgConnection,
+    node: &str,
+    r: &InstanceRequest,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE instance_node_free SET used_vcpus = used_vcpus + $2, used_memory_mib = used_memory_mib + $3, \
+           used_disk_gib = used_disk_gib + $4 WHERE node_id = $1",
+    )
     .bind(node)
-    .fetch_all(&mut *conn)
+    .bind(i64::from(r.vcpus))
+    .bind(i64::from(r.memory_mib))
+    .bind(i64::from(r.disk_gib))
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Every adopted node of `pool_id` with its free atoms (for the answer of a create that found no node).
+pub async fn free_atoms(pool: &sqlx::PgPool, pool_id: &str) -> Result<Vec<FreeAtoms>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT f.node_id, f.free_vcpus, f.free_memory_mib, f.free_disk_gib, \
+           (SELECT count(*) FROM devices g WHERE g.node_id = f.node_id AND g.present AND g.reservation_id IS NULL) \
+         FROM instance_node_free f JOIN nodes n ON n.id = f.node_id WHERE f.pool_id = $1 AND n.state = 'adopted'",
+    )
+    .bind(pool_id)
+    .fetch_all(pool)
     .await?;
     Ok(rows
         .iter()
@@ -270,33 +330,6 @@ pub async fn free_atoms(
             gpus: r.get(4),
         })
         .collect())
-}
-
-/// What [`lock_node`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeLock {
-    /// Locked for this transaction, and adopted.
-    Held,
-    /// Another transaction holds it (a concurrent placement, a drain, a reservation booking): try another.
-    Busy,
-    /// No longer adopted.
-    Gone,
-}
-
-/// Locks `node` for a placement (`FOR UPDATE SKIP LOCKED`: placements on one node, drains and the reservation
-/// placer's bookings, which hold it FOR KEY SHARE, take turns; a concurrent create moves on to another node
-/// instead of queueing behind this one).
-pub async fn lock_node(conn: &mut PgConnection, node: &str) -> Result<NodeLock, StoreError> {
-    let state: Option<String> =
-        sqlx::query_scalar("SELECT state FROM nodes WHERE id = $1 FOR UPDATE SKIP LOCKED")
-            .bind(node)
-            .fetch_optional(&mut *conn)
-            .await?;
-    Ok(match state.as_deref() {
-        Some("adopted") => NodeLock::Held,
-        Some(_) => NodeLock::Gone,
-        None => NodeLock::Busy,
-    })
 }
 
 /// Books `count` free GPUs of `node` for instance `id` (SKIP LOCKED: a reservation booking one at the same
@@ -360,50 +393,85 @@ pub enum Change {
     Delete,
 }
 
-/// Applies `change` to instance `id` (not deleted), raising its generation; for a delete, gives its GPUs back.
-/// Returns the node whose desired state must be published (None when the instance was never placed), or None
-/// overall when there is no live instance `id`.
+/// What [`change`] did to a live instance.
+pub struct Changed {
+    /// The node whose desired state must be published (a placed hosted instance's).
+    pub node: Option<String>,
+    /// Its state after the change (`deleting` for a delete that its node or provider must confirm).
+    pub state: String,
+}
+
+/// Applies `change` to instance `id` if it is live (not deleting or deleted), raising its generation; None when it
+/// is not. A delete of a placed instance leaves it `deleting`, holding its atoms and GPUs until its node confirms
+/// the VM gone ([`crate::hosted`]) or the provider the instance terminated ([`crate::provider`]); one never placed
+/// (or failed) is deleted at once.
 pub async fn change(
     conn: &mut PgConnection,
     id: &str,
     change: &Change,
-) -> Result<Option<Option<String>>, StoreError> {
+) -> Result<Option<Changed>, StoreError> {
     let sql = match change {
         Change::Power(_) => {
             "UPDATE instances SET power = $2, generation = generation + 1 \
-             WHERE id = $1 AND state <> 'deleted' RETURNING node_id, state"
+             WHERE id = $1 AND state NOT IN ('deleting', 'deleted') RETURNING node_id, state"
         }
         Change::Reboot => {
             "UPDATE instances SET reboots = reboots + 1, generation = generation + 1 \
-             WHERE id = $1 AND state <> 'deleted' RETURNING node_id, state"
+             WHERE id = $1 AND state NOT IN ('deleting', 'deleted') RETURNING node_id, state"
         }
         Change::Delete => {
-            "UPDATE instances SET state = 'deleted', deleted_at = now(), generation = generation + 1 \
-             WHERE id = $1 AND state <> 'deleted' RETURNING node_id, state"
+            "UPDATE instances SET generation = generation + 1, deleting_at = now(), \
+               state = CASE WHEN state = 'placed' THEN 'deleting' ELSE 'deleted' END, \
+               deleted_at = CASE WHEN state = 'placed' THEN NULL ELSE now() END \
+             WHERE id = $1 AND state NOT IN ('deleting', 'deleted') RETURNING node_id, state"
         }
     };
     let mut q = sqlx::query_as::<_, (Option<String>, String)>(sql).bind(id);
     if let Change::Power(p) = change {
         q = q.bind(p.as_str());
     }
-    let row = q.fetch_optional(&mut *conn).await?;
-    let Some((node, _)) = row else {
+    let Some((node, state)) = q.fetch_optional(&mut *conn).await? else {
         return Ok(None);
     };
-    if matches!(change, Change::Delete) {
-        sqlx::query("UPDATE devices SET reservation_id = NULL WHERE reservation_id = $1")
-            .bind(id)
-            .execute(&mut *conn)
-            .await?;
-        if let Some(n) = &node {
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(CAPACITY_CHANNEL)
-                .bind(n)
-                .execute(&mut *conn)
-                .await?;
-        }
+    let placed_on_node = matches!(state.as_str(), "placed" | "deleting");
+    Ok(Some(Changed {
+        node: node.filter(|_| placed_on_node),
+        state,
+    }))
+}
+
+/// Records the node generation that took a deleting instance off its node (its delete is confirmed once the node
+/// applied it).
+pub async fn set_removal_generation(
+    conn: &mut PgConnection,
+    id: &str,
+    generation: i64,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE instances SET removal_generation = $2 WHERE id = $1")
+        .bind(id)
+        .bind(generation)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Records a provider pool's placement (only of a pending instance): it belongs to the provider workflow now.
+pub async fn mark_placed_provider(
+    conn: &mut PgConnection,
+    id: &str,
+    pool: &str,
+) -> Result<bool, StoreError> {
+    let n = sqlx::query(
+        "UPDATE instances SET state = 'placed', placed_at = now(), error = NULL WHERE id = $1 AND state = 'pending'",
+    )
+    .bind(id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if n == 1 {
+        crate::provider::store::enqueue(conn, id, pool).await?;
     }
-    Ok(Some(node))
+    Ok(n == 1)
 }
 
 /// Sets `node`'s desired `instances` from the instances placed on it, raises its desired generation and writes its
