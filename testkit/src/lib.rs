@@ -7,9 +7,12 @@
 //!   instead (review the diff like code). No other update variable exists.
 //!
 //! It depends on nothing but std, except behind the `prometheus` feature: [`prometheus`], Debian's Prometheus
-//! as a real remote-write receiver (bcd's and the control plane's telemetry tests); and [`unit`], a systemd unit's
+//! as a real remote-write receiver (bcd's and the control plane's telemetry tests); behind `cli`, [`help`] (every
+//! command's `--help` of a binary, for its golden test); and [`unit`], a systemd unit's
 //! sandbox reproduced for a daemon a test starts.
 
+#[cfg(feature = "cli")]
+pub mod help;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
 pub mod unit;

@@ -7,6 +7,7 @@
 //! join`.
 
 pub mod artifacts;
+pub mod audit;
 pub mod desired;
 pub mod devices;
 pub mod embedded;
@@ -17,6 +18,7 @@ pub mod migrate;
 pub mod nodes;
 pub mod pokes;
 pub mod reservations;
+pub mod secrets;
 pub mod sessions;
 pub mod sites;
 pub mod statistics;
