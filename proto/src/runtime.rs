@@ -223,11 +223,16 @@ pub mod logs {
         if to_journal() {
             builder
                 .with_ansi(false)
-                .event_format(Prioritized(format().without_time()))
+                .event_format(journal_format())
                 .init();
         } else {
             builder.with_ansi(super::ansi()).init();
         }
+    }
+
+    /// The journal's line format: `<priority>` first, no timestamp (journald stamps each line itself).
+    fn journal_format() -> Prioritized<format::Format<format::Full, ()>> {
+        Prioritized(format().without_time())
     }
 
     /// Whether stderr is connected to the journal: systemd sets `JOURNAL_STREAM=<device>:<inode>` to the stream it
@@ -283,6 +288,55 @@ pub mod logs {
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        /// A writer the test reads back.
+        #[derive(Clone, Default)]
+        struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+        impl std::io::Write for Buffer {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0
+                    .lock()
+                    .map_err(|_| std::io::Error::other("poisoned"))?
+                    .extend_from_slice(b);
+                Ok(b.len())
+            }
+
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+
+        #[test]
+        fn each_line_starts_with_its_level_priority_and_no_time() {
+            let buffer = Buffer::default();
+            let out = buffer.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_max_level(Level::TRACE)
+                .with_ansi(false)
+                .with_writer(move || out.clone())
+                .event_format(journal_format())
+                .finish();
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::error!(node = "n-1", "session lost");
+                tracing::warn!("retrying");
+                tracing::info!("ready");
+                tracing::debug!("detail");
+            });
+            let text = String::from_utf8(buffer.0.lock().map(|b| b.clone()).unwrap_or_default())
+                .unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(lines.len(), 4, "{text}");
+            for (line, prefix) in lines.iter().zip(["<3>", "<4>", "<6>", "<7>"]) {
+                assert!(line.starts_with(prefix), "{line}");
+                // No timestamp: the level follows the priority.
+                assert!(
+                    line[3..].trim_start().starts_with(['E', 'W', 'I', 'D']),
+                    "{line}"
+                );
+            }
+            assert!(lines[0].contains("session lost") && lines[0].contains("node=\"n-1\""));
+        }
 
         #[test]
         fn the_journal_stream_names_a_device_and_inode() {

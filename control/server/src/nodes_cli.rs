@@ -26,11 +26,15 @@ pub enum JoinTokenCommand {
         #[arg(long)]
         reclaim: bool,
     },
+    /// Join tokens (never their secrets): uses left, expiry, whether they reclaim.
     List {
+        /// Only this pool's.
         #[arg(long)]
         pool: Option<String>,
     },
+    /// Revoke a join token: no node joins with it from now on (nodes that joined stay).
     Revoke {
+        /// The token's id (`join-tokens list`), not its secret.
         id: String,
     },
 }
@@ -38,6 +42,7 @@ pub enum JoinTokenCommand {
 /// `nodes list`'s filters and page.
 #[derive(clap::Args)]
 pub struct NodeFilter {
+    /// Only this pool's nodes.
     #[arg(long)]
     pool: Option<String>,
     /// adopting, adopted, draining, failed or revoked.
@@ -92,8 +97,10 @@ pub enum NodeCommand {
 pub enum CommandsCommand {
     /// A node's commands, newest first.
     List {
+        /// The node whose commands to list.
         #[arg(long)]
         node: String,
+        /// At most this many, newest first (default and cap 1000).
         #[arg(long)]
         limit: Option<u32>,
     },

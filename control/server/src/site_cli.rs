@@ -110,11 +110,15 @@ pub enum SiteTokenCommand {
         #[arg(long, default_value = "24h", value_parser = bc_proto::duration::parse)]
         ttl: std::time::Duration,
     },
+    /// Site tokens (never their secrets): uses left, expiry.
     List {
+        /// Only this site's.
         #[arg(long)]
         site: Option<String>,
     },
+    /// Revoke a site token: no agent enrolls with it from now on (enrolled agents stay).
     Revoke {
+        /// The token's id (`site-tokens list`), not its secret.
         id: String,
     },
 }
@@ -129,7 +133,9 @@ pub enum MachineCommand {
         #[command(flatten)]
         boot: BootArgs,
     },
+    /// Machines with what they netboot.
     List {
+        /// Only this site's.
         #[arg(long)]
         site: Option<String>,
     },
@@ -175,6 +181,7 @@ pub enum ArtifactCommand {
         #[arg(long)]
         name: Option<String>,
     },
+    /// Stored artifacts: hash, size, name.
     List,
     /// Delete an artifact (its row and its file). Refused, naming them, while a machine's boot or a metal
     /// machine's record references it.
@@ -241,6 +248,7 @@ pub enum SecretCommand {
     },
     /// Secrets' names, sites and when they were last put (never their values).
     List {
+        /// Only this site's.
         #[arg(long)]
         site: Option<String>,
     },
