@@ -643,7 +643,12 @@ async fn a_wrong_ca_pin_is_named_at_once_and_not_retried() -> TestResult {
         .arg(p.dir.path().join("pinned"))
         .args(["join", "--gpu-backend", "none", "--gateway-url"])
         .arg(&p.running.gateway_url)
-        .args(["--ca-pin", &wrong, "--join-public-key", &p.running.join_public_key])
+        .args([
+            "--ca-pin",
+            &wrong,
+            "--join-public-key",
+            &p.running.join_public_key,
+        ])
         .env("BCD_JOIN_TOKEN", &token)
         .output()
         .await?;
@@ -658,7 +663,10 @@ async fn a_wrong_ca_pin_is_named_at_once_and_not_retried() -> TestResult {
             && !stderr.contains("attempt"),
         "{stderr}"
     );
-    assert!(took < std::time::Duration::from_secs(5), "took {took:?}: retried?");
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "took {took:?}: retried?"
+    );
     let (nodes, uses_left, _) = p.snapshot().await;
     assert_eq!((nodes, uses_left), (0, 1), "nothing joined, no use spent");
     Ok(())

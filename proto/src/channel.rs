@@ -149,7 +149,8 @@ impl ServerCertVerifier for PinnedCaVerifier {
             .iter()
             .find(|c| spki_of(c).is_some_and(|spki| crate::sha256(&spki) == self.pin))
             .ok_or_else(|| {
-                let presented: Vec<String> = intermediates.iter().filter_map(|c| ca_pin_of(c)).collect();
+                let presented: Vec<String> =
+                    intermediates.iter().filter_map(|c| ca_pin_of(c)).collect();
                 rustls::Error::General(format!(
                     "{PIN_MISMATCH} sha256:{} (it presents {})",
                     hex::encode(self.pin),

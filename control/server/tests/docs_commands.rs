@@ -73,7 +73,8 @@ fn commands(line: &str) -> Vec<(String, Vec<String>)> {
     let mut found = Vec::new();
     for (i, w) in words.iter().enumerate() {
         let w = w.trim_start_matches(['`', '(']);
-        if w.trim_end_matches(['`', ',', '.']) != "better-compute" && w.trim_end_matches(['`', ',', '.']) != "bcd"
+        if w.trim_end_matches(['`', ',', '.']) != "better-compute"
+            && w.trim_end_matches(['`', ',', '.']) != "bcd"
         {
             continue;
         }
@@ -91,7 +92,10 @@ fn commands(line: &str) -> Vec<(String, Vec<String>)> {
             if *w == "#" {
                 break;
             }
-            rest.push(w.trim_end_matches(['`', ',', ')', ':', '.', ';']).to_string());
+            rest.push(
+                w.trim_end_matches(['`', ',', ')', ':', '.', ';'])
+                    .to_string(),
+            );
             if inline && w.contains('`') {
                 break;
             }
@@ -163,7 +167,11 @@ fn every_command_the_docs_name_exists() {
         }
     }
     assert!(seen > 50, "only {seen} commands found: is the scan broken?");
-    assert!(wrong.is_empty(), "commands the docs name that do not exist:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "commands the docs name that do not exist:\n{}",
+        wrong.join("\n")
+    );
 }
 
 /// A `better-compute dev` on a private PostgreSQL, stopped on drop.
@@ -178,7 +186,14 @@ impl Dev {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = dir.path().join("dev");
         let mut child = Command::new(BIN)
-            .args(["dev", "--api-listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0", "--data-dir"])
+            .args([
+                "dev",
+                "--api-listen",
+                "127.0.0.1:0",
+                "--gateway-listen",
+                "127.0.0.1:0",
+                "--data-dir",
+            ])
             .arg(&data)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -207,7 +222,9 @@ impl Dev {
 
 impl Drop for Dev {
     fn drop(&mut self) {
-        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
         let _ = self.child.wait();
     }
 }
@@ -219,7 +236,11 @@ fn runnable_blocks_run_against_a_dev_control_plane() {
         .flat_map(|p| blocks(p))
         .filter(|b| b.info == RUNNABLE)
         .collect();
-    assert!(runnable.len() >= 3, "only {} runnable blocks", runnable.len());
+    assert!(
+        runnable.len() >= 3,
+        "only {} runnable blocks",
+        runnable.len()
+    );
     let dev = Dev::start();
     let bin_dir = Path::new(BIN).parent().expect("bin dir").to_path_buf();
     let path = format!(
@@ -232,7 +253,10 @@ fn runnable_blocks_run_against_a_dev_control_plane() {
         if page.as_ref().is_none_or(|(p, _)| *p != b.page) {
             page = Some((b.page.clone(), tempfile::tempdir().expect("scratch")));
         }
-        let scratch = page.as_ref().map(|(_, d)| d.path().to_path_buf()).expect("scratch");
+        let scratch = page
+            .as_ref()
+            .map(|(_, d)| d.path().to_path_buf())
+            .expect("scratch");
         let out = Command::new("bash")
             .args(["-e", "-o", "pipefail", "-c", &b.text])
             .current_dir(&scratch)
