@@ -142,6 +142,38 @@ pub enum InstanceCommand {
     SetPool { pool: String, class: String },
 }
 
+/// `instances list`: a table (ID, tenant, pool, state, node, size, AGE) or the answer.
+fn print_list(out: Format, v: &bc_core::api::instances::InstanceList) -> anyhow::Result<()> {
+    let now = output::now_ms();
+    output::print(out, v, || {
+        let mut t = Table::new(&[
+            "ID", "TENANT", "POOL", "STATE", "NODE", "VCPUS", "MEMORY", "GPUS", "AGE",
+        ])
+        .wide(&["DISK", "OBSERVED", "ERROR"]);
+        for i in &v.instances {
+            let r = &i.request;
+            t.row(vec![
+                i.id.clone(),
+                i.tenant.to_string(),
+                r.pool.clone(),
+                i.state.as_str().to_string(),
+                i.node.as_ref().map(|n| n.to_string()).unwrap_or_default(),
+                r.vcpus.to_string(),
+                format!("{}Mi", r.memory_mib),
+                r.gpus.to_string(),
+                output::age(Some(i.created_at_ms), now),
+                format!("{}Gi", r.disk_gib),
+                i.observed
+                    .as_ref()
+                    .map(|o| o.state.clone())
+                    .unwrap_or_default(),
+                i.error.clone().unwrap_or_default(),
+            ]);
+        }
+        t
+    })
+}
+
 pub async fn instances(
     client: &ApiClient,
     out: Format,
@@ -214,34 +246,7 @@ pub async fn instances(
                     limit,
                 })
                 .await?;
-            let now = output::now_ms();
-            output::print(out, &v, || {
-                let mut t = Table::new(&[
-                    "ID", "TENANT", "POOL", "STATE", "NODE", "VCPUS", "MEMORY", "GPUS", "AGE",
-                ])
-                .wide(&["DISK", "OBSERVED", "ERROR"]);
-                for i in &v.instances {
-                    let r = &i.request;
-                    t.row(vec![
-                        i.id.clone(),
-                        i.tenant.to_string(),
-                        r.pool.clone(),
-                        i.state.as_str().to_string(),
-                        i.node.as_ref().map(|n| n.to_string()).unwrap_or_default(),
-                        r.vcpus.to_string(),
-                        format!("{}Mi", r.memory_mib),
-                        r.gpus.to_string(),
-                        output::age(Some(i.created_at_ms), now),
-                        format!("{}Gi", r.disk_gib),
-                        i.observed
-                            .as_ref()
-                            .map(|o| o.state.clone())
-                            .unwrap_or_default(),
-                        i.error.clone().unwrap_or_default(),
-                    ]);
-                }
-                t
-            })
+            print_list(out, &v)
         }
         InstanceCommand::Stop { id } => {
             let v = client.method::<StopInstanceMethod>(&by_id(id)).await?;

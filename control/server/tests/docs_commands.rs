@@ -111,12 +111,9 @@ fn commands(line: &str) -> Vec<(String, Vec<String>)> {
 
 /// Why the words after the binary do not name a command of `cmd`, if they do not.
 fn check(cmd: &clap::Command, words: &[String]) -> Option<String> {
-    let Some(first) = words.first() else {
-        return None;
-    };
-    if cmd.get_subcommands().next().is_none() {
-        return None;
-    }
+    let first = words.first()?;
+    // A command without subcommands takes arguments, not command words.
+    cmd.get_subcommands().next()?;
     // Stop at what is not a command word: a flag, a placeholder, an ellipsis, a redirection.
     let word = first.as_str();
     if !word
