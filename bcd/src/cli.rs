@@ -162,6 +162,13 @@ fn telemetry_placeholders(path: &Path, o: &mut Overrides) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// What `--version` prints (set by [`main`]; the package version alone in tests that call the library).
+static VERSION: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+fn version() -> &'static str {
+    VERSION.get().copied().unwrap_or(env!("CARGO_PKG_VERSION"))
+}
+
 pub(crate) fn load_config(
     path: &Path,
     state_dir: Option<PathBuf>,
@@ -186,18 +193,26 @@ pub(crate) fn load_config(
         .validate(&origin)?)
 }
 
-pub fn main() -> i32 {
+/// The parser with `version` (what `--version` prints: the package version and the commit `main.rs` was stamped
+/// with).
+pub fn command(version: &'static str) -> clap::Command {
+    use clap::CommandFactory as _;
+    Cli::command().version(version)
+}
+
+/// The binary's `main`: parses the arguments, runs the command, returns the exit status.
+pub fn main(version: &'static str) -> i32 {
+    VERSION.get_or_init(|| version);
     bc_proto::runtime::quiet_broken_pipe();
     bc_proto::install_crypto_provider();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("BCD_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(bc_proto::runtime::ansi())
-        .init();
-    let cli = Cli::parse();
+    bc_proto::runtime::logs::init("BCD_LOG", "info");
+    let cli = match command(version)
+        .try_get_matches()
+        .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m))
+    {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     // Two workers are plenty for one connection; they keep the idle daemon small.
     let result = bc_proto::runtime::build(Some(2))
         .map_err(anyhow::Error::from)
@@ -281,12 +296,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::site::cli::run(command, cli.config, cli.state_dir).await?
         }
         Command::Completion { shell } => {
-            use clap::CommandFactory as _;
-            clap_complete::generate(shell, &mut Cli::command(), "bcd", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut command(version()),
+                "bcd",
+                &mut std::io::stdout(),
+            );
         }
         Command::Man => {
-            use clap::CommandFactory as _;
-            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+            clap_mangen::Man::new(command(version())).render(&mut std::io::stdout())?;
         }
         Command::Unit { role, cdi_dir } => print!("{}", unit(role, cdi_dir.as_deref())?),
         Command::Status => {

@@ -205,6 +205,22 @@ mod tests {
         Ok(())
     }
 
+    /// The package's /etc/bcd/bcd.toml parses, and until its connection fields are filled in bcd refuses to run
+    /// naming the first missing one.
+    #[test]
+    fn the_packaged_default_parses_and_names_what_is_missing() -> Result<(), ConfigError> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/config/bcd.toml");
+        let wire = ConfigWire::from_file(&path)?;
+        assert_eq!(wire.state_dir, Some(PathBuf::from("/var/lib/bcd")));
+        let e = wire
+            .validate(&path.display().to_string())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("gateway_url"), "{e}");
+        Ok(())
+    }
+
     #[cfg(feature = "telemetry")]
     #[test]
     fn shipped_telemetry_example_parses_both_ways() -> Result<(), Box<dyn std::error::Error>> {

@@ -36,6 +36,19 @@ pub enum JoinError {
     },
     #[error("the control plane's answer is not acceptable: {0}")]
     BadResponse(String),
+    #[error(
+        "the gateway at {url} is not the control plane this node pins: {detail}. Check ca_pin (--ca-pin or \
+         bcd.toml) against `better-compute info` on the control plane; if it matches, something else answers at \
+         that address"
+    )]
+    PinMismatch { url: String, detail: String },
+}
+
+/// The pin mismatch in a failed call's text, if that is why it failed: not a transport failure to retry.
+fn pin_mismatch(status: &tonic::Status) -> Option<String> {
+    let text = describe(status);
+    let at = text.find(channel::PIN_MISMATCH)?;
+    Some(text[at..].to_string())
 }
 
 #[derive(Debug, Clone)]
@@ -316,6 +329,12 @@ async fn join_as(
         attempt += 1;
         match send(config, request.clone()).await {
             Ok(r) => break r,
+            Err(s) if pin_mismatch(&s).is_some() => {
+                return Err(JoinError::PinMismatch {
+                    url: config.gateway_url.clone(),
+                    detail: pin_mismatch(&s).unwrap_or_default(),
+                });
+            }
             Err(s) if retryable(&s) && attempt < opts.attempts => {
                 let wait = backoff.next_delay(rand::random::<f64>());
                 tracing::warn!(

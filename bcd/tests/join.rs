@@ -628,3 +628,46 @@ async fn a_retry_a_day_later_is_refused_naming_the_node_with_or_without_a_hardwa
     }
     Ok(())
 }
+
+/// Issue 17: a CA pin that does not match the gateway's CA is named at once (the pin, the CA the gateway presents,
+/// what to check) and never retried: before, `bcd join` retried it as a transport failure, 8 attempts with backoff,
+/// then reported the gateway "unreachable".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_ca_pin_is_named_at_once_and_not_retried() -> TestResult {
+    let p = plane().await;
+    let token = p.token(json!({"pool": "default", "uses": 1})).await;
+    let wrong = format!("sha256:{}", "ab".repeat(32));
+    let t0 = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_bcd"))
+        .args(["--config", "/nonexistent", "--state-dir"])
+        .arg(p.dir.path().join("pinned"))
+        .args(["join", "--gpu-backend", "none", "--gateway-url"])
+        .arg(&p.running.gateway_url)
+        .args([
+            "--ca-pin",
+            &wrong,
+            "--join-public-key",
+            &p.running.join_public_key,
+        ])
+        .env("BCD_JOIN_TOKEN", &token)
+        .output()
+        .await?;
+    let took = t0.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is not the control plane this node pins")
+            && stderr.contains(&wrong)
+            && stderr.contains(&format!("it presents {}", p.running.ca_pin))
+            && stderr.contains("better-compute info")
+            && !stderr.contains("attempt"),
+        "{stderr}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "took {took:?}: retried?"
+    );
+    let (nodes, uses_left, _) = p.snapshot().await;
+    assert_eq!((nodes, uses_left), (0, 1), "nothing joined, no use spent");
+    Ok(())
+}

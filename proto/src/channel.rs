@@ -124,6 +124,10 @@ pub fn client_config(
     Ok(Arc::new(config))
 }
 
+/// How a pinned connection to a gateway whose chain holds no CA with the pinned key fails (the start of the TLS
+/// error's text, then the pin and the CA pins it presented): a caller names it to the operator, and never retries.
+pub const PIN_MISMATCH: &str = "no certificate in the gateway's chain matches the CA pin";
+
 /// Trusts a server chain only if one of the presented certificates is a CA whose SPKI hash equals the pin, and the
 /// end entity verifies (name, dates, signature) against that CA.
 #[derive(Debug)]
@@ -145,9 +149,17 @@ impl ServerCertVerifier for PinnedCaVerifier {
             .iter()
             .find(|c| spki_of(c).is_some_and(|spki| crate::sha256(&spki) == self.pin))
             .ok_or_else(|| {
-                rustls::Error::General(
-                    "no certificate in the gateway's chain matches the CA pin".into(),
-                )
+                let presented: Vec<String> =
+                    intermediates.iter().filter_map(|c| ca_pin_of(c)).collect();
+                rustls::Error::General(format!(
+                    "{PIN_MISMATCH} sha256:{} (it presents {})",
+                    hex::encode(self.pin),
+                    if presented.is_empty() {
+                        "no CA certificate".to_string()
+                    } else {
+                        presented.join(", ")
+                    }
+                ))
             })?;
         let mut roots = RootCertStore::empty();
         roots.add(ca.clone().into_owned())?;

@@ -96,6 +96,18 @@ pub fn ansi() -> bool {
     std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
+/// What `--version` prints after the program's name: the package version and the commit it was built from
+/// (`0.1.0 (commit 1a2b3c4d5e6f)`), or that the build was not stamped. The binaries pass `option_env!("BC_COMMIT")`
+/// from their `main.rs` (scripts/package sets it), so only the binary crate reads it and a new commit never
+/// rebuilds a library.
+pub fn version(package: &str, commit: Option<&str>) -> &'static str {
+    let text = match commit.map(str::trim).filter(|c| !c.is_empty()) {
+        Some(c) => format!("{package} (commit {c})"),
+        None => format!("{package} (commit unknown: built without BC_COMMIT)"),
+    };
+    Box::leak(text.into_boxed_str())
+}
+
 /// The exit status of a program whose reader went away (128 + SIGPIPE), as a shell reports `seq 9999 | head -1`.
 pub const BROKEN_PIPE_EXIT: i32 = 141;
 
@@ -185,5 +197,164 @@ pub mod service {
                 send(&[NotifyState::Watchdog]);
             }
         })))
+    }
+}
+
+/// The daemons' and CLIs' log setup: to stderr, filtered by `$<filter_env>` (else `default`), colour only on a
+/// terminal without `NO_COLOR` ([`ansi`]). Under systemd (stderr is the journal's stream, [`logs::to_journal`]) each
+/// line starts with its syslog priority as sd-daemon(3) spells it (`<3>` error, `<4>` warn, `<6>` info, `<7>`
+/// debug and trace) and carries no timestamp of its own, so journald files it at that priority and
+/// `journalctl -p err` shows the errors alone.
+#[cfg(feature = "logs")]
+pub mod logs {
+    use std::fmt;
+    use tracing::{Event, Level, Subscriber};
+    use tracing_subscriber::fmt::format::{FormatEvent, FormatFields, Writer};
+    use tracing_subscriber::fmt::{FmtContext, format};
+    use tracing_subscriber::registry::LookupSpan;
+
+    /// Installs the global subscriber (once, first thing in `main`).
+    pub fn init(filter_env: &str, default: &str) {
+        let filter = tracing_subscriber::EnvFilter::try_from_env(filter_env)
+            .unwrap_or_else(|_| default.into());
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr);
+        if to_journal() {
+            builder
+                .with_ansi(false)
+                .event_format(journal_format())
+                .init();
+        } else {
+            builder.with_ansi(super::ansi()).init();
+        }
+    }
+
+    /// The journal's line format: `<priority>` first, no timestamp (journald stamps each line itself).
+    fn journal_format() -> Prioritized<format::Format<format::Full, ()>> {
+        Prioritized(format().without_time())
+    }
+
+    /// Whether stderr is connected to the journal: systemd sets `JOURNAL_STREAM=<device>:<inode>` to the stream it
+    /// gave the service (systemd.exec(5)); a child whose stderr was redirected elsewhere sees another file.
+    pub fn to_journal() -> bool {
+        let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
+            return false;
+        };
+        let Ok(stat) = rustix::fs::fstat(std::io::stderr()) else {
+            return false;
+        };
+        journal_stream_is(&v.to_string_lossy(), stat.st_dev, stat.st_ino)
+    }
+
+    /// `JOURNAL_STREAM`'s `<device>:<inode>` names this file.
+    pub fn journal_stream_is(value: &str, dev: u64, ino: u64) -> bool {
+        value
+            .split_once(':')
+            .and_then(|(d, i)| Some((d.parse::<u64>().ok()?, i.parse::<u64>().ok()?)))
+            == Some((dev, ino))
+    }
+
+    /// The sd-daemon(3) prefix of a level.
+    pub fn priority(level: &Level) -> u8 {
+        match *level {
+            Level::ERROR => 3,
+            Level::WARN => 4,
+            Level::INFO => 6,
+            _ => 7,
+        }
+    }
+
+    /// A format with each event's `<priority>` before it.
+    struct Prioritized<F>(F);
+
+    impl<S, N, F> FormatEvent<S, N> for Prioritized<F>
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+        N: for<'a> FormatFields<'a> + 'static,
+        F: FormatEvent<S, N>,
+    {
+        fn format_event(
+            &self,
+            ctx: &FmtContext<'_, S, N>,
+            mut writer: Writer<'_>,
+            event: &Event<'_>,
+        ) -> fmt::Result {
+            write!(writer, "<{}>", priority(event.metadata().level()))?;
+            self.0.format_event(ctx, writer, event)
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// A writer the test reads back.
+        #[derive(Clone, Default)]
+        struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+        impl std::io::Write for Buffer {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0
+                    .lock()
+                    .map_err(|_| std::io::Error::other("poisoned"))?
+                    .extend_from_slice(b);
+                Ok(b.len())
+            }
+
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+
+        #[test]
+        fn each_line_starts_with_its_level_priority_and_no_time() {
+            let buffer = Buffer::default();
+            let out = buffer.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_max_level(Level::TRACE)
+                .with_ansi(false)
+                .with_writer(move || out.clone())
+                .event_format(journal_format())
+                .finish();
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::error!(node = "n-1", "session lost");
+                tracing::warn!("retrying");
+                tracing::info!("ready");
+                tracing::debug!("detail");
+            });
+            let text = String::from_utf8(buffer.0.lock().map(|b| b.clone()).unwrap_or_default())
+                .unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(lines.len(), 4, "{text}");
+            for (line, prefix) in lines.iter().zip(["<3>", "<4>", "<6>", "<7>"]) {
+                assert!(line.starts_with(prefix), "{line}");
+                // No timestamp: the level follows the priority.
+                assert!(
+                    line[3..].trim_start().starts_with(['E', 'W', 'I', 'D']),
+                    "{line}"
+                );
+            }
+            assert!(lines[0].contains("session lost") && lines[0].contains("node=\"n-1\""));
+        }
+
+        #[test]
+        fn the_journal_stream_names_a_device_and_inode() {
+            assert!(journal_stream_is("64768:1234", 64768, 1234));
+            assert!(!journal_stream_is("64768:1234", 64768, 1235));
+            assert!(!journal_stream_is("garbage", 0, 0));
+            assert!(!journal_stream_is("", 0, 0));
+            assert_eq!(
+                [
+                    Level::ERROR,
+                    Level::WARN,
+                    Level::INFO,
+                    Level::DEBUG,
+                    Level::TRACE
+                ]
+                .map(|l| priority(&l)),
+                [3, 4, 6, 7, 7]
+            );
+        }
     }
 }

@@ -8,13 +8,16 @@
 //!
 //! It depends on nothing but std, except behind the `prometheus` feature: [`prometheus`], Debian's Prometheus
 //! as a real remote-write receiver (bcd's and the control plane's telemetry tests); behind the `browser` feature:
-//! [`browser`], Debian's headless chromium driven over WebDriver (the fleet page's test); [`unit`], a systemd
-//! unit's sandbox reproduced for a daemon a test starts; and [`gateways`], the two-gateway lab (control-plane
-//! processes behind a real HAProxy, every process killed by its PID), std only as well.
+//! [`browser`], Debian's headless chromium driven over WebDriver (the fleet page's test); behind `cli`, [`help`]
+//! (every command's `--help` of a binary, for its golden test); [`unit`], a systemd unit's sandbox reproduced for a
+//! daemon a test starts; and [`gateways`], the two-gateway lab (control-plane processes behind a real HAProxy, every
+//! process killed by its PID), std only as well.
 
 #[cfg(feature = "browser")]
 pub mod browser;
 pub mod gateways;
+#[cfg(feature = "cli")]
+pub mod help;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
 pub mod unit;

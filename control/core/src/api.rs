@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+pub mod audit;
 pub mod capacity;
 pub mod fleet;
 pub mod iam;
@@ -16,6 +17,51 @@ pub mod nodes;
 pub mod sites;
 pub mod system;
 pub mod tunnels;
+
+/// The most items one page of a list answers (a request's `limit` is capped to it).
+pub const MAX_PAGE: u32 = 1000;
+
+/// One page of `items` (sorted by `key`, ascending): those after `after`, at most `limit` (capped to
+/// [`MAX_PAGE`]), and the `after` of the next page when more remain.
+pub fn page<T>(
+    items: Vec<T>,
+    key: impl Fn(&T) -> &str,
+    after: Option<&str>,
+    limit: Option<u32>,
+) -> (Vec<T>, Option<String>) {
+    let limit = limit.unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE) as usize;
+    let mut rest = items
+        .into_iter()
+        .filter(|i| after.is_none_or(|a| key(i) > a))
+        .peekable();
+    let shown: Vec<T> = rest.by_ref().take(limit).collect();
+    let next = match (rest.peek(), shown.last()) {
+        (Some(_), Some(last)) => Some(key(last).to_string()),
+        _ => None,
+    };
+    (shown, next)
+}
+
+/// Whether `text` matches `pattern`, where `*` matches any run of characters (none included) and every other
+/// character itself (`gpu-*`, `*-a-*`).
+pub fn glob_matches(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !text.starts_with(first) || text.len() < first.len() + last.len() || !text.ends_with(last) {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    for middle in &parts[1..parts.len() - 1] {
+        match rest.find(middle) {
+            Some(i) => rest = &rest[i + middle.len()..],
+            None => return false,
+        }
+    }
+    true
+}
 
 /// The stable error codes of the API. Every error the API answers, its own and the HTTP layer's (a malformed or
 /// oversized body, a wrong content type or method, an unknown route), is `{code, message}` with one of these.
@@ -144,5 +190,39 @@ mod tests {
             assert_eq!(ApiCode::parse(c.as_str()), Some(c));
         }
         assert_eq!(ApiCode::parse("internal"), None);
+    }
+
+    #[test]
+    fn pages_follow_their_cursor_to_the_end() {
+        let items: Vec<String> = (0..5).map(|i| format!("n-{i}")).collect();
+        let (p1, next) = page(items.clone(), |s| s.as_str(), None, Some(2));
+        assert_eq!(
+            (p1, next.as_deref()),
+            (vec!["n-0".into(), "n-1".into()], Some("n-1"))
+        );
+        let (p2, next) = page(items.clone(), |s| s.as_str(), next.as_deref(), Some(2));
+        assert_eq!(
+            (p2, next.as_deref()),
+            (vec!["n-2".into(), "n-3".into()], Some("n-3"))
+        );
+        let (p3, next) = page(items.clone(), |s| s.as_str(), next.as_deref(), Some(2));
+        assert_eq!((p3, next), (vec!["n-4".to_string()], None));
+        // Exactly a page left: no next page to ask for.
+        let (p, next) = page(items.clone(), |s| s.as_str(), Some("n-2"), Some(2));
+        assert_eq!((p.len(), next), (2, None));
+        assert_eq!(page(items, |s| s.as_str(), None, Some(0)).0.len(), 1);
+    }
+
+    #[test]
+    fn globs_match_runs_of_characters() {
+        assert!(glob_matches("gpu-*", "gpu-a1"));
+        assert!(glob_matches("*", ""));
+        assert!(glob_matches("*-a-*", "rack-a-7"));
+        assert!(glob_matches("a*b*c", "aXbYbc"));
+        assert!(glob_matches("exact", "exact"));
+        assert!(!glob_matches("exact", "exact2"));
+        assert!(!glob_matches("gpu-*", "cpu-1"));
+        assert!(!glob_matches("ab*ba", "aba"));
+        assert!(!glob_matches("*x*", "abc"));
     }
 }

@@ -387,6 +387,17 @@ mod tests {
         Ok(())
     }
 
+    /// The package's /etc/better-compute/serve.toml parses and validates (the database URL may come from
+    /// BC_DATABASE_URL; `serve` names it when neither gives one).
+    #[test]
+    fn the_packaged_default_parses() -> Result<(), ConfigError> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/config/serve.toml");
+        let c = ServeConfigWire::from_file(&path)?.validate(&path.display().to_string())?;
+        assert!(c.roles.api && c.roles.gateway && c.roles.controllers && c.roles.scheduler);
+        assert_eq!(c.database_url, None);
+        Ok(())
+    }
+
     #[test]
     fn metrics_are_served_on_loopback_by_default_and_off_turns_them_off() -> Result<(), ConfigError>
     {

@@ -1,8 +1,13 @@
-//! `tenants.create` and `principals.create`: the IAM groups the server keeps. A caller acts only in its own
+//! `tenants.create|list`, `principals.create|list` and `audit.list`: the IAM groups the server keeps. A caller acts only in its own
 //! tenant unless it belongs to the root tenant, and hands out only grants it holds.
 
 use crate::api::{ApiCode, ApiError, ApiState};
-use bc_core::api::iam::{CreatePrincipal, CreateTenant, PrincipalCreated, Tenant};
+use bc_core::api::MAX_PAGE;
+use bc_core::api::audit::{AuditEvents, ListAudit};
+use bc_core::api::iam::{
+    CreatePrincipal, CreateTenant, ListPrincipals, ListTenants, PrincipalCreated, Principals,
+    Tenant, Tenants,
+};
 use bc_core::reservation::{tenant_allowed, valid_id};
 use bc_kernel::{Caller, Cx};
 
@@ -103,4 +108,57 @@ pub async fn create_principal(cx: Cx, req: CreatePrincipal) -> Result<PrincipalC
 /// A grant's permission or scope as stored: 1 to 256 visible ASCII characters.
 fn valid_pattern(s: &str) -> bool {
     (1..=256).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// `tenants.list`: a root caller sees every tenant its grant reaches, any other caller at most its own.
+pub async fn list_tenants(cx: Cx, _: ListTenants) -> Result<Tenants, ApiError> {
+    let (state, p) = (cx.get::<ApiState>()?, cx.caller());
+    let only = (!p.tenant_is_root).then_some(p.tenant_id.as_str());
+    let tenants = state
+        .store
+        .list_tenants(only)
+        .await?
+        .into_iter()
+        .filter(|t| cx.allows(&format!("tenant/{}", t.id)))
+        .collect();
+    Ok(Tenants { tenants })
+}
+
+/// `principals.list` of a tenant (the caller's own when the request names none; another only for root callers):
+/// ids, names, grants and API key ids, never a key.
+pub async fn list_principals(cx: Cx, req: ListPrincipals) -> Result<Principals, ApiError> {
+    let (state, p) = (cx.get::<ApiState>()?, cx.caller());
+    let tenant = req.tenant.unwrap_or_else(|| p.tenant_id.clone());
+    body_tenant_check(p, &tenant)?;
+    cx.authorize(&format!("tenant/{tenant}"))?;
+    Ok(Principals {
+        principals: state.store.list_principals(&tenant).await?,
+    })
+}
+
+/// `audit.list`: newest first, filtered; `next` is the `before` of the next page.
+pub async fn list_audit(cx: Cx, req: ListAudit) -> Result<AuditEvents, ApiError> {
+    let state = cx.get::<ApiState>()?;
+    let limit = req.limit.unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE);
+    let filter = bc_store::audit::AuditFilter {
+        actor: req.actor.as_deref(),
+        action: req.action.as_deref(),
+        subject: req.subject.as_deref(),
+        since_ms: req.since_ms,
+        until_ms: req.until_ms,
+        before_id: req.before,
+    };
+    // One more than asked tells whether a next page exists.
+    let mut events = state
+        .store
+        .list_audit(&filter, i64::from(limit) + 1)
+        .await?;
+    let next = (events.len() > limit as usize).then(|| {
+        events.truncate(limit as usize);
+        events.last().map(|e| e.id)
+    });
+    Ok(AuditEvents {
+        events,
+        next: next.flatten(),
+    })
 }

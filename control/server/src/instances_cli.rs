@@ -1,7 +1,9 @@
 //! Operator and tenant commands of instances: `better-compute instances create|show|list|stop|start|reboot|delete|
-//! set-pool`, thin typed calls of the instances module's API; each prints the answer as JSON.
+//! set-pool`, thin typed calls of the instances module's API. `list` prints a table and `show` the instance's
+//! fields (`-o json|yaml`: the API's answer); a verb prints what it did in a line (`-o json|yaml`: the answer).
 
 use crate::client::ApiClient;
+use crate::output::{self, Format, Table};
 use anyhow::Context as _;
 use bc_core::api::instances::{
     CreateInstance, InstanceById, InstanceImage, ListInstances, PoolClass, SetInstancePool,
@@ -13,8 +15,70 @@ use bc_mod_instances::methods::{
 use clap::Subcommand;
 use std::path::PathBuf;
 
-fn json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_default()
+/// An answer of a verb: a line in a table format, the answer itself in JSON or YAML.
+fn done<T: serde::Serialize>(
+    out: Format,
+    v: &T,
+    line: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    match out {
+        Format::Table | Format::Wide => {
+            println!("{}", line());
+            Ok(())
+        }
+        _ => output::print(out, v, Table::default),
+    }
+}
+
+/// One instance's line of a verb's answer.
+fn summary(verb: &str, i: &bc_core::api::instances::Instance) -> String {
+    format!(
+        "{verb} instance {}: {}{}",
+        i.id,
+        i.state.as_str(),
+        i.node
+            .as_ref()
+            .map(|n| format!(" on {n}"))
+            .unwrap_or_default()
+    )
+}
+
+/// `instances show` in a table format: its fields as lines.
+fn describe(i: &bc_core::api::instances::Instance) {
+    let now = output::now_ms();
+    let r = &i.request;
+    println!(
+        "instance {}  tenant {}  state {}",
+        i.id,
+        i.tenant,
+        i.state.as_str()
+    );
+    println!(
+        "pool {}  node {}  created {} ago",
+        r.pool,
+        i.node.as_ref().map_or("-".to_string(), |n| n.to_string()),
+        output::age(Some(i.created_at_ms), now)
+    );
+    println!(
+        "vcpus {}  memory {} MiB  disk {} GiB  gpus {}",
+        r.vcpus, r.memory_mib, r.disk_gib, r.gpus
+    );
+    println!("image {} (sha256 {})", r.image.url, r.image.sha256);
+    if let Some(o) = &i.observed {
+        println!(
+            "observed: {} (generation {}, cloud-init {}){}",
+            o.state,
+            o.generation,
+            if o.cloud_init_done { "done" } else { "running" },
+            o.reason
+                .as_ref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(e) = &i.error {
+        println!("error: {e}");
+    }
 }
 
 #[derive(Subcommand)]
@@ -85,9 +149,45 @@ pub enum InstanceCommand {
     },
 }
 
-pub async fn instances(client: &ApiClient, command: InstanceCommand) -> anyhow::Result<()> {
+/// `instances list`: a table (ID, tenant, pool, state, node, size, AGE) or the answer.
+fn print_list(out: Format, v: &bc_core::api::instances::InstanceList) -> anyhow::Result<()> {
+    let now = output::now_ms();
+    output::print(out, v, || {
+        let mut t = Table::new(&[
+            "ID", "TENANT", "POOL", "STATE", "NODE", "VCPUS", "MEMORY", "GPUS", "AGE",
+        ])
+        .wide(&["DISK", "OBSERVED", "ERROR"]);
+        for i in &v.instances {
+            let r = &i.request;
+            t.row(vec![
+                i.id.clone(),
+                i.tenant.to_string(),
+                r.pool.clone(),
+                i.state.as_str().to_string(),
+                i.node.as_ref().map(|n| n.to_string()).unwrap_or_default(),
+                r.vcpus.to_string(),
+                format!("{}Mi", r.memory_mib),
+                r.gpus.to_string(),
+                output::age(Some(i.created_at_ms), now),
+                format!("{}Gi", r.disk_gib),
+                i.observed
+                    .as_ref()
+                    .map(|o| o.state.clone())
+                    .unwrap_or_default(),
+                i.error.clone().unwrap_or_default(),
+            ]);
+        }
+        t
+    })
+}
+
+pub async fn instances(
+    client: &ApiClient,
+    out: Format,
+    command: InstanceCommand,
+) -> anyhow::Result<()> {
     let by_id = |id: String| InstanceById { id };
-    let out = match command {
+    match command {
         InstanceCommand::Create {
             tenant,
             pool,
@@ -128,35 +228,48 @@ pub async fn instances(client: &ApiClient, command: InstanceCommand) -> anyhow::
                 .request()
                 .validate()
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
-            json(&client.method::<CreateInstanceMethod>(&request).await?)
+            let v = client.method::<CreateInstanceMethod>(&request).await?;
+            done(out, &v, || summary("created", &v.instance))
         }
         InstanceCommand::Show { id } => {
-            json(&client.method::<ShowInstanceMethod>(&by_id(id)).await?)
+            let v = client.method::<ShowInstanceMethod>(&by_id(id)).await?;
+            match out {
+                Format::Table | Format::Wide => {
+                    describe(&v.instance);
+                    Ok(())
+                }
+                _ => output::print(out, &v, Table::default),
+            }
         }
         InstanceCommand::List {
             tenant,
             deleted,
             limit,
-        } => json(
-            &client
+        } => {
+            let v = client
                 .method::<ListInstancesMethod>(&ListInstances {
                     tenant,
                     deleted,
                     limit,
                 })
-                .await?,
-        ),
+                .await?;
+            print_list(out, &v)
+        }
         InstanceCommand::Stop { id } => {
-            json(&client.method::<StopInstanceMethod>(&by_id(id)).await?)
+            let v = client.method::<StopInstanceMethod>(&by_id(id)).await?;
+            done(out, &v, || summary("stopping", &v.instance))
         }
         InstanceCommand::Start { id } => {
-            json(&client.method::<StartInstanceMethod>(&by_id(id)).await?)
+            let v = client.method::<StartInstanceMethod>(&by_id(id)).await?;
+            done(out, &v, || summary("starting", &v.instance))
         }
         InstanceCommand::Reboot { id } => {
-            json(&client.method::<RebootInstanceMethod>(&by_id(id)).await?)
+            let v = client.method::<RebootInstanceMethod>(&by_id(id)).await?;
+            done(out, &v, || summary("rebooting", &v.instance))
         }
         InstanceCommand::Delete { id } => {
-            json(&client.method::<DeleteInstanceMethod>(&by_id(id)).await?)
+            let v = client.method::<DeleteInstanceMethod>(&by_id(id)).await?;
+            done(out, &v, || summary("deleting", &v.instance))
         }
         InstanceCommand::SetPool {
             pool,
@@ -175,17 +288,16 @@ pub async fn instances(client: &ApiClient, command: InstanceCommand) -> anyhow::
                     })?)
                 }
             };
-            json(
-                &client
-                    .method::<SetInstancePoolMethod>(&SetInstancePool {
-                        pool,
-                        class,
-                        provider,
-                    })
-                    .await?,
-            )
+            let v = client
+                .method::<SetInstancePoolMethod>(&SetInstancePool {
+                    pool,
+                    class,
+                    provider,
+                })
+                .await?;
+            done(out, &v, || {
+                format!("pool {} is {}", v.pool, v.class.as_str())
+            })
         }
-    };
-    println!("{out}");
-    Ok(())
+    }
 }

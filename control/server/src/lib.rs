@@ -2,18 +2,20 @@
 //!
 //! It owns the HTTP API and IAM ([`api`]), the CA ([`ca`]), composes the nodes module (JoinService, sessions, the
 //! node verbs and controllers: [`bc_mod_nodes`]), site enrollment and services ([`site`]), the secret broker ([`secrets`]), role wiring ([`start`]),
-//! configuration ([`config`]), `dev` mode on an embedded PostgreSQL ([`dev`]) and the operator CLI's API client
-//! ([`client`]). Decisions live in bc-core, state in bc-store, the daemon-facing server in bc-gateway; this crate
+//! configuration ([`config`]), `dev` mode on an embedded PostgreSQL ([`dev`]), and the operator CLI: its parser and
+//! dispatch ([`cli`]), its API client ([`client`]) and its output ([`output`]). Decisions live in bc-core, state in bc-store, the daemon-facing server in bc-gateway; this crate
 //! wires them. Start with [`start`].
 
 pub mod api;
 pub mod backend;
 pub use bc_ca as ca;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod dev;
 pub mod fleet;
 pub mod iam_api;
+pub mod iam_cli;
 pub mod instances_cli;
 pub use bc_mod_nodes::{join, lifecycle, methods as node_methods, session};
 pub mod metal_cli;
@@ -24,12 +26,14 @@ pub mod output;
 pub mod plane;
 pub mod profile;
 pub mod provider_secrets;
+pub mod progress;
 pub mod reservations_cli;
 pub mod serve_cli;
 pub mod site_cli;
 pub mod statistics;
 pub mod telemetry;
 pub mod tunnel_cli;
+pub mod watch;
 
 use crate::ca::Ca;
 use crate::config::ServeConfig;
@@ -39,6 +43,20 @@ use bc_proto::token::{Token, TokenKind};
 use bc_store::Store;
 use std::net::SocketAddr;
 use std::sync::Arc;
+
+/// What `--version` and `system.info` say: set once by the binary ([`cli::main`]) with its commit; the package
+/// version alone where the library runs without it (tests).
+static VERSION: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Records the binary's version (the first call wins).
+pub fn set_version(version: &'static str) {
+    VERSION.get_or_init(|| version);
+}
+
+/// The version this process reports.
+pub fn version() -> &'static str {
+    VERSION.get().copied().unwrap_or(env!("CARGO_PKG_VERSION"))
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

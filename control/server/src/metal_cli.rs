@@ -3,6 +3,7 @@
 //! opens and closes) until it rests, fails, or the wait's own deadline passes.
 
 use crate::client::ApiClient;
+use crate::output::{self, Format, Table};
 use anyhow::Context as _;
 use bc_core::api::metal::{
     BmcRef, DeployRequest, EnrollRequest, ListRequest, MachineRef, MachineView,
@@ -21,9 +22,9 @@ pub struct WaitArgs {
     /// Follow the machine's phases until it rests (enrolled, ready, deployed) or fails; exits 1 when it fails.
     #[arg(long)]
     pub wait: bool,
-    /// The longest `--wait` waits, in seconds.
-    #[arg(long, default_value_t = 1800)]
-    pub wait_timeout: u64,
+    /// The longest `--wait` waits: 90s, 30m, 1h.
+    #[arg(long, default_value = "30m", value_parser = bc_proto::duration::parse)]
+    pub wait_timeout: Duration,
 }
 
 #[derive(Subcommand)]
@@ -97,12 +98,8 @@ pub enum MetalCommand {
         wait: WaitArgs,
     },
     /// A machine's state, phase, deadline, timeline, last error and the evidence of its current attempt.
-    Show {
-        mac: String,
-        /// The answer as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    /// One machine: state, deadline, node, timeline, steps (`-o json|yaml`: the API's answer).
+    Show { mac: String },
     /// Enrolled machines, optionally of one site, in one phase, failed or not.
     List {
         #[arg(long)]
@@ -136,7 +133,7 @@ fn read_file(path: Option<std::path::PathBuf>) -> anyhow::Result<String> {
     }
 }
 
-pub async fn metal(client: &ApiClient, command: MetalCommand) -> anyhow::Result<()> {
+pub async fn metal(client: &ApiClient, out: Format, command: MetalCommand) -> anyhow::Result<()> {
     let r = |mac: &str| MachineRef {
         mac: mac.to_owned(),
     };
@@ -201,14 +198,15 @@ pub async fn metal(client: &ApiClient, command: MetalCommand) -> anyhow::Result<
         }
         MetalCommand::Abort { mac } => (client.method::<Abort>(&r(&mac)).await?, None),
         MetalCommand::Retry { mac, wait } => (client.method::<Retry>(&r(&mac)).await?, Some(wait)),
-        MetalCommand::Show { mac, json } => {
+        MetalCommand::Show { mac } => {
             let v = client.method::<Show>(&r(&mac)).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
-                print!("{}", render(&v));
-            }
-            return Ok(());
+            return match out {
+                Format::Table | Format::Wide => {
+                    print!("{}", render(&v));
+                    Ok(())
+                }
+                _ => output::print(out, &v, Table::default),
+            };
         }
         MetalCommand::List {
             site,
@@ -224,21 +222,31 @@ pub async fn metal(client: &ApiClient, command: MetalCommand) -> anyhow::Result<
                 failed: (failed || active).then_some(failed),
             };
             let v = client.method::<List>(&req).await?;
-            for m in v.machines {
-                let deadline = m.deadline_ms.map(fmt_utc).unwrap_or_else(|| "-".into());
-                println!(
-                    "{}  {:<10} {:<40} attempt {}  deadline {deadline}",
-                    m.mac,
-                    m.site,
-                    m.state.to_string(),
-                    m.attempt
-                );
-            }
-            return Ok(());
+            let now = output::now_ms();
+            return output::print(out, &v, || {
+                let mut t =
+                    Table::new(&["MAC", "SITE", "STATE", "ATTEMPT", "DEADLINE", "LAST ERROR"])
+                        .wide(&["DEADLINE AT"]);
+                for m in &v.machines {
+                    t.row(vec![
+                        m.mac.to_string(),
+                        m.site.to_string(),
+                        m.state.to_string(),
+                        m.attempt.to_string(),
+                        output::age(m.deadline_ms, now),
+                        m.last_error.clone().unwrap_or_default(),
+                        m.deadline_ms.map(fmt_utc).unwrap_or_default(),
+                    ]);
+                }
+                t
+            });
         }
     };
     match wait {
-        Some(w) if w.wait => follow(client, view, Duration::from_secs(w.wait_timeout)).await,
+        Some(w) if w.wait => follow(client, view, w.wait_timeout).await,
+        _ if matches!(out, Format::Json | Format::Yaml) => {
+            output::print(out, &view, Table::default)
+        }
         _ => {
             println!("{} {}", view.mac, view.state);
             Ok(())

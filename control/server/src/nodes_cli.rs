@@ -1,5 +1,5 @@
 //! The CLI of the nodes module's groups: `join-tokens`, `nodes` and `commands` (typed calls, printed as `-o`
-//! asks).
+//! asks). `nodes list` pages through the API's pages unless `--limit` asks for one.
 
 use crate::client::ApiClient;
 use crate::output::{self, Format, Table};
@@ -26,19 +26,47 @@ pub enum JoinTokenCommand {
         #[arg(long)]
         reclaim: bool,
     },
+    /// Join tokens (never their secrets): uses left, expiry, whether they reclaim.
     List {
+        /// Only this pool's.
         #[arg(long)]
         pool: Option<String>,
     },
+    /// Revoke a join token: no node joins with it from now on (nodes that joined stay).
     Revoke {
+        /// The token's id (`join-tokens list`), not its secret.
         id: String,
     },
 }
 
+/// `nodes list`'s filters and page.
+#[derive(clap::Args)]
+pub struct NodeFilter {
+    /// Only this pool's nodes.
+    #[arg(long)]
+    pool: Option<String>,
+    /// adopting, adopted, draining, failed or revoked.
+    #[arg(long)]
+    state: Option<String>,
+    /// Nodes with a condition containing this text (e.g. DesiredStateFailed).
+    #[arg(long)]
+    condition: Option<String>,
+    /// Nodes whose hostname matches (`*` matches any run of characters: 'gpu-*').
+    #[arg(long)]
+    hostname: Option<String>,
+    /// One page of at most this many nodes (the API pages by node id; the next page's --after goes to stderr).
+    /// Without it every page is read.
+    #[arg(long)]
+    limit: Option<u32>,
+    /// The page after this node id.
+    #[arg(long)]
+    after: Option<String>,
+}
+
 #[derive(Subcommand)]
 pub enum NodeCommand {
-    /// Nodes with state, online, GPUs and last seen.
-    List,
+    /// Nodes with state, online, GPUs and last seen, by id; filtered and paged by the API.
+    List(NodeFilter),
     /// One node: state, conditions, GPUs, inventory, last seen.
     Show { id: String },
     /// Stop handing out this node's GPUs: once this returns no new booking lands on it (existing ones stay).
@@ -49,6 +77,9 @@ pub enum NodeCommand {
     Undrain { id: String },
     /// Refuse this node's identity from now on (its session is closed within a liveness interval).
     Revoke { id: String },
+    /// Forget a revoked node (its inventory, commands and devices go with it). Refused while the node is not
+    /// revoked (revoke it first) or any of its GPUs is booked (release those reservations first).
+    Delete { id: String },
     /// Queue a command for the node's daemon (e.g. ramdisk.wipe, ramdisk.stream, ramdisk.diagnose); prints its id.
     Command {
         node: String,
@@ -64,6 +95,15 @@ pub enum NodeCommand {
 
 #[derive(Subcommand)]
 pub enum CommandsCommand {
+    /// A node's commands, newest first.
+    List {
+        /// The node whose commands to list.
+        #[arg(long)]
+        node: String,
+        /// At most this many, newest first (default and cap 1000).
+        #[arg(long)]
+        limit: Option<u32>,
+    },
     /// A command's state, latest progress, result and error.
     Show {
         id: String,
@@ -153,10 +193,8 @@ fn node_ref(id: &str) -> anyhow::Result<api::NodeRef> {
 
 pub async fn nodes(client: &ApiClient, out: Format, command: NodeCommand) -> anyhow::Result<()> {
     match command {
-        NodeCommand::List => {
-            let v = client
-                .method::<nodes::ListNodesMethod>(&api::ListNodes {})
-                .await?;
+        NodeCommand::List(f) => {
+            let v = list_nodes(client, f).await?;
             let now = output::now_ms();
             output::print(out, &v, || {
                 let mut t = Table::new(&[
@@ -241,6 +279,12 @@ pub async fn nodes(client: &ApiClient, out: Format, command: NodeCommand) -> any
                 .await?;
             println!("revoked {id}");
         }
+        NodeCommand::Delete { id } => {
+            client
+                .method::<nodes::DeleteNodeMethod>(&node_ref(&id)?)
+                .await?;
+            println!("deleted {id}");
+        }
         NodeCommand::Command {
             node,
             kind,
@@ -269,6 +313,31 @@ pub async fn commands(
     command: CommandsCommand,
 ) -> anyhow::Result<()> {
     match command {
+        CommandsCommand::List { node, limit } => {
+            let v = client
+                .method::<nodes::ListCommandsMethod>(&api::ListCommands {
+                    node: bc_core::ids::NodeId::parse(&node)?,
+                    limit,
+                })
+                .await?;
+            let now = output::now_ms();
+            output::print(out, &v, || {
+                let mut t = Table::new(&["ID", "KIND", "STATE", "AGE", "FINISHED"])
+                    .wide(&["DELIVERIES", "ERROR"]);
+                for c in &v.commands {
+                    t.row(vec![
+                        c.id.to_string(),
+                        c.kind.clone(),
+                        c.state.to_string(),
+                        output::age(Some(c.created_ms), now),
+                        output::age(c.finished_ms, now),
+                        c.deliveries.to_string(),
+                        c.error.clone().unwrap_or_default(),
+                    ]);
+                }
+                t
+            })?;
+        }
         CommandsCommand::Show { id, wait } => {
             let request = api::CommandRef {
                 id: bc_core::ids::CommandId::parse(&id)?,
@@ -300,6 +369,48 @@ pub async fn commands(
         }
     }
     Ok(())
+}
+
+/// `nodes list`: one page when `--limit` is given (the next page's cursor on stderr), else every page.
+async fn list_nodes(client: &ApiClient, f: NodeFilter) -> anyhow::Result<api::Nodes> {
+    let state = f
+        .state
+        .as_deref()
+        .map(|s| {
+            serde_json::from_value::<bc_core::node::NodeState>(serde_json::Value::String(s.into()))
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "--state {s:?}: use adopting, adopted, draining, failed or revoked"
+                    )
+                })
+        })
+        .transpose()?;
+    let mut request = api::ListNodes {
+        pool: f.pool.as_deref().map(pool_id).transpose()?,
+        state,
+        condition: f.condition,
+        hostname: f.hostname,
+        limit: f.limit,
+        after: f
+            .after
+            .as_deref()
+            .map(bc_core::ids::NodeId::parse)
+            .transpose()?,
+    };
+    let mut all = client.method::<nodes::ListNodesMethod>(&request).await?;
+    if f.limit.is_some() {
+        if let Some(next) = &all.next {
+            eprintln!("more nodes: --after {next}");
+        }
+        return Ok(all);
+    }
+    while let Some(next) = all.next.take() {
+        request.after = Some(bc_core::ids::NodeId::parse(&next)?);
+        let page = client.method::<nodes::ListNodesMethod>(&request).await?;
+        all.nodes.extend(page.nodes);
+        all.next = page.next;
+    }
+    Ok(all)
 }
 
 /// A command as `commands show` prints it: its fields (table), or the API's answer (json, yaml).

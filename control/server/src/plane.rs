@@ -1,14 +1,19 @@
-//! The server's own module `server`: the IAM methods it keeps (`tenants.create`, `principals.create`: see
-//! [`crate::iam_api`]), `system.stats|info` and `fleet.overview` (the fleet page's: [`crate::fleet`]), typed with `bc_core::api::{iam, system}`, and the `statistics`
+//! The server's own module `server`: the IAM methods it keeps (`tenants.create|list`, `principals.create|list`,
+//! `audit.list`: see [`crate::iam_api`]), `system.stats|info` and `fleet.overview` (the fleet page's:
+//! [`crate::fleet`]), typed with `bc_core::api::{iam, system}`, and the `statistics`
 //! reconciler (`controllers` and `scheduler` roles). Every other group is a module crate's: the nodes' groups and
 //! controllers [`bc_mod_nodes`]', reservations and the placer bc-mod-capacity's, the sites' groups, the artifact
 //! upload route and the site gateway service bc-mod-sites'.
 
 use crate::api::ApiState;
 use crate::{iam_api, statistics};
-use bc_core::api::iam::{CreatePrincipal, CreateTenant, PrincipalCreated, Tenant};
+use bc_core::api::audit::{AuditEvents, ListAudit};
+use bc_core::api::iam::{
+    CreatePrincipal, CreateTenant, ListPrincipals, ListTenants, PrincipalCreated, Principals,
+    Tenant, Tenants,
+};
 use bc_core::api::system::{GatewayStats, Info, Nothing, Stats};
-use bc_kernel::{ApiError, Cx, Method, Module, ReconcileCx, Reconciler, Stop};
+use bc_kernel::{ApiError, Cx, Method, Module, ReconcileCx, Reconciler, Scope, Stop};
 use bc_store::Store;
 use tokio::sync::watch;
 
@@ -19,6 +24,18 @@ bc_kernel::api_method!(
 bc_kernel::api_method!(
     /// `principals.create`.
     pub CreatePrincipalMethod = "principals" / "create": CreatePrincipal => PrincipalCreated
+);
+bc_kernel::api_method!(
+    /// `tenants.list`.
+    pub ListTenantsMethod = "tenants" / "list": ListTenants => Tenants
+);
+bc_kernel::api_method!(
+    /// `principals.list`.
+    pub ListPrincipalsMethod = "principals" / "list": ListPrincipals => Principals
+);
+bc_kernel::api_method!(
+    /// `audit.list`.
+    pub ListAuditMethod = "audit" / "list": ListAudit => AuditEvents
 );
 bc_kernel::api_method!(
     /// `system.stats`.
@@ -43,6 +60,24 @@ pub fn module(store: Store) -> Module {
                 .permission("compute:principals:create")
                 .scope_from_request("tenant/<tenant>", |r| format!("tenant/{}", r.tenant))
                 .handler(iam_api::create_principal),
+        )
+        .method(
+            Method::<ListTenantsMethod>::new()
+                .permission("compute:tenants:list")
+                .scope(Scope::filtered("tenant/<id>"))
+                .handler(iam_api::list_tenants),
+        )
+        .method(
+            Method::<ListPrincipalsMethod>::new()
+                .permission("compute:principals:list")
+                .scope(Scope::resource("tenant/<tenant>"))
+                .handler(iam_api::list_principals),
+        )
+        .method(
+            Method::<ListAuditMethod>::new()
+                .permission("compute:audit:list")
+                .scope(Scope::fixed("audit"))
+                .handler(iam_api::list_audit),
         )
         .method(Method::<StatsMethod>::new().any_caller().handler(stats))
         .method(Method::<InfoMethod>::new().any_caller().handler(info))
@@ -73,7 +108,7 @@ async fn info(cx: Cx, _: Nothing) -> Result<Info, ApiError> {
         ca_pin: state.ca.pin(),
         join_public_key: state.join_public_key.clone(),
         gateway_url: state.gateway_url.clone(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
+        version: crate::version().to_string(),
     })
 }
 

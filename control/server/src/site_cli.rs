@@ -4,13 +4,15 @@ use crate::client::ApiClient;
 use crate::output::{self, Format, Table};
 use anyhow::Context as _;
 use bc_core::api::sites::{
-    BootSpec, BySite, CreateMachineRequest, CreateSiteTokenRequest, ListArtifactsRequest,
+    BootSpec, BySite, CreateMachineRequest, CreateSiteTokenRequest, DeleteArtifactRequest,
+    DeleteMachineRequest, DeleteSecretRequest, ListArtifactsRequest, ListSitesRequest,
     PutSecretRequest, RevokeSiteRequest, RevokeSiteTokenRequest, SetMachineBootRequest,
 };
 use bc_core::ids::SiteId;
 use bc_mod_sites::methods::{
-    CreateMachine, CreateSiteToken, ListArtifacts, ListMachines, ListSiteTokens, PutSecret,
-    RevokeSite, RevokeSiteToken, SetMachineBoot,
+    CreateMachine, CreateSiteToken, DeleteArtifact, DeleteMachine, DeleteSecret, ListArtifacts,
+    ListMachines, ListSecrets, ListSiteTokens, ListSites, PutSecret, RevokeSite, RevokeSiteToken,
+    SetMachineBoot,
 };
 use clap::Subcommand;
 
@@ -37,14 +39,39 @@ fn json<T: serde::Serialize>(v: &T) -> String {
 
 #[derive(Subcommand)]
 pub enum SiteCommand {
+    /// Sites with their agents, machines, secrets and boot-lease holder.
+    List,
     /// Revoke a site: every agent of it is refused at the gateways' TLS handshake (within their refresh interval,
     /// 10 s) and by the site services at once; its unspent tokens are revoked and its boot lease released. Revoking
     /// again changes nothing.
     Revoke { site: String },
 }
 
-pub async fn sites(client: &ApiClient, _out: Format, command: SiteCommand) -> anyhow::Result<()> {
+pub async fn sites(client: &ApiClient, out: Format, command: SiteCommand) -> anyhow::Result<()> {
     match command {
+        SiteCommand::List => {
+            let v = client.method::<ListSites>(&ListSitesRequest {}).await?;
+            let now = output::now_ms();
+            output::print(out, &v, || {
+                let mut t =
+                    Table::new(&["SITE", "AGENTS", "MACHINES", "SECRETS", "REVOKED", "AGE"])
+                        .wide(&["BOOT HOLDER", "CREATED BY"]);
+                for s in &v.sites {
+                    t.row(vec![
+                        s.id.to_string(),
+                        s.agents.to_string(),
+                        s.machines.to_string(),
+                        s.secrets.to_string(),
+                        s.revoked_at_ms
+                            .map_or_else(|| "no".to_string(), |r| output::age(Some(r), now)),
+                        output::age(Some(s.created_at_ms), now),
+                        s.boot_holder.clone().unwrap_or_default(),
+                        s.created_by.clone(),
+                    ]);
+                }
+                t
+            })?;
+        }
         SiteCommand::Revoke { site } => {
             let v = client
                 .method::<RevokeSite>(&RevokeSiteRequest {
@@ -83,11 +110,15 @@ pub enum SiteTokenCommand {
         #[arg(long, default_value = "24h", value_parser = bc_proto::duration::parse)]
         ttl: std::time::Duration,
     },
+    /// Site tokens (never their secrets): uses left, expiry.
     List {
+        /// Only this site's.
         #[arg(long)]
         site: Option<String>,
     },
+    /// Revoke a site token: no agent enrolls with it from now on (enrolled agents stay).
     Revoke {
+        /// The token's id (`site-tokens list`), not its secret.
         id: String,
     },
 }
@@ -102,7 +133,9 @@ pub enum MachineCommand {
         #[command(flatten)]
         boot: BootArgs,
     },
+    /// Machines with what they netboot.
     List {
+        /// Only this site's.
         #[arg(long)]
         site: Option<String>,
     },
@@ -112,6 +145,8 @@ pub enum MachineCommand {
         #[command(flatten)]
         boot: BootArgs,
     },
+    /// Forget a machine. Refused while the metal flow holds it (`metal release` or `metal abort` it first).
+    Delete { mac: String },
 }
 
 #[derive(clap::Args)]
@@ -146,7 +181,14 @@ pub enum ArtifactCommand {
         #[arg(long)]
         name: Option<String>,
     },
+    /// Stored artifacts: hash, size, name.
     List,
+    /// Delete an artifact (its row and its file). Refused, naming them, while a machine's boot or a metal
+    /// machine's record references it.
+    Delete {
+        /// Its hash: 64 hex digits or sha256:<hex>.
+        sha256: String,
+    },
 }
 
 pub async fn artifacts(
@@ -168,13 +210,26 @@ pub async fn artifacts(
             let v = client
                 .method::<ListArtifacts>(&ListArtifactsRequest {})
                 .await?;
+            let now = output::now_ms();
             output::print(out, &v, || {
-                let mut t = Table::new(&["SHA256", "SIZE", "NAME"]);
+                let mut t = Table::new(&["SHA256", "SIZE", "NAME", "AGE"]).wide(&["CREATED BY"]);
                 for a in &v.artifacts {
-                    t.row(vec![a.sha256.clone(), a.size.to_string(), a.name.clone()]);
+                    t.row(vec![
+                        a.sha256.clone(),
+                        a.size.to_string(),
+                        a.name.clone(),
+                        output::age(Some(a.created_at_ms), now),
+                        a.created_by.clone(),
+                    ]);
                 }
                 t
             })?;
+        }
+        ArtifactCommand::Delete { sha256 } => {
+            let v = client
+                .method::<DeleteArtifact>(&DeleteArtifactRequest { sha256 })
+                .await?;
+            println!("deleted artifact sha256:{}", v.sha256);
         }
     }
     Ok(())
@@ -190,6 +245,18 @@ pub enum SecretCommand {
         site: String,
         #[arg(long, default_value = "BC_SECRET_VALUE")]
         value_env: String,
+    },
+    /// Secrets' names, sites and when they were last put (never their values).
+    List {
+        /// Only this site's.
+        #[arg(long)]
+        site: Option<String>,
+    },
+    /// Delete a secret of a site. Refused, naming them, while a metal machine's BMC uses it.
+    Delete {
+        name: String,
+        #[arg(long)]
+        site: String,
     },
 }
 
@@ -216,8 +283,10 @@ pub async fn site_tokens(
         }
         SiteTokenCommand::List { site } => {
             let v = client.method::<ListSiteTokens>(&site_filter(site)?).await?;
+            let now = output::now_ms();
             output::print(out, &v, || {
-                let mut t = Table::new(&["ID", "SITE", "LEFT", "TOTAL", "REVOKED"]);
+                let mut t = Table::new(&["ID", "SITE", "LEFT", "TOTAL", "REVOKED", "EXPIRES"])
+                    .wide(&["AGE", "CREATED BY"]);
                 for k in &v.tokens {
                     t.row(vec![
                         k.id.clone(),
@@ -225,6 +294,9 @@ pub async fn site_tokens(
                         k.uses_left.to_string(),
                         k.uses_total.to_string(),
                         k.revoked.to_string(),
+                        output::age(Some(k.expires_at_ms), now),
+                        output::age(Some(k.created_at_ms), now),
+                        k.created_by.clone(),
                     ]);
                 }
                 t
@@ -282,16 +354,47 @@ pub async fn machines(
                 .await?;
             println!("{}", json(&v));
         }
+        MachineCommand::Delete { mac } => {
+            let v = client
+                .method::<DeleteMachine>(&DeleteMachineRequest { mac })
+                .await?;
+            println!("deleted machine {} of site {}", v.mac, v.site);
+        }
     }
     Ok(())
 }
 
 pub async fn secrets(
     client: &ApiClient,
-    _out: Format,
+    out: Format,
     command: SecretCommand,
 ) -> anyhow::Result<()> {
     match command {
+        SecretCommand::List { site } => {
+            let v = client.method::<ListSecrets>(&site_filter(site)?).await?;
+            let now = output::now_ms();
+            output::print(out, &v, || {
+                let mut t = Table::new(&["SITE", "NAME", "UPDATED"]).wide(&["BY"]);
+                for x in &v.secrets {
+                    t.row(vec![
+                        x.site_id.to_string(),
+                        x.name.clone(),
+                        output::age(Some(x.updated_at_ms), now),
+                        x.created_by.clone(),
+                    ]);
+                }
+                t
+            })?;
+        }
+        SecretCommand::Delete { name, site } => {
+            client
+                .method::<DeleteSecret>(&DeleteSecretRequest {
+                    site: site_arg(&site)?,
+                    name: name.clone(),
+                })
+                .await?;
+            println!("deleted secret {name} of site {site}");
+        }
         SecretCommand::Put {
             name,
             site,

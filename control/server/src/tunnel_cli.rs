@@ -5,6 +5,7 @@
 //! list|ports|set-ports`.
 
 use crate::client::{ApiClient, ClientError};
+use crate::output::{self, Format, Table};
 use bc_core::api::tunnels::{GetPoolPorts, ListTunnels, PoolPorts};
 use bc_mod_tunnels::api::{ListTunnelsMethod, PortsMethod, SetPortsMethod};
 use bc_proto::tunnel as wire;
@@ -276,22 +277,66 @@ pub enum TunnelsCommand {
     SetPorts { pool: String, ports: Vec<u16> },
 }
 
-pub async fn tunnels(client: &ApiClient, command: TunnelsCommand) -> anyhow::Result<()> {
-    let v = match command {
-        TunnelsCommand::List { node, limit } => serde_json::to_string(
-            &client
+pub async fn tunnels(
+    client: &ApiClient,
+    out: Format,
+    command: TunnelsCommand,
+) -> anyhow::Result<()> {
+    match command {
+        TunnelsCommand::List { node, limit } => {
+            let v = client
                 .method::<ListTunnelsMethod>(&ListTunnels { node, limit })
-                .await?,
-        ),
-        TunnelsCommand::Ports { pool } => {
-            serde_json::to_string(&client.method::<PortsMethod>(&GetPoolPorts { pool }).await?)
+                .await?;
+            let now = output::now_ms();
+            output::print(out, &v, || {
+                let mut t = Table::new(&[
+                    "NODE",
+                    "PORT",
+                    "PRINCIPAL",
+                    "OUTCOME",
+                    "STARTED",
+                    "STOPPED",
+                    "TO NODE",
+                    "FROM NODE",
+                ])
+                .wide(&["ID", "POOL", "REASON"]);
+                for r in &v.tunnels {
+                    t.row(vec![
+                        r.node.clone(),
+                        r.port.to_string(),
+                        r.principal.clone(),
+                        r.outcome.clone(),
+                        output::age(Some(r.started_at_ms), now),
+                        output::age(r.stopped_at_ms, now),
+                        r.bytes_to_node.to_string(),
+                        r.bytes_from_node.to_string(),
+                        r.id.clone(),
+                        r.pool.clone(),
+                        r.reason.clone(),
+                    ]);
+                }
+                t
+            })
         }
-        TunnelsCommand::SetPorts { pool, ports } => serde_json::to_string(
-            &client
+        TunnelsCommand::Ports { pool } => {
+            let v = client.method::<PortsMethod>(&GetPoolPorts { pool }).await?;
+            print_ports(out, &v)
+        }
+        TunnelsCommand::SetPorts { pool, ports } => {
+            let v = client
                 .method::<SetPortsMethod>(&PoolPorts { pool, ports })
-                .await?,
-        ),
-    };
-    println!("{}", v.unwrap_or_default());
-    Ok(())
+                .await?;
+            print_ports(out, &v)
+        }
+    }
+}
+
+/// A pool's allowlist: `POOL PORTS` (or the answer itself in JSON or YAML).
+fn print_ports(out: Format, v: &PoolPorts) -> anyhow::Result<()> {
+    output::print(out, v, || {
+        let mut t = Table::new(&["POOL", "PORTS"]);
+        let ports: Vec<String> = v.ports.iter().map(u16::to_string).collect();
+        t.row(vec![v.pool.clone(), ports.join(",")]);
+        t
+    })
 }

@@ -182,7 +182,7 @@ async fn metal_grants_codes_and_cli() {
         "52:54:00:00:00:03",
         "--wait",
         "--wait-timeout",
-        "1",
+        "1s",
     ])
     .await;
     assert!(!ok, "{out}");
@@ -219,7 +219,7 @@ async fn metal_grants_codes_and_cli() {
     let (ok, out, err) = run(&["retry", "52:54:00:00:00:03"]).await;
     assert!(ok, "{err}");
     assert!(out.contains("inspecting"), "{out}");
-    let (ok, out, err) = run(&["show", "52:54:00:00:00:03", "--json"]).await;
+    let (ok, out, err) = run(&["show", "52:54:00:00:00:03", "-o", "json"]).await;
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert_eq!(v["timeline"].as_array().map(Vec::len), Some(3), "{v}");

@@ -213,6 +213,64 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Tenants (one when `only` names it), by id.
+    pub async fn list_tenants(
+        &self,
+        only: Option<&str>,
+    ) -> Result<Vec<bc_core::api::iam::TenantInfo>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, name, is_root, created_at FROM tenants WHERE $1::text IS NULL OR id = $1 ORDER BY id",
+        )
+        .bind(only)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| bc_core::api::iam::TenantInfo {
+                id: r.get(0),
+                name: r.get(1),
+                is_root: r.get(2),
+                created_at_ms: crate::to_ms(r.get(3)),
+            })
+            .collect())
+    }
+
+    /// The principals of `tenant` with their grants (never a key's hash), by id.
+    pub async fn list_principals(
+        &self,
+        tenant: &str,
+    ) -> Result<Vec<bc_core::api::iam::PrincipalInfo>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT p.id, p.tenant_id, p.name, p.api_key_id, p.disabled, p.created_at, \
+               COALESCE(jsonb_agg(jsonb_build_object('permission', g.permission, 'scope', g.scope) \
+                 ORDER BY g.permission, g.scope) FILTER (WHERE g.principal_id IS NOT NULL), '[]') \
+             FROM principals p LEFT JOIN grants g ON g.principal_id = p.id \
+             WHERE p.tenant_id = $1 GROUP BY p.id ORDER BY p.id",
+        )
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let id: String = r.get(0);
+                let grants: serde_json::Value = r.get(6);
+                Ok(bc_core::api::iam::PrincipalInfo {
+                    grants: serde_json::from_value(grants).map_err(|e| {
+                        StoreError::Corrupt(format!("grants of principal {id:?}: {e}"))
+                    })?,
+                    id,
+                    tenant: r.get(1),
+                    name: r.get(2),
+                    api_key_id: r.get(3),
+                    disabled: r.get(4),
+                    created_at_ms: crate::to_ms(r.get(5)),
+                })
+            })
+            .collect()
+    }
+}
+
 /// Appends an audit event inside `tx`.
 pub(crate) async fn audit(
     tx: &mut sqlx::PgConnection,

@@ -7,6 +7,7 @@
 //! join`.
 
 pub mod artifacts;
+pub mod audit;
 pub mod desired;
 pub mod devices;
 pub mod embedded;
@@ -21,6 +22,7 @@ pub mod nodes;
 pub mod pokes;
 pub mod replica;
 pub mod reservations;
+pub mod secrets;
 pub mod sessions;
 pub mod sites;
 pub mod statistics;

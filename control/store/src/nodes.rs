@@ -1,5 +1,6 @@
 //! Nodes: created or reclaimed by joins (in batches, one transaction per token per batch), listed by operators.
 
+use crate::iam::audit;
 use crate::{Store, StoreError, from_ms, to_ms};
 use bc_core::ids::{NodeId, PoolId};
 use bc_core::node::{NodeState, UnknownState};
@@ -539,4 +540,84 @@ async fn record_joins(
     .execute(&mut *tx)
     .await?;
     Ok(())
+}
+
+/// What `nodes.delete` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeDeletion {
+    Deleted,
+    NotFound,
+    /// Why not, as the operator is told (what to do first).
+    Refused(String),
+}
+
+impl Store {
+    /// Deletes a revoked node that holds no booking, with its inventory, commands and devices, and audits it. A
+    /// node that is not revoked is refused (naming its bookings, if any): its certificate would still open sessions,
+    /// so its identity must be refused first (revoking also releases its GPUs; a deleted node opens no session, it
+    /// is unknown). A row elsewhere that still names it (an instance) is refused naming its table.
+    pub async fn delete_node(&self, id: &str, actor: &str) -> Result<NodeDeletion, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let state: Option<String> =
+            sqlx::query_scalar("SELECT state FROM nodes WHERE id = $1 FOR UPDATE")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some(state) = state else {
+            return Ok(NodeDeletion::NotFound);
+        };
+        let booked: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT reservation_id FROM devices WHERE node_id = $1 AND reservation_id IS NOT NULL \
+             ORDER BY 1",
+        )
+        .bind(id)
+        .fetch_all(&mut *tx)
+        .await?;
+        let bookings = || {
+            format!(
+                "it holds GPUs of reservation(s) {}: release those (`better-compute reservations release <id>`)",
+                booked.join(", ")
+            )
+        };
+        if state != "revoked" {
+            let why = if booked.is_empty() {
+                String::new()
+            } else {
+                format!(" and {}, or", bookings())
+            };
+            return Ok(NodeDeletion::Refused(format!(
+                "node {id} is {state}{why}: revoke it first (`better-compute nodes revoke {id}`, which also \
+                 releases its GPUs) so its certificate opens no session, then delete it"
+            )));
+        }
+        if !booked.is_empty() {
+            return Ok(NodeDeletion::Refused(format!(
+                "node {id} is revoked but {} first",
+                bookings()
+            )));
+        }
+        let deleted = sqlx::query("DELETE FROM nodes WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await;
+        if let Err(sqlx::Error::Database(e)) = &deleted
+            && e.code().as_deref() == Some("23503")
+        {
+            return Ok(NodeDeletion::Refused(format!(
+                "node {id} is still named by {} rows: delete those first",
+                e.table().unwrap_or("other")
+            )));
+        }
+        deleted?;
+        audit(
+            &mut tx,
+            actor,
+            "node.delete",
+            &format!("node/{id}"),
+            serde_json::json!({}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(NodeDeletion::Deleted)
+    }
 }

@@ -439,37 +439,61 @@ impl Store {
 
     /// One command as an operator sees it.
     pub async fn command(&self, id: &str) -> Result<Option<CommandView>, StoreError> {
-        let row = sqlx::query(
-            "SELECT id, node_id, kind, args, state,              (extract(epoch FROM created_at) * 1000)::bigint,              (extract(epoch FROM sent_at) * 1000)::bigint,              (extract(epoch FROM deadline_at) * 1000)::bigint,              (extract(epoch FROM finished_at) * 1000)::bigint,              progress, (extract(epoch FROM progress_at) * 1000)::bigint, result, error, deliveries              FROM commands WHERE id = $1",
-        )
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {COMMAND_COLUMNS} FROM commands WHERE id = $1"
+        )))
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        let Some(r) = row else {
-            return Ok(None);
-        };
-        let id: String = r.get(0);
-        let corrupt = |what: String| StoreError::Corrupt(format!("commands row {id:?}: {what}"));
-        let state: String = r.get(4);
-        Ok(Some(CommandView {
-            id: CommandId::parse(&id).map_err(|e| corrupt(e.to_string()))?,
-            node_id: NodeId::parse(r.get(1)).map_err(|e| corrupt(e.to_string()))?,
-            kind: r.get(2),
-            args: r.get(3),
-            state: state
-                .parse()
-                .map_err(|e: UnknownCommandState| corrupt(e.to_string()))?,
-            created_ms: r.get(5),
-            sent_ms: r.get(6),
-            deadline_ms: r.get(7),
-            finished_ms: r.get(8),
-            progress: r.get(9),
-            progress_ms: r.get(10),
-            result: r.get(11),
-            error: r.get(12),
-            deliveries: r.get(13),
-        }))
+        row.as_ref().map(command_from_row).transpose()
     }
+
+    /// The commands of `node_id`, newest first, at most `limit`.
+    pub async fn node_commands(
+        &self,
+        node_id: &str,
+        limit: i64,
+    ) -> Result<Vec<CommandView>, StoreError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {COMMAND_COLUMNS} FROM commands WHERE node_id = $1 ORDER BY created_at DESC, id DESC \
+             LIMIT $2"
+        )))
+        .bind(node_id)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(command_from_row).collect()
+    }
+}
+
+/// The columns [`command_from_row`] reads.
+const COMMAND_COLUMNS: &str = "id, node_id, kind, args, state, \
+     (extract(epoch FROM created_at) * 1000)::bigint, (extract(epoch FROM sent_at) * 1000)::bigint, \
+     (extract(epoch FROM deadline_at) * 1000)::bigint, (extract(epoch FROM finished_at) * 1000)::bigint, \
+     progress, (extract(epoch FROM progress_at) * 1000)::bigint, result, error, deliveries";
+
+fn command_from_row(r: &sqlx::postgres::PgRow) -> Result<CommandView, StoreError> {
+    let id: String = r.get(0);
+    let corrupt = |what: String| StoreError::Corrupt(format!("commands row {id:?}: {what}"));
+    let state: String = r.get(4);
+    Ok(CommandView {
+        id: CommandId::parse(&id).map_err(|e| corrupt(e.to_string()))?,
+        node_id: NodeId::parse(r.get(1)).map_err(|e| corrupt(e.to_string()))?,
+        kind: r.get(2),
+        args: r.get(3),
+        state: state
+            .parse()
+            .map_err(|e: UnknownCommandState| corrupt(e.to_string()))?,
+        created_ms: r.get(5),
+        sent_ms: r.get(6),
+        deadline_ms: r.get(7),
+        finished_ms: r.get(8),
+        progress: r.get(9),
+        progress_ms: r.get(10),
+        result: r.get(11),
+        error: r.get(12),
+        deliveries: r.get(13),
+    })
 }
 
 /// A command row for the API (`commands.get`).

@@ -663,3 +663,84 @@ fn boot_json(boot: Option<&BootSpec>) -> Result<Option<serde_json::Value>, Store
         .transpose()
         .map_err(|e| StoreError::Corrupt(format!("encoding a boot spec: {e}")))
 }
+
+/// What `machines.delete` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MachineDeletion {
+    Deleted {
+        site: SiteId,
+    },
+    NotFound,
+    /// Still held by another table's row (the metal flow's): its name.
+    InUse(String),
+}
+
+impl Store {
+    /// Every site with its counts and boot-lease holder, by id.
+    pub async fn list_sites(&self) -> Result<Vec<bc_core::api::sites::Site>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT s.id, s.name, s.created_by, s.created_at, s.revoked_at, \
+               (SELECT count(*) FROM site_agents a WHERE a.site_id = s.id), \
+               (SELECT count(*) FROM machines m WHERE m.site_id = s.id), \
+               (SELECT count(*) FROM secrets x WHERE x.site_id = s.id), \
+               (SELECT holder FROM boot_leases b WHERE b.site_id = s.id AND b.expires_at > now()) \
+             FROM sites s ORDER BY s.id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let id: String = r.get(0);
+                Ok(bc_core::api::sites::Site {
+                    id: id_of(SiteId::new, "sites", &id, id.clone())?,
+                    name: r.get(1),
+                    created_by: r.get(2),
+                    created_at_ms: to_ms(r.get(3)),
+                    revoked_at_ms: r.get::<Option<time::OffsetDateTime>, _>(4).map(to_ms),
+                    agents: r.get(5),
+                    machines: r.get(6),
+                    secrets: r.get(7),
+                    boot_holder: r.get(8),
+                })
+            })
+            .collect()
+    }
+
+    /// Deletes a machine and audits it; a row of another table that still names it (the metal flow's
+    /// `metal_machines`) refuses it.
+    pub async fn delete_machine(
+        &self,
+        mac: &str,
+        actor: &str,
+    ) -> Result<MachineDeletion, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let deleted: Result<Option<String>, sqlx::Error> =
+            sqlx::query_scalar("DELETE FROM machines WHERE mac = $1 RETURNING site_id")
+                .bind(mac)
+                .fetch_optional(&mut *tx)
+                .await;
+        let site = match deleted {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23503") => {
+                return Ok(MachineDeletion::InUse(
+                    e.table().unwrap_or("another table").to_string(),
+                ));
+            }
+            other => other?,
+        };
+        let Some(site) = site else {
+            return Ok(MachineDeletion::NotFound);
+        };
+        audit(
+            &mut tx,
+            actor,
+            "machine.delete",
+            &format!("machine/{mac}"),
+            serde_json::json!({"site": site}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(MachineDeletion::Deleted {
+            site: id_of(SiteId::new, "machines", mac, site)?,
+        })
+    }
+}

@@ -1,4 +1,5 @@
-//! The typed requests and responses of the server's IAM methods (`tenants.create`, `principals.create`).
+//! The typed requests and responses of the server's IAM methods (`tenants.create|list`,
+//! `principals.create|list`).
 
 use crate::iam::Grant;
 use serde::{Deserialize, Serialize};
@@ -41,6 +42,51 @@ pub struct PrincipalCreated {
     pub id: String,
     pub tenant: String,
     pub api_key: String,
+}
+
+/// `tenants.list`: every tenant for a root caller, its own for any other.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListTenants {}
+
+/// A tenant as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantInfo {
+    pub id: String,
+    pub name: String,
+    pub is_root: bool,
+    pub created_at_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Tenants {
+    pub tenants: Vec<TenantInfo>,
+}
+
+/// `principals.list`: the principals of `tenant` (the caller's own tenant when absent; another only for a root
+/// caller), with their grants and API key ids, never a key.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListPrincipals {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+/// A principal as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrincipalInfo {
+    pub id: String,
+    pub tenant: String,
+    pub name: String,
+    pub api_key_id: Option<String>,
+    pub disabled: bool,
+    pub grants: Vec<Grant>,
+    pub created_at_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Principals {
+    pub principals: Vec<PrincipalInfo>,
 }
 
 #[cfg(test)]

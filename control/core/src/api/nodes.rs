@@ -103,15 +103,57 @@ pub struct RevokedJoinToken {
 
 // === nodes ===
 
-/// `nodes.list` (it takes no argument).
+/// `nodes.list`: the nodes the caller may see, by id, those matching every filter given, a page at a time (`after`
+/// the previous page's `next`, at most `limit`, [`super::MAX_PAGE`] when absent).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct ListNodes {}
+#[serde(deny_unknown_fields)]
+pub struct ListNodes {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<NodeState>,
+    /// Nodes with a condition containing this text (`--condition DesiredStateFailed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
+    /// Nodes whose hostname matches this pattern (`*` matches any run of characters: `gpu-*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<NodeId>,
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Nodes {
     pub nodes: Vec<Node>,
+    /// The `after` of the next page; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+/// `nodes.delete`: forgets a node. Refused (FAILED_PRECONDITION) unless it is revoked or failed, so its identity is
+/// already refused, and while any of its GPUs is booked or an instance runs on it (release those first).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeletedNode {
+    pub id: NodeId,
+    pub deleted: bool,
+}
+
+/// `commands.list`: a node's commands, newest first (at most `limit`, [`super::MAX_PAGE`] when absent).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListCommands {
+    pub node: NodeId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Commands {
+    pub commands: Vec<Command>,
 }
 
 /// `nodes.get`, `nodes.drain`, `nodes.undrain`, `nodes.revoke`.

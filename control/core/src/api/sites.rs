@@ -239,6 +239,92 @@ pub struct ListArtifactsResponse {
     pub artifacts: Vec<Artifact>,
 }
 
+/// `artifacts.delete`: the row and the file. Refused (FAILED_PRECONDITION, naming them) while a machine's boot or a
+/// metal machine's record references it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteArtifactRequest {
+    /// The hash, as 64 hex or `sha256:<hex>`.
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeleteArtifactResponse {
+    pub sha256: String,
+    pub deleted: bool,
+}
+
+/// `sites.list`: every site the caller's grant reaches.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListSitesRequest {}
+
+/// A site as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Site {
+    pub id: SiteId,
+    pub name: String,
+    pub created_by: String,
+    pub created_at_ms: i64,
+    pub revoked_at_ms: Option<i64>,
+    /// Agents enrolled (active and standby).
+    pub agents: i64,
+    pub machines: i64,
+    pub secrets: i64,
+    /// The agent holding the boot lease now, if one does.
+    pub boot_holder: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ListSitesResponse {
+    pub sites: Vec<Site>,
+}
+
+/// `machines.delete`: forgets a machine of a site. Refused (FAILED_PRECONDITION) while the metal flow holds it
+/// (`metal release` or `metal abort` it first).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteMachineRequest {
+    pub mac: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeleteMachineResponse {
+    pub mac: MachineId,
+    pub site: SiteId,
+    pub deleted: bool,
+}
+
+/// A secret as listed: its name and when and by whom it was last put, never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretInfo {
+    pub site_id: SiteId,
+    pub name: String,
+    pub created_by: String,
+    pub updated_at_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ListSecretsResponse {
+    pub secrets: Vec<SecretInfo>,
+}
+
+/// `secrets.delete`. Refused (FAILED_PRECONDITION, naming them) while a metal machine's BMC credentials name it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteSecretRequest {
+    #[serde(deserialize_with = "site_name")]
+    pub site: SiteId,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeleteSecretResponse {
+    pub site: SiteId,
+    pub name: String,
+    pub deleted: bool,
+}
+
 /// What `PUT /api/artifacts` answers: the row and the reference a boot spec names it by (`sha256:<hex>`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

@@ -170,18 +170,62 @@ pub async fn shown(
         .collect())
 }
 
-pub(crate) async fn list_nodes(cx: Cx, _req: ListNodes) -> Result<Nodes_, ApiError> {
+/// `nodes.list`: the visible nodes matching the request's filters, by id, one page. The filters and the page are
+/// applied here, on the server, so a page holds `limit` matching nodes.
+pub(crate) async fn list_nodes(cx: Cx, req: ListNodes) -> Result<Nodes_, ApiError> {
     let nodes = cx.get::<Nodes>()?;
-    let rows: Vec<_> = nodes
+    let mut rows: Vec<_> = nodes
         .store
         .list_nodes()
         .await?
         .into_iter()
         .filter(|n| cx.allows(&pool_scope(&n.pool_id)))
+        .filter(|n| {
+            req.pool
+                .as_ref()
+                .is_none_or(|p| n.pool_id.as_str() == p.as_str())
+        })
+        .filter(|n| req.state.is_none_or(|s| n.state == s))
         .collect();
-    Ok(Nodes_ {
-        nodes: shown(nodes, rows).await?,
-    })
+    rows.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+    let shown = shown(nodes, rows).await?.into_iter().filter(|n| {
+        req.condition
+            .as_ref()
+            .is_none_or(|c| n.conditions.iter().any(|have| have.contains(c.as_str())))
+            && req
+                .hostname
+                .as_ref()
+                .is_none_or(|h| bc_core::api::glob_matches(h, n.hostname()))
+    });
+    let (page, next) = bc_core::api::page(
+        shown.collect(),
+        |n| n.id.as_str(),
+        req.after.as_ref().map(|a| a.as_str()),
+        req.limit,
+    );
+    Ok(Nodes_ { nodes: page, next })
+}
+
+/// `nodes.delete`: forgets a revoked node without bookings (see [`bc_store::nodes::NodeDeletion`]).
+pub(crate) async fn delete_node(cx: Cx, req: NodeRef) -> Result<DeletedNode, ApiError> {
+    use bc_store::nodes::NodeDeletion;
+    let nodes = cx.get::<Nodes>()?;
+    let node = authorized_node(&cx, nodes, &req.id).await?;
+    match nodes
+        .store
+        .delete_node(node.id.as_str(), &cx.caller().actor())
+        .await?
+    {
+        NodeDeletion::Deleted => Ok(DeletedNode {
+            id: node.id,
+            deleted: true,
+        }),
+        NodeDeletion::NotFound => Err(ApiError::not_found(format!(
+            "node {:?} not found",
+            req.id.as_str()
+        ))),
+        NodeDeletion::Refused(why) => Err(ApiError::new(ApiCode::FailedPrecondition, why)),
+    }
 }
 
 /// The `nodes.list` response (named apart from the module's state, [`Nodes`]).

@@ -1,13 +1,14 @@
 //! Operator commands to nodes: `nodes.command` queues one (a free-form kind the node's daemon answers, e.g.
-//! `ramdisk.wipe`), `commands.get` reads its state, latest progress and signed result. Both are authorized on the
+//! `ramdisk.wipe`), `commands.get` reads its state, latest progress and signed result, `commands.list` a node's, newest first. Both are authorized on the
 //! node's pool: queueing needs `compute:nodes:command` (an operator permission, like `compute:nodes:drain`),
 //! reading needs `compute:nodes:get`.
 
 use crate::{Nodes, now_ms};
-use bc_core::api::ApiCode;
 use bc_core::api::nodes::{
-    Command, CommandDetail, CommandRef, CommandState, QueueCommand, QueuedCommand,
+    Command, CommandDetail, CommandRef, CommandState, Commands, ListCommands, QueueCommand,
+    QueuedCommand,
 };
+use bc_core::api::{ApiCode, MAX_PAGE};
 use bc_core::ids::CommandId;
 use bc_kernel::{ApiError, Cx};
 
@@ -125,24 +126,46 @@ pub(crate) async fn get(cx: Cx, req: CommandRef) -> Result<CommandDetail, ApiErr
         .await?
         .ok_or_else(not_found)?;
     cx.authorize(&format!("pool/{}", node.pool_id))?;
-    Ok(CommandDetail {
-        command: Command {
-            id: c.id,
-            node_id: c.node_id,
-            kind: c.kind,
-            args: c.args,
-            state: c.state,
-            created_ms: c.created_ms,
-            sent_ms: c.sent_ms,
-            deadline_ms: c.deadline_ms,
-            finished_ms: c.finished_ms,
-            progress: c.progress,
-            progress_ms: c.progress_ms,
-            result: c.result,
-            error: c.error,
-            deliveries: c.deliveries,
-        },
+    Ok(CommandDetail { command: shown(c) })
+}
+
+/// `commands.list`: a node's commands, newest first.
+pub(crate) async fn list(cx: Cx, req: ListCommands) -> Result<Commands, ApiError> {
+    let nodes = cx.get::<Nodes>()?;
+    let node = nodes.store.node(req.node.as_str()).await?.ok_or_else(|| {
+        ApiError::new(
+            ApiCode::NotFound,
+            format!("node {:?} not found", req.node.as_str()),
+        )
+    })?;
+    cx.authorize(&format!("pool/{}", node.pool_id))?;
+    let limit = req.limit.unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE);
+    let commands = nodes
+        .store
+        .node_commands(node.id.as_str(), i64::from(limit))
+        .await?;
+    Ok(Commands {
+        commands: commands.into_iter().map(shown).collect(),
     })
+}
+
+fn shown(c: bc_store::sessions::CommandView) -> Command {
+    Command {
+        id: c.id,
+        node_id: c.node_id,
+        kind: c.kind,
+        args: c.args,
+        state: c.state,
+        created_ms: c.created_ms,
+        sent_ms: c.sent_ms,
+        deadline_ms: c.deadline_ms,
+        finished_ms: c.finished_ms,
+        progress: c.progress,
+        progress_ms: c.progress_ms,
+        result: c.result,
+        error: c.error,
+        deliveries: c.deliveries,
+    }
 }
 
 #[cfg(test)]

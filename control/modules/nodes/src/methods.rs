@@ -44,6 +44,14 @@ bc_kernel::api_method!(
     pub QueueCommandMethod = "nodes" / "command": QueueCommand => QueuedCommand
 );
 bc_kernel::api_method!(
+    /// `nodes.delete`.
+    pub DeleteNodeMethod = "nodes" / "delete": NodeRef => DeletedNode
+);
+bc_kernel::api_method!(
+    /// `commands.list`.
+    pub ListCommandsMethod = "commands" / "list": ListCommands => Commands
+);
+bc_kernel::api_method!(
     /// `commands.get`.
     pub GetCommandMethod = "commands" / "get": CommandRef => CommandDetail
 );
@@ -106,6 +114,18 @@ pub(crate) fn register(module: Module) -> Module {
                 .permission("compute:nodes:command")
                 .scope(Scope::resource(POOL))
                 .handler(commands::queue),
+        )
+        .method(
+            Method::<DeleteNodeMethod>::new()
+                .permission("compute:nodes:delete")
+                .scope(Scope::resource(POOL))
+                .handler(api::delete_node),
+        )
+        .method(
+            Method::<ListCommandsMethod>::new()
+                .permission("compute:nodes:get")
+                .scope(Scope::resource(POOL))
+                .handler(commands::list),
         )
         .method(
             Method::<GetCommandMethod>::new()

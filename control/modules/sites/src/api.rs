@@ -1,5 +1,6 @@
 //! API groups of sites: `sites.revoke`, `site-tokens.create|list|revoke`, `machines.create|list|set-boot`,
-//! `secrets.put`, `artifacts.list`. Each permission is `compute:<group>:<verb>` on scope `site/<id>` (artifacts:
+//! `secrets.put`, `artifacts.list` (the lists and deletions of sites, secrets, machines and artifacts are in
+//! [`crate::catalog`]). Each permission is `compute:<group>:<verb>` on scope `site/<id>` (artifacts:
 //! `artifacts`). Where the request names the site, the kernel checks the grant before the handler runs; where a row
 //! does (a token's or a machine's site), the handler reads it and asks [`Cx::authorize`].
 
@@ -56,6 +57,8 @@ pub mod methods {
         /// `artifacts.list`.
         pub ListArtifacts = "artifacts" / "list": ListArtifactsRequest => ListArtifactsResponse
     );
+
+    pub use crate::catalog::methods::*;
 }
 
 use methods::*;
@@ -121,6 +124,11 @@ pub(crate) fn register(module: Module) -> Module {
                 .scope(Scope::fixed("artifacts"))
                 .handler(list_artifacts),
         )
+}
+
+/// Every method of the module: these and [`crate::catalog`]'s.
+pub(crate) fn register_all(module: Module) -> Module {
+    crate::catalog::register(register(module))
 }
 
 fn now_ms() -> i64 {
@@ -266,7 +274,7 @@ async fn revoke_site(cx: Cx, req: RevokeSiteRequest) -> Result<RevokeSiteRespons
 }
 
 /// A MAC in canonical form (lowercase, colons), or an INVALID_ARGUMENT naming the expected form.
-fn canonical_mac(mac: &str) -> Result<MachineId, ApiError> {
+pub(crate) fn canonical_mac(mac: &str) -> Result<MachineId, ApiError> {
     let hex: String = mac
         .chars()
         .filter(|c| !matches!(c, ':' | '-' | '.'))

@@ -1,6 +1,7 @@
 //! bc-mod-sites: the control plane's sites module. It serves the operators' groups of sites ([`api`]:
 //! `sites.revoke`, `site-tokens.create|list|revoke`, `machines.create|list|set-boot`, `secrets.put`,
-//! `artifacts.list`, and the streamed `PUT /api/artifacts` of [`artifacts`]) and, for the gateway, the site
+//! `artifacts.list`, and in [`catalog`] `sites.list`, `secrets.list|delete`, `machines.delete`, `artifacts.delete`;
+//! and the streamed `PUT /api/artifacts` of [`artifacts`]) and, for the gateway, the site
 //! services ([`gateway`]: site agents' enrollment and renewal, the boot lease, the netboot table, artifacts and the
 //! secret broker of [`secrets`]).
 //!
@@ -11,6 +12,7 @@
 
 pub mod api;
 pub mod artifacts;
+pub mod catalog;
 pub mod gateway;
 pub mod secrets;
 
@@ -43,5 +45,5 @@ pub fn module() -> Module {
     let module = Module::new("sites")
         .gateway_service("site")
         .route(artifacts::route());
-    api::register(module)
+    api::register_all(module)
 }
