@@ -317,26 +317,6 @@ enum Round {
     Failed(String),
 }
 
-#[cfg(test)]
-mod tests {
-    use super::system_of;
-
-    #[test]
-    fn an_address_may_name_one_system_of_several() {
-        assert_eq!(system_of("http://127.0.0.1:8000"), None);
-        assert_eq!(system_of("https://bmc.example/"), None);
-        assert_eq!(
-            system_of("http://127.0.0.1:8000/redfish/v1/Systems/6b0f-01"),
-            Some("/redfish/v1/Systems/6b0f-01")
-        );
-        assert_eq!(system_of("ftp://x/y"), None);
-        assert_eq!(
-            system_of("https://bmc/redfish/v1/Systems/x/"),
-            Some("/redfish/v1/Systems/x")
-        );
-    }
-}
-
 async fn power_state(bmc: &Bmc, path: &str) -> Result<String, RedfishError> {
     let (sys, _) = bmc
         .get::<bcd_site::redfish::models::ComputerSystem>(path)
@@ -401,5 +381,25 @@ async fn run_op(bmc: &Bmc, op: &BmcOp, wanted: Option<&str>) -> Result<Outcome, 
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::system_of;
+
+    #[test]
+    fn an_address_may_name_one_system_of_several() {
+        assert_eq!(system_of("http://127.0.0.1:8000"), None);
+        assert_eq!(system_of("https://bmc.example/"), None);
+        assert_eq!(
+            system_of("http://127.0.0.1:8000/redfish/v1/Systems/6b0f-01"),
+            Some("/redfish/v1/Systems/6b0f-01")
+        );
+        assert_eq!(system_of("ftp://x/y"), None);
+        assert_eq!(
+            system_of("https://bmc/redfish/v1/Systems/x/"),
+            Some("/redfish/v1/Systems/x")
+        );
     }
 }

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 /// Which provider's API a pool calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum ProviderKind {
     /// EC2's Query API (signed with SigV4).
@@ -24,6 +25,7 @@ pub enum ProviderKind {
 /// --site <site> <name>`). Its value for EC2 is a JSON object `{"access_key_id": "…", "secret_access_key": "…"}`
 /// (and `"session_token"` for temporary credentials), read at each operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SecretRef {
     pub site: String,
@@ -32,6 +34,7 @@ pub struct SecretRef {
 
 /// An instance type a provider pool offers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ProviderInstanceType {
     /// The provider's name for it (`t3.micro`).
@@ -44,6 +47,7 @@ pub struct ProviderInstanceType {
 
 /// A provider image standing for an image digest: an instance asking for `sha256` boots `image_id`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ProviderImage {
     pub sha256: String,
@@ -52,6 +56,7 @@ pub struct ProviderImage {
 
 /// A provider pool's configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ProviderPool {
     pub kind: ProviderKind,
@@ -215,6 +220,7 @@ impl ProviderPool {
 
 /// What one instance is launched as.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct LaunchSpec {
     pub instance_type: String,
     pub image_id: String,

@@ -339,20 +339,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             gateway_hosts,
             config,
         } => {
-            let metal = match &config {
-                Some(path) => crate::config::ServeConfigWire::from_file(path)?
-                    .metal
-                    .unwrap_or_default()
-                    .validate(&path.display().to_string())?,
-                None => bc_mod_metal::Config::default(),
-            };
             let opts = crate::dev::DevOptions {
                 data_dir: data_dir.clone(),
                 api_listen,
                 gateway_listen,
                 trust_domain,
                 gateway_hosts,
-                metal,
+                metal: dev_metal(config.as_deref())?,
             };
             crate::dev::run(
                 opts,
@@ -394,14 +387,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             node,
             port,
             listen,
-        } => {
-            let r = api.resolved()?;
-            let api = crate::tunnel_cli::Api {
-                url: r.api_url,
-                key: r.api_key,
-            };
-            crate::tunnel_cli::tunnel(api, node, port, listen).await?;
-        }
+        } => tunnel(&api, node, port, listen).await?,
         Command::Tunnels { api, command } => {
             let client = api.client()?;
             crate::tunnel_cli::tunnels(&client, api.output, command).await?;
@@ -432,6 +418,32 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `dev --config`: the file's `[metal]` table (its other settings are ignored), else the metal defaults.
+fn dev_metal(config: Option<&std::path::Path>) -> anyhow::Result<bc_mod_metal::Config> {
+    Ok(match config {
+        Some(path) => crate::config::ServeConfigWire::from_file(path)?
+            .metal
+            .unwrap_or_default()
+            .validate(&path.display().to_string())?,
+        None => bc_mod_metal::Config::default(),
+    })
+}
+
+/// `better-compute tunnel`: like `ssh -L`, through the API named by the flags or the context.
+async fn tunnel(
+    api: &ApiArgs,
+    node: String,
+    port: u16,
+    listen: std::net::SocketAddr,
+) -> anyhow::Result<()> {
+    let r = api.resolved()?;
+    let api = crate::tunnel_cli::Api {
+        url: r.api_url,
+        key: r.api_key,
+    };
+    crate::tunnel_cli::tunnel(api, node, port, listen).await
 }
 
 /// `better-compute info`: what nodes and operators need to trust and reach the control plane, and the versions.

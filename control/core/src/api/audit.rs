@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 /// `audit.list`: events matching every filter given, newest first, a page at a time (`before` the previous page's
 /// `next`, at most `limit`, [`super::MAX_PAGE`] when absent).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ListAudit {
     /// The actor exactly (`principal/admin`, `node/n-…`).
@@ -19,9 +20,11 @@ pub struct ListAudit {
     pub subject: Option<String>,
     /// Events at or after this instant (Unix milliseconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub since_ms: Option<i64>,
     /// Events before this instant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub until_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
@@ -32,8 +35,10 @@ pub struct ListAudit {
 
 /// An audit event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct AuditEvent {
     pub id: i64,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub at_ms: i64,
     pub actor: String,
     pub action: String,
@@ -42,6 +47,7 @@ pub struct AuditEvent {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct AuditEvents {
     pub events: Vec<AuditEvent>,
     /// The `before` of the next (older) page; absent on the last.

@@ -46,19 +46,23 @@ pub struct PrincipalCreated {
 
 /// `tenants.list`: every tenant for a root caller, its own for any other.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ListTenants {}
 
 /// A tenant as listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TenantInfo {
     pub id: String,
     pub name: String,
     pub is_root: bool,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub created_at_ms: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Tenants {
     pub tenants: Vec<TenantInfo>,
 }
@@ -66,6 +70,7 @@ pub struct Tenants {
 /// `principals.list`: the principals of `tenant` (the caller's own tenant when absent; another only for a root
 /// caller), with their grants and API key ids, never a key.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ListPrincipals {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -74,6 +79,7 @@ pub struct ListPrincipals {
 
 /// A principal as listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct PrincipalInfo {
     pub id: String,
     pub tenant: String,
@@ -81,10 +87,12 @@ pub struct PrincipalInfo {
     pub api_key_id: Option<String>,
     pub disabled: bool,
     pub grants: Vec<Grant>,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub created_at_ms: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Principals {
     pub principals: Vec<PrincipalInfo>,
 }

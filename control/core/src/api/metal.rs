@@ -91,6 +91,7 @@ pub struct MachineView {
     pub last_error: Option<String>,
     /// When the site agent last saw a DHCP request from the boot MAC (its report).
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub last_dhcp_ms: Option<Millis>,
     pub timeline: Vec<TimelineRow>,
     /// The BMC and ramdisk steps of the current attempt with their outcomes (evidence).
@@ -103,11 +104,13 @@ pub struct MachineView {
 
 /// A ramdisk command's signed result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Evidence {
     pub step: crate::metal::Step,
     pub command_id: String,
     /// The node that signed it (the ramdisk's node).
     pub node_id: String,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub finished_ms: Option<Millis>,
     /// The signer's SPIFFE ID and the payload type as the envelope names them (verified against the node's key
     /// before the result was stored).

@@ -137,6 +137,7 @@ pub struct Nodes {
 /// `nodes.delete`: forgets a node. Refused (FAILED_PRECONDITION) unless it is revoked or failed, so its identity is
 /// already refused, and while any of its GPUs is booked or an instance runs on it (release those first).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct DeletedNode {
     pub id: NodeId,
     pub deleted: bool,
@@ -144,6 +145,7 @@ pub struct DeletedNode {
 
 /// `commands.list`: a node's commands, newest first (at most `limit`, [`super::MAX_PAGE`] when absent).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ListCommands {
     pub node: NodeId,
@@ -152,6 +154,7 @@ pub struct ListCommands {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Commands {
     pub commands: Vec<Command>,
 }

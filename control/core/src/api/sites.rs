@@ -242,6 +242,7 @@ pub struct ListArtifactsResponse {
 /// `artifacts.delete`: the row and the file. Refused (FAILED_PRECONDITION, naming them) while a machine's boot or a
 /// metal machine's record references it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DeleteArtifactRequest {
     /// The hash, as 64 hex or `sha256:<hex>`.
@@ -249,6 +250,7 @@ pub struct DeleteArtifactRequest {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct DeleteArtifactResponse {
     pub sha256: String,
     pub deleted: bool,
@@ -256,16 +258,20 @@ pub struct DeleteArtifactResponse {
 
 /// `sites.list`: every site the caller's grant reaches.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ListSitesRequest {}
 
 /// A site as listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Site {
     pub id: SiteId,
     pub name: String,
     pub created_by: String,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub created_at_ms: i64,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub revoked_at_ms: Option<i64>,
     /// Agents enrolled (active and standby).
     pub agents: i64,
@@ -276,6 +282,7 @@ pub struct Site {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ListSitesResponse {
     pub sites: Vec<Site>,
 }
@@ -283,12 +290,14 @@ pub struct ListSitesResponse {
 /// `machines.delete`: forgets a machine of a site. Refused (FAILED_PRECONDITION) while the metal flow holds it
 /// (`metal release` or `metal abort` it first).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DeleteMachineRequest {
     pub mac: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct DeleteMachineResponse {
     pub mac: MachineId,
     pub site: SiteId,
@@ -297,20 +306,24 @@ pub struct DeleteMachineResponse {
 
 /// A secret as listed: its name and when and by whom it was last put, never its value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SecretInfo {
     pub site_id: SiteId,
     pub name: String,
     pub created_by: String,
+    #[cfg_attr(feature = "schema", schemars(with = "crate::api::EpochMs"))]
     pub updated_at_ms: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ListSecretsResponse {
     pub secrets: Vec<SecretInfo>,
 }
 
 /// `secrets.delete`. Refused (FAILED_PRECONDITION, naming them) while a metal machine's BMC credentials name it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DeleteSecretRequest {
     #[serde(deserialize_with = "site_name")]
@@ -319,6 +332,7 @@ pub struct DeleteSecretRequest {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct DeleteSecretResponse {
     pub site: SiteId,
     pub name: String,

@@ -694,7 +694,7 @@ impl Planner<'_> {
         // A kexec the ramdisk could not stage (it stays up, or reboots by itself): the fallback now, not at the
         // deadline.
         let kexec_failed = matches!(self.result(Step::Kexec), Some(Outcome::Failed { .. }));
-        if !self.expired() && !(kexec_failed && !self.done(Step::FallbackReboot)) {
+        if !self.expired() && (!kexec_failed || self.done(Step::FallbackReboot)) {
             return;
         }
         if !self.done(Step::FallbackReboot) {
