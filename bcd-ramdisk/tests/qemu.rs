@@ -199,9 +199,28 @@ fn stream_seed_and_kexec_into_the_installed_os() {
         .unwrap_or_else(|| panic!("no deploy report\n{}", run.dump()));
     assert_eq!(deploy["kexec_staged"], true, "{deploy}");
     assert!(run.has_line("BC-LAB-OS booted"), "{}", run.dump());
+    // The seed's user-data joins with the token the ramdisk left on the root (0600, never in the seed itself); the
+    // lab OS names the token by its digest. Without a control plane here (no bc.url) its `bcd join` fails, and
+    // with no node identity it powers off instead of running `bcd run` in vain.
     assert!(
-        run.has_line("BC-LAB-OS-SEED user-data:     content: 'bt_lab_0001'"),
-        "the installed OS must find the seed with the boot token\n{}",
+        run.has_line("BC-LAB-OS-SEED user-data: bcd --config /etc/bcd/bcd.toml join --token-file /etc/bcd/join-token"),
+        "the installed OS must find the seed's join script\n{}",
+        run.dump()
+    );
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"bt_lab_0001\n"));
+    assert!(
+        run.has_line(&format!(
+            "BC-LAB-OS: join token on the root (sha256 {})",
+            &digest[..16]
+        )),
+        "the installed OS must find the boot token on its root\n{}",
+        run.dump()
+    );
+    assert!(
+        run.has_line(
+            "BC-LAB-OS: bcd join failed and this system has no node identity; powering off"
+        ),
+        "{}",
         run.dump()
     );
     assert!(

@@ -145,7 +145,7 @@ impl Plane {
     }
 
     fn show(&self, lab: &MetalLab, mac: &str) -> Result<Value> {
-        let out = self.cli(lab, &["metal", "show", mac, "--json"])?;
+        let out = self.cli(lab, &["metal", "show", mac, "-o", "json"])?;
         serde_json::from_str(&out).with_context(|| format!("metal show: {out}"))
     }
 

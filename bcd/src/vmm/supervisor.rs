@@ -182,8 +182,10 @@ impl<V: Vmm> Supervisor<V> {
                                 cloud_init.remove(&done.id);
                             }
                             if done.step == StepKind::Delete {
+                                // The status table drops the instance below, in this pass, when it finds nothing
+                                // left of it; removing it here first hid that change from `publish`, so the
+                                // session never reported the VM gone and the delete was never confirmed.
                                 failures.remove(&done.id);
-                                lock(&self.shared.status).remove(&done.id);
                                 self.remove_unused_images();
                             } else {
                                 failures.remove(&done.id);

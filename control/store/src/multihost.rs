@@ -143,7 +143,12 @@ impl Targets {
             }
             let options = PgConnectOptions::from_str(&one)
                 .map_err(|e| TargetsError::Invalid(format!("host {host}: {e}")))?;
-            let label = format!("{}:{}", options.get_host(), options.get_port());
+            // An IPv6 address in brackets, whichever way the URL parser hands the host back.
+            let host = options.get_host();
+            let label = match host.contains(':') && !host.starts_with('[') {
+                true => format!("[{host}]:{}", options.get_port()),
+                false => format!("{host}:{}", options.get_port()),
+            };
             hosts.push(Target { label, options });
         }
         Ok(Targets { hosts, attrs })
@@ -365,7 +370,7 @@ mod tests {
         .expect("parse");
         assert_eq!(t.attrs, SessionAttrs::ReadWrite);
         let labels: Vec<_> = t.hosts.iter().map(|h| h.label.as_str()).collect();
-        assert_eq!(labels, ["127.0.0.1:5432", "db2.example:6543", "::1:7000"]);
+        assert_eq!(labels, ["127.0.0.1:5432", "db2.example:6543", "[::1]:7000"]);
         for h in &t.hosts {
             assert_eq!(h.options.get_username(), "bc");
             assert_eq!(h.options.get_database(), Some("fleet"));
