@@ -212,6 +212,19 @@ async fn provide_drives_a_real_redfish_emulator_through_the_site_agent() -> Test
         .await?
         .expect("the netboot entry carries a boot token");
     let joined = common::join(&p, "ramdisk-7", &token, common::claims("m7", 0)).await?;
+    let dir = tempfile::tempdir()?;
+    let fixture = dir.path().join("gpus.json");
+    std::fs::write(&fixture, bcd::gpu::fixture::synthetic(0, "m7"))?;
+    common::fake_hardware(&dir.path().join("root"), "m7")?;
+    let mut session = common::bcd_run(
+        std::path::Path::new(BIN),
+        &p,
+        &p.dir.path().join("ramdisk-7"),
+        &fixture,
+        &dir.path().join("root"),
+    )
+    .kill_on_drop(true)
+    .spawn()?;
 
     let v = wait_show(&p, 60, "diagnosing with the disk boot restored", |v| {
         v["state"]["phase"] == "diagnosing"
@@ -254,23 +267,8 @@ async fn provide_drives_a_real_redfish_emulator_through_the_site_agent() -> Test
         (&json!("Hdd"), &json!("Continuous")),
         "disk boot not restored on the emulator although the worker read it back: {sys}"
     );
-    // The ramdisk's session, opened only now: a real `bcd` answers the ramdisk's commands with "unknown command
-    // kind", which fails the machine in diagnosing and cancels a restore still in flight (the restore above is
-    // what this test is about; the whole flow with the real ramdisk is hwtests/tests/metal_flow_lab.rs).
-    let dir = tempfile::tempdir()?;
-    let fixture = dir.path().join("gpus.json");
-    std::fs::write(&fixture, bcd::gpu::fixture::synthetic(0, "m7"))?;
-    common::fake_hardware(&dir.path().join("root"), "m7")?;
-    let mut session = common::bcd_run(
-        std::path::Path::new(BIN),
-        &p,
-        &p.dir.path().join("ramdisk-7"),
-        &fixture,
-        &dir.path().join("root"),
-    )
-    .kill_on_drop(true)
-    .spawn()?;
-    // The diagnose is queued on the ramdisk's node.
+    // The diagnose went to the ramdisk's node. A real `bcd` answers it as an unknown kind, which fails the machine
+    // in diagnosing; the disk-boot restore above is never cancelled by a failure (it may finish after it).
     let kind: String = bc_store::sqlx::query_scalar(
         "SELECT kind FROM commands WHERE node_id = $1 AND kind LIKE 'ramdisk.%'",
     )

@@ -405,7 +405,9 @@ fn attempt_of(a: &Action) -> Option<u64> {
     }
 }
 
-/// Cancels the machine's open commands (BMC and ramdisk) of every attempt but those in `keep`.
+/// Cancels the machine's open commands (BMC and ramdisk) of every attempt but those in `keep`, except a disk boot
+/// being restored: that undoes the PXE override a BMC stores as persistent, and a machine that failed or was aborted
+/// must not be left netbooting forever (the BMC worker still runs it and its result is still stored).
 async fn cancel(
     tx: &mut PgConnection,
     mac: &str,
@@ -418,7 +420,7 @@ async fn cancel(
         .collect();
     sqlx::query(
         "UPDATE metal_bmc_commands SET state = 'cancelled' WHERE mac = $1 AND state IN ('pending', 'sent') \
-         AND NOT (attempt_id = ANY($2))",
+         AND NOT (attempt_id = ANY($2)) AND step <> 'restore-disk-boot'",
     )
     .bind(mac)
     .bind(&keep)
