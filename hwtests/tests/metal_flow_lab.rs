@@ -344,7 +344,7 @@ fn start_site(lab: &mut MetalLab, plane: &Plane, bcd: &Path, images: &Images) ->
         .arg(&config)
         .arg("--state-dir")
         .arg(&state)
-        .env("BCD_LOG", "info,bcd_site=debug")
+        .env("BCD_LOG", "info,bcd_site=debug,bcd::site::report=debug")
         .stdout(Stdio::null())
         .stderr(fs::File::create(&log)?);
     lab.spawn("bcd site run", &mut run)?;
@@ -686,12 +686,13 @@ fn check_ready(v: &Value, d: &Domain) -> Result<()> {
             v["evidence"]
         );
     }
-    if v["last_dhcp_ms"].as_i64().unwrap_or(0) == 0 {
+    // `-o json` prints the API's `last_dhcp_ms` instant as `last_dhcp`, RFC 3339 (docs/cli.md).
+    if !v["last_dhcp"].as_str().is_some_and(|t| t.starts_with("20")) {
         bail!("(a) the site reported no DHCP from {}", d.mac);
     }
     println!(
-        "  (a) node {node}, inspection {}, diagnosis {}, last DHCP at {} ms, {} power cycle(s)",
-        v["inspection"], v["diagnosis"], v["last_dhcp_ms"], v["power_cycles"]
+        "  (a) node {node}, inspection {}, diagnosis {}, last DHCP at {}, {} power cycle(s)",
+        v["inspection"], v["diagnosis"], v["last_dhcp"], v["power_cycles"]
     );
     Ok(())
 }
