@@ -255,6 +255,22 @@ impl Planner<'_> {
             let why = format!("instance {id} no longer exists at the provider");
             return self.done(None, Some(Outcome::Failed(why)));
         }
+        if self.r.launched_at_ms.is_some() {
+            // A launch went out and its answer never came: the provider may still make it (a request held in a
+            // stalled provider's socket is served when it resumes, after describes on other connections said
+            // "absent"). Launching again could make a second instance, so absent must hold for the visibility
+            // grace, counted from the first answer that said so, before the next launch.
+            let since = *self.r.waiting_since_ms.get_or_insert(self.now);
+            if self.now - since <= ms(self.policy.visibility_grace) {
+                self.r.next_at_ms = self.now.saturating_add(ms(self.policy.poll));
+                self.r.reason = Some(format!(
+                    "a launch was not answered; waiting up to {} s for the provider to show it before launching again",
+                    self.policy.visibility_grace.as_secs()
+                ));
+                return self.done(None, None);
+            }
+            self.r.waiting_since_ms = None;
+        }
         self.r.launched_at_ms.get_or_insert(self.now);
         self.call(Call::Launch)
     }

@@ -292,3 +292,80 @@ fn a_stuck_transition_is_reported_and_an_instance_terminated_behind_our_back_fai
     let s = plan(&running(), &r, Observed::Absent, T0, T0 + 61_000, &p, 0.5);
     assert!(matches!(s.outcome, Some(Outcome::Failed(_))));
 }
+
+#[test]
+fn an_unanswered_launch_is_not_repeated_until_absent_has_held_for_the_grace() {
+    // Seen failing against moto: a launch held in a stopped provider's socket was served after the provider
+    // resumed, while a describe on another connection had already said "absent" and a second launch went out.
+    let p = Policy::default();
+    let first = plan(
+        &running(),
+        &Record::default(),
+        Observed::Absent,
+        T0,
+        T0,
+        &p,
+        0.5,
+    );
+    assert_eq!(first.call, Some(Call::Launch));
+    let lost = after(
+        &running(),
+        &first.record,
+        &Call::Launch,
+        Err(transient()),
+        T0 + 1_000,
+        &p,
+        0.5,
+    );
+    assert_eq!(lost.outcome, None);
+    let t1 = T0 + 10_000;
+    let waiting = plan(&running(), &lost.record, Observed::Absent, T0, t1, &p, 0.5);
+    assert_eq!(waiting.call, None, "no second launch at once");
+    assert!(
+        waiting
+            .record
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("not answered"))
+    );
+    let grace = i64::try_from(p.visibility_grace.as_millis()).expect("ms");
+    let still = plan(
+        &running(),
+        &waiting.record,
+        Observed::Absent,
+        T0,
+        t1 + grace,
+        &p,
+        0.5,
+    );
+    assert_eq!(
+        still.call, None,
+        "the grace counts from the first absent answer"
+    );
+    let again = plan(
+        &running(),
+        &still.record,
+        Observed::Absent,
+        T0,
+        t1 + grace + 1,
+        &p,
+        0.5,
+    );
+    assert_eq!(
+        again.call,
+        Some(Call::Launch),
+        "absent for the whole grace: launch again"
+    );
+    // Found meanwhile: adopted, never launched twice.
+    let found = plan(
+        &running(),
+        &waiting.record,
+        found(Ec2State::Running),
+        T0,
+        t1 + 2_000,
+        &p,
+        0.5,
+    );
+    assert_eq!(found.call, None);
+    assert_eq!(found.record.provider_id.as_deref(), Some("i-1"));
+}
