@@ -1,7 +1,8 @@
 //! `/metrics` on every daemon, scraped by Debian's Prometheus: the control plane (api, gateway and controllers
 //! roles, in process, with no exporter configured and `/metrics` at its daemon default), a real `bcd run` (fixture
-//! GPUs) and a real `bcd site run`, neither with an exporter: each serves the Prometheus text format on loopback and
-//! Prometheus reads its series (`up == 1` and a metric of each). Without Prometheus the test prints `SKIP: …`.
+//! GPUs), a real `bcd site run` and a real `bcd site serve` (the file-fed form), none with an exporter: each serves
+//! the Prometheus text format on loopback and Prometheus reads its series (`up == 1` and a metric of each). Without
+//! Prometheus the test prints `SKIP: …`.
 
 #![cfg(all(feature = "telemetry", feature = "site"))]
 
@@ -35,9 +36,11 @@ async fn sum(prom: &Prometheus, q: &str) -> Option<f64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prometheus_scrapes_metrics_of_the_control_plane_bcd_run_and_bcd_site_run() -> TestResult {
+async fn prometheus_scrapes_metrics_of_the_control_plane_bcd_run_and_both_site_forms() -> TestResult
+{
     bc_proto::install_crypto_provider();
-    let (plane_m, node_m, site_m) = (
+    let (plane_m, node_m, site_m, serve_m) = (
+        loopback(free_port()?),
         loopback(free_port()?),
         loopback(free_port()?),
         loopback(free_port()?),
@@ -46,6 +49,7 @@ async fn prometheus_scrapes_metrics_of_the_control_plane_bcd_run_and_bcd_site_ru
         ("better-compute", plane_m),
         ("bcd", node_m),
         ("bcd-site", site_m),
+        ("bcd-site-serve", serve_m),
     ];
     let Some(prom) = Prometheus::scraping(&jobs).await? else {
         bc_testkit::skip!("no /usr/bin/prometheus (scripts/setup installs Debian's prometheus)");
@@ -148,21 +152,20 @@ async fn prometheus_scrapes_metrics_of_the_control_plane_bcd_run_and_bcd_site_ru
             .local_addr()?
             .port())
     };
-    let site_toml = site_dir.join("site.toml");
-    std::fs::write(
-        &site_toml,
-        format!(
+    let site_toml_text = |http_port: u16| -> std::io::Result<String> {
+        Ok(format!(
             "[boot]\ninterface = \"lo\"\nserver_ip = \"127.0.0.1\"\ntftp_root = {:?}\nartifacts = {:?}\n\
-             dhcp_port = {}\npxe_port = {}\ntftp_port = {}\nhttp_port = {}\nwatch_rogues = false\n\
+             dhcp_port = {}\npxe_port = {}\ntftp_port = {}\nhttp_port = {http_port}\nwatch_rogues = false\n\
              report_interval_s = 0\n",
             site_dir.join("tftp").display().to_string(),
             site_dir.join("artifacts").display().to_string(),
             udp()?,
             udp()?,
             udp()?,
-            free_port()?,
-        ),
-    )?;
+        ))
+    };
+    let site_toml = site_dir.join("site.toml");
+    std::fs::write(&site_toml, site_toml_text(free_port()?)?)?;
     let mut site = tokio::process::Command::new(BIN)
         .args(["site", "run"])
         .args(&connection)
@@ -175,7 +178,42 @@ async fn prometheus_scrapes_metrics_of_the_control_plane_bcd_run_and_bcd_site_ru
         .kill_on_drop(true)
         .spawn()?;
 
-    // Something for each to count: API calls.
+    // bcd site serve: no agent; its site.toml's own [telemetry] table moves /metrics.
+    let serve_http = free_port()?;
+    let serve_toml = site_dir.join("serve.toml");
+    std::fs::write(
+        &serve_toml,
+        format!(
+            "{}\n[telemetry]\ninterval = \"500ms\"\nmetrics_listen = \"{serve_m}\"\n",
+            site_toml_text(serve_http)?
+        ),
+    )?;
+    let mut serve = tokio::process::Command::new(BIN)
+        .args(["site", "serve", "--config"])
+        .arg(&serve_toml)
+        .arg("--state-dir")
+        .arg(site_dir.join("serve-state"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(site_dir.join("serve.log"))?)
+        .kill_on_drop(true)
+        .spawn()?;
+
+    // Something for each to count: API calls, and two boot HTTP requests to the standalone site.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut asked = 0;
+    while asked < 2 {
+        match reqwest::get(format!("http://127.0.0.1:{serve_http}/artifacts/none")).await {
+            Ok(r) => {
+                assert_eq!(r.status(), 404);
+                asked += 1;
+            }
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(format!("bcd site serve's HTTP never answered: {e}").into()),
+        }
+    }
     for _ in 0..3 {
         p.admin.call("nodes", "list", json!({})).await?;
     }
@@ -186,8 +224,10 @@ async fn prometheus_scrapes_metrics_of_the_control_plane_bcd_run_and_bcd_site_ru
         r#"bc_api_requests_total{job="better-compute",group="nodes",method="list",code="200"}"#,
         r#"count(DCGM_FI_DEV_GPU_TEMP{job="bcd"})"#,
         r#"bc_site_dhcp_requests_total{job="bcd-site"}"#,
+        r#"up{job="bcd-site-serve"}"#,
+        r#"bc_site_http_requests_total{job="bcd-site-serve"}"#,
     ];
-    let want = [1.0, 1.0, 1.0, 3.0, 2.0, 0.0];
+    let want = [1.0, 1.0, 1.0, 3.0, 2.0, 0.0, 1.0, 2.0];
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let mut wrong = Vec::new();
@@ -202,8 +242,9 @@ async fn prometheus_scrapes_metrics_of_the_control_plane_bcd_run_and_bcd_site_ru
         }
         if Instant::now() > deadline {
             let log = std::fs::read_to_string(site_dir.join("run.log")).unwrap_or_default();
+            let serve_log = std::fs::read_to_string(site_dir.join("serve.log")).unwrap_or_default();
             return Err(format!(
-                "after 60 s, Prometheus has:\n{}\nsite log:\n{log}",
+                "after 60 s, Prometheus has:\n{}\nsite log:\n{log}\nsite serve log:\n{serve_log}",
                 wrong.join("\n")
             )
             .into());
@@ -223,5 +264,6 @@ async fn prometheus_scrapes_metrics_of_the_control_plane_bcd_run_and_bcd_site_ru
         assert!(r.text().await?.contains("# TYPE "), "{job}");
     }
     let _ = site.kill().await;
+    let _ = serve.kill().await;
     Ok(())
 }

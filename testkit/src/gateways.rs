@@ -91,6 +91,9 @@ pub struct LabSpec {
     /// HAProxy's `maxconn` (global and frontend). HAProxy needs about twice as many descriptors (RLIMIT_NOFILE's
     /// hard limit) and refuses to start otherwise.
     pub max_connections: u32,
+    /// Ports HAProxy listens on (at least 1; [`GatewayLab::balancer_urls`]). Loopback clients are limited to one
+    /// connection per ephemeral port (about 28,000) per destination: 50,000 sessions need two ports or more.
+    pub balancer_ports: usize,
     /// Whether HAProxy runs in front of the gateways. Without it (one gateway, the relay alone), nodes are given
     /// the first gateway's own URL.
     pub balancer: bool,
@@ -108,6 +111,7 @@ impl LabSpec {
             api_roles: "api,controllers,scheduler".into(),
             extra_config: String::new(),
             max_connections: 4_000,
+            balancer_ports: 1,
             balancer: true,
             start_deadline: Duration::from_secs(60),
         }
@@ -161,6 +165,8 @@ pub struct GatewayLab {
     /// `https://127.0.0.1:<port>`: the gateway URL nodes are given (the balancer's; without one, the first
     /// gateway's).
     pub balancer_url: String,
+    /// Every port of the balancer ([`LabSpec::balancer_ports`]), `balancer_url` first.
+    pub balancer_urls: Vec<String>,
     pub gateways: Vec<Gateway>,
     pub ca_pin: String,
     pub join_public_key: String,
@@ -172,6 +178,7 @@ pub struct GatewayLab {
     /// Gateway processes by index in `gateways`, then the API process, HAProxy, and what the test added.
     procs: Vec<Option<Proc>>,
     dir: PathBuf,
+    spec: LabSpec,
 }
 
 /// What a `serve` process printed once it listened.
@@ -217,11 +224,17 @@ impl GatewayLab {
     pub fn start(bins: &Binaries, spec: &LabSpec) -> Result<GatewayLab, String> {
         let state_dir = spec.dir.join("state");
         std::fs::create_dir_all(&state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
-        let lb_port = free_port()?;
-        let balancer_url = format!("https://127.0.0.1:{lb_port}");
+        let lb_ports = (0..spec.balancer_ports.max(1))
+            .map(|_| free_port())
+            .collect::<Result<Vec<u16>, String>>()?;
+        let balancer_urls: Vec<String> = lb_ports
+            .iter()
+            .map(|p| format!("https://127.0.0.1:{p}"))
+            .collect();
         let mut lab = GatewayLab {
             api_url: String::new(),
-            balancer_url: balancer_url.clone(),
+            balancer_url: balancer_urls[0].clone(),
+            balancer_urls,
             gateways: Vec::new(),
             ca_pin: String::new(),
             join_public_key: String::new(),
@@ -230,21 +243,9 @@ impl GatewayLab {
             haproxy_pid: 0,
             procs: Vec::new(),
             dir: spec.dir.clone(),
+            spec: spec.clone(),
         };
-        let config = |name: &str, roles: &str, gateway_id: Option<&str>| -> String {
-            let id = gateway_id
-                .map(|g| format!("gateway_id = {g:?}\n"))
-                .unwrap_or_default();
-            format!(
-                "state_dir = {state_dir:?}\ndatabase_url = {:?}\ntrust_domain = {:?}\nroles = {roles:?}\n\
-                 api_listen = \"127.0.0.1:0\"\ngateway_listen = \"127.0.0.1:0\"\n\
-                 gateway_hosts = [\"localhost\", \"127.0.0.1\"]\ngateway_url = {balancer_url:?}\n{id}\
-                 # {name}\n{}\n",
-                spec.database_url, spec.trust_domain, spec.extra_config
-            )
-        };
-        let (api_proc, api) =
-            lab.serve(bins, "api", &config("api", &spec.api_roles, None), spec)?;
+        let (api_proc, api) = lab.serve(bins, "api", &lab.config("api", &spec.api_roles, None))?;
         lab.api_url = format!(
             "http://{}",
             api.api.ok_or("the API process printed no API address")?
@@ -255,7 +256,7 @@ impl GatewayLab {
         let mut gateway_procs = Vec::new();
         for i in 0..spec.gateways {
             let id = format!("gw{i}");
-            let (p, s) = lab.serve(bins, &id, &config(&id, "gateway", Some(&id)), spec)?;
+            let (p, s) = lab.serve(bins, &id, &lab.config(&id, "gateway", Some((&id, None))))?;
             lab.gateways.push(Gateway {
                 id,
                 addr: s
@@ -276,20 +277,43 @@ impl GatewayLab {
             lab.balancer_url = format!("https://127.0.0.1:{}", first.addr.port());
             return Ok(lab);
         }
-        let haproxy = lab.haproxy(bins, lb_port, spec)?;
+        let haproxy = lab.haproxy(bins, &lb_ports)?;
         lab.haproxy_pid = haproxy.pid();
         lab.procs.push(Some(haproxy));
         Ok(lab)
     }
 
-    /// Runs one `better-compute serve` with `config`; waits for its `serving:` line.
-    fn serve(
+    /// The configuration of one process: `gateway` names a gateway process's id and, for a restart, its address.
+    fn config(
         &self,
-        bins: &Binaries,
         name: &str,
-        config: &str,
-        spec: &LabSpec,
-    ) -> Result<(Proc, Serving), String> {
+        roles: &str,
+        gateway: Option<(&str, Option<SocketAddr>)>,
+    ) -> String {
+        let spec = &self.spec;
+        let (id, listen) = match gateway {
+            Some((g, at)) => (
+                format!("gateway_id = {g:?}\n"),
+                at.map_or("127.0.0.1:0".to_string(), |a| a.to_string()),
+            ),
+            None => (String::new(), "127.0.0.1:0".to_string()),
+        };
+        format!(
+            "state_dir = {:?}\ndatabase_url = {:?}\ntrust_domain = {:?}\nroles = {roles:?}\n\
+             api_listen = \"127.0.0.1:0\"\ngateway_listen = {listen:?}\n\
+             gateway_hosts = [\"localhost\", \"127.0.0.1\"]\ngateway_url = {:?}\n{id}\
+             # {name}\n{}\n",
+            self.state_dir,
+            spec.database_url,
+            spec.trust_domain,
+            self.balancer_url,
+            spec.extra_config
+        )
+    }
+
+    /// Runs one `better-compute serve` with `config`; waits for its `serving:` line.
+    fn serve(&self, bins: &Binaries, name: &str, config: &str) -> Result<(Proc, Serving), String> {
+        let spec = &self.spec;
         let path = self.dir.join(format!("{name}.toml"));
         std::fs::write(&path, config).map_err(|e| format!("{}: {e}", path.display()))?;
         let log = self.log(name)?;
@@ -334,7 +358,8 @@ impl GatewayLab {
     /// HAProxy in TCP mode (TLS passthrough) on `port`, least connections first (sessions are long-lived: new ones
     /// go where fewest are held) over the gateways with health checks every
     /// 500 ms, sessions of a gateway marked down shut.
-    fn haproxy(&self, bins: &Binaries, port: u16, spec: &LabSpec) -> Result<Proc, String> {
+    fn haproxy(&self, bins: &Binaries, ports: &[u16]) -> Result<Proc, String> {
+        let spec = &self.spec;
         let servers: String = self
             .gateways
             .iter()
@@ -345,9 +370,13 @@ impl GatewayLab {
                 )
             })
             .collect();
+        let binds: String = ports
+            .iter()
+            .map(|p| format!("    bind 127.0.0.1:{p}\n"))
+            .collect();
         let cfg = format!(
             "global\n    maxconn {max}\n\ndefaults\n    mode tcp\n    timeout connect 5s\n    timeout client 2h\n    \
-             timeout server 2h\n\nfrontend gateways\n    bind 127.0.0.1:{port}\n    maxconn {max}\n    \
+             timeout server 2h\n\nfrontend gateways\n{binds}    maxconn {max}\n    \
              default_backend gateways\n\nbackend gateways\n    balance leastconn\n{servers}",
             max = spec.max_connections
         );
@@ -373,15 +402,18 @@ impl GatewayLab {
             .stderr(log);
         let mut proc = spawn("haproxy", &mut cmd)?;
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if proc.exited() || Instant::now() > deadline {
-                let log = std::fs::read_to_string(self.dir.join("haproxy.log")).unwrap_or_default();
-                return Err(format!(
-                    "haproxy does not accept on 127.0.0.1:{port}; its log:\n{}",
-                    log.trim()
-                ));
+        for &port in ports {
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                if proc.exited() || Instant::now() > deadline {
+                    let log =
+                        std::fs::read_to_string(self.dir.join("haproxy.log")).unwrap_or_default();
+                    return Err(format!(
+                        "haproxy does not accept on 127.0.0.1:{port}; its log:\n{}",
+                        log.trim()
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(50));
             }
-            std::thread::sleep(Duration::from_millis(50));
         }
         Ok(proc)
     }
@@ -399,6 +431,25 @@ impl GatewayLab {
         if let Some(g) = self.gateways.get_mut(i) {
             g.alive = false;
         }
+    }
+
+    /// Starts gateway `i` again (after [`GatewayLab::kill_gateway`]) on the address it had, so the balancer's
+    /// configuration still names it; returns once it serves.
+    pub fn restart_gateway(&mut self, bins: &Binaries, i: usize) -> Result<(), String> {
+        let g = self
+            .gateways
+            .get(i)
+            .cloned()
+            .ok_or_else(|| format!("no gateway {i}"))?;
+        if g.alive {
+            return Err(format!("gateway {} is running: kill it first", g.id));
+        }
+        let config = self.config(&g.id, "gateway", Some((&g.id, Some(g.addr))));
+        let (p, _) = self.serve(bins, &format!("{}-restarted", g.id), &config)?;
+        self.gateways[i].pid = p.pid();
+        self.gateways[i].alive = true;
+        self.procs[i] = Some(p);
+        Ok(())
     }
 
     /// Starts a process the lab owns (a `bcd run`, a load tool): killed by its PID with the lab. Returns its PID.

@@ -30,6 +30,9 @@ pub struct SiteConfigWire {
     /// `[[machine]]`: the local netboot table (MAC → desired boot).
     #[serde(default)]
     pub machine: Vec<MachineWire>,
+    /// `[telemetry]`: read by `bcd site serve` (bcd's telemetry table: exporters and `metrics_listen`); not
+    /// validated here.
+    pub telemetry: Option<toml::Table>,
 }
 
 #[derive(Debug, Default, Deserialize)]

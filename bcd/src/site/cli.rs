@@ -187,7 +187,8 @@ pub async fn run(
     match command {
         SiteCommand::Serve => {
             let path = config.unwrap_or_else(|| PathBuf::from("/etc/bcd/site.toml"));
-            site_serve(&path).await?
+            let state_dir = state_dir.unwrap_or_else(|| PathBuf::from(SITE_STATE_DIR));
+            site_serve(&path, &state_dir).await?
         }
         SiteCommand::Enroll {
             token,
@@ -271,10 +272,22 @@ pub async fn run(
 
 /// `bcd site serve`: the config file's [[machine]] list is the netboot table's source; SIGHUP re-reads it (an
 /// invalid file is reported and the running table kept). The control-plane session will be another source
-/// feeding the same channel.
-async fn site_serve(path: &Path) -> anyhow::Result<()> {
+/// feeding the same channel. `/metrics` and the exporters follow the file's `[telemetry]` table (spooling under
+/// `state_dir`).
+async fn site_serve(path: &Path, state_dir: &Path) -> anyhow::Result<()> {
     use bcd_site::serve;
     let config = serve::SiteConfig::from_file(path)?;
+    let counters = serve::SiteCounters::default();
+    #[cfg(feature = "telemetry")]
+    let telemetry = {
+        let t = crate::telemetry::build_site_serve(path, state_dir, counters.clone()).await?;
+        if let Some(addr) = t.metrics_addr() {
+            tracing::info!(%addr, "serving /metrics");
+        }
+        t
+    };
+    #[cfg(not(feature = "telemetry"))]
+    let _ = state_dir;
     let bound = serve::bind(&config)
         .await
         .with_context(|| format!("starting the services of {}", path.display()))?;
@@ -315,17 +328,28 @@ async fn site_serve(path: &Path) -> anyhow::Result<()> {
             }
         }
     });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    #[cfg(feature = "telemetry")]
+    let telemetry = tokio::spawn(telemetry.run(async move {
+        let mut rx = stop_rx;
+        let _ = rx.wait_for(|s| *s).await;
+    }));
+    #[cfg(not(feature = "telemetry"))]
+    drop(stop_rx);
     let result = serve::run(
         &config,
         bound,
         table_rx,
-        serve::SiteCounters::default(),
+        counters,
         None,
         bc_proto::runtime::shutdown_signal(),
     )
     .await;
     bc_proto::runtime::service::stopping();
     reload.abort();
+    let _ = stop_tx.send(true);
+    #[cfg(feature = "telemetry")]
+    let _ = telemetry.await;
     result.with_context(|| format!("serving {}", path.display()))
 }
 

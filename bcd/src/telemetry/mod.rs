@@ -127,6 +127,32 @@ pub async fn build_site(
     ))
 }
 
+/// The pipeline for `bcd site serve` (file-fed, no agent): the boot services' counters and the host, exported as
+/// `site_config`'s own `[telemetry]` table says (spooling under `state_dir`), and on `/metrics`
+/// ([`SITE_METRICS_LISTEN`] unless the table says otherwise) with or without a table.
+#[cfg(feature = "site")]
+pub async fn build_site_serve(
+    site_config: &Path,
+    state_dir: &Path,
+    counters: bcd_site::serve::SiteCounters,
+) -> Result<bc_telemetry::Telemetry, TelemetryStartError> {
+    let wire = crate::config::telemetry_from_file(site_config)?.unwrap_or_default();
+    let t = wire.validate_with(
+        &site_config.display().to_string(),
+        state_dir.join("telemetry"),
+        Some(SITE_METRICS_LISTEN),
+    )?;
+    let registry = Registry::new();
+    let host = NodeSampler::new(&registry, None, Path::new("/"), state_dir);
+    let origin = bc_telemetry::Origin {
+        service: "bcd-site".into(),
+        instance: host.hostname.clone(),
+    };
+    registry.register(Arc::new(site::SiteSampler { counters }));
+    registry.register(Arc::new(host));
+    Ok(bc_telemetry::Telemetry::new(t, registry, origin).await?)
+}
+
 /// Where `bcd run` serves `/metrics` unless `telemetry.metrics_listen` says otherwise (`"off"` turns it off).
 pub const NODE_METRICS_LISTEN: std::net::SocketAddr =
     std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9402);

@@ -5,8 +5,11 @@
 //! control plane's database commit rate at 1k and N idle sessions (liveness is one statement per interval; the rest
 //! is the fixed-rate outbox pull and controller ticks), a reconnect storm after a control-plane restart (time until
 //! 99% and 100% of sessions are back, and a check that no node holds two sessions), and a real `bcd run`'s steady
-//! RSS and idle CPU. Peers are anchors, not run here: grpc-go ≈ 200 KiB per connection; Kubernetes ≈ 500 lease
+//! RSS and idle CPU. `BC_SESSIONS_GATEWAYS=2`: the sessions over two gateways behind HAProxy instead ([`lab`]). Peers are anchors, not run here: grpc-go ≈ 200 KiB per connection; Kubernetes ≈ 500 lease
 //! writes/s at 5k nodes; Teleport's agent ≈ 176 MiB.
+
+#[path = "sessions/lab.rs"]
+mod lab;
 
 use anyhow::{Context as _, bail};
 use bc_bench::{Dev, cpu_ticks, pg_tool, query_i64, rss_kib};
@@ -373,6 +376,13 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(10_000);
     let bin =
         PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
+    match std::env::var("BC_SESSIONS_GATEWAYS").as_deref() {
+        Err(_) | Ok("1") => {}
+        Ok("2") => return lab::run(n, &bin).await,
+        Ok(other) => bail!(
+            "BC_SESSIONS_GATEWAYS={other}: 1 (one dev process) or 2 (two gateways behind HAProxy)"
+        ),
+    }
     let data = tempfile::tempdir()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?

@@ -136,7 +136,7 @@ impl MetalWire {
             c.ramdisk.cmdline = cmdline;
         }
         if let Some(url) = self.image_base_url {
-            bc_mod_metal::gateway::check_boot_url(&url)
+            bc_core::metal::site_report::check_boot_url(&url)
                 .map_err(|e| field("metal.image_base_url", &e))?;
             c.deploy.image_base_url = Some(url);
         }

@@ -95,7 +95,7 @@ pub fn module(config: Config) -> Module {
             .shard_scoped()
             .tick(Tick::Every(tick))
             .poked_by(provider::store::POKE)
-            .run(provider::run),
+            .step(provider::reconcile),
     )
 }
 

@@ -110,21 +110,13 @@ pub(crate) fn register(module: Module) -> Module {
 
 /// `mac` in canonical form (`aa:bb:cc:dd:ee:ff`) from any common one.
 pub fn canonical_mac(mac: &str) -> Result<MachineId, ApiError> {
-    let hex: String = mac
-        .chars()
-        .filter(|c| !matches!(c, ':' | '-' | '.'))
-        .collect::<String>()
-        .to_ascii_lowercase();
-    let bad = || {
-        ApiError::invalid(format!(
-            "mac {mac:?} is not a MAC address: use aa:bb:cc:dd:ee:ff"
-        ))
-    };
-    if hex.len() != 12 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(bad());
-    }
-    let parts: Vec<&str> = (0..6).map(|i| &hex[i * 2..i * 2 + 2]).collect();
-    MachineId::new(parts.join(":")).map_err(|_| bad())
+    bc_core::metal::site_report::canonical_mac(mac)
+        .and_then(|m| MachineId::new(m).ok())
+        .ok_or_else(|| {
+            ApiError::invalid(format!(
+                "mac {mac:?} is not a MAC address: use aa:bb:cc:dd:ee:ff"
+            ))
+        })
 }
 
 fn check_bmc(bmc: &bc_core::api::metal::BmcRef) -> Result<(), ApiError> {

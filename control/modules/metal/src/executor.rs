@@ -9,7 +9,7 @@ use crate::apply::{self, Applied};
 use crate::queries::{self, MetalRow};
 use bc_core::metal::{MachineInput, Verb, plan};
 use bc_core::shards::ShardLease;
-use bc_kernel::ReconcileCx;
+use bc_kernel::StepCx;
 use bc_store::StoreError;
 use bc_store::sqlx::{self, PgConnection};
 
@@ -216,34 +216,14 @@ pub async fn step(
     Ok(changed)
 }
 
-/// The reconciler's loop: a step on every tick, notification (`bc_metal`: a result or a verb) and change of
-/// shards, at the wall clock read here.
-pub async fn run(mut cx: ReconcileCx) {
+/// The reconciler's step (the kernel runs it on every tick, notification (`bc_metal`: a result or a verb) and change
+/// of shards), at the wall clock read here.
+pub async fn reconcile(cx: StepCx) -> Result<(), StoreError> {
     let Some(metal) = cx.resources.get::<Metal>().cloned() else {
-        tracing::error!("metal: the module did not start; the executor cannot run");
-        return cx.stop.stopped().await;
+        return Err(StoreError::Corrupt(
+            "metal: the module did not start; the executor cannot run".into(),
+        ));
     };
-    let mut tick = tokio::time::interval(cx.tick);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut listening = true;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            n = cx.pokes.recv(), if listening => match n {
-                Some(_) => tick.reset(),
-                None => listening = false,
-            },
-            changed = cx.shards.changed() => {
-                if changed.is_err() {
-                    return cx.stop.stopped().await;
-                }
-            }
-            _ = cx.stop.stopped() => return,
-        }
-        while cx.pokes.try_recv().is_ok() {}
-        let leases = cx.shards.borrow().clone();
-        if let Err(e) = step(&metal, &cx.worker.id, &leases, crate::now_ms()).await {
-            tracing::warn!(error = %e, "metal step failed; retrying next tick");
-        }
-    }
+    step(&metal, &cx.worker.id, &cx.leases, crate::now_ms()).await?;
+    Ok(())
 }

@@ -4,7 +4,7 @@
 //! then stored for the planner). The agent's site comes from its verified certificate, never from the request.
 
 use crate::queries;
-use bc_core::metal::Outcome;
+use bc_core::metal::{Outcome, site_report};
 use bc_gateway::BoxFuture;
 use bc_gateway::site::{ArtifactStream, SiteAgent, SiteHandler};
 use bc_proto::spiffe::{Role, SpiffeId};
@@ -143,13 +143,6 @@ impl WithBmc {
     }
 }
 
-/// At most this many DHCP sightings (and cached digests) in one report.
-const MAX_SIGHTINGS: usize = 4096;
-
-fn is_sha256_hex(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
 impl WithBmc {
     /// The images machines of the agent's site are being deployed with (`sha256` hex): the site holds them in its
     /// cache and serves them to the ramdisks.
@@ -211,77 +204,40 @@ impl WithBmc {
     ) -> Result<v1::SiteReportResponse, Status> {
         self.admit(agent).await?;
         let now = crate::now_ms();
-        if req.dhcp.len() > MAX_SIGHTINGS {
-            return Err(Status::invalid_argument(format!(
-                "dhcp: {} sightings; at most {MAX_SIGHTINGS} per report",
-                req.dhcp.len()
-            )));
-        }
-        let mut macs = Vec::with_capacity(req.dhcp.len());
-        let mut ats = Vec::with_capacity(req.dhcp.len());
-        for (i, d) in req.dhcp.iter().enumerate() {
-            let mac = crate::api::canonical_mac(&d.mac)
-                .map_err(|e| Status::invalid_argument(format!("dhcp[{i}]: {e}")))?;
-            macs.push(mac.as_str().to_owned());
-            // The agent's clock: never later than ours.
-            ats.push(d.at_unix_ms.min(now));
-        }
-        if req.cached.len() > MAX_SIGHTINGS || req.cached.iter().any(|h| !is_sha256_hex(h)) {
-            return Err(Status::invalid_argument(format!(
-                "cached: at most {MAX_SIGHTINGS} lowercase hex SHA-256 digests"
-            )));
-        }
-        if !req.boot_url.is_empty() {
-            check_boot_url(&req.boot_url).map_err(Status::invalid_argument)?;
+        let dhcp: Vec<(&str, i64)> = req
+            .dhcp
+            .iter()
+            .map(|d| (d.mac.as_str(), d.at_unix_ms))
+            .collect();
+        let report = site_report::check(&req.boot_url, &dhcp, &req.cached, now)
+            .map_err(Status::invalid_argument)?;
+        if let Some(boot_url) = &report.boot_url {
             bc_store::sqlx::query(
                 "INSERT INTO metal_sites (site_id, boot_url, cached, reported_ms) VALUES ($1, $2, $4, $3) \
                  ON CONFLICT (site_id) DO UPDATE SET boot_url = $2, cached = $4, reported_ms = $3",
             )
             .bind(&agent.site_id)
-            .bind(&req.boot_url)
+            .bind(boot_url)
             .bind(now)
-            .bind(&req.cached)
+            .bind(&report.cached)
             .execute(self.store.pool())
             .await
             .map_err(|e| internal("storing the site's boot URL", &e))?;
         }
-        if !macs.is_empty() {
+        if !report.macs.is_empty() {
             bc_store::sqlx::query(
                 "UPDATE metal_machines m SET last_dhcp_ms = greatest(coalesce(m.last_dhcp_ms, 0), s.at) \
                  FROM (SELECT mac, max(at) AS at FROM unnest($2::text[], $3::bigint[]) AS x(mac, at) GROUP BY mac) s \
                  WHERE m.mac = s.mac AND m.site_id = $1",
             )
             .bind(&agent.site_id)
-            .bind(&macs)
-            .bind(&ats)
+            .bind(&report.macs)
+            .bind(&report.seen_ms)
             .execute(self.store.pool())
             .await
             .map_err(|e| internal("storing DHCP sightings", &e))?;
         }
         Ok(v1::SiteReportResponse {})
-    }
-}
-
-/// An `http://` or `https://` base URL with a host and nothing else odd, at most 256 characters.
-pub fn check_boot_url(url: &str) -> Result<(), String> {
-    let rest = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"));
-    let ok = url.len() <= 256
-        && rest.is_some_and(|r| {
-            let host = r.split('/').next().unwrap_or_default();
-            !host.is_empty() && !host.contains('@')
-        })
-        && url
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && !matches!(b, b'"' | b'\\' | b'<' | b'>'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "boot_url {:?}: expected http(s)://host[:port] (at most 256 characters)",
-            url.chars().take(64).collect::<String>()
-        ))
     }
 }
 

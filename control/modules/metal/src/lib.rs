@@ -104,7 +104,7 @@ pub fn module(config: Config) -> Module {
             .shard_scoped()
             .tick(Tick::Every(tick))
             .poked_by(POKE)
-            .run(executor::run),
+            .step(executor::reconcile),
     )
 }
 

@@ -14,7 +14,7 @@ use bc_core::provider::ec2::{self as codec, Ec2Answer, Ec2Instance, Ec2State, Fo
 use bc_core::provider::workflow::{self, CallError, Observed, Outcome, Step};
 use bc_core::provider::{ProviderPool, SecretRef};
 use bc_core::shards::ShardLease;
-use bc_kernel::ReconcileCx;
+use bc_kernel::StepCx;
 use bc_store::StoreError;
 use ec2::{Credentials, Ec2Client};
 use std::future::Future;
@@ -279,41 +279,21 @@ pub async fn step(
     Ok(stepped)
 }
 
-/// The reconciler's loop: the hosted pools' deletions and node changes ([`crate::hosted`]) and the provider
-/// workflow's passes on every tick, notification (`bc_instances`) and change of shards.
-pub async fn run(mut cx: ReconcileCx) {
+/// The reconciler's step (the kernel runs it on every tick, notification (`bc_instances`) and change of shards):
+/// the hosted pools' deletions and node changes ([`crate::hosted`]), then the provider workflow's passes.
+pub async fn reconcile(cx: StepCx) -> Result<(), StoreError> {
     let (Some(instances), Some(provider)) = (
         cx.resources.get::<Instances>().cloned(),
         cx.resources.get::<Provider>().cloned(),
     ) else {
-        tracing::error!("instances: the module did not start; its reconciler cannot run");
-        return cx.stop.stopped().await;
+        return Err(StoreError::Corrupt(
+            "instances: the module did not start; its reconciler cannot run".into(),
+        ));
     };
-    let mut tick = tokio::time::interval(cx.tick);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut listening = true;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            n = cx.pokes.recv(), if listening => match n {
-                Some(_) => tick.reset(),
-                None => listening = false,
-            },
-            changed = cx.shards.changed() => {
-                if changed.is_err() {
-                    return cx.stop.stopped().await;
-                }
-            }
-            _ = cx.stop.stopped() => return,
-        }
-        while cx.pokes.try_recv().is_ok() {}
-        let leases = cx.shards.borrow().clone();
-        let now = crate::now_ms();
-        if let Err(e) = crate::hosted::step(&instances, &cx.worker.id, &leases, now).await {
-            tracing::warn!(error = %e, "instances: hosted step failed; retrying next tick");
-        }
-        if let Err(e) = step(&instances, &provider, &cx.worker.id, &leases, now).await {
-            tracing::warn!(error = %e, "instances: provider step failed; retrying next tick");
-        }
-    }
+    let now = crate::now_ms();
+    // A failed hosted sweep does not hold up the provider workflow; each is retried on the next tick.
+    let hosted = crate::hosted::step(&instances, &cx.worker.id, &cx.leases, now).await;
+    step(&instances, &provider, &cx.worker.id, &cx.leases, now).await?;
+    hosted?;
+    Ok(())
 }

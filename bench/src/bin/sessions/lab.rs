@@ -1,0 +1,273 @@
+//! `BC_SESSIONS_GATEWAYS=2 scripts/bench sessions` (issue 18, item 3): idle sessions over two gateway processes
+//! behind HAProxy (the two-gateway lab of issue 14, `bc_testkit::gateways`), one API process (api, controllers,
+//! scheduler) beside them, on an embedded PostgreSQL. The load tool is the one of the single-gateway run: real
+//! joins, real certificates, one TLS session per node, heartbeats at the interval the gateway asks.
+//!
+//! Figures: both gateways' RSS per idle session at each step (1k, 10k, N), the database's commits/s at each step
+//! (flat in the number of sessions: liveness is batched per gateway), how the balancer spread the sessions, and a
+//! reconnect storm: both gateways killed (SIGKILL) and started again on their addresses, the time until 99% and 100%
+//! of the sessions are back, and a check that every node holds one session (online once, one reconnect each).
+
+use super::{Event, daemon, join_all, wait_up, xact_commits};
+use anyhow::{Context as _, bail};
+use bc_bench::{query_i64, rss_kib};
+use bc_store::Store;
+use bc_store::embedded::{Durability, EmbeddedPostgres};
+use bc_testkit::gateways::{Binaries, GatewayLab, LabSpec};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::{Duration, Instant};
+use tokio::sync::{Semaphore, mpsc, watch};
+
+/// HAProxy ports the load tool spreads over: loopback allows one connection per ephemeral port (28,232 here) to a
+/// destination, so 50,000 sessions need more than one.
+const BALANCER_PORTS: usize = 4;
+
+/// Commits/s of the whole database over `secs`.
+async fn commit_rate(url: &str, secs: u64) -> anyhow::Result<f64> {
+    let a = xact_commits(url)?;
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let b = xact_commits(url)?;
+    // psql's own query commits once per sample.
+    Ok(b.saturating_sub(a + 1) as f64 / secs as f64)
+}
+
+/// The gateways' summed RSS (KiB).
+fn gateways_rss(lab: &GatewayLab) -> u64 {
+    lab.gateways.iter().map(|g| rss_kib(g.pid)).sum()
+}
+
+/// `gw0 12500, gw1 12500`: online nodes by the gateway holding them.
+fn spread(url: &str) -> anyhow::Result<String> {
+    let out = std::process::Command::new(bc_bench::pg_tool("psql")?)
+        .args([
+            url,
+            "-At",
+            "-F",
+            " ",
+            "-c",
+            "SELECT coalesce(gateway_id, '-'), count(*) FROM nodes WHERE online GROUP BY 1 ORDER BY 1",
+        ])
+        .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .collect::<Vec<_>>()
+        .join(", "))
+}
+
+pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "sessions over two gateways behind HAProxy: {n} sessions; load {}",
+        load.trim()
+    );
+    let bins = Binaries::beside(&bin.join("bcd")).map_err(anyhow::Error::msg)?;
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path();
+    let pg = {
+        let pg_dir = dir.join("pg");
+        tokio::task::spawn_blocking(move || {
+            EmbeddedPostgres::start_with(&pg_dir, Durability::Durable, &["max_connections=300"])
+        })
+        .await??
+    };
+    let admin_pool = pg.pool("postgres", 2).await?;
+    bc_store::sqlx::raw_sql("CREATE DATABASE bench")
+        .execute(&admin_pool)
+        .await?;
+    let url = pg.url("bench");
+    let store = Store::new(pg.pool("bench", 4).await?);
+    bc_control::migrate(&store).await?;
+    store.ensure_root_tenant().await?;
+    store
+        .ensure_pool("default", "root", "default", true)
+        .await?;
+    let key = bc_control::bootstrap_admin(&store).await?;
+    let mut spec = LabSpec::new(&url, &dir.join("lab"));
+    std::fs::create_dir_all(&spec.dir)?;
+    spec.gateways = 2;
+    spec.balancer_ports = BALANCER_PORTS;
+    spec.max_connections = u32::try_from(n + 1_000)?;
+    let mut lab = tokio::task::spawn_blocking({
+        let (bins, spec) = (bins.clone(), spec.clone());
+        move || GatewayLab::start(&bins, &spec)
+    })
+    .await?
+    .map_err(anyhow::Error::msg)?;
+    let admin = bc_control::client::ApiClient::new(&lab.api_url, &key);
+    let token = admin
+        .call(
+            "join-tokens",
+            "create",
+            serde_json::json!({"pool": "default", "uses": n + 1, "ttl_seconds": 3600}),
+        )
+        .await?;
+    let token = token["token"].as_str().context("token")?.to_string();
+    let config = bcd::config::ConfigWire {
+        gateway_url: Some(lab.balancer_url.clone()),
+        ca_pin: Some(lab.ca_pin.clone()),
+        join_public_key: Some(lab.join_public_key.clone()),
+        state_dir: Some(dir.join("bcd")),
+        gpu_backend: Some("none".into()),
+        hardware_root: None,
+        cdi_dir: None,
+        tunnels: None,
+    }
+    .validate("bench")?;
+    let t = Instant::now();
+    let creds: Vec<Arc<super::Cred>> = join_all(&config, &token, n)
+        .await?
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    println!(
+        "joined {} nodes through the balancer in {:.1} s",
+        creds.len(),
+        t.elapsed().as_secs_f64()
+    );
+    let ca_pem = std::fs::read_to_string(lab.state_dir.join("ca.crt"))?;
+    let ca = CertificateDer::from_pem_slice(ca_pem.as_bytes())?;
+    let base = gateways_rss(&lab);
+    let base_rate = commit_rate(&url, 10).await?;
+    println!(
+        "two gateways' RSS with 0 sessions: {:.1} MiB; database commits/s (all processes): {base_rate:.1}",
+        base as f64 / 1024.0
+    );
+
+    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let slots = Arc::new(Semaphore::new(256));
+    let live = AtomicUsize::new(0);
+    let mut marks = Vec::new();
+    let mut figures = Vec::new();
+    let mut steps = vec![1_000.min(n), 10_000.min(n), n];
+    steps.dedup();
+    let mut spawned = 0;
+    for step in steps {
+        let t0 = Instant::now();
+        for (i, cred) in creds[spawned..step].iter().enumerate() {
+            let url = lab.balancer_urls[(spawned + i) % lab.balancer_urls.len()].clone();
+            tokio::spawn(daemon(
+                cred.clone(),
+                ca.clone(),
+                url,
+                slots.clone(),
+                ev_tx.clone(),
+                stop_rx.clone(),
+            ));
+        }
+        spawned = step;
+        wait_up(
+            &mut ev_rx,
+            &live,
+            step,
+            Duration::from_secs(600),
+            t0,
+            &mut marks,
+        )
+        .await;
+        let up_after = t0.elapsed();
+        let up = live.load(std::sync::atomic::Ordering::Relaxed);
+        // The connect burst's commits land in pg_stat_database up to a while later; let the gateways settle.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let rss = gateways_rss(&lab);
+        let per = rss.saturating_sub(base) as f64 / up.max(1) as f64;
+        let rate = commit_rate(&url, 20).await?;
+        println!(
+            "{up} sessions up in {:.1} s: gateways' RSS {:.1} MiB ({}), {per:.1} KiB per session; database commits/s, \
+             every process and autovacuum: {rate:.1}; online by gateway: {}",
+            up_after.as_secs_f64(),
+            rss as f64 / 1024.0,
+            lab.gateways
+                .iter()
+                .map(|g| format!("{} {:.1} MiB", g.id, rss_kib(g.pid) as f64 / 1024.0))
+                .collect::<Vec<_>>()
+                .join(", "),
+            spread(&url)?,
+        );
+        figures.push((up, per, rate));
+        if up < step {
+            bail!("only {up} of {step} sessions came up within 600 s");
+        }
+    }
+
+    // Reconnect storm: both gateways killed and started again on their addresses.
+    let epochs_before = query_i64(&url, "SELECT coalesce(sum(session_epoch), 0) FROM nodes")?;
+    let t0 = Instant::now();
+    for i in 0..lab.gateways.len() {
+        lab.kill_gateway(i);
+    }
+    let drain_until = tokio::time::Instant::now() + Duration::from_secs(30);
+    while live.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+        match tokio::time::timeout_at(drain_until, ev_rx.recv()).await {
+            Ok(Some(Event::Down)) => {
+                live.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(Some(Event::Up)) => {
+                live.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            _ => break,
+        }
+    }
+    let down_after = t0.elapsed();
+    lab = tokio::task::spawn_blocking({
+        let bins = bins.clone();
+        move || -> Result<GatewayLab, String> {
+            for i in 0..lab.gateways.len() {
+                lab.restart_gateway(&bins, i)?;
+            }
+            Ok(lab)
+        }
+    })
+    .await?
+    .map_err(anyhow::Error::msg)?;
+    let restart = t0.elapsed();
+    let mut storm = Vec::new();
+    wait_up(
+        &mut ev_rx,
+        &live,
+        n,
+        Duration::from_secs(180),
+        t0,
+        &mut storm,
+    )
+    .await;
+    storm.sort();
+    let back = storm.len();
+    let at = |k: usize| storm.get(k.saturating_sub(1)).copied();
+    let p99 = at((n * 99).div_ceil(100)).filter(|_| back * 100 >= n * 99);
+    let all = at(n).filter(|_| back >= n);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let online = query_i64(&url, "SELECT count(*) FROM nodes WHERE online")?;
+    let epochs_after = query_i64(&url, "SELECT coalesce(sum(session_epoch), 0) FROM nodes")?;
+    let twice = query_i64(&url, "SELECT count(*) FROM nodes WHERE session_epoch > 2")?;
+    let fmt = |d: Option<Duration>| {
+        d.map(|d| format!("{:.1} s", d.as_secs_f64()))
+            .unwrap_or_else(|| "not reached".into())
+    };
+    println!(
+        "reconnect storm: sessions down in {:.1} s, both gateways serving again {:.1} s after the kill; {back} of {n} \
+         sessions back; 99% at {}, 100% at {} (goal: 99% within 60 s); online {online}, by gateway: {}; \
+         session epochs +{} (one reconnect per node: +{n}); nodes past their second session: {twice}",
+        down_after.as_secs_f64(),
+        restart.as_secs_f64(),
+        fmt(p99),
+        fmt(all),
+        spread(&url)?,
+        epochs_after - epochs_before,
+    );
+    let _ = stop_tx.send(true);
+    drop(lab);
+    for (up, per, rate) in &figures {
+        println!(
+            "sessions-{up} (two gateways): {per:.1} KiB/session, {rate:.1} database commits/s"
+        );
+    }
+    let (up, per, _) = figures.last().copied().unwrap_or((0, 0.0, 0.0));
+    println!("sessions-storm: 99% back at {} of {n}", fmt(p99));
+    println!("sessions-rss: {per:.1} KiB/session at {up} sessions over two gateways");
+    Ok(())
+}
