@@ -79,6 +79,9 @@ async fn lab(balancer: bool, gateways: usize) -> Option<Lab> {
     let mut spec = LabSpec::new(&db.url(), dir.path());
     spec.balancer = balancer;
     spec.gateways = gateways;
+    // Every process re-issues its gateway and relay certificates each second (a day by default): tunnels keep
+    // working across renewals.
+    spec.extra_config = "certificate_renewal_s = 1".into();
     let lab = tokio::task::spawn_blocking({
         let (bins, spec) = (bins.clone(), spec.clone());
         move || GatewayLab::start(&bins, &spec)
@@ -212,6 +215,28 @@ impl Lab {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The leaf certificate gateway `i` serves now (a TLS handshake without a client certificate).
+    async fn served_leaf(&self, i: usize) -> Vec<u8> {
+        let tls = bc_proto::channel::client_config(
+            bc_proto::channel::ServerTrust::Pin(self.lab.ca_pin.clone()),
+            None,
+        )
+        .expect("client config");
+        let tcp = tokio::net::TcpStream::connect(self.lab.gateways[i].addr)
+            .await
+            .expect("connect to the gateway");
+        let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let stream = tokio_rustls::TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await
+            .expect("handshake");
+        let (_, conn) = stream.get_ref();
+        conn.peer_certificates()
+            .and_then(|c| c.first())
+            .map(|c| c.to_vec())
+            .expect("a served certificate")
     }
 
     async fn gateway_of(&self, node: &str) -> String {
@@ -402,6 +427,16 @@ async fn an_api_process_relays_tunnels_to_a_node_held_by_another_process() -> Te
     // A small echo after them: the relay's connection is unharmed.
     let (f, back) = lab.once(&node, lab.echo, b"after").await;
     assert_eq!((f.closed, back.as_slice()), (None, b"after".as_slice()));
+    // The gateway renews its serving certificate while it runs (every second here), and tunnels keep working.
+    let first = lab.served_leaf(0).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_ne!(
+        lab.served_leaf(0).await,
+        first,
+        "the served certificate was not renewed"
+    );
+    let (f, back) = lab.once(&node, lab.echo, b"renewed").await;
+    assert_eq!((f.closed, back.as_slice()), (None, b"renewed".as_slice()));
     // The gateway process dies mid-transfer: the CLI's side sees the tunnel closed, the audit row an outcome.
     let busy = lab.forward(&node, lab.echo).await;
     let transfer = tokio::spawn(busy_until_closed(busy));
@@ -424,6 +459,25 @@ async fn an_api_process_relays_tunnels_to_a_node_held_by_another_process() -> Te
         code == "API" && reason.contains("UNAVAILABLE"),
         "{code}: {reason}"
     );
+    // Started again on its address, it takes the node back; the API process reaches it over a new relay
+    // connection, presenting the relay certificate it has renewed since it started (several times by now).
+    let bins = lab.bins.clone();
+    tokio::task::block_in_place(|| lab.lab.restart_gateway(&bins, 0)).map_err(|e| e.to_string())?;
+    let restarted = Instant::now();
+    loop {
+        // Refused (NOT_CONNECTED, UNAVAILABLE) until the node has reconnected with its backoff.
+        let (f, back) = lab.once(&node, lab.echo, b"again").await;
+        if f.closed.is_none() && back == b"again" {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(90),
+            "no tunnel through the restarted gateway within 90 s: {f:?}; logs in {}",
+            lab.lab.dir().display()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(lab.gateway_of(&node).await, "gw0");
     Ok(())
 }
 

@@ -60,6 +60,7 @@ pub fn serve_config(dir: &Path, opts: &Options, gateway_listen: SocketAddr) -> S
             deadline: Duration::from_secs(20),
         }),
         leaf_lifetime: opts.leaf_lifetime,
+        cert_renewal: None,
         shard_lease: None,
         capacity_reload: None,
         instances: None,

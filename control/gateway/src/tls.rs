@@ -185,8 +185,7 @@ impl ClientCertVerifier for RevocationChecking {
 /// A server config with ALPN h2, presenting `chain` (leaf first, then the CA) and verifying optional client
 /// certificates against `client_cas`, refusing identities in `revoked`.
 pub fn server_config(
-    chain: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
+    identity: Arc<Renewable>,
     client_cas: &[CertificateDer<'static>],
     revoked: Revocations,
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
@@ -203,7 +202,7 @@ pub fn server_config(
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)?;
+        .with_cert_resolver(identity);
     // No session resumption: a resumed TLS 1.3 session skips the client certificate and so the revocation check
     // (an agent reconnecting with its cached session would outlive its revocation). Every connection verifies.
     config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
@@ -212,10 +211,125 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// A certificate chain and key that can be replaced while connections use it: a gateway's serving certificate and a
+/// relay's client certificate, issued at start with a 30-day lifetime and re-issued by the process while it runs
+/// (each handshake takes the current one; open connections keep theirs).
+pub struct Renewable {
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    current: RwLock<Arc<rustls::sign::CertifiedKey>>,
+}
+
+impl std::fmt::Debug for Renewable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Renewable").finish_non_exhaustive()
+    }
+}
+
+impl Renewable {
+    pub fn new(
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+    ) -> Result<Arc<Renewable>, TlsError> {
+        let provider = Arc::new(bc_proto::tls_provider());
+        let certified = certified(&provider, chain, key)?;
+        Ok(Arc::new(Renewable {
+            provider,
+            current: RwLock::new(certified),
+        }))
+    }
+
+    /// The next handshakes present `chain`.
+    pub fn replace(
+        &self,
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+    ) -> Result<(), TlsError> {
+        let certified = certified(&self.provider, chain, key)?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = certified;
+        Ok(())
+    }
+
+    /// The leaf certificate handshakes present now.
+    pub fn leaf(&self) -> Option<CertificateDer<'static>> {
+        self.now().cert.first().cloned()
+    }
+
+    fn now(&self) -> Arc<rustls::sign::CertifiedKey> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+fn certified(
+    provider: &rustls::crypto::CryptoProvider,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<rustls::sign::CertifiedKey>, TlsError> {
+    let signer = provider.key_provider.load_private_key(key)?;
+    Ok(Arc::new(rustls::sign::CertifiedKey::new(chain, signer)))
+}
+
+impl rustls::server::ResolvesServerCert for Renewable {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.now())
+    }
+}
+
+impl rustls::client::ResolvesClientCert for Renewable {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.now())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use bc_proto::spiffe::Role;
+
+    #[test]
+    fn a_renewed_identity_is_presented_by_the_next_handshake()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let issue = |name: &str| -> Result<_, Box<dyn std::error::Error>> {
+            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+            let cert = rcgen::CertificateParams::new(vec![name.to_string()])?.self_signed(&key)?;
+            Ok((
+                vec![cert.der().clone()],
+                PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            ))
+        };
+        let (first, key) = issue("first.test")?;
+        let r = Renewable::new(first.clone(), key)?;
+        assert_eq!(r.leaf(), first.first().cloned());
+        let (second, key) = issue("second.test")?;
+        let second_leaf = second.first().cloned();
+        r.replace(second.clone(), key)?;
+        assert_eq!(r.leaf(), second_leaf);
+        let client: &dyn rustls::client::ResolvesClientCert = r.as_ref();
+        assert!(client.has_certs());
+        assert_eq!(
+            client.resolve(&[], &[]).map(|c| c.cert.clone()),
+            Some(second)
+        );
+        // A key that is not a key is refused, and the current identity kept.
+        let bad = PrivateKeyDer::Pkcs8(vec![1, 2, 3].into());
+        let (third, _) = issue("third.test")?;
+        assert!(r.replace(third, bad).is_err());
+        assert_eq!(r.leaf(), second_leaf);
+        Ok(())
+    }
 
     #[test]
     fn revoked_identities_are_found_and_others_are_not() -> Result<(), Box<dyn std::error::Error>> {

@@ -72,6 +72,9 @@ pub struct ServeConfigWire {
     /// How long a process's role membership and shard leases last without renewal (milliseconds; default
     /// 10000). A dead process's shards move to the others within this.
     pub shard_lease_ms: Option<u64>,
+    /// How often the process re-issues its own certificates from the CA: the gateway role's serving certificate and
+    /// the tunnel relay's client certificate, each valid 30 days (seconds; default 86400, at least 1).
+    pub certificate_renewal_s: Option<u64>,
     /// The process's own metrics (`bc_telemetry::config`; docs/telemetry.md): API latency per method, sessions per
     /// gateway, placement latency, shard leases held, queue depths.
     pub telemetry: Option<bc_telemetry::TelemetryWire>,
@@ -152,6 +155,9 @@ pub struct ServeConfig {
     pub lifecycle_timing: Option<crate::lifecycle::LifecycleTiming>,
     /// Workload certificate lifetime override (tests of renewal); default 24 h.
     pub leaf_lifetime: Option<std::time::Duration>,
+    /// How often the process re-issues its own gateway and relay certificates (tests); None means
+    /// [`crate::renew::RENEW_EVERY`].
+    pub cert_renewal: Option<std::time::Duration>,
     /// Role membership and shard lease lifetime; None means [`DEFAULT_SHARD_LEASE`].
     pub shard_lease: Option<std::time::Duration>,
     /// How often the scheduler rereads all free capacity (tests); None means [`bc_mod_capacity::FULL_RELOAD`].
@@ -194,6 +200,7 @@ impl ServeConfig {
             session_timing: None,
             lifecycle_timing: None,
             leaf_lifetime: None,
+            cert_renewal: None,
             shard_lease: None,
             capacity_reload: None,
             placer: bc_mod_capacity::Placer::Shard,
@@ -262,6 +269,7 @@ impl ServeConfigWire {
             gateway_hosts: over.gateway_hosts.or(self.gateway_hosts),
             gateway_url: over.gateway_url.or(self.gateway_url),
             shard_lease_ms: over.shard_lease_ms.or(self.shard_lease_ms),
+            certificate_renewal_s: over.certificate_renewal_s.or(self.certificate_renewal_s),
             telemetry: over.telemetry.or(self.telemetry),
             capacity: over.capacity.or(self.capacity),
             gateway_id: over.gateway_id.or(self.gateway_id),
@@ -351,6 +359,16 @@ impl ServeConfigWire {
             session_timing: None,
             lifecycle_timing: None,
             leaf_lifetime: None,
+            cert_renewal: match self.certificate_renewal_s {
+                None => None,
+                Some(0) => {
+                    return Err(field(
+                        "certificate_renewal_s",
+                        "must be at least 1 (seconds; the certificates live 30 days)".into(),
+                    ));
+                }
+                Some(s) => Some(std::time::Duration::from_secs(s)),
+            },
             shard_lease: match self.shard_lease_ms {
                 None => None,
                 Some(ms) if (500..=600_000).contains(&ms) => {

@@ -27,6 +27,7 @@ pub mod plane;
 pub mod profile;
 pub mod progress;
 pub mod provider_secrets;
+pub mod renew;
 pub mod reservations_cli;
 pub mod serve_cli;
 pub mod site_cli;
@@ -160,6 +161,8 @@ struct Gateway {
     /// Tunnels to the nodes of `registry` (the tunnels module's relay reaches them).
     tunnels: bc_gateway::tunnel::Tunnels,
     tls: Arc<rustls::ServerConfig>,
+    /// Its serving certificate, re-issued while it runs.
+    renewal: renew::Renewal,
     services: bc_gateway::Services,
 }
 
@@ -197,12 +200,17 @@ async fn gateway(
             format!("https://{host}:{}", addr.port())
         }
     };
-    let (chain, key) = ca.issue_gateway(&gateway_id, &config.gateway_hosts)?;
+    let renewal = renew::issue(
+        ca,
+        renew::Identity::Gateway {
+            id: gateway_id.clone(),
+            hosts: config.gateway_hosts.clone(),
+        },
+    )?;
     let registry = bc_gateway::session::Registry::default();
     let tunnels = bc_gateway::tunnel::Tunnels::new(registry.clone(), Default::default());
     let tls = bc_gateway::tls::server_config(
-        chain,
-        key,
+        renewal.current.clone(),
         std::slice::from_ref(ca.cert_der()),
         registry.revocations(),
     )?;
@@ -254,6 +262,7 @@ async fn gateway(
         registry,
         tunnels,
         tls,
+        renewal,
         services,
     })
 }
@@ -356,13 +365,22 @@ pub async fn start_with(
     }
     builder = builder.resource(provider_secrets::resource(&store, &secrets));
     let tunnels = gateway.as_ref().map(|g| g.tunnels.clone());
-    builder = with_tunnels(builder, config, &store, &ca, &worker, gateway.as_ref())?;
+    let mut renewals: Vec<renew::Renewal> = gateway.iter().map(|g| g.renewal.clone()).collect();
+    let relay;
+    (builder, relay) = with_tunnels(builder, config, &store, &ca, &worker, gateway.as_ref())?;
+    renewals.extend(relay);
     for (path, item) in [fleet::api_path(), telemetry::api_path()] {
         builder = builder.api_path(path, item);
     }
     let initialized = builder.build()?.initialize(backend).await?;
     store.ensure_root_tenant().await?;
     let mut plane = initialized.start(&roles);
+    plane.spawn(renew::run(
+        ca.clone(),
+        renewals,
+        config.cert_renewal.unwrap_or(renew::RENEW_EVERY),
+        plane.stop_signal(),
+    ));
     if let Some(g) = gateway {
         start_gateway(g, &store, &mut plane).await?;
     }
@@ -416,18 +434,24 @@ fn with_tunnels(
     ca: &Ca,
     worker: &str,
     gateway: Option<&Gateway>,
-) -> Result<bc_kernel::ControlPlaneBuilder, StartError> {
+) -> Result<(bc_kernel::ControlPlaneBuilder, Option<renew::Renewal>), StartError> {
     let local = gateway.map(|g| bc_mod_tunnels::LocalGateway {
         id: g.id.clone(),
         tunnels: g.tunnels.clone(),
     });
-    let peers = match config.roles.api {
-        true => Some(relay_peers(ca, worker)?),
-        false => None,
+    let (peers, renewal) = match config.roles.api {
+        true => {
+            let (peers, renewal) = relay_peers(ca, worker)?;
+            (Some(peers), Some(renewal))
+        }
+        false => (None, None),
     };
     let state =
         bc_mod_tunnels::TunnelsState::new(store.clone(), local, peers, config.tunnels.clone());
-    Ok(builder.module(bc_mod_tunnels::module()).resource(state))
+    Ok((
+        builder.module(bc_mod_tunnels::module()).resource(state),
+        renewal,
+    ))
 }
 
 /// Publishes the gateway role's relay URL (and keeps it fresh), then serves it until the plane stops.
@@ -471,8 +495,11 @@ fn host_name() -> String {
 }
 
 /// The API role's client of the tunnel relay: a control-plane certificate for this process (`worker`), issued by
-/// the CA, and the CA to verify the gateways.
-fn relay_peers(ca: &Ca, worker: &str) -> Result<bc_gateway::relay::Peers, StartError> {
+/// the CA (and re-issued while it runs: the returned renewal), and the CA to verify the gateways.
+fn relay_peers(
+    ca: &Ca,
+    worker: &str,
+) -> Result<(bc_gateway::relay::Peers, renew::Renewal), StartError> {
     let id: String = worker
         .chars()
         .map(
@@ -483,13 +510,15 @@ fn relay_peers(ca: &Ca, worker: &str) -> Result<bc_gateway::relay::Peers, StartE
         )
         .take(128)
         .collect();
-    let identity = ca.issue_control(&id)?;
+    let renewal = renew::issue(ca, renew::Identity::Control { id })?;
     let tls = bc_proto::channel::client_config(
         bc_proto::channel::ServerTrust::Bundle(vec![ca.cert_der().clone()]),
-        Some(identity),
+        None,
     )
     .map_err(|e| StartError::Relay(bc_error_chain::chain(&e)))?;
-    Ok(bc_gateway::relay::Peers::new(tls))
+    let mut tls = (*tls).clone();
+    tls.client_auth_cert_resolver = renewal.current.clone();
+    Ok((bc_gateway::relay::Peers::new(Arc::new(tls)), renewal))
 }
 
 /// How often a gateway refreshes its published row.
