@@ -498,6 +498,90 @@ async fn a_session_that_ends_ends_its_tunnels() -> TestResult {
 /// How long the stalled-reader test holds the stall: past reqwest's 30 s TCP_USER_TIMEOUT.
 const STALL_SECS: u64 = 35;
 
+/// An open tunnel through `addr` (a forwarder): one byte echoed, the connection kept.
+async fn held(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"h").await.expect("write");
+    let mut b = [0u8; 1];
+    tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut b))
+        .await
+        .expect("echo in time")
+        .expect("echo");
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_principals_cap_counts_its_tunnels_through_every_api_process() -> TestResult {
+    let lab = lab().await;
+    // A second API process on the same database and CA, with a cap of 2 tunnels per principal.
+    let dir2 = tempfile::tempdir()?;
+    let mut config = serve_config(dir2.path(), &Options::default(), "127.0.0.1:0".parse()?);
+    config.state_dir = lab.p.dir.path().join("control");
+    config.roles = bc_control::config::Roles {
+        api: true,
+        ..Default::default()
+    };
+    config.tunnels.per_principal = 2;
+    let second = bc_control::start(&config, lab.p.store.clone()).await?;
+    let api2 = Api {
+        url: format!("http://{}", second.api_addr.ok_or("api")?),
+        key: lab.api.key.clone(),
+    };
+    // Two tunnels held through the first process (its cap is the default), then the second refuses a third.
+    let first_fwd = lab.forward(&lab.api, lab.echo.port).await;
+    let a = held(first_fwd).await;
+    let _b = held(first_fwd).await;
+    let (f, _) = lab.once(&api2, lab.echo.port, b"x").await;
+    let (code, reason) = f.closed.ok_or("the third tunnel was not refused")?;
+    assert!(
+        code == "API" && reason.contains("already holds 2 tunnels open"),
+        "{code}: {reason}"
+    );
+    assert_eq!(lab.audit().await[0]["outcome"], "LIMIT");
+    // One closed: the second process lets one more through.
+    drop(a);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (f, back) = lab.once(&api2, lab.echo.port, b"y").await;
+        if f.closed.is_none() {
+            assert_eq!(back, b"y");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still refused: {f:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The rows of an API process that died are closed LOST by the sweeper's query; a live process's rows stay.
+    let pool = lab.p.store.pool();
+    let live: String = bc_store::sqlx::query_scalar(
+        "SELECT api_worker FROM tunnel_connections WHERE stopped_at IS NULL LIMIT 1",
+    )
+    .fetch_one(pool)
+    .await?;
+    bc_store::sqlx::query(
+        "INSERT INTO tunnel_connections (id, principal_id, node_id, pool_id, port, outcome, started_at, api_worker) \
+         VALUES (gen_random_uuid(), 'ghost', $1, 'default', 1, 'OPEN', now() - interval '1 minute', 'api-that-died')",
+    )
+    .bind(&lab.node)
+    .execute(pool)
+    .await?;
+    assert_eq!(
+        bc_mod_tunnels::queries::close_orphans(&lab.p.store).await?,
+        1
+    );
+    let (outcome, open): (String, i64) = bc_store::sqlx::query_as(
+        "SELECT (SELECT outcome FROM tunnel_connections WHERE principal_id = 'ghost'), \
+                (SELECT count(*) FROM tunnel_connections WHERE stopped_at IS NULL AND api_worker = $1)",
+    )
+    .bind(&live)
+    .fetch_one(pool)
+    .await?;
+    assert_eq!((outcome.as_str(), open), ("LOST", 1));
+    Ok(())
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

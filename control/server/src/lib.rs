@@ -446,8 +446,13 @@ fn with_tunnels(
         }
         false => (None, None),
     };
-    let state =
-        bc_mod_tunnels::TunnelsState::new(store.clone(), local, peers, config.tunnels.clone());
+    let state = bc_mod_tunnels::TunnelsState::new(
+        store.clone(),
+        local,
+        peers,
+        config.tunnels.clone(),
+        worker.to_string(),
+    );
     Ok((
         builder.module(bc_mod_tunnels::module()).resource(state),
         renewal,

@@ -61,7 +61,8 @@ pub fn issue(ca: &Ca, identity: Identity) -> Result<Renewal, crate::StartError> 
 /// Re-issues every one of `renewals` each `every` until the plane stops.
 pub async fn run(ca: Arc<Ca>, renewals: Vec<Renewal>, every: Duration, mut stop: bc_kernel::Stop) {
     if renewals.is_empty() {
-        return;
+        // A task of the plane runs until it stops (one that ends early reads as a role that stopped on its own).
+        return stop.stopped().await;
     }
     let mut wait = every;
     loop {

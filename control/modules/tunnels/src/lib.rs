@@ -12,17 +12,20 @@
 //! as a control-plane identity ([`bc_gateway::relay::Peers`]). Either way the relay here sees the same
 //! [`bc_gateway::tunnel::Tunnel`].
 //!
-//! Its migrations are 1200 and 1201; its state is a [`TunnelsState`] resource the composition provides.
+//! The cap of tunnels per principal counts across every API process: each open tunnel's row names the API process
+//! relaying it (its worker id in the `api` role), the count and the row are written under a per-principal advisory
+//! lock, and a sweeper ([`sweep`], in the `api` role, which also makes every API process a member of that role) closes
+//! the rows of a process whose membership expired as `LOST`.
+//!
+//! Its migrations are 1200 to 1202; its state is a [`TunnelsState`] resource the composition provides.
 
 pub mod api;
 pub mod queries;
 pub mod relay;
 pub mod route;
 
-use bc_kernel::{Migration, Module};
+use bc_kernel::{Migration, Module, Reconciler, StepCx, Tick};
 use bc_store::Store;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The module's schema.
@@ -37,17 +40,22 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "tunnels: the gateway each tunnel connection went through",
         sql: include_str!("migration_1201.sql"),
     },
+    Migration {
+        version: 1202,
+        name: "tunnels: the API process relaying each open tunnel",
+        sql: include_str!("migration_1202.sql"),
+    },
 ];
 
 /// The permission a tunnel needs on the node's scope (`pool/<pool>`).
 pub const OPEN: &str = "compute:tunnels:open";
 
-/// Limits of the module (per API process): `[tunnels]` in the control plane's configuration.
+/// Limits of the module: `[tunnels]` in the control plane's configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
     /// A tunnel that moves no byte either way for this long is closed (`IDLE`). At least an hour by default.
     pub idle: Duration,
-    /// Tunnels one principal holds open at once through this process.
+    /// Tunnels one principal holds open at once, through every API process together.
     pub per_principal: usize,
 }
 
@@ -77,7 +85,8 @@ pub struct TunnelsState {
     /// The other gateways, reached over internal mTLS (None: only this process's gateway is reached).
     pub peers: Option<bc_gateway::relay::Peers>,
     pub options: Options,
-    principals: Arc<Mutex<HashMap<String, usize>>>,
+    /// This process's worker id (its membership of the `api` role): the open rows it relays name it.
+    pub worker: String,
 }
 
 impl TunnelsState {
@@ -86,66 +95,49 @@ impl TunnelsState {
         gateway: Option<LocalGateway>,
         peers: Option<bc_gateway::relay::Peers>,
         options: Options,
+        worker: String,
     ) -> TunnelsState {
         TunnelsState {
             store,
             gateway,
             peers,
             options,
-            principals: Arc::default(),
-        }
-    }
-
-    /// One more tunnel for `principal`, or None at its cap.
-    pub(crate) fn hold(&self, principal: &str) -> Option<PrincipalSlot> {
-        let mut m = self.principals.lock().unwrap_or_else(|p| p.into_inner());
-        let n = m.entry(principal.to_string()).or_default();
-        if *n >= self.options.per_principal {
-            return None;
-        }
-        *n += 1;
-        Some(PrincipalSlot {
-            state: self.clone(),
-            principal: principal.to_string(),
-        })
-    }
-
-    /// Tunnels `principal` holds open through this process.
-    pub fn held_by(&self, principal: &str) -> usize {
-        let m = self.principals.lock().unwrap_or_else(|p| p.into_inner());
-        m.get(principal).copied().unwrap_or(0)
-    }
-}
-
-/// A principal's place in its count; dropping it frees it.
-pub(crate) struct PrincipalSlot {
-    state: TunnelsState,
-    principal: String,
-}
-
-impl Drop for PrincipalSlot {
-    fn drop(&mut self) {
-        let mut m = self
-            .state
-            .principals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = m.get_mut(&self.principal) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                m.remove(&self.principal);
-            }
+            worker,
         }
     }
 }
 
-/// The `tunnels` module: its migration, its methods and the tunnel route.
+/// How often the sweeper looks for the open rows of API processes that died.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// The sweeper's step: closes the open rows whose API process's membership of the `api` role expired.
+async fn sweep(cx: StepCx) -> Result<(), bc_store::StoreError> {
+    let Some(state) = cx.resources.get::<TunnelsState>() else {
+        return Ok(());
+    };
+    let closed = queries::close_orphans(&state.store).await?;
+    if closed > 0 {
+        tracing::warn!(
+            closed,
+            "closed the audit rows of tunnels whose API process stopped (LOST)"
+        );
+    }
+    Ok(())
+}
+
 pub fn module() -> Module {
     let module = MIGRATIONS
         .iter()
         .fold(Module::new("tunnels"), |m, migration| {
             m.migration(*migration)
         })
-        .route(route::route());
+        .route(route::route())
+        .reconciler(
+            Reconciler::new("tunnels-sweeper")
+                .role("api")
+                .shard_scoped()
+                .tick(Tick::Every(SWEEP_EVERY))
+                .step(sweep),
+        );
     api::register(module)
 }

@@ -71,6 +71,63 @@ pub async fn start(
     Ok(id)
 }
 
+/// Starts the `OPEN` row of a tunnel relayed by API process `worker`, unless `principal` already holds `cap` open
+/// tunnels through any API process: then `Err(held)`. The count and the row are one transaction under an advisory
+/// lock per principal, so two processes never both take the last place.
+pub async fn start_open(
+    store: &Store,
+    o: &Opening<'_>,
+    worker: &str,
+    cap: usize,
+) -> Result<Result<uuid::Uuid, i64>, StoreError> {
+    let mut tx = store.pool().begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('bc-tunnels/' || $1, 0))")
+        .bind(o.principal)
+        .execute(&mut *tx)
+        .await?;
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM tunnel_connections WHERE principal_id = $1 AND stopped_at IS NULL",
+    )
+    .bind(o.principal)
+    .fetch_one(&mut *tx)
+    .await?;
+    if held >= i64::try_from(cap).unwrap_or(i64::MAX) {
+        return Ok(Err(held));
+    }
+    let id = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO tunnel_connections \
+           (id, principal_id, node_id, pool_id, port, outcome, reason, gateway_id, api_worker) \
+         VALUES ($1, $2, $3, $4, $5, 'OPEN', '', $6, $7)",
+    )
+    .bind(id)
+    .bind(o.principal)
+    .bind(o.node)
+    .bind(o.pool)
+    .bind(i32::from(o.port))
+    .bind(o.gateway)
+    .bind(worker)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Ok(id))
+}
+
+/// Closes (`LOST`) the open rows whose API process is no longer a live member of the `api` role (its lease ran
+/// out: it died or was cut off); rows younger than 30 s are left to a process still starting. Returns how many.
+pub async fn close_orphans(store: &Store) -> Result<u64, StoreError> {
+    let r = sqlx::query(
+        "UPDATE tunnel_connections t SET stopped_at = now(), outcome = 'LOST', \
+           reason = 'the API process relaying it stopped (its membership of the api role expired)' \
+         WHERE t.stopped_at IS NULL AND t.started_at < now() - interval '30 seconds' \
+           AND NOT EXISTS (SELECT 1 FROM workers w \
+                           WHERE w.role = 'api' AND w.id = t.api_worker AND w.expires_at > now())",
+    )
+    .execute(store.pool())
+    .await?;
+    Ok(r.rows_affected())
+}
+
 /// Ends a row with its bytes and outcome.
 pub async fn stop(
     store: &Store,

@@ -127,16 +127,6 @@ async fn accept(
         )))
         .await;
     }
-    let Some(slot) = state.hold(&caller.id) else {
-        return refuse(ApiError::new(
-            ApiCode::FailedPrecondition,
-            format!(
-                "principal {} already holds {} tunnels open; close one, then retry",
-                caller.id, state.options.per_principal
-            ),
-        ))
-        .await;
-    };
     let route = state.store.node_route(&node).await?;
     let via = match choose(&state, &node, route) {
         Ok(via) => via,
@@ -146,8 +136,23 @@ async fn accept(
         gateway: Some(via.gateway()),
         ..opening
     };
+    let cap = state.options.per_principal;
+    let id = match queries::start_open(&state.store, &opening, &state.worker, cap).await? {
+        Ok(id) => id,
+        Err(held) => {
+            let e = ApiError::new(
+                ApiCode::FailedPrecondition,
+                format!(
+                    "principal {} already holds {held} tunnels open (at most {cap}, through every API process); \
+                     close one, then retry",
+                    caller.id
+                ),
+            );
+            queries::start(&state.store, &opening, outcome_of(&e), e.message()).await?;
+            return Err(e);
+        }
+    };
     let on_upgrade = hyper::upgrade::on(&mut request);
-    let id = queries::start(&state.store, &opening, "OPEN", "").await?;
     let tunnel = match via.open(&node, port).await {
         Ok(t) => t,
         Err((code, outcome, why)) => {
@@ -158,7 +163,6 @@ async fn accept(
     let (store, idle) = (state.store.clone(), state.options.idle);
     let who = (caller.id.clone(), node, port);
     tokio::spawn(async move {
-        let _slot = slot;
         run(on_upgrade, tunnel, store, id, idle, who).await;
     });
     let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
