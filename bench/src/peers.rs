@@ -143,17 +143,21 @@ pub struct Wan {
     veth: String,
     pub here: std::net::Ipv4Addr,
     pub there: std::net::Ipv4Addr,
+    /// Why the link carries no delay and no rate limit (None: netem shapes both directions). A kernel without
+    /// `sch_netem` (this project's VMs: a Firecracker kernel without modules) refuses the qdisc.
+    pub unshaped: Option<String>,
 }
 
 impl Wan {
     pub fn create(rtt: Duration, rate: &str) -> anyhow::Result<Wan> {
         let pid = std::process::id();
         let (b, c) = (200 + (pid % 50) as u8, ((pid / 50) % 256) as u8);
-        let wan = Wan {
+        let mut wan = Wan {
             name: format!("bctun{pid}"),
             veth: format!("bt{pid}a"),
             here: std::net::Ipv4Addr::new(10, b, c, 1),
             there: std::net::Ipv4Addr::new(10, b, c, 2),
+            unshaped: None,
         };
         let peer = format!("bt{pid}b");
         let delay = format!("{}us", rtt.as_micros() / 2);
@@ -176,9 +180,22 @@ impl Wan {
         let netem = [
             "root", "netem", "delay", &delay, "rate", rate, "limit", "100000",
         ];
-        run(Command::new("tc")
+        if let Err(e) = run(Command::new("tc")
             .args(["qdisc", "add", "dev", &wan.veth])
-            .args(netem))?;
+            .args(netem))
+        {
+            let e = format!("{e:#}");
+            if e.contains("qdisc kind is unknown") {
+                let kernel =
+                    std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+                wan.unshaped = Some(format!(
+                    "this kernel ({}) has no netem qdisc (sch_netem): the link is a plain veth",
+                    kernel.trim()
+                ));
+                return Ok(wan);
+            }
+            anyhow::bail!(e);
+        }
         ns(&[&["tc", "qdisc", "add", "dev", &peer][..], &netem[..]].concat())?;
         Ok(wan)
     }

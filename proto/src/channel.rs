@@ -253,6 +253,7 @@ pub async fn connect(url: &str, tls: Arc<rustls::ClientConfig>) -> Result<Channe
         // connection window that holds every tunnel's at once so a stalled one never starves the Session.
         .initial_stream_window_size(crate::tunnel::STREAM_WINDOW)
         .initial_connection_window_size(crate::tunnel::CONNECTION_WINDOW)
+        .max_frame_size(crate::tunnel::H2_MAX_FRAME)
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(20))
         .connect_with_connector(connector)

@@ -20,6 +20,10 @@ pub const MAX_ENCODED: usize = MAX_DATA + 1024;
 /// HTTP/2 window of one tunnel stream: 1 Gbit/s × 50 ms is 6.25 MB; 8 MiB leaves room.
 pub const STREAM_WINDOW: u32 = 8 << 20;
 
+/// Largest HTTP/2 DATA frame a gateway and a daemon accept from each other (SETTINGS_MAX_FRAME_SIZE; the default is
+/// 16 KiB): a whole tunnel message (a full data frame with its gRPC prefix) fits in one, not four.
+pub const H2_MAX_FRAME: u32 = 128 * 1024;
+
 /// Tunnels of one node at once, on the node and at a gateway.
 pub const MAX_PER_NODE: u32 = 128;
 
@@ -62,6 +66,9 @@ pub fn decode(buf: &[u8]) -> Result<Option<(v1::TunnelFrame, usize)>, FrameError
     Ok(Some((v1::TunnelFrame::decode(body)?, 4 + len)))
 }
 
+/// Read buffer for the link: several full frames per read system call (wrap the read half in a `BufReader` of it).
+pub const READ_BUFFER: usize = 4 * MAX_ENCODED;
+
 /// Reads one frame; Ok(None) at a clean end of the stream between frames.
 pub async fn read<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<v1::TunnelFrame>, FrameError> {
     let mut head = [0u8; 4];
@@ -74,8 +81,16 @@ pub async fn read<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<v1::TunnelFr
     if len > MAX_ENCODED {
         return Err(FrameError::TooLarge(len));
     }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body).await?;
+    // Read into spare capacity: no zeroing of a buffer about to be overwritten.
+    let mut body = Vec::with_capacity(len);
+    let got = (&mut *r).take(len as u64).read_to_end(&mut body).await?;
+    if got < len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("the link ended inside a frame ({got} of {len} bytes)"),
+        )
+        .into());
+    }
     Ok(Some(v1::TunnelFrame::decode(body.as_slice())?))
 }
 

@@ -23,7 +23,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const HEARTBEAT: Duration = Duration::from_millis(100);
+/// The session's heartbeat interval the gateway asks for: bcd takes no less than a second (it clamps the Welcome's
+/// interval to 1–300 s), so that is what the lateness is measured against.
+const HEARTBEAT: Duration = Duration::from_secs(1);
 /// The node-side service's port inside the namespace (a fresh namespace: nothing else listens there).
 const WAN_SERVICE_PORT: u16 = 15001;
 const WAN_SSH_PORT: u16 = 15022;
@@ -417,12 +419,18 @@ async fn main() -> anyhow::Result<()> {
         format!("127.0.0.1:{WAN_SERVICE_PORT}").parse()?,
     )?;
     let wan_name = wan.name.clone();
+    let unshaped = wan.unshaped.clone();
     let measured = tokio::task::spawn_blocking(move || -> anyhow::Result<f64> {
         println!("loopback, one download of {n} bytes each, median of 3:");
         let lo = throughput(&[("raw TCP", lo_addr), ("tunnel (better-compute tunnel)", lo_tunnel), ("ssh -L", ssh_lo_local)], n, 3)?;
-        println!("50 ms RTT, 1 Gbit/s (netem, namespace {wan_name}), one download of {n_wan} bytes each, median of 3:");
+        match &unshaped {
+            None => println!("50 ms RTT, 1 Gbit/s (netem, namespace {wan_name}), one download of {n_wan} bytes each, median of 3:"),
+            Some(why) => println!("50 ms RTT, 1 Gbit/s: NOT MEASURED: {why}. The same path without delay (namespace {wan_name}), \
+                one download of {n_wan} bytes each, median of 3:"),
+        }
         let far = throughput(&[("raw TCP", wan_addr), ("tunnel (better-compute tunnel)", wan_tunnel), ("ssh -L", ssh_wan_local)], n_wan, 3)?;
-        println!("  ratios: tunnel/ssh -L {:.2} on loopback, {:.2} at 50 ms; tunnel/raw TCP {:.2} on loopback, {:.2} at 50 ms (goals: ≥ 1.0, ≥ 1.0, -, ≥ 0.8)",
+        let far_label = if unshaped.is_some() { "across the unshaped veth" } else { "at 50 ms" };
+        println!("  ratios: tunnel/ssh -L {:.2} on loopback, {:.2} {far_label}; tunnel/raw TCP {:.2} on loopback, {:.2} {far_label} (goals: ≥ 1.0, ≥ 1.0 at 50 ms, -, ≥ 0.8 at 50 ms)",
             lo[1] / lo[2], far[1] / far[2], lo[1] / lo[0], far[1] / far[0]);
         let (t50, t99) = echo_latency(lo_tunnel, 2000)?;
         let (d50, d99) = echo_latency(lo_addr, 2000)?;

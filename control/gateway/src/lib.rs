@@ -165,7 +165,8 @@ pub async fn serve(
         let w = t.limits().windows;
         builder = builder
             .initial_stream_window_size(Some(w.stream))
-            .initial_connection_window_size(Some(w.connection));
+            .initial_connection_window_size(Some(w.connection))
+            .max_frame_size(Some(bc_proto::tunnel::H2_MAX_FRAME));
     }
     let mut router = builder
         .http2_keepalive_interval(Some(Duration::from_secs(30)))

@@ -95,7 +95,8 @@ where
     T: AsyncRead + AsyncWrite,
 {
     let (mut lr, mut lw) = tokio::io::split(local);
-    let (mut tr, mut tw) = tokio::io::split(link);
+    let (tr, mut tw) = tokio::io::split(link);
+    let mut tr = tokio::io::BufReader::with_capacity(wire::READ_BUFFER, tr);
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     let to_node = AtomicU64::new(0);
     let from_node = AtomicU64::new(0);

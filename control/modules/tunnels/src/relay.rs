@@ -126,7 +126,8 @@ pub async fn relay<IO>(io: IO, tx: &TunnelTx, rx: &mut TunnelRx, idle: Duration)
 where
     IO: AsyncRead + AsyncWrite + Send,
 {
-    let (mut client_rd, client_wr) = tokio::io::split(io);
+    let (client_rd, client_wr) = tokio::io::split(io);
+    let mut client_rd = tokio::io::BufReader::with_capacity(wire::READ_BUFFER, client_rd);
     let client_wr = Mutex::new(client_wr);
     let last = AtomicI64::new(now_ms());
     let to_client = |f: v1::TunnelFrame| {
