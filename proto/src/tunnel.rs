@@ -66,32 +66,60 @@ pub fn decode(buf: &[u8]) -> Result<Option<(v1::TunnelFrame, usize)>, FrameError
     Ok(Some((v1::TunnelFrame::decode(body)?, 4 + len)))
 }
 
-/// Read buffer for the link: several full frames per read system call (wrap the read half in a `BufReader` of it).
+/// What [`FrameReader`] reads at once: several full frames per read system call.
 pub const READ_BUFFER: usize = 4 * MAX_ENCODED;
 
-/// Reads one frame; Ok(None) at a clean end of the stream between frames.
-pub async fn read<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<v1::TunnelFrame>, FrameError> {
-    let mut head = [0u8; 4];
-    match r.read_exact(&mut head).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e.into()),
+/// Reads frames from a link, several per read system call, into memory it gives back whenever no byte is pending:
+/// an idle tunnel holds no buffer here.
+pub struct FrameReader<R> {
+    inner: R,
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(inner: R) -> FrameReader<R> {
+        FrameReader {
+            inner,
+            buf: Vec::new(),
+            start: 0,
+        }
     }
-    let len = u32::from_be_bytes(head) as usize;
-    if len > MAX_ENCODED {
-        return Err(FrameError::TooLarge(len));
+
+    /// The next frame; Ok(None) at a clean end of the stream between frames.
+    pub async fn next(&mut self) -> Result<Option<v1::TunnelFrame>, FrameError> {
+        loop {
+            if let Some((f, used)) = decode(&self.buf[self.start..])? {
+                self.start += used;
+                if self.start == self.buf.len() {
+                    self.buf = Vec::new();
+                    self.start = 0;
+                }
+                return Ok(Some(f));
+            }
+            // Less than a frame pending: move it to the front, then read into spare capacity.
+            if self.start > 0 {
+                self.buf.drain(..self.start);
+                self.start = 0;
+            }
+            if self.buf.capacity() - self.buf.len() < MAX_ENCODED {
+                self.buf.reserve(READ_BUFFER);
+            }
+            if self.inner.read_buf(&mut self.buf).await? == 0 {
+                return match self.buf.is_empty() {
+                    true => Ok(None),
+                    false => Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "the link ended inside a frame ({} bytes of it)",
+                            self.buf.len()
+                        ),
+                    )
+                    .into()),
+                };
+            }
+        }
     }
-    // Read into spare capacity: no zeroing of a buffer about to be overwritten.
-    let mut body = Vec::with_capacity(len);
-    let got = (&mut *r).take(len as u64).read_to_end(&mut body).await?;
-    if got < len {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            format!("the link ended inside a frame ({got} of {len} bytes)"),
-        )
-        .into());
-    }
-    Ok(Some(v1::TunnelFrame::decode(body.as_slice())?))
 }
 
 /// Writes one frame and flushes it.
@@ -125,6 +153,43 @@ mod tests {
     use v1::tunnel_frame::Frame;
 
     #[tokio::test]
+    async fn the_frame_reader_reads_frames_split_anywhere_and_holds_nothing_between_them() {
+        let frames = [
+            frame(Frame::Data(vec![1u8; MAX_DATA])),
+            frame(Frame::Data(vec![2u8; 10])),
+            close(v1::TunnelCloseCode::DialRefused, "nothing listens"),
+        ];
+        let mut wire = Vec::new();
+        for f in &frames {
+            encode(f, &mut wire);
+        }
+        // Delivered in odd pieces: every boundary falls inside a header or a body somewhere.
+        let (mut tx, rx) = tokio::io::duplex(7 * 1024);
+        let writer = tokio::spawn(async move {
+            for piece in wire.chunks(3_001) {
+                tx.write_all(piece).await.expect("write");
+            }
+        });
+        let mut r = FrameReader::new(rx);
+        for f in &frames {
+            assert_eq!(r.next().await.expect("a frame").as_ref(), Some(f));
+        }
+        assert_eq!(r.buf.capacity(), 0, "nothing held once every byte read is a frame");
+        writer.await.expect("writer");
+        assert!(r.next().await.expect("clean end").is_none());
+        // A stream that ends inside a frame is an error, not a clean end.
+        let mut cut = Vec::new();
+        encode(&frames[0], &mut cut);
+        cut.truncate(100);
+        let mut r = FrameReader::new(cut.as_slice());
+        assert!(r.next().await.is_err());
+        // A length over the limit is refused before anything that large is read.
+        let big = ((MAX_ENCODED + 1) as u32).to_be_bytes();
+        let mut r = FrameReader::new(&big[..]);
+        assert!(matches!(r.next().await, Err(FrameError::TooLarge(_))));
+    }
+
+    #[tokio::test]
     async fn frames_round_trip_and_a_bad_length_is_named() {
         let frames = [
             frame(Frame::Data(vec![7u8; MAX_DATA])),
@@ -142,11 +207,11 @@ mod tests {
             assert_eq!(&got, f);
             at += used;
         }
-        let mut r = wire.as_slice();
+        let mut r = FrameReader::new(wire.as_slice());
         for f in &frames {
-            assert_eq!(read(&mut r).await.ok().flatten().as_ref(), Some(f));
+            assert_eq!(r.next().await.ok().flatten().as_ref(), Some(f));
         }
-        assert!(matches!(read(&mut r).await, Ok(None)));
+        assert!(matches!(r.next().await, Ok(None)));
         let big = ((MAX_ENCODED + 1) as u32).to_be_bytes();
         let e = decode(&big)
             .err()

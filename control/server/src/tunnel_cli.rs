@@ -96,7 +96,7 @@ where
 {
     let (mut lr, mut lw) = tokio::io::split(local);
     let (tr, mut tw) = tokio::io::split(link);
-    let mut tr = tokio::io::BufReader::with_capacity(wire::READ_BUFFER, tr);
+    let mut tr = wire::FrameReader::new(tr);
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     let to_node = AtomicU64::new(0);
     let from_node = AtomicU64::new(0);
@@ -129,7 +129,7 @@ where
     };
     let down = async {
         loop {
-            let f = match wire::read(&mut tr).await {
+            let f = match tr.next().await {
                 Ok(Some(f)) => f,
                 Ok(None) => {
                     return Err((

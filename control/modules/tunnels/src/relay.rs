@@ -127,7 +127,7 @@ where
     IO: AsyncRead + AsyncWrite + Send,
 {
     let (client_rd, client_wr) = tokio::io::split(io);
-    let mut client_rd = tokio::io::BufReader::with_capacity(wire::READ_BUFFER, client_rd);
+    let mut client_rd = wire::FrameReader::new(client_rd);
     let client_wr = Mutex::new(client_wr);
     let last = AtomicI64::new(now_ms());
     let to_client = |f: v1::TunnelFrame| {
@@ -140,7 +140,7 @@ where
     // Operator → node. Ok: the operator half-closed. Err: how the tunnel ended.
     let up = async {
         loop {
-            let f = match wire::read(&mut client_rd).await {
+            let f = match client_rd.next().await {
                 Ok(Some(f)) => f,
                 Ok(None) => {
                     let e = Ended::closed(
