@@ -174,7 +174,11 @@ mod tests {
         for f in &frames {
             assert_eq!(r.next().await.expect("a frame").as_ref(), Some(f));
         }
-        assert_eq!(r.buf.capacity(), 0, "nothing held once every byte read is a frame");
+        assert_eq!(
+            r.buf.capacity(),
+            0,
+            "nothing held once every byte read is a frame"
+        );
         writer.await.expect("writer");
         assert!(r.next().await.expect("clean end").is_none());
         // A stream that ends inside a frame is an error, not a clean end.

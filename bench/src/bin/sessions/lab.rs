@@ -26,6 +26,23 @@ use tokio::sync::{Semaphore, mpsc, watch};
 /// destination, so 50,000 sessions need more than one.
 const BALANCER_PORTS: usize = 4;
 
+/// This process's descriptor limit (RLIMIT_NOFILE, soft: scripts/bench raises it to the hard one).
+fn nofile_limit() -> anyhow::Result<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits")?;
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .context("no \"Max open files\" in /proc/self/limits")?;
+    let soft = line
+        .split_whitespace()
+        .nth(3)
+        .context("/proc/self/limits: Max open files")?;
+    Ok(match soft {
+        "unlimited" => usize::MAX,
+        n => n.parse()?,
+    })
+}
+
 /// Commits/s of the whole database over `secs`.
 async fn commit_rate(url: &str, secs: u64) -> anyhow::Result<f64> {
     let a = xact_commits(url)?;
@@ -64,6 +81,18 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
         "sessions over two gateways behind HAProxy: {n} sessions; load {}",
         load.trim()
     );
+    // One descriptor per session in this load tool, two per session in HAProxy, one in a gateway (half of them).
+    let limit = nofile_limit()?;
+    let need = 2 * n + 1_000;
+    if need > limit {
+        bail!(
+            "{n} sessions need {need} descriptors in HAProxy (two per session) and {} in this load tool, but a \
+             process here may open {limit} (RLIMIT_NOFILE's hard limit; raising it needs CAP_SYS_RESOURCE): run at \
+             most BC_SESSIONS={} here",
+            n + 100,
+            (limit.saturating_sub(1_000)) / 2
+        );
+    }
     let bins = Binaries::beside(&bin.join("bcd")).map_err(anyhow::Error::msg)?;
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path();
@@ -90,7 +119,7 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(&spec.dir)?;
     spec.gateways = 2;
     spec.balancer_ports = BALANCER_PORTS;
-    spec.max_connections = u32::try_from(n + 1_000)?;
+    spec.max_connections = u32::try_from(n + 200)?;
     let mut lab = tokio::task::spawn_blocking({
         let (bins, spec) = (bins.clone(), spec.clone());
         move || GatewayLab::start(&bins, &spec)
