@@ -110,6 +110,9 @@ fn peer_run(qemu: &Qemu, image: &Path, n: usize) -> anyhow::Result<f64> {
     let s = spec(&id, "http://127.0.0.1:1/x", &"0".repeat(64))?;
     let dir = bcd::vmm::instance_dir(&qemu.config().state_dir, &id);
     std::fs::create_dir_all(&dir)?;
+    // bcd's VMM makes the QMP socket's folder when it starts a VM; the peer is QEMU alone.
+    let qmp = bcd::vmm::qmp_socket(&qemu.config().state_dir, &id);
+    std::fs::create_dir_all(qmp.parent().context("the QMP socket's folder")?)?;
     let st = Command::new("qemu-img")
         .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
         .arg(image)
