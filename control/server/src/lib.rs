@@ -302,11 +302,7 @@ pub async fn start_with(
     migrate: bool,
 ) -> Result<Running, StartError> {
     let roles = role_set(&config.roles)?;
-    let mut ca = Ca::load_or_create(&config.state_dir, &config.trust_domain)?;
-    if let Some(l) = config.leaf_lifetime {
-        ca = ca.with_leaf_lifetime(time::Duration::try_from(l).unwrap_or(ca::LEAF_LIFETIME));
-    }
-    let ca = Arc::new(ca);
+    let ca = load_ca(config)?;
     let join_key = ca::load_or_create_join_key(&config.state_dir)?;
     let join_public_key = join_key.public_key().encode();
     let secrets = Arc::new(SecretBox::load_or_create(&config.state_dir)?);
@@ -355,13 +351,13 @@ pub async fn start_with(
         )));
     if api.is_some() {
         builder = builder.resource(sites_state(config, &store, &ca, &sessions, &secrets));
-        builder = builder.resource(api::ApiState {
-            store: store.clone(),
-            ca: ca.clone(),
-            join_public_key: join_public_key.clone(),
-            gateway_url: gateway_url.clone(),
-            sessions: sessions.clone(),
-        });
+        builder = builder.resource(api_state(
+            &store,
+            &ca,
+            &join_public_key,
+            &gateway_url,
+            &sessions,
+        ));
     }
     builder = builder.resource(provider_secrets::resource(&store, &secrets));
     let tunnels = gateway.as_ref().map(|g| g.tunnels.clone());
@@ -375,12 +371,8 @@ pub async fn start_with(
     let initialized = builder.build()?.initialize(backend).await?;
     store.ensure_root_tenant().await?;
     let mut plane = initialized.start(&roles);
-    plane.spawn(renew::run(
-        ca.clone(),
-        renewals,
-        config.cert_renewal.unwrap_or(renew::RENEW_EVERY),
-        plane.stop_signal(),
-    ));
+    let every = config.cert_renewal.unwrap_or(renew::RENEW_EVERY);
+    plane.spawn(renew::run(ca.clone(), renewals, every, plane.stop_signal()));
     if let Some(g) = gateway {
         start_gateway(g, &store, &mut plane).await?;
     }
@@ -569,6 +561,32 @@ fn capacity_module(config: &ServeConfig, metrics: &telemetry::ControlMetrics) ->
             observer.observe_placement(d)
         })),
     })
+}
+
+/// The CA of the state directory (created on first start), with the configured leaf lifetime.
+fn load_ca(config: &ServeConfig) -> Result<Arc<Ca>, StartError> {
+    let mut ca = Ca::load_or_create(&config.state_dir, &config.trust_domain)?;
+    if let Some(l) = config.leaf_lifetime {
+        ca = ca.with_leaf_lifetime(time::Duration::try_from(l).unwrap_or(ca::LEAF_LIFETIME));
+    }
+    Ok(Arc::new(ca))
+}
+
+/// The API role's own handlers' state.
+fn api_state(
+    store: &Store,
+    ca: &Arc<Ca>,
+    join_public_key: &str,
+    gateway_url: &str,
+    sessions: &Option<bc_gateway::session::Registry>,
+) -> api::ApiState {
+    api::ApiState {
+        store: store.clone(),
+        ca: ca.clone(),
+        join_public_key: join_public_key.to_string(),
+        gateway_url: gateway_url.to_string(),
+        sessions: sessions.clone(),
+    }
 }
 
 /// The sites module's state (its handlers' kernel resource).
