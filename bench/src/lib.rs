@@ -104,6 +104,48 @@ impl Dev {
 }
 
 /// A PostgreSQL client tool (psql, pgbench) from Debian's server packages.
+/// A fresh database `bench` on an embedded PostgreSQL under `dir`: migrated (modules included), with the root
+/// tenant, the `default` pool and an administrator. Keep `pg` alive as long as the database is used.
+pub struct BenchDb {
+    pub pg: bc_store::embedded::EmbeddedPostgres,
+    pub store: bc_store::Store,
+    pub url: String,
+    pub admin_key: String,
+}
+
+impl BenchDb {
+    /// Starts it with `durability` and extra server `settings`; the store's pool holds `connections`.
+    pub async fn start(
+        dir: &Path,
+        durability: bc_store::embedded::Durability,
+        settings: &'static [&'static str],
+        connections: u32,
+    ) -> anyhow::Result<BenchDb> {
+        let pg_dir = dir.join("pg");
+        let pg = tokio::task::spawn_blocking(move || {
+            bc_store::embedded::EmbeddedPostgres::start_with(&pg_dir, durability, settings)
+        })
+        .await??;
+        let admin_pool = pg.pool("postgres", 2).await?;
+        bc_store::sqlx::raw_sql("CREATE DATABASE bench")
+            .execute(&admin_pool)
+            .await?;
+        let store = bc_store::Store::new(pg.pool("bench", connections).await?);
+        bc_control::migrate(&store).await?;
+        store.ensure_root_tenant().await?;
+        store
+            .ensure_pool("default", "root", "default", true)
+            .await?;
+        let admin_key = bc_control::bootstrap_admin(&store).await?;
+        Ok(BenchDb {
+            url: pg.url("bench"),
+            pg,
+            store,
+            admin_key,
+        })
+    }
+}
+
 pub fn pg_tool(name: &str) -> anyhow::Result<PathBuf> {
     std::fs::read_dir("/usr/lib/postgresql")?
         .flatten()

@@ -367,6 +367,36 @@ async fn wait_up(
     }
 }
 
+/// Counts the sessions ending (and any coming back) until none is up or `limit` passes.
+async fn drain(rx: &mut mpsc::UnboundedReceiver<Event>, live: &AtomicUsize, limit: Duration) {
+    let until = tokio::time::Instant::now() + limit;
+    while live.load(Ordering::Relaxed) > 0 {
+        match tokio::time::timeout_at(until, rx.recv()).await {
+            Ok(Some(Event::Down)) => {
+                live.fetch_sub(1, Ordering::Relaxed);
+            }
+            Ok(Some(Event::Up)) => {
+                live.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => return,
+        }
+    }
+}
+
+/// From a storm's times back (one per session that came back) of `n` sessions: (how many came back, when 99% were
+/// back, when all were back); None where that share never came back.
+fn storm_figures(
+    mut storm: Vec<Duration>,
+    n: usize,
+) -> (usize, Option<Duration>, Option<Duration>) {
+    storm.sort();
+    let back = storm.len();
+    let at = |k: usize| storm.get(k.saturating_sub(1)).copied();
+    let p99 = at((n * 99).div_ceil(100)).filter(|_| back * 100 >= n * 99);
+    let all = at(n).filter(|_| back >= n);
+    (back, p99, all)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     bc_proto::install_crypto_provider();
@@ -510,18 +540,7 @@ async fn main() -> anyhow::Result<()> {
     let t0 = Instant::now();
     dev.stop()?;
     // Every session ends with the control plane.
-    let drain_until = tokio::time::Instant::now() + Duration::from_secs(30);
-    while live.load(Ordering::Relaxed) > 0 {
-        match tokio::time::timeout_at(drain_until, ev_rx.recv()).await {
-            Ok(Some(Event::Down)) => {
-                live.fetch_sub(1, Ordering::Relaxed);
-            }
-            Ok(Some(Event::Up)) => {
-                live.fetch_add(1, Ordering::Relaxed);
-            }
-            _ => break,
-        }
-    }
+    drain(&mut ev_rx, &live, Duration::from_secs(30)).await;
     let dev = Dev::start(&bin, data.path(), &gateway)?;
     let restart = t0.elapsed();
     let mut storm = Vec::new();
@@ -534,14 +553,7 @@ async fn main() -> anyhow::Result<()> {
         &mut storm,
     )
     .await;
-    storm.sort();
-    let back = storm.len();
-    let p99 = storm.get((n * 99).div_ceil(100).saturating_sub(1)).copied();
-    let all = if back >= n {
-        storm.get(n - 1).copied()
-    } else {
-        None
-    };
+    let (back, p99, all) = storm_figures(storm, n);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let online_after: i64 = query_i64(&url_of(&dev), "SELECT count(*) FROM nodes WHERE online")?;
     let epochs: i64 = query_i64(

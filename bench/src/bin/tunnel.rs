@@ -15,8 +15,7 @@
 use anyhow::{Context as _, bail};
 use bc_bench::peers::{Kill, Sshd, Wan, wait_listening};
 use bc_control::config::{Roles, ServeConfig, SessionTiming};
-use bc_store::Store;
-use bc_store::embedded::{Durability, EmbeddedPostgres};
+use bc_store::embedded::Durability;
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -311,22 +310,8 @@ async fn main() -> anyhow::Result<()> {
     let dir = tmp.path();
     // The namespace first (the gateway listens on its veth address, which both nodes use); deleted last.
     let wan = Wan::create(Duration::from_millis(50), "1gbit")?;
-    let pg = {
-        let pg_dir = dir.join("pg");
-        tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&pg_dir, Durability::Throwaway))
-            .await??
-    };
-    let pool = pg.pool("postgres", 16).await?;
-    bc_store::sqlx::raw_sql("CREATE DATABASE bench")
-        .execute(&pool)
-        .await?;
-    let store = Store::new(pg.pool("bench", 32).await?);
-    bc_control::migrate(&store).await?;
-    store.ensure_root_tenant().await?;
-    store
-        .ensure_pool("default", "root", "default", true)
-        .await?;
-    let key = bc_control::bootstrap_admin(&store).await?;
+    let db = bc_bench::BenchDb::start(dir, Durability::Throwaway, &[], 32).await?;
+    let (store, key) = (db.store.clone(), db.admin_key.clone());
     let config = ServeConfig {
         gateway_listen: SocketAddr::new(wan.here.into(), 0),
         gateway_hosts: vec![wan.here.to_string()],

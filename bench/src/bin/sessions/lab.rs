@@ -8,11 +8,10 @@
 //! reconnect storm: both gateways killed (SIGKILL) and started again on their addresses, the time until 99% and 100%
 //! of the sessions are back, and a check that every node holds one session (online once, one reconnect each).
 
-use super::{Event, daemon, join_all, wait_up, xact_commits};
+use super::{daemon, drain, join_all, storm_figures, wait_up, xact_commits};
 use anyhow::{Context as _, bail};
-use bc_bench::{query_i64, rss_kib};
-use bc_store::Store;
-use bc_store::embedded::{Durability, EmbeddedPostgres};
+use bc_bench::{BenchDb, query_i64, rss_kib};
+use bc_store::embedded::Durability;
 use bc_testkit::gateways::{Binaries, GatewayLab, LabSpec};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
@@ -96,25 +95,8 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
     let bins = Binaries::beside(&bin.join("bcd")).map_err(anyhow::Error::msg)?;
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path();
-    let pg = {
-        let pg_dir = dir.join("pg");
-        tokio::task::spawn_blocking(move || {
-            EmbeddedPostgres::start_with(&pg_dir, Durability::Durable, &["max_connections=300"])
-        })
-        .await??
-    };
-    let admin_pool = pg.pool("postgres", 2).await?;
-    bc_store::sqlx::raw_sql("CREATE DATABASE bench")
-        .execute(&admin_pool)
-        .await?;
-    let url = pg.url("bench");
-    let store = Store::new(pg.pool("bench", 4).await?);
-    bc_control::migrate(&store).await?;
-    store.ensure_root_tenant().await?;
-    store
-        .ensure_pool("default", "root", "default", true)
-        .await?;
-    let key = bc_control::bootstrap_admin(&store).await?;
+    let db = BenchDb::start(dir, Durability::Durable, &["max_connections=300"], 4).await?;
+    let (url, key) = (db.url.clone(), db.admin_key.clone());
     let mut spec = LabSpec::new(&url, &dir.join("lab"));
     std::fs::create_dir_all(&spec.dir)?;
     spec.gateways = 2;
@@ -229,18 +211,7 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
     for i in 0..lab.gateways.len() {
         lab.kill_gateway(i);
     }
-    let drain_until = tokio::time::Instant::now() + Duration::from_secs(30);
-    while live.load(std::sync::atomic::Ordering::Relaxed) > 0 {
-        match tokio::time::timeout_at(drain_until, ev_rx.recv()).await {
-            Ok(Some(Event::Down)) => {
-                live.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            Ok(Some(Event::Up)) => {
-                live.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            _ => break,
-        }
-    }
+    drain(&mut ev_rx, &live, Duration::from_secs(30)).await;
     let down_after = t0.elapsed();
     lab = tokio::task::spawn_blocking({
         let bins = bins.clone();
@@ -264,11 +235,7 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
         &mut storm,
     )
     .await;
-    storm.sort();
-    let back = storm.len();
-    let at = |k: usize| storm.get(k.saturating_sub(1)).copied();
-    let p99 = at((n * 99).div_ceil(100)).filter(|_| back * 100 >= n * 99);
-    let all = at(n).filter(|_| back >= n);
+    let (back, p99, all) = storm_figures(storm, n);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let online = query_i64(&url, "SELECT count(*) FROM nodes WHERE online")?;
     let epochs_after = query_i64(&url, "SELECT coalesce(sum(session_epoch), 0) FROM nodes")?;
