@@ -383,12 +383,17 @@ async fn drain(rx: &mut mpsc::UnboundedReceiver<Event>, live: &AtomicUsize, limi
     }
 }
 
-/// From a storm's times back (one per session that came back) of `n` sessions: (how many came back, when 99% were
-/// back, when all were back); None where that share never came back.
-fn storm_figures(
-    mut storm: Vec<Duration>,
+/// Waits (up to `limit`) for `n` sessions to come back after a storm that began at `t0`: (how many came back, when
+/// 99% were back, when all were back); None where that share never came back.
+async fn storm_back(
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+    live: &AtomicUsize,
     n: usize,
+    limit: Duration,
+    t0: Instant,
 ) -> (usize, Option<Duration>, Option<Duration>) {
+    let mut storm = Vec::new();
+    wait_up(rx, live, n, limit, t0, &mut storm).await;
     storm.sort();
     let back = storm.len();
     let at = |k: usize| storm.get(k.saturating_sub(1)).copied();
@@ -543,17 +548,7 @@ async fn main() -> anyhow::Result<()> {
     drain(&mut ev_rx, &live, Duration::from_secs(30)).await;
     let dev = Dev::start(&bin, data.path(), &gateway)?;
     let restart = t0.elapsed();
-    let mut storm = Vec::new();
-    wait_up(
-        &mut ev_rx,
-        &live,
-        n,
-        Duration::from_secs(120),
-        t0,
-        &mut storm,
-    )
-    .await;
-    let (back, p99, all) = storm_figures(storm, n);
+    let (back, p99, all) = storm_back(&mut ev_rx, &live, n, Duration::from_secs(120), t0).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let online_after: i64 = query_i64(&url_of(&dev), "SELECT count(*) FROM nodes WHERE online")?;
     let epochs: i64 = query_i64(

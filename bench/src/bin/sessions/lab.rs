@@ -8,7 +8,7 @@
 //! reconnect storm: both gateways killed (SIGKILL) and started again on their addresses, the time until 99% and 100%
 //! of the sessions are back, and a check that every node holds one session (online once, one reconnect each).
 
-use super::{daemon, drain, join_all, storm_figures, wait_up, xact_commits};
+use super::{daemon, drain, join_all, storm_back, wait_up, xact_commits};
 use anyhow::{Context as _, bail};
 use bc_bench::{BenchDb, query_i64, rss_kib};
 use bc_store::embedded::Durability;
@@ -225,17 +225,7 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
     .await?
     .map_err(anyhow::Error::msg)?;
     let restart = t0.elapsed();
-    let mut storm = Vec::new();
-    wait_up(
-        &mut ev_rx,
-        &live,
-        n,
-        Duration::from_secs(180),
-        t0,
-        &mut storm,
-    )
-    .await;
-    let (back, p99, all) = storm_figures(storm, n);
+    let (back, p99, all) = storm_back(&mut ev_rx, &live, n, Duration::from_secs(180), t0).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let online = query_i64(&url, "SELECT count(*) FROM nodes WHERE online")?;
     let epochs_after = query_i64(&url, "SELECT coalesce(sum(session_epoch), 0) FROM nodes")?;
