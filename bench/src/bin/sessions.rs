@@ -21,7 +21,6 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc, watch};
 
@@ -343,63 +342,112 @@ async fn session(
     }
 }
 
-/// Waits until `target` Up events (net of Down) have arrived or `limit` passes; returns the times of each Up.
-async fn wait_up(
-    rx: &mut mpsc::UnboundedReceiver<Event>,
-    live: &AtomicUsize,
-    target: usize,
-    limit: Duration,
-    t0: Instant,
-    marks: &mut Vec<Duration>,
-) {
-    let deadline = tokio::time::Instant::now() + limit;
-    while live.load(Ordering::Relaxed) < target {
-        match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(Event::Up)) => {
-                live.fetch_add(1, Ordering::Relaxed);
-                marks.push(t0.elapsed());
-            }
-            Ok(Some(Event::Down)) => {
-                live.fetch_sub(1, Ordering::Relaxed);
-            }
-            _ => return,
-        }
-    }
+/// The load tool's simulated daemons (one per joined node, spawned step by step) and the Up/Down events they send:
+/// how many sessions are up, from the load tool's side.
+struct Fleet {
+    ca: CertificateDer<'static>,
+    slots: Arc<Semaphore>,
+    events_tx: mpsc::UnboundedSender<Event>,
+    events: mpsc::UnboundedReceiver<Event>,
+    stop_tx: watch::Sender<bool>,
+    live: usize,
+    spawned: usize,
 }
 
-/// Counts the sessions ending (and any coming back) until none is up or `limit` passes.
-async fn drain(rx: &mut mpsc::UnboundedReceiver<Event>, live: &AtomicUsize, limit: Duration) {
-    let until = tokio::time::Instant::now() + limit;
-    while live.load(Ordering::Relaxed) > 0 {
-        match tokio::time::timeout_at(until, rx.recv()).await {
-            Ok(Some(Event::Down)) => {
-                live.fetch_sub(1, Ordering::Relaxed);
-            }
-            Ok(Some(Event::Up)) => {
-                live.fetch_add(1, Ordering::Relaxed);
-            }
-            _ => return,
+impl Fleet {
+    fn new(ca: CertificateDer<'static>) -> Fleet {
+        let (events_tx, events) = mpsc::unbounded_channel();
+        Fleet {
+            ca,
+            slots: Arc::new(Semaphore::new(256)),
+            events_tx,
+            events,
+            stop_tx: watch::channel(false).0,
+            live: 0,
+            spawned: 0,
         }
     }
-}
 
-/// Waits (up to `limit`) for `n` sessions to come back after a storm that began at `t0`: (how many came back, when
-/// 99% were back, when all were back); None where that share never came back.
-async fn storm_back(
-    rx: &mut mpsc::UnboundedReceiver<Event>,
-    live: &AtomicUsize,
-    n: usize,
-    limit: Duration,
-    t0: Instant,
-) -> (usize, Option<Duration>, Option<Duration>) {
-    let mut storm = Vec::new();
-    wait_up(rx, live, n, limit, t0, &mut storm).await;
-    storm.sort();
-    let back = storm.len();
-    let at = |k: usize| storm.get(k.saturating_sub(1)).copied();
-    let p99 = at((n * 99).div_ceil(100)).filter(|_| back * 100 >= n * 99);
-    let all = at(n).filter(|_| back >= n);
-    (back, p99, all)
+    /// Starts the daemons of `creds[spawned..upto]`, daemon `i` on `url(i)`, and waits up to `limit` until `upto`
+    /// sessions are up. Returns how many it started.
+    async fn grow(
+        &mut self,
+        creds: &[Arc<Cred>],
+        upto: usize,
+        url: impl Fn(usize) -> String,
+        limit: Duration,
+    ) -> usize {
+        let from = self.spawned;
+        for (i, cred) in creds.iter().enumerate().take(upto).skip(from) {
+            tokio::spawn(daemon(
+                cred.clone(),
+                self.ca.clone(),
+                url(i),
+                self.slots.clone(),
+                self.events_tx.clone(),
+                self.stop_tx.subscribe(),
+            ));
+        }
+        self.spawned = upto.max(from);
+        self.wait_up(upto, limit, &mut Vec::new()).await;
+        self.spawned - from
+    }
+
+    /// Sessions up now.
+    fn up(&self) -> usize {
+        self.live
+    }
+
+    /// Counts events until `target` sessions are up or `limit` passes; the instant of each Up goes to `marks`.
+    async fn wait_up(&mut self, target: usize, limit: Duration, marks: &mut Vec<Instant>) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while self.live < target {
+            match tokio::time::timeout_at(deadline, self.events.recv()).await {
+                Ok(Some(Event::Up)) => {
+                    self.live += 1;
+                    marks.push(Instant::now());
+                }
+                Ok(Some(Event::Down)) => self.live = self.live.saturating_sub(1),
+                _ => return,
+            }
+        }
+    }
+
+    /// Counts the sessions ending (and any coming back) until none is up or `limit` passes.
+    async fn drain(&mut self, limit: Duration) {
+        let until = tokio::time::Instant::now() + limit;
+        while self.live > 0 {
+            match tokio::time::timeout_at(until, self.events.recv()).await {
+                Ok(Some(Event::Down)) => self.live -= 1,
+                Ok(Some(Event::Up)) => self.live += 1,
+                _ => return,
+            }
+        }
+    }
+
+    /// Waits (up to `limit`) for every session to come back after a storm that began at `t0`: (how many came back,
+    /// when 99% were back, when all were back); None where that share never came back.
+    async fn storm_back(
+        &mut self,
+        limit: Duration,
+        t0: Instant,
+    ) -> (usize, Option<Duration>, Option<Duration>) {
+        let n = self.spawned;
+        let mut storm = Vec::new();
+        self.wait_up(n, limit, &mut storm).await;
+        let mut storm: Vec<Duration> = storm.into_iter().map(|at| at - t0).collect();
+        storm.sort();
+        let back = storm.len();
+        let at = |k: usize| storm.get(k.saturating_sub(1)).copied();
+        let p99 = at((n * 99).div_ceil(100)).filter(|_| back * 100 >= n * 99);
+        let all = at(n).filter(|_| back >= n);
+        (back, p99, all)
+    }
+
+    /// Every daemon stops.
+    fn stop(&self) {
+        let _ = self.stop_tx.send(true);
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -481,38 +529,16 @@ async fn main() -> anyhow::Result<()> {
         base as f64 / 1024.0
     );
 
-    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let slots = Arc::new(Semaphore::new(256));
-    let live = AtomicUsize::new(0);
-    let mut marks = Vec::new();
+    let mut fleet = Fleet::new(ca);
     let mut figures = Vec::new();
-    let mut spawned = 0;
     for step in [1_000.min(n), n] {
         let t0 = Instant::now();
-        for cred in &creds[spawned..step] {
-            tokio::spawn(daemon(
-                cred.clone(),
-                ca.clone(),
-                env["BC_GATEWAY_URL"].clone(),
-                slots.clone(),
-                ev_tx.clone(),
-                stop_rx.clone(),
-            ));
-        }
-        let spawned_now = step - spawned;
-        spawned = step;
-        wait_up(
-            &mut ev_rx,
-            &live,
-            step,
-            Duration::from_secs(300),
-            t0,
-            &mut marks,
-        )
-        .await;
+        let daemon_url = |_| env["BC_GATEWAY_URL"].clone();
+        let spawned_now = fleet
+            .grow(&creds, step, daemon_url, Duration::from_secs(300))
+            .await;
         let up_after = t0.elapsed();
-        let up = live.load(Ordering::Relaxed);
+        let up = fleet.up();
         // PostgreSQL flushes a backend's counters (pg_stat_database) up to 60 s late when busy: let the connect
         // burst's commits land before the idle windows.
         tokio::time::sleep(Duration::from_secs(if spawned_now > 0 { 60 } else { 3 })).await;
@@ -535,7 +561,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     if std::env::var("BC_SESSIONS_IDLE_ONLY").as_deref() == Ok("1") {
-        let _ = stop_tx.send(true);
+        fleet.stop();
         dev.stop()?;
         return Ok(());
     }
@@ -545,10 +571,10 @@ async fn main() -> anyhow::Result<()> {
     let t0 = Instant::now();
     dev.stop()?;
     // Every session ends with the control plane.
-    drain(&mut ev_rx, &live, Duration::from_secs(30)).await;
+    fleet.drain(Duration::from_secs(30)).await;
     let dev = Dev::start(&bin, data.path(), &gateway)?;
     let restart = t0.elapsed();
-    let (back, p99, all) = storm_back(&mut ev_rx, &live, n, Duration::from_secs(120), t0).await;
+    let (back, p99, all) = fleet.storm_back(Duration::from_secs(120), t0).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let online_after: i64 = query_i64(&url_of(&dev), "SELECT count(*) FROM nodes WHERE online")?;
     let epochs: i64 = query_i64(
@@ -563,7 +589,7 @@ async fn main() -> anyhow::Result<()> {
         all.map(|d| format!("{:.1} s", d.as_secs_f64()))
             .unwrap_or_else(|| "not reached".into()),
     );
-    let _ = stop_tx.send(true);
+    fleet.stop();
 
     // A real bcd run: steady RSS and idle CPU over 30 s.
     let node_state = data.path().join("daemon");

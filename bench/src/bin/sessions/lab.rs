@@ -8,7 +8,7 @@
 //! reconnect storm: both gateways killed (SIGKILL) and started again on their addresses, the time until 99% and 100%
 //! of the sessions are back, and a check that every node holds one session (online once, one reconnect each).
 
-use super::{daemon, drain, join_all, storm_back, wait_up, xact_commits};
+use super::{Fleet, join_all, xact_commits};
 use anyhow::{Context as _, bail};
 use bc_bench::{BenchDb, query_i64, rss_kib};
 use bc_store::embedded::Durability;
@@ -17,9 +17,7 @@ use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
-use tokio::sync::{Semaphore, mpsc, watch};
 
 /// HAProxy ports the load tool spreads over: loopback allows one connection per ephemeral port (28,232 here) to a
 /// destination, so 50,000 sessions need more than one.
@@ -148,40 +146,19 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
         base as f64 / 1024.0
     );
 
-    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let slots = Arc::new(Semaphore::new(256));
-    let live = AtomicUsize::new(0);
-    let mut marks = Vec::new();
+    let mut fleet = Fleet::new(ca);
     let mut figures = Vec::new();
     let mut steps = vec![1_000.min(n), 10_000.min(n), n];
     steps.dedup();
-    let mut spawned = 0;
     for step in steps {
         let t0 = Instant::now();
-        for (i, cred) in creds[spawned..step].iter().enumerate() {
-            let url = lab.balancer_urls[(spawned + i) % lab.balancer_urls.len()].clone();
-            tokio::spawn(daemon(
-                cred.clone(),
-                ca.clone(),
-                url,
-                slots.clone(),
-                ev_tx.clone(),
-                stop_rx.clone(),
-            ));
-        }
-        spawned = step;
-        wait_up(
-            &mut ev_rx,
-            &live,
-            step,
-            Duration::from_secs(600),
-            t0,
-            &mut marks,
-        )
-        .await;
+        let urls = &lab.balancer_urls;
+        let daemon_url = |i: usize| urls[i % urls.len()].clone();
+        fleet
+            .grow(&creds, step, daemon_url, Duration::from_secs(600))
+            .await;
         let up_after = t0.elapsed();
-        let up = live.load(std::sync::atomic::Ordering::Relaxed);
+        let up = fleet.up();
         // The connect burst's commits land in pg_stat_database up to a while later; let the gateways settle.
         tokio::time::sleep(Duration::from_secs(30)).await;
         let rss = gateways_rss(&lab);
@@ -211,7 +188,7 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
     for i in 0..lab.gateways.len() {
         lab.kill_gateway(i);
     }
-    drain(&mut ev_rx, &live, Duration::from_secs(30)).await;
+    fleet.drain(Duration::from_secs(30)).await;
     let down_after = t0.elapsed();
     lab = tokio::task::spawn_blocking({
         let bins = bins.clone();
@@ -225,7 +202,7 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
     .await?
     .map_err(anyhow::Error::msg)?;
     let restart = t0.elapsed();
-    let (back, p99, all) = storm_back(&mut ev_rx, &live, n, Duration::from_secs(180), t0).await;
+    let (back, p99, all) = fleet.storm_back(Duration::from_secs(180), t0).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let online = query_i64(&url, "SELECT count(*) FROM nodes WHERE online")?;
     let epochs_after = query_i64(&url, "SELECT coalesce(sum(session_epoch), 0) FROM nodes")?;
@@ -245,7 +222,7 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
         spread(&url)?,
         epochs_after - epochs_before,
     );
-    let _ = stop_tx.send(true);
+    fleet.stop();
     drop(lab);
     for (up, per, rate) in &figures {
         println!(
