@@ -207,11 +207,13 @@ struct Cred {
     key_pem: String,
 }
 
+/// Joins `n` nodes with `token` through `config`'s gateway URL, 64 at a time, and says how long it took.
 async fn join_all(
     config: &bcd::config::Config,
     token: &str,
     n: usize,
-) -> anyhow::Result<Vec<Cred>> {
+) -> anyhow::Result<Vec<Arc<Cred>>> {
+    let t = Instant::now();
     let queue = Arc::new(std::sync::Mutex::new((0..n).collect::<Vec<_>>()));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..64 {
@@ -248,7 +250,13 @@ async fn join_all(
     while let Some(r) = tasks.join_next().await {
         all.extend(r??);
     }
-    Ok(all)
+    println!(
+        "joined {} nodes through {} in {:.1} s",
+        all.len(),
+        config.gateway_url,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(all.into_iter().map(Arc::new).collect())
 }
 
 #[derive(Debug)]
@@ -497,17 +505,7 @@ async fn main() -> anyhow::Result<()> {
         tunnels: None,
     }
     .validate("bench")?;
-    let t = Instant::now();
-    let creds: Vec<Arc<Cred>> = join_all(&config, &token, n)
-        .await?
-        .into_iter()
-        .map(Arc::new)
-        .collect();
-    println!(
-        "joined {} nodes in {:.1} s",
-        creds.len(),
-        t.elapsed().as_secs_f64()
-    );
+    let creds = join_all(&config, &token, n).await?;
     let ca_pem = std::fs::read_to_string(data.path().join("state/ca.crt"))?;
     let ca = CertificateDer::from_pem_slice(ca_pem.as_bytes())?;
 

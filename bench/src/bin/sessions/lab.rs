@@ -16,7 +16,6 @@ use bc_testkit::gateways::{Binaries, GatewayLab, LabSpec};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// HAProxy ports the load tool spreads over: loopback allows one connection per ephemeral port (28,232 here) to a
@@ -126,17 +125,7 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
         tunnels: None,
     }
     .validate("bench")?;
-    let t = Instant::now();
-    let creds: Vec<Arc<super::Cred>> = join_all(&config, &token, n)
-        .await?
-        .into_iter()
-        .map(Arc::new)
-        .collect();
-    println!(
-        "joined {} nodes through the balancer in {:.1} s",
-        creds.len(),
-        t.elapsed().as_secs_f64()
-    );
+    let creds = join_all(&config, &token, n).await?;
     let ca_pem = std::fs::read_to_string(lab.state_dir.join("ca.crt"))?;
     let ca = CertificateDer::from_pem_slice(ca_pem.as_bytes())?;
     let base = gateways_rss(&lab);
