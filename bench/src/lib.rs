@@ -50,7 +50,17 @@ impl Dev {
     }
 
     /// As [`Dev::start`], with `command` as the program (better-compute itself, or a tool that runs it: valgrind).
-    pub fn spawn(mut command: Command, dir: &Path, gateway: &str) -> anyhow::Result<Dev> {
+    pub fn spawn(command: Command, dir: &Path, gateway: &str) -> anyhow::Result<Dev> {
+        Dev::spawn_with(command, dir, gateway, &[])
+    }
+
+    /// As [`Dev::spawn`], with more of dev's flags (`--config <file>`).
+    pub fn spawn_with(
+        mut command: Command,
+        dir: &Path,
+        gateway: &str,
+        extra: &[&std::ffi::OsStr],
+    ) -> anyhow::Result<Dev> {
         let t0 = Instant::now();
         let mut child = command
             .args([
@@ -62,6 +72,7 @@ impl Dev {
                 "--data-dir",
             ])
             .arg(dir)
+            .args(extra)
             .env("BC_LOG", "warn,sqlx=error")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -8,6 +8,7 @@
 //! product: the tests drive the product's binaries and libraries from outside.
 
 pub mod lab;
+pub mod metal_flow;
 pub mod netns;
 pub mod proc;
 pub mod watch;

@@ -19,7 +19,8 @@ pub struct Cli {
     command: Command,
 }
 
-/// The flags of every command that calls the API; they go anywhere after the group (`nodes list --api-key X`).
+/// The flags of every command that calls the API; they go anywhere after the group (`nodes list --api-key X`),
+/// and before it too ([`hoist_api_flags`]).
 #[derive(clap::Args)]
 #[command(next_help_heading = "API and output")]
 struct ApiArgs {
@@ -244,7 +245,7 @@ pub fn main(version: &'static str) -> std::process::ExitCode {
     bc_proto::runtime::quiet_broken_pipe();
     bc_proto::install_crypto_provider();
     bc_proto::runtime::logs::init("BC_LOG", "info,sqlx=warn");
-    let matches = command(version).get_matches();
+    let matches = command(version).get_matches_from(hoist_api_flags(std::env::args_os().collect()));
     let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
@@ -266,6 +267,40 @@ pub fn main(version: &'static str) -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The API and output flags ([`ApiArgs`]) given before the group (`better-compute --context lab nodes list`, as
+/// kubectl takes them) moved to just after it, where the parser takes them; the rest is left as it was, so a flag
+/// before a command that does not call the API (`serve`, `dev`) is still refused by the parser.
+fn hoist_api_flags(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    // (long, short, takes a value)
+    const FLAGS: [(&str, Option<&str>, bool); 7] = [
+        ("--api-url", None, true),
+        ("--api-key", None, true),
+        ("--context", None, true),
+        ("--output", Some("-o"), true),
+        ("--watch", Some("-w"), false),
+        ("--interval", None, true),
+        ("--timeout", None, true),
+    ];
+    let mut end = 1;
+    while let Some(arg) = args.get(end).and_then(|a| a.to_str()) {
+        let Some(&(_, _, value)) = FLAGS.iter().find(|(long, short, _)| {
+            arg == *long
+                || arg.starts_with(&format!("{long}="))
+                || short.is_some_and(|s| arg == s || (arg.starts_with(s) && arg.len() > 2))
+        }) else {
+            break;
+        };
+        let attached = arg.contains('=') || (arg.len() > 2 && !arg.starts_with("--"));
+        end += if value && !attached { 2 } else { 1 };
+    }
+    if end == 1 || end >= args.len() {
+        return args;
+    }
+    let flags: Vec<_> = args.drain(1..end).collect();
+    args.splice(2..2, flags);
+    args
 }
 
 /// Set in the environment of the reads `--watch` repeats, so they run once.
@@ -467,4 +502,41 @@ async fn info(api: &ApiArgs) -> anyhow::Result<()> {
         t
     })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hoist_api_flags;
+
+    fn hoisted(args: &str) -> String {
+        let args = args.split(' ').map(Into::into).collect();
+        hoist_api_flags(args)
+            .iter()
+            .map(|a| a.to_str().unwrap())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn api_flags_before_the_group_move_after_it() {
+        assert_eq!(
+            hoisted("bc --api-key K -ojson --context=lab -w nodes list --pool p"),
+            "bc nodes --api-key K -ojson --context=lab -w list --pool p"
+        );
+        assert_eq!(
+            hoisted("bc -o yaml info"),
+            "bc info -o yaml",
+            "a group without a subcommand"
+        );
+        // Nothing to move, a flag of another command, or a flag without its value: left for the parser to judge.
+        for same in [
+            "bc nodes list --api-key K",
+            "bc --data-dir d dev",
+            "bc --api-key",
+            "bc --api-key K",
+            "bc --version",
+        ] {
+            assert_eq!(hoisted(same), same);
+        }
+    }
 }
