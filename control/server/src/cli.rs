@@ -512,7 +512,7 @@ mod tests {
         let args = args.split(' ').map(Into::into).collect();
         hoist_api_flags(args)
             .iter()
-            .map(|a| a.to_str().unwrap())
+            .map(|a| a.to_string_lossy().into_owned())
             .collect::<Vec<_>>()
             .join(" ")
     }
