@@ -7,7 +7,8 @@
 //! ramdisk's join is bcd's real join with the attempt's boot token (what bcd-ramdisk's agent mode does, through the
 //! same library) and a real session; once joined the executor withdraws the netboot entry and the BMC worker
 //! restores the disk boot, read back on the emulator by this test itself. A replay of the spent boot token from
-//! another key is refused by JoinService.
+//! another key is refused by JoinService. BMC work goes only to the agent holding the site's boot lease: none before
+//! this agent takes it.
 //!
 //! Needs sushy-emulator (see common/sushy.rs); without it the test prints `SKIP: <test>: <reason>`.
 
@@ -176,6 +177,27 @@ async fn provide_drives_a_real_redfish_emulator_through_the_site_agent() -> Test
         .call("metal", "provide", json!({"mac": MAC}))
         .await?;
     assert_eq!(v["state"]["phase"], "inspecting", "{v}");
+
+    // Only the agent holding the site's boot lease gets BMC work: this agent has not asked for it, so the
+    // inspection waits (a standby agent of a site never runs a command the holder may be running too).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let states: Vec<String> =
+        bc_store::sqlx::query_scalar("SELECT state FROM metal_bmc_commands WHERE mac = $1")
+            .bind(MAC)
+            .fetch_all(p.store.pool())
+            .await?;
+    assert_eq!(
+        states,
+        ["pending"],
+        "BMC work went to an agent without the boot lease"
+    );
+    let cert = bcd::state::StateDir::open(&p.dir.path().join("site-1"))?.certificate()?;
+    let agent = bc_gateway::site::agent_id_of(&bc_proto::envelope::cert_public_point(&cert)?);
+    let lease = p
+        .store
+        .acquire_boot_lease("rack-1", &agent, 600_000)
+        .await?;
+    assert!(lease.held, "{lease:?}");
 
     // Inspection, the override and the power kick, each through the agent and read back on the emulator.
     let v = wait_show(&p, 90, "the power kick to be read back", |v| {

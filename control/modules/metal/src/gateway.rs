@@ -71,9 +71,22 @@ impl WithBmc {
         let max = i64::from(req.max.clamp(1, MAX_COMMANDS));
         let until = tokio::time::Instant::now() + wait;
         loop {
-            let taken = queries::take_bmc(self.store.pool(), &agent.site_id, crate::now_ms(), max)
+            // Only the agent holding the site's boot lease gets BMC work; a standby agent of the same site waits.
+            // A command is handed out again after `REDELIVER_MS` without a result, and two agents must never both
+            // run one (a second `power boot` of a machine that is on is a force-restart).
+            let holds = self
+                .store
+                .boot_lease(&agent.site_id, &agent.agent_id)
                 .await
-                .map_err(|e| internal("reading the site's BMC commands", &e))?;
+                .map_err(|e| internal("reading the site's boot lease", &e))?
+                .is_some_and(|l| l.held);
+            let taken = if holds {
+                queries::take_bmc(self.store.pool(), &agent.site_id, crate::now_ms(), max)
+                    .await
+                    .map_err(|e| internal("reading the site's BMC commands", &e))?
+            } else {
+                Vec::new()
+            };
             if !taken.is_empty() || tokio::time::Instant::now() >= until {
                 let commands = taken
                     .into_iter()
