@@ -900,6 +900,70 @@ async fn a_command_whose_session_died_before_its_result_is_sent_again_and_finish
     Ok(())
 }
 
+/// Regression (issue 18, seen once in the failover test): a result the store could not write was dropped with the
+/// session kept, so the daemon counted it delivered and its command stayed `sent` for good. Now the session ends,
+/// and the daemon's next session sends the result again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_the_store_could_not_write_ends_the_session_and_arrives_again() -> TestResult {
+    let p = plane_with(Options {
+        controllers: false,
+        fast: true,
+        leaf_lifetime: None,
+    })
+    .await;
+    let mut node = joined_node(&p, "blip", 2).await;
+    spawn_run(&p, &mut node, "blip");
+    wait_node(&p, &node.id, 30, "a session", |n| n.session_epoch >= 1).await;
+    let epoch = node_row(&p, &node.id).await.session_epoch;
+    // The first write of a result fails (as when the database is failing over); a sequence is not rolled back
+    // with the failed statement, so only the first one does.
+    for q in [
+        "CREATE SEQUENCE result_blips",
+        "CREATE FUNCTION result_blip() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF nextval('result_blips') = 1 THEN RAISE EXCEPTION 'injected: result write failed'; END IF; \
+           RETURN NEW; END $$",
+        "CREATE TRIGGER result_blip BEFORE UPDATE ON commands FOR EACH ROW \
+           WHEN (NEW.state = 'done' AND OLD.state <> 'done') EXECUTE FUNCTION result_blip()",
+    ] {
+        bc_store::sqlx::query(q).execute(p.store.pool()).await?;
+    }
+    let deadline_ms = time::OffsetDateTime::now_utc().unix_timestamp() * 1000 + 120_000;
+    p.store
+        .queue_command(
+            "blip-1",
+            &node.id,
+            "diag.nvml",
+            &json!({"expected_gpu_count": 2}),
+            deadline_ms,
+        )
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let done = loop {
+        let c = p.store.command("blip-1").await?.ok_or("command row")?;
+        if c.state != "sent" && c.state != "pending" {
+            break c;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("blip-1 still {} 30 s after it was queued: {c:?}", c.state).into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(done.state, "done", "{done:?}");
+    let (blips,): (i64,) = bc_store::sqlx::query_as("SELECT last_value FROM result_blips")
+        .fetch_one(p.store.pool())
+        .await?;
+    assert!(
+        blips >= 2,
+        "the first write failed and a later one landed: {blips}"
+    );
+    let after = node_row(&p, &node.id).await.session_epoch;
+    assert!(
+        after > epoch,
+        "the session ended and the daemon opened a new one: {epoch} -> {after}"
+    );
+    Ok(())
+}
+
 fn renewal_request(key: &rcgen::KeyPair) -> v1::NodeMessage {
     v1::NodeMessage {
         msg: Some(v1::node_message::Msg::Renew(v1::RenewRequest {

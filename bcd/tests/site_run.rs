@@ -70,6 +70,10 @@ fn enroll(p: &Plane, state: &Path, token: &str) -> std::process::Output {
 }
 
 fn run(p: &Plane, dir: &Path, name: &str) -> Agent {
+    run_with_ttl(p, dir, name, LEASE_TTL_S)
+}
+
+fn run_with_ttl(p: &Plane, dir: &Path, name: &str, ttl_s: u64) -> Agent {
     let base = dir.join(name);
     let (tftp, artifacts) = (base.join("tftp"), base.join("artifacts"));
     std::fs::create_dir_all(&tftp).expect("tftp");
@@ -97,7 +101,7 @@ fn run(p: &Plane, dir: &Path, name: &str) -> Agent {
     .expect("site.toml");
     let log = std::fs::File::create(base.join("run.log")).expect("log");
     let child = Command::new(BIN)
-        .args(["site", "run", "--lease-ttl", &format!("{LEASE_TTL_S}s")])
+        .args(["site", "run", "--lease-ttl", &format!("{ttl_s}s")])
         .args(connection_args(p))
         .arg("--config")
         .arg(&config)
@@ -114,7 +118,11 @@ fn run(p: &Plane, dir: &Path, name: &str) -> Agent {
 }
 
 fn answers(to: SocketAddr) -> bool {
-    let mac: MacAddr = MAC.parse().expect("mac");
+    answers_for(to, MAC)
+}
+
+fn answers_for(to: SocketAddr, mac: &str) -> bool {
+    let mac: MacAddr = mac.parse().expect("mac");
     let mut m = Message::default();
     m.set_opcode(Opcode::BootRequest)
         .set_xid(9)
@@ -294,5 +302,67 @@ async fn two_site_run_processes_one_answers_the_standby_takes_over() -> TestResu
         log_of(&dir, "b")
     );
     assert!(!answers(b.pxe));
+    Ok(())
+}
+
+/// The netboot table is pushed (a long poll of `Netboot` with the table's version), not only fetched on the
+/// lease's rounds: with a 60 s lease (a round every 20 s), a machine created just after a round is served within
+/// seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_netboot_entry_reaches_the_agent_between_lease_rounds() -> TestResult {
+    let p = plane().await;
+    let dir: PathBuf = p.dir.path().join("agents");
+    let token = p
+        .admin
+        .call(
+            "site-tokens",
+            "create",
+            json!({"site": "rack-run", "uses": 1}),
+        )
+        .await?["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    p.admin
+        .call(
+            "machines",
+            "create",
+            json!({"mac": MAC, "site": "rack-run", "boot": {"kernel": "ramdisk/vmlinuz"}}),
+        )
+        .await?;
+    let out = enroll(&p, &dir.join("a").join("state"), &token);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let a = run_with_ttl(&p, &dir, "a", 60);
+    assert!(
+        until(Duration::from_secs(15), || answers(a.pxe)).is_some(),
+        "agent a never answered DHCP: {}",
+        log_of(&dir, "a")
+    );
+    // The agent has just fetched its table: its next lease round is about 20 s away.
+    let second = "52:54:00:00:00:44";
+    assert!(!answers_for(a.pxe, second));
+    p.admin
+        .call(
+            "machines",
+            "create",
+            json!({"mac": second, "site": "rack-run", "boot": {"kernel": "ramdisk/vmlinuz"}}),
+        )
+        .await?;
+    let took = until(Duration::from_secs(5), || answers_for(a.pxe, second));
+    let Some(took) = took else {
+        return Err(format!(
+            "the new entry was not served within 5 s (the next lease round is 20 s away): {}",
+            log_of(&dir, "a")
+        )
+        .into());
+    };
+    println!(
+        "netboot entry created -> served by bcd site run: {} ms (lease rounds every 20 s)",
+        took.as_millis()
+    );
     Ok(())
 }

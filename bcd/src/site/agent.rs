@@ -149,6 +149,8 @@ impl SiteAgent {
             client: None,
             cache: self.cache.as_ref(),
             probe_timeout: times.rpc_timeout,
+            version: String::new(),
+            pushed: std::sync::Mutex::new(String::new()),
         };
         let out = Outputs {
             table: &table,
@@ -415,6 +417,9 @@ async fn perform<L: Link>(
 
 // === the gateway link ===
 
+/// How long one push poll of the netboot table waits (the control plane caps it at 25 s).
+const PUSH_WAIT: Duration = Duration::from_secs(25);
+
 /// The real [`Link`]: one mTLS connection to the gateway's `SiteService`, with the agent's state directory for
 /// renewals and the artifact cache for the table.
 struct GatewayLink<'a> {
@@ -425,9 +430,54 @@ struct GatewayLink<'a> {
     cache: Option<&'a ArtifactCache>,
     /// Bound of the extra handshake that tells a revocation from a network failure.
     probe_timeout: Duration,
+    /// The version of the table last fetched.
+    version: String,
+    /// The last version the control plane pushed while the agent waited: each one wakes it once.
+    pushed: std::sync::Mutex<String>,
 }
 
 impl GatewayLink<'_> {
+    /// Resolves when the control plane pushes a netboot table other than the one fetched last (a long poll of
+    /// `Netboot` with its version; each new version once). A control plane that does not version its tables, or
+    /// a failed call, leaves the lease's rounds to fetch it.
+    async fn pushed(&self) {
+        let Some(mut client) = self.client.clone() else {
+            return std::future::pending().await;
+        };
+        let mut known = self.version.clone();
+        if let Ok(p) = self.pushed.lock()
+            && !p.is_empty()
+            && *p != known
+        {
+            known.clone_from(&p);
+        }
+        let wait_ms = u32::try_from(PUSH_WAIT.as_millis()).unwrap_or(u32::MAX);
+        loop {
+            let asked = client
+                .netboot(v1::NetbootRequest {
+                    known_version: known.clone(),
+                    wait_ms,
+                })
+                .await;
+            match asked {
+                Ok(r) if r.get_ref().version.is_empty() => return std::future::pending().await,
+                Ok(r) if r.get_ref().version != known => {
+                    let version = r.into_inner().version;
+                    tracing::debug!(version, "netboot table pushed");
+                    if let Ok(mut p) = self.pushed.lock() {
+                        *p = version;
+                    }
+                    return;
+                }
+                Ok(_) => {}
+                Err(s) => {
+                    tracing::debug!(code = ?s.code(), error = s.message(), "netboot push: falling back to the lease's rounds");
+                    return std::future::pending().await;
+                }
+            }
+        }
+    }
+
     fn client(&mut self) -> Result<&mut Client, String> {
         self.client
             .as_mut()
@@ -527,14 +577,16 @@ impl Link for GatewayLink<'_> {
         let cache = self.cache;
         let c = self.client()?;
         let r = c
-            .netboot(v1::NetbootRequest {})
+            .netboot(v1::NetbootRequest::default())
             .await
             .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
             .into_inner();
+        let version = r.version.clone();
         let r = match cache {
             Some(cache) => cache.ready(&r, c),
             None => without_artifacts(r),
         };
+        self.version = version;
         Ok(netboot_table(&r))
     }
 
@@ -554,9 +606,15 @@ impl Link for GatewayLink<'_> {
     }
 
     async fn poked(&self) {
-        match self.cache {
-            Some(c) => c.done.notified().await,
-            None => std::future::pending().await,
+        let cached = async {
+            match self.cache {
+                Some(c) => c.done.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = cached => {}
+            () = self.pushed() => {}
         }
     }
 }

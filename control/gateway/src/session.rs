@@ -503,6 +503,12 @@ async fn drive(
             Ok(Ok(Some(m))) => m,
         };
         last_seen.store(now_ms(), Ordering::Relaxed);
+        // A report the node will not send again in this session: if the store cannot take it, the session ends
+        // (below) so that the node sends it again in the next one.
+        let must_land = matches!(
+            msg.msg,
+            Some(Msg::Inventory(_) | Msg::Ack(_) | Msg::Result(_))
+        );
         let result = match msg.msg {
             Some(Msg::Heartbeat(_)) => Ok(()),
             Some(Msg::Inventory(section)) => backend.inventory(&session, section).await,
@@ -539,6 +545,17 @@ async fn drive(
                 // The store refused a write of a stale epoch: this session is superseded.
                 let _ = tx.send(Err(s.clone())).await;
                 break s.message().to_string();
+            }
+            if must_land && s.code() == tonic::Code::Unavailable {
+                // Dropping it would leave its command `sent` (or its generation unacknowledged) for good: the
+                // node counts it delivered. A new session replays it (results sent within the resend window,
+                // commands of an older epoch delivered again, desired state and inventory sent at Hello).
+                let why = format!(
+                    "the control plane could not record this message ({}); reconnect and send it again",
+                    s.message()
+                );
+                let _ = tx.send(Err(Status::unavailable(why.clone()))).await;
+                break why;
             }
             tracing::info!(
                 node_id = session.node_id,

@@ -8,6 +8,7 @@ use crate::BoxFuture;
 use bc_proto::spiffe::{Role, SpiffeId};
 use bc_proto::v1;
 use std::sync::Arc;
+use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 /// A verified site agent: its site and its agent id (first 16 hex characters of the SHA-256 of the key's public
@@ -76,6 +77,23 @@ pub trait SiteHandler: Send + Sync + 'static {
         let msg = format!("artifact {sha256} is not served here");
         Box::pin(async move { Err(Status::not_found(msg)) })
     }
+}
+
+/// The longest a `Netboot` call waits for the table to change.
+pub const NETBOOT_MAX_WAIT: Duration = Duration::from_secs(25);
+/// How often a waiting `Netboot` call reads the table again: a change reaches the agent within this.
+const NETBOOT_POLL: Duration = Duration::from_millis(500);
+
+/// The table in a canonical order (machines by MAC, artifacts by digest), with its version: the first 16 hex
+/// characters of the SHA-256 of that encoding.
+pub fn versioned(mut table: v1::NetbootResponse) -> v1::NetbootResponse {
+    table.machines.sort_by(|a, b| a.mac.cmp(&b.mac));
+    table.prefetch.sort_by(|a, b| a.sha256.cmp(&b.sha256));
+    table.prefetch.dedup_by(|a, b| a.sha256 == b.sha256);
+    table.version = String::new();
+    let digest = bc_proto::sha256(&prost::Message::encode_to_vec(&table));
+    table.version = hex::encode(&digest[..8]);
+    table
 }
 
 const NO_METAL: &str = "this control plane runs without the metal module: it sends no BMC work";
@@ -157,7 +175,17 @@ impl v1::site_service_server::SiteService for SiteSvc {
         request: Request<v1::NetbootRequest>,
     ) -> Result<Response<v1::NetbootResponse>, Status> {
         let agent = self.agent(&request)?;
-        Ok(Response::new(self.handler.netboot(&agent).await?))
+        let req = request.into_inner();
+        let wait = Duration::from_millis(u64::from(req.wait_ms)).min(NETBOOT_MAX_WAIT);
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let table = versioned(self.handler.netboot(&agent).await?);
+            let now = tokio::time::Instant::now();
+            if table.version != req.known_version || now >= until {
+                return Ok(Response::new(table));
+            }
+            tokio::time::sleep(NETBOOT_POLL.min(until - now)).await;
+        }
     }
 
     async fn renew(

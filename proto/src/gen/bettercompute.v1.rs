@@ -461,8 +461,16 @@ pub struct BootLeaseResponse {
     #[prost(uint32, tag = "5")]
     pub ttl_ms: u32,
 }
-#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
-pub struct NetbootRequest {}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NetbootRequest {
+    /// The `version` of the table the agent holds; empty: none.
+    #[prost(string, tag = "1")]
+    pub known_version: ::prost::alloc::string::String,
+    /// How long to wait for a table whose version differs from `known_version` (the control plane caps it at 25 s);
+    /// 0: answer at once.
+    #[prost(uint32, tag = "2")]
+    pub wait_ms: u32,
+}
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct NetbootResponse {
     #[prost(message, repeated, tag = "1")]
@@ -471,6 +479,9 @@ pub struct NetbootResponse {
     /// (an image a machine of the site is being deployed with); nothing waits on them.
     #[prost(message, repeated, tag = "2")]
     pub prefetch: ::prost::alloc::vec::Vec<NetbootArtifact>,
+    /// The table's version (a digest of its contents): the same table, the same version.
+    #[prost(string, tag = "3")]
+    pub version: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct NetbootMachine {
@@ -2525,7 +2536,8 @@ pub mod site_service_client {
                 .insert(GrpcMethod::new("bettercompute.v1.SiteService", "BootLease"));
             self.inner.unary(req, path, codec).await
         }
-        /// The site's netboot table: which MACs netboot into what.
+        /// The site's netboot table: which MACs netboot into what. Pushed by long poll: with `known_version` and
+        /// `wait_ms`, the answer comes as soon as the table differs from the one the agent holds (or when the wait ends).
         pub async fn netboot(
             &mut self,
             request: impl tonic::IntoRequest<super::NetbootRequest>,
@@ -2704,7 +2716,8 @@ pub mod site_service_server {
         > {
             Err(tonic::Status::unimplemented("Not yet implemented"))
         }
-        /// The site's netboot table: which MACs netboot into what.
+        /// The site's netboot table: which MACs netboot into what. Pushed by long poll: with `known_version` and
+        /// `wait_ms`, the answer comes as soon as the table differs from the one the agent holds (or when the wait ends).
         async fn netboot(
             &self,
             request: tonic::Request<super::NetbootRequest>,

@@ -283,6 +283,7 @@ impl ArtifactCache {
             v1::NetbootResponse {
                 machines,
                 prefetch: table.prefetch.clone(),
+                version: table.version.clone(),
             },
             missing,
         )

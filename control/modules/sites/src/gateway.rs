@@ -209,6 +209,7 @@ impl SiteBackend {
         Ok(v1::NetbootResponse {
             machines: out,
             prefetch: Vec::new(),
+            version: String::new(),
         })
     }
 
