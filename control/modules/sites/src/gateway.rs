@@ -12,7 +12,9 @@ use bc_proto::spiffe::{Role, SpiffeId};
 use bc_proto::token::Token;
 use bc_proto::v1;
 use bc_store::Store;
+use bc_store::artifacts::ArtifactRow;
 use bc_store::sites::EnrollCommit;
+use std::collections::HashMap;
 use std::sync::Arc;
 use tonic::Status;
 
@@ -197,11 +199,14 @@ impl SiteBackend {
             .await
             .map_err(|e| internal("reading the site's machines", &e))?;
         let mut out = Vec::new();
+        // Machines of a site mostly boot the same few artifacts (the ramdisk): each is read once per table, which
+        // the agent's push (a long poll) reads every 500 ms.
+        let mut known = HashMap::new();
         for m in machines {
             let Some(boot) = m.boot else {
                 continue;
             };
-            match self.resolve(m.mac.as_str(), boot).await? {
+            match self.resolve(m.mac.as_str(), boot, &mut known).await? {
                 Some(entry) => out.push(entry),
                 None => continue,
             }
@@ -220,17 +225,23 @@ impl SiteBackend {
         &self,
         mac: &str,
         boot: BootSpec,
+        known: &mut HashMap<String, Option<ArtifactRow>>,
     ) -> Result<Option<v1::NetbootMachine>, Status> {
         let mut artifacts = Vec::new();
         let mut path_of = async |field: &str| -> Result<Option<String>, Status> {
             let Some(sha) = referenced(field) else {
                 return Ok(Some(field.to_string()));
             };
-            let row = if is_sha256_hex(sha) {
-                self.store
+            let row = if let Some(row) = known.get(sha) {
+                row.clone()
+            } else if is_sha256_hex(sha) {
+                let row = self
+                    .store
                     .artifact(sha)
                     .await
-                    .map_err(|e| internal("reading an artifact", &e))?
+                    .map_err(|e| internal("reading an artifact", &e))?;
+                known.insert(sha.to_string(), row.clone());
+                row
             } else {
                 None
             };
