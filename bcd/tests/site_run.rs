@@ -177,28 +177,37 @@ fn log_of(dir: &Path, name: &str) -> String {
     std::fs::read_to_string(dir.join(name).join("run.log")).unwrap_or_default()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_site_run_processes_one_answers_the_standby_takes_over() -> TestResult {
-    let p = plane().await;
-    let dir: PathBuf = p.dir.path().join("agents");
-    let token = p
+/// A site token for site `rack-run` with `uses` uses.
+async fn site_token(p: &Plane, uses: u32) -> Result<String, Box<dyn std::error::Error>> {
+    let v = p
         .admin
         .call(
             "site-tokens",
             "create",
-            json!({"site": "rack-run", "uses": 2}),
+            json!({"site": "rack-run", "uses": uses}),
         )
-        .await?["token"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+        .await?;
+    Ok(v["token"].as_str().unwrap_or_default().to_string())
+}
+
+/// A machine of site `rack-run` that netboots `kernel`.
+async fn netboot_machine(p: &Plane, mac: &str, kernel: &str) -> TestResult {
     p.admin
         .call(
             "machines",
             "create",
-            json!({"mac": MAC, "site": "rack-run", "boot": {"kernel": "ramdisk/vmlinuz"}}),
+            json!({"mac": mac, "site": "rack-run", "boot": {"kernel": kernel}}),
         )
         .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_site_run_processes_one_answers_the_standby_takes_over() -> TestResult {
+    let p = plane().await;
+    let dir: PathBuf = p.dir.path().join("agents");
+    let token = site_token(&p, 2).await?;
+    netboot_machine(&p, MAC, "ramdisk/vmlinuz").await?;
     // A second machine boots a control-plane artifact: the real binary fills its cache from `boot.artifacts`.
     let kernel: Vec<u8> = (0..600_000u32).map(|i| (i * 31 % 253) as u8).collect();
     let put = p
@@ -206,13 +215,7 @@ async fn two_site_run_processes_one_answers_the_standby_takes_over() -> TestResu
         .put_artifact(kernel.clone(), Some("vmlinuz"))
         .await?;
     let reference = put["reference"].as_str().unwrap_or_default().to_string();
-    p.admin
-        .call(
-            "machines",
-            "create",
-            json!({"mac": "52:54:00:00:00:43", "site": "rack-run", "boot": {"kernel": reference}}),
-        )
-        .await?;
+    netboot_machine(&p, "52:54:00:00:00:43", &reference).await?;
     for name in ["a", "b"] {
         let out = enroll(&p, &dir.join(name).join("state"), &token);
         let text = String::from_utf8_lossy(&out.stdout);
@@ -312,24 +315,8 @@ async fn two_site_run_processes_one_answers_the_standby_takes_over() -> TestResu
 async fn a_new_netboot_entry_reaches_the_agent_between_lease_rounds() -> TestResult {
     let p = plane().await;
     let dir: PathBuf = p.dir.path().join("agents");
-    let token = p
-        .admin
-        .call(
-            "site-tokens",
-            "create",
-            json!({"site": "rack-run", "uses": 1}),
-        )
-        .await?["token"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    p.admin
-        .call(
-            "machines",
-            "create",
-            json!({"mac": MAC, "site": "rack-run", "boot": {"kernel": "ramdisk/vmlinuz"}}),
-        )
-        .await?;
+    let token = site_token(&p, 1).await?;
+    netboot_machine(&p, MAC, "ramdisk/vmlinuz").await?;
     let out = enroll(&p, &dir.join("a").join("state"), &token);
     assert!(
         out.status.success(),
@@ -345,13 +332,7 @@ async fn a_new_netboot_entry_reaches_the_agent_between_lease_rounds() -> TestRes
     // The agent has just fetched its table: its next lease round is about 20 s away.
     let second = "52:54:00:00:00:44";
     assert!(!answers_for(a.pxe, second));
-    p.admin
-        .call(
-            "machines",
-            "create",
-            json!({"mac": second, "site": "rack-run", "boot": {"kernel": "ramdisk/vmlinuz"}}),
-        )
-        .await?;
+    netboot_machine(&p, second, "ramdisk/vmlinuz").await?;
     let took = until(Duration::from_secs(5), || answers_for(a.pxe, second));
     let Some(took) = took else {
         return Err(format!(
