@@ -23,10 +23,15 @@ fetch_kernel() {
 }
 
 # Sets BIN to the static bcd-ramdisk (BC_RAMDISK_BIN overrides; else a musl build with the `ramdisk` profile:
-# release with fat LTO, which keeps the binary under 8 MiB now that it links bcd's join and session).
+# release with fat LTO, which keeps the binary under 8 MiB now that it links bcd's join and session). Builds the
+# lab OS's static bcd beside it.
 build_binary() {
   if [ -n "${BC_RAMDISK_BIN:-}" ]; then BIN=$BC_RAMDISK_BIN; return; fi
-  cargo build -q --locked --profile ramdisk -p bcd-ramdisk --bin bcd-ramdisk --target $MUSL
+  # The lab OS's bcd (images/build-lab-os) in the same invocation: built alone, its dependencies resolve to other
+  # features (bcd-ramdisk's own dependencies turn on more of tokio and the like) and the whole tree was compiled a
+  # second time, and the two fat-LTO links now run side by side.
+  cargo build -q --locked --profile ramdisk --target $MUSL -p bcd-ramdisk --bin bcd-ramdisk -p bcd --bin bcd \
+    --no-default-features
   # Debug symbols stay in the build tree; the initramfs carries the stripped copy.
   BIN=$OUT/bcd-ramdisk
   strip --strip-all -o "$BIN.tmp" "$TARGET_DIR/$MUSL/ramdisk/bcd-ramdisk" && mv "$BIN.tmp" "$BIN"
