@@ -752,3 +752,85 @@ async fn a_drained_node_keeps_its_instances_and_a_revoked_one_fails_them() {
     assert_eq!(held, 1, "the drained node's instance keeps its GPU");
     p.running.shutdown().await;
 }
+
+/// A placement and a change on the same node at the same moment both stay in the node's desired state. The change
+/// (here a stop) rewrites the node's whole list; read before the placement committed, its list lacked the new
+/// instance and, written after the placement, took it off the node (found while reworking placement's publish).
+/// Now the change locks the node's row before it reads the list, so it waits for the placement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_beside_a_placement_on_the_same_node_keeps_both_on_the_node() {
+    use bc_mod_instances::queries;
+    let p = plane(1, 0).await;
+    let a = p.tenant_user("team-a").await;
+    let x = id_of(
+        &a.call("instances", "create", body("team-a", 1, 0, "x"))
+            .await
+            .expect("create x"),
+    );
+    // Instance y placed by hand, its transaction held open after it published.
+    let req = serde_json::from_value::<bc_core::api::instances::CreateInstance>(body(
+        "team-a", 1, 0, "y",
+    ))
+    .expect("request")
+    .request();
+    let y = "inst-y-by-hand";
+    let admitted = queries::admit(
+        p.store.pool(),
+        queries::NewInstance {
+            id: y,
+            principal_id: "team-a-user",
+            key: "y",
+            body_hash: &req.body_hash(),
+            request: &req,
+        },
+    )
+    .await
+    .expect("admit y");
+    assert!(matches!(admitted, queries::Admission::Recorded));
+    let mut tx = p.store.pool().begin().await.expect("begin");
+    let node = queries::claim_node(&mut tx, &req, &[])
+        .await
+        .expect("claim")
+        .expect("a node fits");
+    assert_eq!(node, "h-1");
+    let placed = queries::mark_placed(&mut tx, y, &node, &[])
+        .await
+        .expect("mark")
+        .expect("pending");
+    let entry = queries::desired_entry(y, placed.generation, &req, json!([]), "running", 0);
+    queries::publish_placed(&mut tx, &node, entry)
+        .await
+        .expect("publish");
+    let stop = tokio::spawn({
+        let a = a.clone();
+        let x = x.clone();
+        async move { a.call("instances", "stop", json!({"id": x})).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        !stop.is_finished(),
+        "the stop did not wait for the placement on its node"
+    );
+    tx.commit().await.expect("commit");
+    stop.await.expect("join").expect("stop");
+    let (_, spec) = p.desired("h-1").await;
+    let ids: HashSet<&str> = spec["instances"]
+        .as_array()
+        .expect("instances list")
+        .iter()
+        .filter_map(|e| e["id"].as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        HashSet::from([x.as_str(), y]),
+        "desired state after a stop beside a placement: {spec}"
+    );
+    let power: Vec<&str> = spec["instances"]
+        .as_array()
+        .expect("instances list")
+        .iter()
+        .filter(|e| e["id"] == x.as_str())
+        .filter_map(|e| e["power"].as_str())
+        .collect();
+    assert_eq!(power, ["stopped"]);
+}

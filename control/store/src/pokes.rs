@@ -1,5 +1,10 @@
 //! Pokes: PostgreSQL notifications that wake a loop sooner than its tick. A writer sends one in (or right after)
 //! the transaction whose change a loop must act on; a listener wakes the loop, which converges as on any tick.
+//! A hot transaction sends its poke right after its commit ([`Store::poke_committed`]), never inside it: PostgreSQL
+//! serializes the commits of every transaction that issued NOTIFY (it holds one cluster-wide lock from queueing the
+//! notification until the commit record is flushed), so one NOTIFY inside a hot transaction allows one WAL flush at
+//! a time for all of them. Measured with pgbench here (32 clients, durable commits, a one-row INSERT): 11,334
+//! transactions/s alone; 982/s with `pg_notify` in the transaction; 6,785/s with `pg_notify` right after it.
 //! Nothing depends on a poke arriving: every loop still runs on its own (slow) tick, so a lost notification (the
 //! listening connection dropped) costs latency, never correctness. The listening side is bc-control's `notify`.
 
@@ -19,5 +24,13 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    /// Sends a poke for a change that has just committed (see the module's note on why not inside the transaction).
+    /// A poke that fails is logged, not returned: the change stands, and the listeners converge on their tick.
+    pub async fn poke_committed(&self, channel: &str, payload: &str) {
+        if let Err(e) = self.poke(channel, payload).await {
+            tracing::warn!(channel, error = %e, "poke after a commit failed; its listeners converge on their tick");
+        }
     }
 }

@@ -262,16 +262,24 @@ async fn place(
             short.push(node);
             continue;
         }
-        queries::hold(&mut tx, &node, req).await?;
-        if !queries::mark_placed(&mut tx, id, &node, &gpus).await? {
+        let Some(placed) = queries::mark_placed(&mut tx, id, &node, &gpus).await? else {
             // Another call placed (or the owner deleted) it meanwhile: what it did stands.
             drop(tx);
             return read(instances, id).await;
-        }
-        queries::publish(&mut tx, &node).await?;
+        };
+        let entry = queries::desired_entry(
+            id,
+            placed.generation,
+            req,
+            serde_json::json!(gpus),
+            placed.power.as_str(),
+            placed.reboots,
+        );
+        queries::publish_placed(&mut tx, &node, entry).await?;
         tx.commit().await.map_err(bc_store::StoreError::from)?;
+        queries::poke_outbox(&instances.store).await;
         tracing::debug!(instance = id, node = %node, gpus = gpus.len(), "instance placed");
-        return read(instances, id).await;
+        return Ok(placed);
     }
 }
 
@@ -402,6 +410,9 @@ async fn change(cx: Cx, req: InstanceById, change: Change) -> Result<InstanceAns
     }
     crate::provider::store::poke(&mut tx, &i.id).await?;
     tx.commit().await.map_err(bc_store::StoreError::from)?;
+    if changed.node.is_some() {
+        queries::poke_outbox(&instances.store).await;
+    }
     let actor = &cx.caller().id;
     tracing::info!(instance = %i.id, actor = %actor, change = change_name(&change), "instance changed");
     let instance = with_observed(instances, vec![read(instances, &i.id).await?])

@@ -247,20 +247,24 @@ const FITS: &str = "f.pool_id = $1 AND f.free_vcpus >= $2 AND f.free_memory_mib 
     AND n.state = 'adopted' AND f.node_id <> ALL($6) AND ($5 = 0 OR (SELECT count(*) FROM devices g \
       WHERE g.node_id = f.node_id AND g.present AND g.reservation_id IS NULL) >= $5)";
 
-/// Claims the node `r` goes on: the fullest adopted node of its pool that still fits (bc-core's `choose_node`
-/// order: least vCPUs free, then memory, disk, node id), walked on `instance_node_free`'s index and locked for this
-/// transaction — its free-atoms row `FOR NO KEY UPDATE` and its node `FOR SHARE` (a drain waits for the placement),
-/// both `SKIP LOCKED`: a node another placement holds is passed over, never waited for. None when no node that
-/// fits is free now (see [`any_fits`]). `skip`: nodes this placement already found short of GPUs.
+/// Claims the node `r` goes on and books its vCPUs, memory and disk there, in one statement: the fullest adopted
+/// node of its pool that still fits (bc-core's `choose_node` order: least vCPUs free, then memory, disk, node id),
+/// walked on `instance_node_free`'s index and locked for this transaction — its free-atoms row `FOR NO KEY UPDATE`
+/// and its node `FOR SHARE` (a drain waits for the placement), both `SKIP LOCKED`: a node another placement holds is
+/// passed over, never waited for. None when no node that fits is free now (see [`any_fits`]). `skip`: nodes this
+/// placement already found short of GPUs. A placement that does not go on (too few GPUs free) rolls the booking
+/// back with its transaction.
 pub async fn claim_node(
     conn: &mut PgConnection,
     r: &InstanceRequest,
     skip: &[String],
 ) -> Result<Option<String>, StoreError> {
     Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT f.node_id FROM instance_node_free f JOIN nodes n ON n.id = f.node_id WHERE {FITS} \
-         ORDER BY f.free_vcpus, f.free_memory_mib, f.free_disk_gib, f.node_id \
-         LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED FOR SHARE OF n SKIP LOCKED"
+        "WITH c AS (SELECT f.node_id FROM instance_node_free f JOIN nodes n ON n.id = f.node_id WHERE {FITS} \
+           ORDER BY f.free_vcpus, f.free_memory_mib, f.free_disk_gib, f.node_id \
+           LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED FOR SHARE OF n SKIP LOCKED) \
+         UPDATE instance_node_free f SET used_vcpus = f.used_vcpus + $2, used_memory_mib = f.used_memory_mib + $3, \
+           used_disk_gib = f.used_disk_gib + $4 FROM c WHERE f.node_id = c.node_id RETURNING f.node_id"
     )))
     .bind(&r.pool)
     .bind(i64::from(r.vcpus))
@@ -289,25 +293,6 @@ pub async fn any_fits(
     .bind(skip)
     .fetch_one(pool)
     .await?)
-}
-
-/// Books `r`'s vCPUs, memory and disk on the claimed `node`.
-pub async fn hold(
-    conn: &mut PgConnection,
-    node: &str,
-    r: &InstanceRequest,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE instance_node_free SET used_vcpus = used_vcpus + $2, used_memory_mib = used_memory_mib + $3, \
-           used_disk_gib = used_disk_gib + $4 WHERE node_id = $1",
-    )
-    .bind(node)
-    .bind(i64::from(r.vcpus))
-    .bind(i64::from(r.memory_mib))
-    .bind(i64::from(r.disk_gib))
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
 }
 
 /// Every adopted node of `pool_id` with its free atoms (for the answer of a create that found no node).
@@ -355,24 +340,23 @@ pub async fn book_gpus(
     .await?)
 }
 
-/// Records a placement (only of a pending instance): true when it was.
+/// Records a placement (only of a pending instance): the placed instance, or None when it was not pending.
 pub async fn mark_placed(
     conn: &mut PgConnection,
     id: &str,
     node: &str,
     gpus: &[String],
-) -> Result<bool, StoreError> {
-    let n = sqlx::query(
-        "UPDATE instances SET state = 'placed', node_id = $2, gpus = $3, placed_at = now(), error = NULL \
-         WHERE id = $1 AND state = 'pending'",
-    )
+) -> Result<Option<Instance>, StoreError> {
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE instances i SET state = 'placed', node_id = $2, gpus = $3, placed_at = now(), error = NULL \
+         WHERE i.id = $1 AND i.state = 'pending' RETURNING {COLUMNS}"
+    )))
     .bind(id)
     .bind(node)
     .bind(serde_json::json!(gpus))
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    Ok(n == 1)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(|r| row_to_instance(&r, 0)).transpose()
 }
 
 pub async fn mark_failed(pool: &sqlx::PgPool, id: &str, error: &str) -> Result<(), StoreError> {
@@ -475,8 +459,18 @@ pub async fn mark_placed_provider(
 }
 
 /// Sets `node`'s desired `instances` from the instances placed on it, raises its desired generation and writes its
-/// outbox row, inside the caller's transaction (the change and its delivery commit together).
+/// outbox row, inside the caller's transaction (the change and its delivery commit together). The caller pokes the
+/// outbox sink after its commit ([`poke_outbox`]): a NOTIFY inside the placement's transaction would serialize every
+/// placement's commit (bc-store's `pokes`).
+///
+/// It locks the node's row before it reads the list: a placement on the node (which holds the row `FOR SHARE` from
+/// its claim to its commit) commits first and is in the list. Read without the lock, the list of a change that ran
+/// beside a placement missed the new instance and, written after it, took it off the node.
 pub async fn publish(conn: &mut PgConnection, node: &str) -> Result<i64, StoreError> {
+    sqlx::query("SELECT 1 FROM nodes WHERE id = $1 FOR UPDATE")
+        .bind(node)
+        .execute(&mut *conn)
+        .await?;
     let rows = sqlx::query(
         "SELECT id, generation, request, gpus, power, reboots FROM instances \
          WHERE node_id = $1 AND state = 'placed' ORDER BY id",
@@ -503,16 +497,45 @@ pub async fn publish(conn: &mut PgConnection, node: &str) -> Result<i64, StoreEr
            desired_spec = jsonb_set(desired_spec, '{instances}', $2) WHERE id = $1 \
            RETURNING id, desired_generation), \
          o AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM n \
-           RETURNING generation), \
-         w AS (SELECT pg_notify($3, '') FROM o) \
-         SELECT o.generation FROM o, (SELECT count(*) FROM w) x",
+           RETURNING generation) \
+         SELECT o.generation FROM o",
     )
     .bind(node)
     .bind(serde_json::Value::Array(list))
-    .bind(OUTBOX_WRITTEN_CHANNEL)
     .fetch_one(&mut *conn)
     .await?;
     Ok(generation)
+}
+
+/// A placement's [`publish`]: appends the new instance's `entry` ([`desired_entry`]) to `node`'s desired
+/// `instances`, raises its desired generation and writes its outbox row, in one statement whose cost does not grow
+/// with the instances already on the node (a full [`publish`] read, parsed and rewrote all of them for each new one).
+/// The list is the same set [`publish`] would write: only placements add to it, one per node at a time (the claim
+/// locks the node's free-atoms row), and every other change rewrites it whole.
+pub async fn publish_placed(
+    conn: &mut PgConnection,
+    node: &str,
+    entry: serde_json::Value,
+) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "WITH n AS (UPDATE nodes SET desired_generation = desired_generation + 1, updated_at = now(), \
+           desired_spec = jsonb_set(desired_spec, '{instances}', \
+             CASE WHEN jsonb_typeof(desired_spec -> 'instances') = 'array' THEN desired_spec -> 'instances' \
+                  ELSE '[]'::jsonb END || jsonb_build_array($2::jsonb)) \
+           WHERE id = $1 RETURNING id, desired_generation), \
+         o AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM n \
+           RETURNING generation) \
+         SELECT o.generation FROM o",
+    )
+    .bind(node)
+    .bind(entry)
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+/// Wakes the outbox sink after a transaction that [`publish`]ed committed.
+pub async fn poke_outbox(store: &bc_store::Store) {
+    store.poke_committed(OUTBOX_WRITTEN_CHANNEL, "").await;
 }
 
 /// One instance as the node's desired state lists it (the contract of docs/instances.md).
