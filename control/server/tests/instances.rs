@@ -175,13 +175,13 @@ impl Plane {
                 fence: 0,
             })
             .collect();
-        let instances = bc_mod_instances::Instances {
-            store: self.store.clone(),
-            config: bc_mod_instances::Config {
+        let instances = bc_mod_instances::Instances::new(
+            self.store.clone(),
+            bc_mod_instances::Config {
                 delete_deadline: std::time::Duration::from_secs(2),
                 ..Default::default()
             },
-        };
+        );
         bc_mod_instances::hosted::step(&instances, "test", &leases, bc_mod_instances::now_ms())
             .await
             .expect("sweep")
@@ -774,8 +774,9 @@ async fn a_change_beside_a_placement_on_the_same_node_keeps_both_on_the_node() {
     .expect("request")
     .request();
     let y = "inst-y-by-hand";
+    let mut conn = p.store.pool().acquire().await.expect("connection");
     let admitted = queries::admit(
-        p.store.pool(),
+        &mut conn,
         queries::NewInstance {
             id: y,
             principal_id: "team-a-user",
@@ -787,20 +788,18 @@ async fn a_change_beside_a_placement_on_the_same_node_keeps_both_on_the_node() {
     .await
     .expect("admit y");
     assert!(matches!(admitted, queries::Admission::Recorded));
+    drop(conn);
     let mut tx = p.store.pool().begin().await.expect("begin");
     let node = queries::claim_node(&mut tx, &req, &[])
         .await
         .expect("claim")
         .expect("a node fits");
     assert_eq!(node, "h-1");
-    let placed = queries::mark_placed(&mut tx, y, &node, &[])
+    let entry = queries::desired_entry(y, 0, &req, json!([]), "running", 0);
+    queries::place_and_publish(&mut tx, y, &node, &[], entry)
         .await
-        .expect("mark")
+        .expect("place")
         .expect("pending");
-    let entry = queries::desired_entry(y, placed.generation, &req, json!([]), "running", 0);
-    queries::publish_placed(&mut tx, &node, entry)
-        .await
-        .expect("publish");
     let stop = tokio::spawn({
         let a = a.clone();
         let x = x.clone();

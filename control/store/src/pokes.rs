@@ -34,3 +34,31 @@ impl Store {
         }
     }
 }
+
+/// A process's pokes on one channel for changes that have committed, sent by one task: each [`Poker::poke`] is
+/// followed by a notification sent after it, and the pokes made while one is in flight are answered by one more
+/// (one statement per placement was a ninth of an instance admission's). For a channel whose payload does not
+/// matter (the outbox sink reads what is due).
+#[derive(Clone)]
+pub struct Poker {
+    wake: tokio::sync::mpsc::Sender<()>,
+}
+
+impl Poker {
+    /// Starts the task; it ends when the last clone of the poker is dropped.
+    pub fn spawn(store: Store, channel: &'static str) -> Poker {
+        // One slot: a poke that finds it taken is answered by the notification already asked for.
+        let (wake, mut asked) = tokio::sync::mpsc::channel::<()>(1);
+        tokio::spawn(async move {
+            while asked.recv().await.is_some() {
+                store.poke_committed(channel, "").await;
+            }
+        });
+        Poker { wake }
+    }
+
+    /// Asks for a notification sent after this moment (never waits).
+    pub fn poke(&self) {
+        let _ = self.wake.try_send(());
+    }
+}

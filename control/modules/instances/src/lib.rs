@@ -74,6 +74,19 @@ impl Default for Config {
 pub struct Instances {
     pub store: bc_store::Store,
     pub config: Config,
+    /// Wakes the outbox sink after a placement or a change committed ([`queries::publish`]).
+    pub outbox: bc_store::pokes::Poker,
+}
+
+impl Instances {
+    pub fn new(store: bc_store::Store, config: Config) -> Instances {
+        let outbox = bc_store::pokes::Poker::spawn(store.clone(), queries::OUTBOX_WRITTEN_CHANNEL);
+        Instances {
+            store,
+            config,
+            outbox,
+        }
+    }
 }
 
 /// The `instances` module.
@@ -94,7 +107,7 @@ pub fn module(config: Config) -> Module {
                 secrets,
                 policy: config.policy,
             });
-            cx.provide(Instances { store, config });
+            cx.provide(Instances::new(store, config));
             Ok::<(), ApiError>(())
         }
     })

@@ -134,8 +134,15 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
     // Before any database access: the tenant boundary (the kernel checked the grant).
     tenant_check(cx.caller(), &req.tenant)?;
     let instances = cx.get::<Instances>()?;
-    let pool = instances.store.pool();
-    let class = match queries::pool_class(pool, &req.pool).await? {
+    // One connection for the admission's statements (each acquisition from the pool costs a round trip: sqlx
+    // checks the connection it hands out).
+    let mut conn = instances
+        .store
+        .pool()
+        .acquire()
+        .await
+        .map_err(bc_store::StoreError::from)?;
+    let class = match queries::pool_class(&mut conn, &req.pool).await? {
         (Some(PoolClass::VpsHost), _) => PoolClass::VpsHost,
         (Some(PoolClass::Provider), Some(provider)) => {
             // What the request launches there is known before anything is recorded.
@@ -169,7 +176,7 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
     let key = body.idempotency_key.clone().unwrap_or_else(|| id.clone());
     let body_hash = req.body_hash();
     let admitted = queries::admit(
-        pool,
+        &mut conn,
         NewInstance {
             id: &id,
             principal_id: &cx.caller().id,
@@ -180,7 +187,7 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
     )
     .await?;
     let instance = match admitted {
-        Admission::Recorded => place(instances, class, &id, &req).await?,
+        Admission::Recorded => place(instances, &mut conn, class, &id, &req).await?,
         Admission::Existing {
             body_hash: stored,
             instance,
@@ -196,7 +203,7 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
             }
             if instance.state == InstanceState::Pending {
                 // The call that recorded it did not finish placing it: this one does.
-                place(instances, class, &instance.id, &instance.request).await?
+                place(instances, &mut conn, class, &instance.id, &instance.request).await?
             } else {
                 *instance
             }
@@ -221,6 +228,7 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
 /// [`PLACEMENT_DEADLINE`].
 async fn place(
     instances: &Instances,
+    conn: &mut bc_store::sqlx::PgConnection,
     class: PoolClass,
     id: &str,
     req: &InstanceRequest,
@@ -228,7 +236,9 @@ async fn place(
     let pool = instances.store.pool();
     if class == PoolClass::Provider {
         // The provider workflow launches it: the placement is its hand-over, in one transaction.
-        let mut tx = pool.begin().await.map_err(bc_store::StoreError::from)?;
+        let mut tx = bc_store::sqlx::Connection::begin(&mut *conn)
+            .await
+            .map_err(bc_store::StoreError::from)?;
         queries::mark_placed_provider(&mut tx, id, &req.pool).await?;
         tx.commit().await.map_err(bc_store::StoreError::from)?;
         return read(instances, id).await;
@@ -238,7 +248,9 @@ async fn place(
     // Nodes whose GPUs a reservation booked between the claim and the booking: not tried again by this call.
     let mut short: Vec<String> = Vec::new();
     loop {
-        let mut tx = pool.begin().await.map_err(bc_store::StoreError::from)?;
+        let mut tx = bc_store::sqlx::Connection::begin(&mut *conn)
+            .await
+            .map_err(bc_store::StoreError::from)?;
         let Some(node) = queries::claim_node(&mut tx, req, &short).await? else {
             drop(tx);
             let busy = queries::any_fits(pool, req, &short).await?;
@@ -262,22 +274,22 @@ async fn place(
             short.push(node);
             continue;
         }
-        let Some(placed) = queries::mark_placed(&mut tx, id, &node, &gpus).await? else {
+        let entry = queries::desired_entry(
+            id,
+            0,
+            req,
+            serde_json::json!(gpus),
+            Power::Running.as_str(),
+            0,
+        );
+        let Some(placed) = queries::place_and_publish(&mut tx, id, &node, &gpus, entry).await?
+        else {
             // Another call placed (or the owner deleted) it meanwhile: what it did stands.
             drop(tx);
             return read(instances, id).await;
         };
-        let entry = queries::desired_entry(
-            id,
-            placed.generation,
-            req,
-            serde_json::json!(gpus),
-            placed.power.as_str(),
-            placed.reboots,
-        );
-        queries::publish_placed(&mut tx, &node, entry).await?;
         tx.commit().await.map_err(bc_store::StoreError::from)?;
-        queries::poke_outbox(&instances.store).await;
+        instances.outbox.poke();
         tracing::debug!(instance = id, node = %node, gpus = gpus.len(), "instance placed");
         return Ok(placed);
     }
@@ -411,7 +423,7 @@ async fn change(cx: Cx, req: InstanceById, change: Change) -> Result<InstanceAns
     crate::provider::store::poke(&mut tx, &i.id).await?;
     tx.commit().await.map_err(bc_store::StoreError::from)?;
     if changed.node.is_some() {
-        queries::poke_outbox(&instances.store).await;
+        instances.outbox.poke();
     }
     let actor = &cx.caller().id;
     tracing::info!(instance = %i.id, actor = %actor, change = change_name(&change), "instance changed");

@@ -11,7 +11,7 @@ use bc_store::StoreError;
 use bc_store::sqlx::{self, PgConnection, Row, postgres::PgRow};
 
 /// Channel the outbox sink listens on (bc-store's; repeated here only as its value).
-const OUTBOX_WRITTEN_CHANNEL: &str = bc_store::reservations::OUTBOX_WRITTEN_CHANNEL;
+pub const OUTBOX_WRITTEN_CHANNEL: &str = bc_store::reservations::OUTBOX_WRITTEN_CHANNEL;
 
 const COLUMNS: &str = "i.id, i.tenant_id, i.principal_id, i.state, i.request, i.node_id, i.gpus, i.power, \
                        i.reboots, i.generation, i.error, i.created_at, i.deleted_at, \
@@ -76,14 +76,14 @@ pub struct NewInstance<'a> {
 /// The class of `pool` for instances (None when the pool exists but hosts none) and a provider pool's
 /// configuration; NotFound when there is no pool.
 pub async fn pool_class(
-    pool: &sqlx::PgPool,
+    conn: &mut PgConnection,
     id: &str,
 ) -> Result<(Option<PoolClass>, Option<ProviderPool>), StoreError> {
     let row: Option<(Option<String>, Option<serde_json::Value>)> = sqlx::query_as(
         "SELECT c.class, c.provider FROM pools p LEFT JOIN instance_pools c ON c.pool_id = p.id WHERE p.id = $1",
     )
     .bind(id)
-    .fetch_optional(pool)
+    .fetch_optional(&mut *conn)
     .await?;
     match row {
         None => Err(StoreError::NotFound {
@@ -130,7 +130,7 @@ pub async fn set_pool_class(
 
 /// Admission's tx 1, one statement: records the idempotency key and the pending instance — or, when the key was
 /// used before, returns what it recorded then.
-pub async fn admit(pool: &sqlx::PgPool, n: NewInstance<'_>) -> Result<Admission, StoreError> {
+pub async fn admit(conn: &mut PgConnection, n: NewInstance<'_>) -> Result<Admission, StoreError> {
     let request = serde_json::to_value(n.request)
         .map_err(|e| StoreError::Corrupt(format!("instance request: {e}")))?;
     let inserted: Result<i64, sqlx::Error> = sqlx::query_scalar(
@@ -150,7 +150,7 @@ pub async fn admit(pool: &sqlx::PgPool, n: NewInstance<'_>) -> Result<Admission,
     .bind(n.request.vcpus as i32)
     .bind(n.request.memory_mib as i32)
     .bind(n.request.disk_gib as i32)
-    .fetch_one(pool)
+    .fetch_one(&mut *conn)
     .await;
     match inserted {
         Ok(1) => return Ok(Admission::Recorded),
@@ -169,7 +169,7 @@ pub async fn admit(pool: &sqlx::PgPool, n: NewInstance<'_>) -> Result<Admission,
     )))
     .bind(n.principal_id)
     .bind(n.key)
-    .fetch_optional(pool)
+    .fetch_optional(&mut *conn)
     .await?
     .ok_or_else(|| StoreError::Corrupt(format!("idempotency key {:?} has no instance", n.key)))?;
     Ok(Admission::Existing {
@@ -340,25 +340,6 @@ pub async fn book_gpus(
     .await?)
 }
 
-/// Records a placement (only of a pending instance): the placed instance, or None when it was not pending.
-pub async fn mark_placed(
-    conn: &mut PgConnection,
-    id: &str,
-    node: &str,
-    gpus: &[String],
-) -> Result<Option<Instance>, StoreError> {
-    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE instances i SET state = 'placed', node_id = $2, gpus = $3, placed_at = now(), error = NULL \
-         WHERE i.id = $1 AND i.state = 'pending' RETURNING {COLUMNS}"
-    )))
-    .bind(id)
-    .bind(node)
-    .bind(serde_json::json!(gpus))
-    .fetch_optional(&mut *conn)
-    .await?;
-    row.map(|r| row_to_instance(&r, 0)).transpose()
-}
-
 pub async fn mark_failed(pool: &sqlx::PgPool, id: &str, error: &str) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE instances SET state = 'failed', error = $2 WHERE id = $1 AND state = 'pending'",
@@ -460,7 +441,7 @@ pub async fn mark_placed_provider(
 
 /// Sets `node`'s desired `instances` from the instances placed on it, raises its desired generation and writes its
 /// outbox row, inside the caller's transaction (the change and its delivery commit together). The caller pokes the
-/// outbox sink after its commit ([`poke_outbox`]): a NOTIFY inside the placement's transaction would serialize every
+/// outbox sink after its commit (`Instances::outbox`): a NOTIFY inside the placement's transaction would serialize every
 /// placement's commit (bc-store's `pokes`).
 ///
 /// It locks the node's row before it reads the list: a placement on the node (which holds the row `FOR SHARE` from
@@ -507,35 +488,40 @@ pub async fn publish(conn: &mut PgConnection, node: &str) -> Result<i64, StoreEr
     Ok(generation)
 }
 
-/// A placement's [`publish`]: appends the new instance's `entry` ([`desired_entry`]) to `node`'s desired
-/// `instances`, raises its desired generation and writes its outbox row, in one statement whose cost does not grow
-/// with the instances already on the node (a full [`publish`] read, parsed and rewrote all of them for each new one).
-/// The list is the same set [`publish`] would write: only placements add to it, one per node at a time (the claim
-/// locks the node's free-atoms row), and every other change rewrites it whole.
-pub async fn publish_placed(
+/// Records a placement (only of a pending instance) and publishes it, in one statement: the instance becomes
+/// `placed` on `node` with `gpus`, and `entry` ([`desired_entry`]; its `generation`, `power` and `reboots` are
+/// replaced by the row's) is appended to `node`'s desired `instances`, with the node's next desired generation and
+/// its outbox row. None (and nothing written) when the instance was not pending. Its cost does not grow with the
+/// instances already on the node (a full [`publish`] read, parsed and rewrote all of them for each new one). The
+/// list stays the set [`publish`] would write: only placements add to it, one per node at a time (the claim locks
+/// the node's free-atoms row), and every other change rewrites it whole under the node's row lock.
+pub async fn place_and_publish(
     conn: &mut PgConnection,
+    id: &str,
     node: &str,
+    gpus: &[String],
     entry: serde_json::Value,
-) -> Result<i64, StoreError> {
-    Ok(sqlx::query_scalar(
-        "WITH n AS (UPDATE nodes SET desired_generation = desired_generation + 1, updated_at = now(), \
-           desired_spec = jsonb_set(desired_spec, '{instances}', \
+) -> Result<Option<Instance>, StoreError> {
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "WITH placed AS (UPDATE instances i SET state = 'placed', node_id = $2, gpus = $3, placed_at = now(), \
+           error = NULL WHERE i.id = $1 AND i.state = 'pending' RETURNING {COLUMNS}), \
+         node AS (UPDATE nodes SET desired_generation = desired_generation + 1, updated_at = now(), \
+           desired_spec = jsonb_set(desired_spec, '{{instances}}', \
              CASE WHEN jsonb_typeof(desired_spec -> 'instances') = 'array' THEN desired_spec -> 'instances' \
-                  ELSE '[]'::jsonb END || jsonb_build_array($2::jsonb)) \
-           WHERE id = $1 RETURNING id, desired_generation), \
-         o AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM n \
-           RETURNING generation) \
-         SELECT o.generation FROM o",
-    )
+                  ELSE '[]'::jsonb END \
+             || jsonb_build_array($4::jsonb || (SELECT jsonb_build_object('generation', p.generation, \
+                  'power', p.power, 'reboots', p.reboots) FROM placed p))) \
+           WHERE id = $2 AND EXISTS (SELECT 1 FROM placed) RETURNING id, desired_generation), \
+         ob AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM node) \
+         SELECT * FROM placed"
+    )))
+    .bind(id)
     .bind(node)
+    .bind(serde_json::json!(gpus))
     .bind(entry)
-    .fetch_one(&mut *conn)
-    .await?)
-}
-
-/// Wakes the outbox sink after a transaction that [`publish`]ed committed.
-pub async fn poke_outbox(store: &bc_store::Store) {
-    store.poke_committed(OUTBOX_WRITTEN_CHANNEL, "").await;
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(|r| row_to_instance(&r, 0)).transpose()
 }
 
 /// One instance as the node's desired state lists it (the contract of docs/instances.md).
