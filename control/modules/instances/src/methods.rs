@@ -243,6 +243,22 @@ async fn place(
         tx.commit().await.map_err(bc_store::StoreError::from)?;
         return read(instances, id).await;
     }
+    if req.gpus == 0 {
+        // The common case in one statement; when it places nothing, the loop below finds out why.
+        let entry = queries::desired_entry(
+            id,
+            0,
+            req,
+            serde_json::json!([]),
+            Power::Running.as_str(),
+            0,
+        );
+        if let Some(placed) = queries::place_without_gpus(conn, req, id, entry).await? {
+            instances.outbox.poke();
+            tracing::debug!(instance = id, node = ?placed.node, "instance placed");
+            return Ok(placed);
+        }
+    }
     let deadline = tokio::time::Instant::now() + PLACEMENT_DEADLINE;
     let mut pause = Duration::from_millis(2);
     // Nodes whose GPUs a reservation booked between the claim and the booking: not tried again by this call.

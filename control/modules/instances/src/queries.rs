@@ -276,6 +276,50 @@ pub async fn claim_node(
     .await?)
 }
 
+/// A whole placement without GPUs as one statement, its own transaction (no BEGIN, no COMMIT, no second
+/// statement: on this 2-core machine most of PostgreSQL's time under admission load was the kernel's, per round
+/// trip): claims the node as [`claim_node`] does, records the placement, books the atoms and publishes as
+/// [`place_and_publish`] does. None (nothing written) when no node that fits is free right now or the instance
+/// is no longer pending: the caller then takes the general path, which tells the two apart.
+pub async fn place_without_gpus(
+    conn: &mut PgConnection,
+    r: &InstanceRequest,
+    id: &str,
+    entry: serde_json::Value,
+) -> Result<Option<Instance>, StoreError> {
+    let no_skip: &[String] = &[];
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "WITH c AS (SELECT f.node_id FROM instance_node_free f JOIN nodes n ON n.id = f.node_id WHERE {FITS} \
+           ORDER BY f.free_vcpus, f.free_memory_mib, f.free_disk_gib, f.node_id \
+           LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED FOR SHARE OF n SKIP LOCKED), \
+         placed AS (UPDATE instances i SET state = 'placed', node_id = c.node_id, gpus = '[]', placed_at = now(), \
+           error = NULL FROM c WHERE i.id = $7 AND i.state = 'pending' RETURNING {COLUMNS}), \
+         hold AS (UPDATE instance_node_free f SET used_vcpus = f.used_vcpus + $2, \
+           used_memory_mib = f.used_memory_mib + $3, used_disk_gib = f.used_disk_gib + $4 \
+           FROM placed p WHERE f.node_id = p.node_id), \
+         node AS (UPDATE nodes SET desired_generation = desired_generation + 1, updated_at = now(), \
+           desired_spec = jsonb_set(desired_spec, '{{instances}}', \
+             CASE WHEN jsonb_typeof(desired_spec -> 'instances') = 'array' THEN desired_spec -> 'instances' \
+                  ELSE '[]'::jsonb END \
+             || jsonb_build_array($8::jsonb || (SELECT jsonb_build_object('generation', p.generation, \
+                  'power', p.power, 'reboots', p.reboots) FROM placed p))) \
+           WHERE id = (SELECT p.node_id FROM placed p) RETURNING id, desired_generation), \
+         ob AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM node) \
+         SELECT * FROM placed"
+    )))
+    .bind(&r.pool)
+    .bind(i64::from(r.vcpus))
+    .bind(i64::from(r.memory_mib))
+    .bind(i64::from(r.disk_gib))
+    .bind(i64::from(r.gpus))
+    .bind(no_skip)
+    .bind(id)
+    .bind(entry)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(|r| row_to_instance(&r, 0)).transpose()
+}
+
 /// Whether some node of `r`'s pool fits it, locked or not (after [`claim_node`] found none free: busy or full).
 pub async fn any_fits(
     pool: &sqlx::PgPool,
