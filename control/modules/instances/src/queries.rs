@@ -297,15 +297,9 @@ pub async fn place_without_gpus(
          hold AS (UPDATE instance_node_free f SET used_vcpus = f.used_vcpus + $2, \
            used_memory_mib = f.used_memory_mib + $3, used_disk_gib = f.used_disk_gib + $4 \
            FROM placed p WHERE f.node_id = p.node_id), \
-         node AS (UPDATE nodes SET desired_generation = desired_generation + 1, updated_at = now(), \
-           desired_spec = jsonb_set(desired_spec, '{{instances}}', \
-             CASE WHEN jsonb_typeof(desired_spec -> 'instances') = 'array' THEN desired_spec -> 'instances' \
-                  ELSE '[]'::jsonb END \
-             || jsonb_build_array($8::jsonb || (SELECT jsonb_build_object('generation', p.generation, \
-                  'power', p.power, 'reboots', p.reboots) FROM placed p))) \
-           WHERE id = (SELECT p.node_id FROM placed p) RETURNING id, desired_generation), \
-         ob AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM node) \
-         SELECT * FROM placed"
+         {} \
+         SELECT * FROM placed",
+        append_ctes(8)
     )))
     .bind(&r.pool)
     .bind(i64::from(r.vcpus))
@@ -532,6 +526,22 @@ pub async fn publish(conn: &mut PgConnection, node: &str) -> Result<i64, StoreEr
     Ok(generation)
 }
 
+/// The CTEs `node` and `ob` of a placement's statement, after its CTE `placed` (the placed instance's row): the
+/// entry in parameter `$entry` ([`desired_entry`]), with the row's `generation`, `power` and `reboots`, appended to
+/// the node's desired `instances`, the node's desired generation raised, and its outbox row.
+fn append_ctes(entry: u8) -> String {
+    format!(
+        "node AS (UPDATE nodes SET desired_generation = desired_generation + 1, updated_at = now(), \
+           desired_spec = jsonb_set(desired_spec, '{{instances}}', \
+             CASE WHEN jsonb_typeof(desired_spec -> 'instances') = 'array' THEN desired_spec -> 'instances' \
+                  ELSE '[]'::jsonb END \
+             || jsonb_build_array(${entry}::jsonb || (SELECT jsonb_build_object('generation', p.generation, \
+                  'power', p.power, 'reboots', p.reboots) FROM placed p))) \
+           WHERE id = (SELECT p.node_id FROM placed p) RETURNING id, desired_generation), \
+         ob AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM node)"
+    )
+}
+
 /// Records a placement (only of a pending instance) and publishes it, in one statement: the instance becomes
 /// `placed` on `node` with `gpus`, and `entry` ([`desired_entry`]; its `generation`, `power` and `reboots` are
 /// replaced by the row's) is appended to `node`'s desired `instances`, with the node's next desired generation and
@@ -549,15 +559,9 @@ pub async fn place_and_publish(
     let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "WITH placed AS (UPDATE instances i SET state = 'placed', node_id = $2, gpus = $3, placed_at = now(), \
            error = NULL WHERE i.id = $1 AND i.state = 'pending' RETURNING {COLUMNS}), \
-         node AS (UPDATE nodes SET desired_generation = desired_generation + 1, updated_at = now(), \
-           desired_spec = jsonb_set(desired_spec, '{{instances}}', \
-             CASE WHEN jsonb_typeof(desired_spec -> 'instances') = 'array' THEN desired_spec -> 'instances' \
-                  ELSE '[]'::jsonb END \
-             || jsonb_build_array($4::jsonb || (SELECT jsonb_build_object('generation', p.generation, \
-                  'power', p.power, 'reboots', p.reboots) FROM placed p))) \
-           WHERE id = $2 AND EXISTS (SELECT 1 FROM placed) RETURNING id, desired_generation), \
-         ob AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM node) \
-         SELECT * FROM placed"
+         {} \
+         SELECT * FROM placed",
+        append_ctes(4)
     )))
     .bind(id)
     .bind(node)
