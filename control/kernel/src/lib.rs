@@ -29,7 +29,7 @@ pub mod router;
 pub use backend::{Authenticator, Backend, Membership, Notice};
 pub use error::{ApiCode, ApiError, Coded, InvalidConfig, http_status};
 pub use method::{ApiMethod, BoxFuture, Caller, Cx, Method, Permission, Scope, ScopeKind};
-pub use module::{IntoModule, Migration, Module, Route, StartCx};
+pub use module::{HotTables, IntoModule, Migration, Module, Route, StartCx};
 pub use plane::{
     ControlPlane, ControlPlaneBuilder, DEFAULT_SHARD_LEASE, Initialized, OpenApiDocument, Options,
     RoleSet, Running,

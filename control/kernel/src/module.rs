@@ -152,8 +152,14 @@ pub struct Module {
     pub(crate) migrations: Vec<Migration>,
     pub(crate) gateway_services: Vec<&'static str>,
     pub(crate) routes: Vec<Route>,
+    pub(crate) hot_tables: Vec<&'static str>,
     pub(crate) start: Option<StartFn>,
 }
+
+/// The tables every module declared hot ([`Module::hot_tables`]), in registration order without repeats: a resource
+/// of the initialized plane, read by the loop that keeps their planner statistics current.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HotTables(pub Vec<&'static str>);
 
 impl Module {
     pub fn new(name: &'static str) -> Module {
@@ -165,6 +171,7 @@ impl Module {
             migrations: Vec::new(),
             gateway_services: Vec::new(),
             routes: Vec::new(),
+            hot_tables: Vec::new(),
             start: None,
         }
     }
@@ -198,6 +205,14 @@ impl Module {
     /// that wires the gateway refuses to start one it cannot find.
     pub fn gateway_service(mut self, name: &'static str) -> Module {
         self.gateway_services.push(name);
+        self
+    }
+
+    /// Tables whose query plans matter on a hot path (an admission, a placement): one process of the `controllers`
+    /// or `scheduler` role ANALYZEs each of them as soon as it outgrows the planner's estimate, so a statement
+    /// prepared while the table was empty does not keep scanning it until autovacuum comes.
+    pub fn hot_tables(mut self, tables: &[&'static str]) -> Module {
+        self.hot_tables.extend_from_slice(tables);
         self
     }
 

@@ -248,6 +248,13 @@ impl ControlPlane {
         backend.provide(&mut resources);
         resources.insert(registry::ApiDocument::of(&self.modules));
         resources.insert(openapi);
+        let mut hot = Vec::new();
+        for table in self.modules.iter().flat_map(|(_, m)| m.hot_tables.iter()) {
+            if !hot.contains(table) {
+                hot.push(*table);
+            }
+        }
+        resources.insert(crate::module::HotTables(hot));
         let mut notes = Vec::new();
         for (kind, module) in &self.modules {
             let Some(start) = &module.start else { continue };

@@ -82,6 +82,7 @@ pub fn module(store: Store) -> Module {
         .method(Method::<StatsMethod>::new().any_caller().handler(stats))
         .method(Method::<InfoMethod>::new().any_caller().handler(info))
         .method(crate::fleet::method())
+        .hot_tables(bc_store::statistics::HOT_TABLES)
         .reconciler(statistics_loop(store))
 }
 
@@ -126,5 +127,13 @@ fn statistics_loop(store: Store) -> Reconciler {
     Reconciler::new("statistics")
         .role("controllers")
         .role("scheduler")
-        .run(move |cx: ReconcileCx| statistics::run(store.clone(), stop_watch(cx.stop)))
+        .run(move |cx: ReconcileCx| {
+            // Every module's hot tables (the plane collected them at start), this module's among them.
+            let tables = cx
+                .resources
+                .get::<bc_kernel::HotTables>()
+                .map(|t| t.0.clone())
+                .unwrap_or_else(|| bc_store::statistics::HOT_TABLES.to_vec());
+            statistics::run(store.clone(), tables, stop_watch(cx.stop))
+        })
 }

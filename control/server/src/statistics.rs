@@ -1,10 +1,10 @@
-//! Keeps the planner's statistics of the hot tables in step with their growth while autovacuum has not caught up
+//! Keeps the planner's statistics of the hot tables (those every module declared with `Module::hot_tables`, the
+//! kernel's [`bc_store::statistics::HOT_TABLES`] among them) in step with their growth while autovacuum has not caught up
 //! (a fresh database, a fleet joining): every [`INTERVAL`] one catalog query, and an ANALYZE of a table only when it
 //! outgrew its estimate ([`bc_store::statistics`] says why and when). Runs in every process of the `controllers`
 //! or `scheduler` role; several doing it at once cost one skipped ANALYZE.
 
 use bc_store::Store;
-use bc_store::statistics::HOT_TABLES;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -12,7 +12,7 @@ use tokio::sync::watch;
 /// tables fill.
 pub const INTERVAL: Duration = Duration::from_secs(2);
 
-pub async fn run(store: Store, mut stop: watch::Receiver<bool>) {
+pub async fn run(store: Store, tables: Vec<&'static str>, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -24,7 +24,7 @@ pub async fn run(store: Store, mut stop: watch::Receiver<bool>) {
                 }
             }
         }
-        match store.refresh_stale_statistics(HOT_TABLES).await {
+        match store.refresh_stale_statistics(&tables).await {
             Ok(tables) if !tables.is_empty() => tracing::info!(
                 ?tables,
                 "analyzed tables that outgrew the planner's estimate"

@@ -17,7 +17,7 @@ pub mod provider;
 pub mod queries;
 
 use bc_core::provider::workflow::Policy;
-use bc_kernel::{ApiError, Migration, Module, Reconciler, StartCx, StepCx, Tick};
+use bc_kernel::{ApiError, Migration, Module, Reconciler, StartCx, Tick};
 use std::time::Duration;
 
 /// The module's schema (its tables; versions 1300–1399 are this module's).
@@ -39,14 +39,12 @@ pub const MIGRATIONS: &[Migration] = &[
     },
 ];
 
-/// The module's tables that start empty and fill fast. Their planner statistics are refreshed as they fill
-/// (bc-store's `statistics` says why: a statement prepared while its table was nearly empty keeps a plan that scans
+/// The module's tables that start empty and fill fast, declared hot ([`Module::hot_tables`]): the kernel's statistics
+/// loop refreshes their planner statistics as they fill (bc-store's `statistics` says why: a statement prepared while its table was nearly empty keeps a plan that scans
 /// it until the first ANALYZE). Measured before this (`BC_INSTANCES_ADMISSIONS_ONLY=1 target/release/instances`,
 /// `pg_stat_statements`): placement's `UPDATE instances … WHERE id = $1` read 78 buffers a call, its table was
 /// scanned 1,934 times (9.8 million rows read) in 40 s, and no autovacuum ANALYZE came within the run.
 pub const HOT_TABLES: &[&str] = &["instances", "instance_idempotency", "instance_node_free"];
-/// How often [`HOT_TABLES`]' estimates are checked (one catalog query; the kernel's loop checks its own as often).
-const STATISTICS_TICK: Duration = Duration::from_secs(2);
 
 /// What the composition configures.
 #[derive(Debug, Clone)]
@@ -92,7 +90,7 @@ impl Instances {
 /// The `instances` module.
 pub fn module(config: Config) -> Module {
     let tick = config.tick;
-    let mut m = methods::register(Module::new("instances"));
+    let mut m = methods::register(Module::new("instances")).hot_tables(HOT_TABLES);
     for migration in MIGRATIONS {
         m = m.migration(*migration);
     }
@@ -119,28 +117,6 @@ pub fn module(config: Config) -> Module {
             .poked_by(provider::store::POKE)
             .step(provider::reconcile),
     )
-    .reconciler(
-        Reconciler::new("instances-statistics")
-            .role("controllers")
-            .role("scheduler")
-            .tick(Tick::Every(STATISTICS_TICK))
-            .step(refresh_statistics),
-    )
-}
-
-/// ANALYZEs those of [`HOT_TABLES`] that outgrew their planner estimate.
-async fn refresh_statistics(cx: StepCx) -> Result<(), bc_store::StoreError> {
-    let Some(instances) = cx.resources.get::<Instances>().cloned() else {
-        return Ok(());
-    };
-    let tables = instances.store.refresh_stale_statistics(HOT_TABLES).await?;
-    if !tables.is_empty() {
-        tracing::info!(
-            ?tables,
-            "analyzed tables that outgrew the planner's estimate"
-        );
-    }
-    Ok(())
 }
 
 /// The wall clock in ms since the epoch: read here, at the edge, and passed into the decisions.

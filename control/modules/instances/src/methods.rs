@@ -15,6 +15,8 @@ use bc_core::api::instances::{
 };
 use bc_core::reservation::tenant_allowed;
 use bc_kernel::{ApiCode, ApiError, Caller, Cx, Method, Module, Scope};
+use bc_store::sqlx::Postgres;
+use bc_store::sqlx::pool::PoolConnection;
 use std::time::Duration;
 
 bc_kernel::api_method!(
@@ -134,6 +136,16 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
     // Before any database access: the tenant boundary (the kernel checked the grant).
     tenant_check(cx.caller(), &req.tenant)?;
     let instances = cx.get::<Instances>()?;
+    let id = format!("inst-{}", uuid::Uuid::now_v7().simple());
+    let key = body.idempotency_key.clone().unwrap_or_else(|| id.clone());
+    let body_hash = req.body_hash();
+    let new = NewInstance {
+        id: &id,
+        principal_id: &cx.caller().id,
+        key: &key,
+        body_hash: &body_hash,
+        request: &req,
+    };
     // One connection for the admission's statements (each acquisition from the pool costs a round trip: sqlx
     // checks the connection it hands out).
     let mut conn = instances
@@ -142,52 +154,24 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
         .acquire()
         .await
         .map_err(bc_store::StoreError::from)?;
-    let class = match queries::pool_class(&mut conn, &req.pool).await? {
-        (Some(PoolClass::VpsHost), _) => PoolClass::VpsHost,
-        (Some(PoolClass::Provider), Some(provider)) => {
-            // What the request launches there is known before anything is recorded.
-            provider
-                .launch_for(&req)
-                .map_err(|why| ApiError::invalid(format!("pool {}: {why}", req.pool)))?;
-            PoolClass::Provider
+    // Tx 1 for the common case, a hosted pool, checks the pool's class in its own statement; any other pool's
+    // class is read first and decides what may be recorded.
+    let (class, admitted) = match queries::admit(&mut conn, new, true).await? {
+        Admission::NotHosted => {
+            let class = other_class(&mut conn, &req).await?;
+            (class, queries::admit(&mut conn, new, false).await?)
         }
-        (Some(PoolClass::Provider), None) => {
-            return Err(ApiError::new(
-                ApiCode::FailedPrecondition,
-                format!(
-                    "pool {} is a provider pool without its configuration: set it again with `better-compute \
-                     instances set-pool {} provider --provider <file>`",
-                    req.pool, req.pool
-                ),
-            ));
-        }
-        (None, _) => {
-            return Err(ApiError::new(
-                ApiCode::FailedPrecondition,
-                format!(
-                    "pool {} hosts no instances: make it a hosted pool (`better-compute instances set-pool {} \
-                     vps-host`) with nodes that run bcd with a [vmm] table, or a provider pool, or name such a pool",
-                    req.pool, req.pool
-                ),
-            ));
-        }
+        admitted => (PoolClass::VpsHost, admitted),
     };
-    let id = format!("inst-{}", uuid::Uuid::now_v7().simple());
-    let key = body.idempotency_key.clone().unwrap_or_else(|| id.clone());
-    let body_hash = req.body_hash();
-    let admitted = queries::admit(
-        &mut conn,
-        NewInstance {
-            id: &id,
-            principal_id: &cx.caller().id,
-            key: &key,
-            body_hash: &body_hash,
-            request: &req,
-        },
-    )
-    .await?;
     let instance = match admitted {
-        Admission::Recorded => place(instances, &mut conn, class, &id, &req).await?,
+        Admission::Recorded => place(instances, conn, class, &id, &req).await?,
+        Admission::NotHosted => {
+            // Only a hosted-only tx 1 answers this, and its answer was handled above.
+            return Err(ApiError::unavailable(format!(
+                "pool {} changed its class during this call; send it again",
+                req.pool
+            )));
+        }
         Admission::Existing {
             body_hash: stored,
             instance,
@@ -203,7 +187,7 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
             }
             if instance.state == InstanceState::Pending {
                 // The call that recorded it did not finish placing it: this one does.
-                place(instances, &mut conn, class, &instance.id, &instance.request).await?
+                place(instances, conn, class, &instance.id, &instance.request).await?
             } else {
                 *instance
             }
@@ -222,13 +206,47 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
     Ok(InstanceAnswer { instance })
 }
 
+/// The class of the request's pool when tx 1 found it is not a hosted pool: a provider pool (whose configuration
+/// can launch the request, checked before anything is recorded), a hosted pool after all (its class changed since),
+/// or an error saying what to do.
+async fn other_class(
+    conn: &mut bc_store::sqlx::PgConnection,
+    req: &InstanceRequest,
+) -> Result<PoolClass, ApiError> {
+    match queries::pool_class(conn, &req.pool).await? {
+        (Some(PoolClass::VpsHost), _) => Ok(PoolClass::VpsHost),
+        (Some(PoolClass::Provider), Some(provider)) => {
+            provider
+                .launch_for(req)
+                .map_err(|why| ApiError::invalid(format!("pool {}: {why}", req.pool)))?;
+            Ok(PoolClass::Provider)
+        }
+        (Some(PoolClass::Provider), None) => Err(ApiError::new(
+            ApiCode::FailedPrecondition,
+            format!(
+                "pool {} is a provider pool without its configuration: set it again with `better-compute \
+                 instances set-pool {} provider --provider <file>`",
+                req.pool, req.pool
+            ),
+        )),
+        (None, _) => Err(ApiError::new(
+            ApiCode::FailedPrecondition,
+            format!(
+                "pool {} hosts no instances: make it a hosted pool (`better-compute instances set-pool {} \
+                 vps-host`) with nodes that run bcd with a [vmm] table, or a provider pool, or name such a pool",
+                req.pool, req.pool
+            ),
+        )),
+    }
+}
+
 /// Tx 2: books the atoms of the best node that still fits under its lock, records the placement and publishes
 /// the node's desired state, in one transaction; with no node that fits, records why. A node another placement
 /// holds is skipped; when every node that fits was busy, the placement tries again shortly, within
 /// [`PLACEMENT_DEADLINE`].
 async fn place(
     instances: &Instances,
-    conn: &mut bc_store::sqlx::PgConnection,
+    mut conn: PoolConnection<Postgres>,
     class: PoolClass,
     id: &str,
     req: &InstanceRequest,
@@ -245,15 +263,8 @@ async fn place(
     }
     if req.gpus == 0 {
         // The common case in one statement; when it places nothing, the loop below finds out why.
-        let entry = queries::desired_entry(
-            id,
-            0,
-            req,
-            serde_json::json!([]),
-            Power::Running.as_str(),
-            0,
-        );
-        if let Some(placed) = queries::place_without_gpus(conn, req, id, entry).await? {
+        let entry = queries::placement_entry(id, req, serde_json::json!([]));
+        if let Some(placed) = queries::place_without_gpus(&mut conn, req, id, entry).await? {
             instances.outbox.poke();
             tracing::debug!(instance = id, node = ?placed.node, "instance placed");
             return Ok(placed);
@@ -263,12 +274,19 @@ async fn place(
     let mut pause = Duration::from_millis(2);
     // Nodes whose GPUs a reservation booked between the claim and the booking: not tried again by this call.
     let mut short: Vec<String> = Vec::new();
+    // The admission's connection, given back to the pool while this call waits for a busy node.
+    let mut held = Some(conn);
     loop {
+        let mut conn = match held.take() {
+            Some(c) => c,
+            None => pool.acquire().await.map_err(bc_store::StoreError::from)?,
+        };
         let mut tx = bc_store::sqlx::Connection::begin(&mut *conn)
             .await
             .map_err(bc_store::StoreError::from)?;
         let Some(node) = queries::claim_node(&mut tx, req, &short).await? else {
             drop(tx);
+            drop(conn);
             let busy = queries::any_fits(pool, req, &short).await?;
             if !busy
                 || tokio::time::Instant::now() + pause > deadline
@@ -288,16 +306,11 @@ async fn place(
         let gpus = queries::book_gpus(&mut tx, &node, id, want).await?;
         if gpus.len() as i64 != want {
             short.push(node);
+            drop(tx);
+            held = Some(conn);
             continue;
         }
-        let entry = queries::desired_entry(
-            id,
-            0,
-            req,
-            serde_json::json!(gpus),
-            Power::Running.as_str(),
-            0,
-        );
+        let entry = queries::placement_entry(id, req, serde_json::json!(gpus));
         let Some(placed) = queries::place_and_publish(&mut tx, id, &node, &gpus, entry).await?
         else {
             // Another call placed (or the owner deleted) it meanwhile: what it did stands.

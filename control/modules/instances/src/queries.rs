@@ -57,6 +57,8 @@ fn row_to_instance(r: &PgRow, at: usize) -> Result<Instance, StoreError> {
 /// What tx 1 found.
 pub enum Admission {
     Recorded,
+    /// Asked for a hosted pool only, and the request's pool is not one: nothing was written.
+    NotHosted,
     /// The key was used before: the stored body hash and the instance it created.
     Existing {
         body_hash: String,
@@ -65,6 +67,7 @@ pub enum Admission {
 }
 
 /// Admission's tx 1 input.
+#[derive(Clone, Copy)]
 pub struct NewInstance<'a> {
     pub id: &'a str,
     pub principal_id: &'a str,
@@ -129,16 +132,24 @@ pub async fn set_pool_class(
 }
 
 /// Admission's tx 1, one statement: records the idempotency key and the pending instance — or, when the key was
-/// used before, returns what it recorded then.
-pub async fn admit(conn: &mut PgConnection, n: NewInstance<'_>) -> Result<Admission, StoreError> {
+/// used before, returns what it recorded then. With `hosted_only`, the statement first checks that the request's
+/// pool is a hosted (`vps-host`) pool, and writes nothing ([`Admission::NotHosted`]) when it is not: the class is a
+/// row the statement reads, never a cached value, at no extra round trip.
+pub async fn admit(
+    conn: &mut PgConnection,
+    n: NewInstance<'_>,
+    hosted_only: bool,
+) -> Result<Admission, StoreError> {
     let request = serde_json::to_value(n.request)
         .map_err(|e| StoreError::Corrupt(format!("instance request: {e}")))?;
-    let inserted: Result<i64, sqlx::Error> = sqlx::query_scalar(
-        "WITH ins AS (INSERT INTO instance_idempotency (principal_id, key, body_hash, instance_id) \
-           VALUES ($1, $2, $3, $4) ON CONFLICT (principal_id, key) DO NOTHING RETURNING instance_id), \
+    let (admissible, inserted): (bool, i64) = sqlx::query_as(
+        "WITH c AS (SELECT 1 WHERE NOT $11 OR EXISTS (SELECT 1 FROM instance_pools WHERE pool_id = $6 \
+           AND class = 'vps-host')), \
+         ins AS (INSERT INTO instance_idempotency (principal_id, key, body_hash, instance_id) \
+           SELECT $1, $2, $3, $4 FROM c ON CONFLICT (principal_id, key) DO NOTHING RETURNING instance_id), \
          i AS (INSERT INTO instances (id, tenant_id, principal_id, pool_id, request, state, vcpus, memory_mib, \
            disk_gib) SELECT $4, $5, $1, $6, $7, 'pending', $8, $9, $10 FROM ins RETURNING id) \
-         SELECT count(*) FROM i",
+         SELECT EXISTS (SELECT 1 FROM c), (SELECT count(*) FROM i)",
     )
     .bind(n.principal_id)
     .bind(n.key)
@@ -150,28 +161,43 @@ pub async fn admit(conn: &mut PgConnection, n: NewInstance<'_>) -> Result<Admiss
     .bind(n.request.vcpus as i32)
     .bind(n.request.memory_mib as i32)
     .bind(n.request.disk_gib as i32)
+    .bind(hosted_only)
     .fetch_one(&mut *conn)
-    .await;
-    match inserted {
-        Ok(1) => return Ok(Admission::Recorded),
-        Ok(_) => {}
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23503") => {
-            return Err(StoreError::NotFound {
-                what: "tenant or pool",
-                id: format!("{}/{}", n.request.tenant, n.request.pool),
-            });
-        }
-        Err(e) => return Err(e.into()),
+    .await
+    .map_err(|e| tenant_or_pool_missing(e, n.request))?;
+    match (admissible, inserted) {
+        (false, _) => Ok(Admission::NotHosted),
+        (true, 1) => Ok(Admission::Recorded),
+        (true, _) => existing(conn, n.principal_id, n.key).await,
     }
+}
+
+/// A foreign-key violation of tx 1 as NotFound naming the tenant and pool; any other error as it is.
+fn tenant_or_pool_missing(e: sqlx::Error, r: &InstanceRequest) -> StoreError {
+    match e {
+        sqlx::Error::Database(d) if d.code().as_deref() == Some("23503") => StoreError::NotFound {
+            what: "tenant or pool",
+            id: format!("{}/{}", r.tenant, r.pool),
+        },
+        e => e.into(),
+    }
+}
+
+/// The instance an idempotency key created, with the body hash stored with the key.
+async fn existing(
+    conn: &mut PgConnection,
+    principal_id: &str,
+    key: &str,
+) -> Result<Admission, StoreError> {
     let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT k.body_hash, {COLUMNS} FROM instance_idempotency k JOIN instances i ON i.id = k.instance_id \
          WHERE k.principal_id = $1 AND k.key = $2"
     )))
-    .bind(n.principal_id)
-    .bind(n.key)
+    .bind(principal_id)
+    .bind(key)
     .fetch_optional(&mut *conn)
     .await?
-    .ok_or_else(|| StoreError::Corrupt(format!("idempotency key {:?} has no instance", n.key)))?;
+    .ok_or_else(|| StoreError::Corrupt(format!("idempotency key {key:?} has no instance")))?;
     Ok(Admission::Existing {
         body_hash: row.get(0),
         instance: Box::new(row_to_instance(&row, 1)?),
@@ -527,7 +553,7 @@ pub async fn publish(conn: &mut PgConnection, node: &str) -> Result<i64, StoreEr
 }
 
 /// The CTEs `node` and `ob` of a placement's statement, after its CTE `placed` (the placed instance's row): the
-/// entry in parameter `$entry` ([`desired_entry`]), with the row's `generation`, `power` and `reboots`, appended to
+/// entry in parameter `$entry` ([`placement_entry`]), with the row's `generation`, `power` and `reboots`, appended to
 /// the node's desired `instances`, the node's desired generation raised, and its outbox row.
 fn append_ctes(entry: u8) -> String {
     format!(
@@ -543,8 +569,8 @@ fn append_ctes(entry: u8) -> String {
 }
 
 /// Records a placement (only of a pending instance) and publishes it, in one statement: the instance becomes
-/// `placed` on `node` with `gpus`, and `entry` ([`desired_entry`]; its `generation`, `power` and `reboots` are
-/// replaced by the row's) is appended to `node`'s desired `instances`, with the node's next desired generation and
+/// `placed` on `node` with `gpus`, and `entry` ([`placement_entry`], with the row's `generation`, `power` and
+/// `reboots` added) is appended to `node`'s desired `instances`, with the node's next desired generation and
 /// its outbox row. None (and nothing written) when the instance was not pending. Its cost does not grow with the
 /// instances already on the node (a full [`publish`] read, parsed and rewrote all of them for each new one). The
 /// list stays the set [`publish`] would write: only placements add to it, one per node at a time (the claim locks
@@ -581,21 +607,32 @@ pub fn desired_entry(
     power: &str,
     reboots: i64,
 ) -> serde_json::Value {
+    let mut v = placement_entry(id, r, gpus);
+    v["generation"] = serde_json::json!(generation);
+    v["power"] = serde_json::json!(power);
+    v["reboots"] = serde_json::json!(reboots);
+    v
+}
+
+/// What a placement appends to the node's desired `instances`: [`desired_entry`] without the fields the instance's
+/// row holds (`generation`, `power`, `reboots`), which the placement's statement adds from the row it wrote.
+pub fn placement_entry(
+    id: &str,
+    r: &InstanceRequest,
+    gpus: serde_json::Value,
+) -> serde_json::Value {
     let mut meta = serde_json::json!({ "ssh_keys": r.ssh_keys });
     if let Some(h) = &r.hostname {
         meta["hostname"] = serde_json::json!(h);
     }
     let mut v = serde_json::json!({
         "id": id,
-        "generation": generation,
         "vcpus": r.vcpus,
         "memory_mib": r.memory_mib,
         "disk_gib": r.disk_gib,
         "image": {"url": r.image.url, "sha256": r.image.sha256},
         "meta": meta,
         "gpus": gpus,
-        "power": power,
-        "reboots": reboots,
     });
     if let Some(u) = &r.user_data {
         v["user_data"] = serde_json::json!(u);
