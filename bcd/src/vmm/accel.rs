@@ -1,6 +1,8 @@
 //! Which accelerator VMs get. `/dev/kvm` existing proves little (on a nested host without VMX it opens and a guest
-//! still never runs), so `auto` boots a probe under KVM first: a 512-byte boot sector that writes `K` to the serial
-//! port and leaves through QEMU's isa-debug-exit device. Only if that finishes within [`PROBE_DEADLINE`] is KVM
+//! still never runs), so `auto` boots a probe under KVM first, with the CPU model VMs get there
+//! ([`Accel::cpu`]): a 512-byte boot sector that writes `K` to the serial port and leaves through QEMU's
+//! isa-debug-exit device. The model matters: on a nested AMD host (measured 2026-12-03) the probe ran under KVM with
+//! QEMU's default CPU, while every VM, started with `-cpu host`, failed at once (`failed to set MSR 0x10a`). Only if that finishes within [`PROBE_DEADLINE`] is KVM
 //! used; otherwise TCG, with the reason logged. The probe runs once per supervisor start (≈ 0.1 s with a working
 //! KVM, the deadline without one).
 
@@ -46,11 +48,48 @@ pub async fn choose(qemu: &Path, choice: AccelChoice, work: &Path) -> (Accel, St
 
 /// Boots the probe sector under KVM; Ok when it ran to its exit.
 pub async fn probe(qemu: &Path, work: &Path) -> Result<(), String> {
-    probe_under(qemu, work, "kvm").await
+    probe_under(qemu, work, Accel::Kvm).await
 }
 
-/// Boots the probe sector under `accel` (`kvm`; `tcg` in the test that proves the sector itself works).
-async fn probe_under(qemu: &Path, work: &Path, accel: &str) -> Result<(), String> {
+/// QEMU's command line for the probe under `accel`: the CPU model VMs get under it, the sector on an IDE disk, the
+/// serial port into `serial`.
+fn probe_args(accel: Accel, disk: &Path, serial: &Path) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "-accel",
+        accel.as_str(),
+        "-machine",
+        "pc",
+        "-m",
+        "16",
+        "-nodefaults",
+    ]
+    .map(String::from)
+    .to_vec();
+    if let Some(cpu) = accel.cpu() {
+        a.extend(["-cpu".to_string(), cpu.to_string()]);
+    }
+    a.extend(
+        [
+            "-display",
+            "none",
+            "-no-user-config",
+            "-device",
+            "isa-debug-exit,iobase=0xf4,iosize=0x01",
+        ]
+        .map(String::from),
+    );
+    a.extend([
+        "-drive".to_string(),
+        format!("file={},format=raw,if=ide", disk.display()),
+        "-serial".to_string(),
+        format!("file:{}", serial.display()),
+    ]);
+    a
+}
+
+/// Boots the probe sector under `accel` with the CPU model VMs get under it (KVM; TCG in the test that proves the
+/// sector itself works).
+async fn probe_under(qemu: &Path, work: &Path, accel: Accel) -> Result<(), String> {
     let dir = tempfile::Builder::new()
         .prefix(".kvm-probe-")
         .tempdir_in(work)
@@ -59,13 +98,7 @@ async fn probe_under(qemu: &Path, work: &Path, accel: &str) -> Result<(), String
     let serial = dir.path().join("serial.out");
     std::fs::write(&disk, probe_sector()).map_err(|e| format!("writing the probe: {e}"))?;
     let mut cmd = tokio::process::Command::new(qemu);
-    cmd.args(["-accel", accel, "-machine", "pc", "-m", "16", "-nodefaults"])
-        .args(["-display", "none", "-no-user-config"])
-        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x01"])
-        .arg("-drive")
-        .arg(format!("file={},format=raw,if=ide", disk.display()))
-        .arg("-serial")
-        .arg(format!("file:{}", serial.display()))
+    cmd.args(probe_args(accel, &disk, &serial))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -100,6 +133,42 @@ async fn probe_under(qemu: &Path, work: &Path, accel: &str) -> Result<(), String
 mod tests {
     use super::*;
 
+    /// The `-cpu` a VM gets after the probe chose its accelerator is the one the probe ran: a probe with QEMU's
+    /// default model passed on a nested AMD host where every `-cpu host` VM failed to start.
+    #[test]
+    fn the_probe_runs_the_cpu_model_vms_get() {
+        let cpu = |args: &[String]| -> Vec<String> {
+            args.windows(2)
+                .filter(|w| w[0] == "-cpu")
+                .map(|w| w[1].clone())
+                .collect()
+        };
+        let spec = crate::vmm::seed::tests::spec();
+        for accel in [Accel::Kvm, Accel::Tcg] {
+            let cfg = crate::vmm::config::VmmWire {
+                network: crate::vmm::config::NetworkWire {
+                    mode: Some("user".into()),
+                    bridge: None,
+                },
+                ..Default::default()
+            }
+            .validate("test", Path::new("/var/lib/bcd"))
+            .expect("config");
+            let vm = crate::vmm::qemu::Qemu::new(
+                cfg,
+                accel,
+                std::sync::Arc::new(crate::vmm::vfio::FakeKernel::new(&[])),
+            )
+            .args(&spec, &[]);
+            let probe = probe_args(accel, Path::new("/p.img"), Path::new("/s.out"));
+            assert_eq!(cpu(&probe), cpu(&vm), "{accel:?}");
+        }
+        assert_eq!(
+            cpu(&probe_args(Accel::Kvm, Path::new("/p"), Path::new("/s"))),
+            ["host"]
+        );
+    }
+
     /// The probe sector runs to its exit where a CPU runs it at all (TCG): a KVM probe that fails is KVM's failure.
     #[tokio::test]
     async fn the_probe_sector_prints_and_exits_under_tcg() {
@@ -112,7 +181,7 @@ mod tests {
             bc_testkit::skip!("qemu-system-x86_64 is not installed (scripts/setup)");
         }
         let dir = tempfile::tempdir().expect("tempdir");
-        probe_under(qemu, dir.path(), "tcg")
+        probe_under(qemu, dir.path(), Accel::Tcg)
             .await
             .expect("the probe boots under TCG");
         // Without a usable KVM (this lab: /dev/kvm opens, nothing runs) auto falls back to TCG with the reason.

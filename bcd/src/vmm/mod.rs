@@ -102,6 +102,15 @@ pub enum Accel {
 }
 
 impl Accel {
+    /// The CPU model a VM under this accelerator gets (QEMU's `-cpu`), None for QEMU's default. The KVM probe boots
+    /// with the same model: on a nested host where KVM runs a plain guest, `-cpu host` may still fail to start.
+    pub fn cpu(self) -> Option<&'static str> {
+        match self {
+            Accel::Kvm => Some("host"),
+            Accel::Tcg => None,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Accel::Kvm => "kvm",

@@ -80,8 +80,8 @@ impl Qemu {
             "-accel",
             self.accel.as_str(),
         ]);
-        if self.accel == Accel::Kvm {
-            push(&["-cpu", "host"]);
+        if let Some(cpu) = self.accel.cpu() {
+            push(&["-cpu", cpu]);
         }
         push(&[
             "-smp",
