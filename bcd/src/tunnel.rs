@@ -8,6 +8,7 @@
 //! The allowlist is the node's own word: a control plane that asks for another port is refused here whatever it
 //! granted.
 
+use bc_proto::tunnel::bytes::{BufMut as _, BytesMut};
 use bc_proto::v1;
 use bc_proto::v1::tunnel_frame::Frame;
 use serde::Deserialize;
@@ -269,17 +270,22 @@ where
     let up_tx = tx.clone();
     // Local port → gateway. Err(Some(r)) is a refusal to send; Err(None) means the gateway went away.
     let up = async {
-        let mut buf = vec![0u8; MAX_FRAME];
+        // Each read becomes one frame's data as it is (no copy); the memory is reused once the frame was sent.
+        let mut buf = BytesMut::new();
         loop {
-            let n = rd.read(&mut buf).await.map_err(|e| {
-                Some(Refusal::new(
-                    C::IoError,
-                    format!("reading the local port: {e}"),
-                ))
-            })?;
+            buf.reserve(MAX_FRAME);
+            let n = rd
+                .read_buf(&mut (&mut buf).limit(MAX_FRAME))
+                .await
+                .map_err(|e| {
+                    Some(Refusal::new(
+                        C::IoError,
+                        format!("reading the local port: {e}"),
+                    ))
+                })?;
             let f = match n {
                 0 => frame(Frame::HalfClose(v1::TunnelHalfClose {})),
-                n => frame(Frame::Data(buf[..n].to_vec())),
+                _ => frame(Frame::Data(buf.split().freeze())),
             };
             match tokio::time::timeout(IDLE_BACKSTOP, up_tx.send(f)).await {
                 Ok(Ok(())) => {}
@@ -487,7 +493,7 @@ mod tests {
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
             .collect();
         for chunk in payload.chunks(50_000) {
-            send(&gw, Frame::Data(chunk.to_vec())).await;
+            send(&gw, Frame::Data(chunk.to_vec().into())).await;
         }
         send(&gw, Frame::HalfClose(v1::TunnelHalfClose {})).await;
         let mut answer = Vec::new();
@@ -577,7 +583,7 @@ mod tests {
             Some(v1::TunnelCloseCode::DialRefused)
         );
         assert!(matches!(next(&mut good).await, Some(Frame::Open(_))));
-        send(&good, Frame::Data(b"still here".to_vec())).await;
+        send(&good, Frame::Data(b"still here".to_vec().into())).await;
         send(&good, Frame::HalfClose(v1::TunnelHalfClose {})).await;
         assert!(matches!(next(&mut good).await, Some(Frame::Data(d)) if d.len() == 32));
         assert!(matches!(next(&mut good).await, Some(Frame::HalfClose(_))));

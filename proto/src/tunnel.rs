@@ -6,6 +6,9 @@
 
 use crate::v1;
 use prost::Message as _;
+/// The type of a data frame's bytes (`prost::bytes`), for the parties that build frames.
+pub use prost::bytes;
+use prost::bytes::{Buf as _, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// The HTTP `Upgrade` token of the API's tunnel route.
@@ -53,6 +56,14 @@ pub fn encode(f: &v1::TunnelFrame, out: &mut Vec<u8>) {
 
 /// The first whole frame of `buf` and the bytes it used, or None when `buf` holds less than one frame.
 pub fn decode(buf: &[u8]) -> Result<Option<(v1::TunnelFrame, usize)>, FrameError> {
+    let Some(used) = whole_frame(buf)? else {
+        return Ok(None);
+    };
+    Ok(Some((v1::TunnelFrame::decode(&buf[4..used])?, used)))
+}
+
+/// The length (with its 4-byte prefix) of the whole frame at the start of `buf`, or None when `buf` holds less.
+fn whole_frame(buf: &[u8]) -> Result<Option<usize>, FrameError> {
     let Some(head) = buf.first_chunk::<4>() else {
         return Ok(None);
     };
@@ -60,48 +71,41 @@ pub fn decode(buf: &[u8]) -> Result<Option<(v1::TunnelFrame, usize)>, FrameError
     if len > MAX_ENCODED {
         return Err(FrameError::TooLarge(len));
     }
-    let Some(body) = buf.get(4..4 + len) else {
-        return Ok(None);
-    };
-    Ok(Some((v1::TunnelFrame::decode(body)?, 4 + len)))
+    Ok((buf.len() >= 4 + len).then_some(4 + len))
 }
 
 /// What [`FrameReader`] reads at once: several full frames per read system call.
 pub const READ_BUFFER: usize = 4 * MAX_ENCODED;
 
 /// Reads frames from a link, several per read system call, into memory it gives back whenever no byte is pending:
-/// an idle tunnel holds no buffer here.
+/// an idle tunnel holds no buffer here. A frame's data is a slice of that memory, not a copy.
 pub struct FrameReader<R> {
     inner: R,
-    buf: Vec<u8>,
-    start: usize,
+    buf: BytesMut,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(inner: R) -> FrameReader<R> {
         FrameReader {
             inner,
-            buf: Vec::new(),
-            start: 0,
+            buf: BytesMut::new(),
         }
     }
 
     /// The next frame; Ok(None) at a clean end of the stream between frames.
     pub async fn next(&mut self) -> Result<Option<v1::TunnelFrame>, FrameError> {
         loop {
-            if let Some((f, used)) = decode(&self.buf[self.start..])? {
-                self.start += used;
-                if self.start == self.buf.len() {
-                    self.buf = Vec::new();
-                    self.start = 0;
+            if let Some(used) = whole_frame(&self.buf)? {
+                let mut whole = self.buf.split_to(used);
+                whole.advance(4);
+                if self.buf.is_empty() {
+                    // Nothing pending: the memory goes once the frames sliced from it are dropped.
+                    self.buf = BytesMut::new();
                 }
-                return Ok(Some(f));
+                return Ok(Some(v1::TunnelFrame::decode(whole.freeze())?));
             }
-            // Less than a frame pending: move it to the front, then read into spare capacity.
-            if self.start > 0 {
-                self.buf.drain(..self.start);
-                self.start = 0;
-            }
+            // Less than a frame pending: read into spare capacity (reserving moves the pending bytes to the front
+            // of new memory when the old is still shared with frames handed out).
             if self.buf.capacity() - self.buf.len() < MAX_ENCODED {
                 self.buf.reserve(READ_BUFFER);
             }
@@ -155,8 +159,8 @@ mod tests {
     #[tokio::test]
     async fn the_frame_reader_reads_frames_split_anywhere_and_holds_nothing_between_them() {
         let frames = [
-            frame(Frame::Data(vec![1u8; MAX_DATA])),
-            frame(Frame::Data(vec![2u8; 10])),
+            frame(Frame::Data(vec![1u8; MAX_DATA].into())),
+            frame(Frame::Data(vec![2u8; 10].into())),
             close(v1::TunnelCloseCode::DialRefused, "nothing listens"),
         ];
         let mut wire = Vec::new();
@@ -196,7 +200,7 @@ mod tests {
     #[tokio::test]
     async fn frames_round_trip_and_a_bad_length_is_named() {
         let frames = [
-            frame(Frame::Data(vec![7u8; MAX_DATA])),
+            frame(Frame::Data(vec![7u8; MAX_DATA].into())),
             frame(Frame::HalfClose(v1::TunnelHalfClose {})),
             close(v1::TunnelCloseCode::DialRefused, "nothing listens"),
         ];

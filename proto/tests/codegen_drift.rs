@@ -17,6 +17,8 @@ fn generated_code_matches_proto_files() -> anyhow_free::Result {
         .build_client(true)
         .build_server(true)
         .generate_default_stubs(true)
+        // A tunnel's bytes: decoded as a slice of the received buffer, not copied into a Vec at every hop.
+        .bytes(".bettercompute.v1.TunnelFrame.data")
         .emit_rerun_if_changed(false)
         .out_dir(out.path())
         .compile_fds(fds)?;

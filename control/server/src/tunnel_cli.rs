@@ -115,7 +115,7 @@ where
             };
             let f = match n {
                 0 => wire::frame(Frame::HalfClose(v1::TunnelHalfClose {})),
-                n => wire::frame(Frame::Data(buf[..n].to_vec())),
+                n => wire::frame(Frame::Data(wire::bytes::Bytes::copy_from_slice(&buf[..n]))),
             };
             if let Err(e) = wire::write(&mut tw, &f).await {
                 // The API closed the link: why comes (or came) as a `close` frame the other way.

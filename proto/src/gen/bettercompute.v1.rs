@@ -298,7 +298,7 @@ pub mod tunnel_frame {
         Open(super::TunnelOpen),
         /// Bytes of the connection, in order; at most 64 KiB a frame.
         #[prost(bytes, tag = "5")]
-        Data(::prost::alloc::vec::Vec<u8>),
+        Data(::prost::bytes::Bytes),
         /// The sender writes nothing more (TCP FIN): the receiver shuts down its write side and keeps reading.
         #[prost(message, tag = "6")]
         HalfClose(super::TunnelHalfClose),
