@@ -37,8 +37,8 @@ async fn echo() -> u16 {
 }
 
 async fn dead_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    l.local_addr().expect("addr").port()
+    // Outside the ephemeral range: no other test's listener takes it meanwhile.
+    bc_testkit::gateways::dead_port().expect("a dead port")
 }
 
 struct Lab {

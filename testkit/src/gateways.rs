@@ -497,6 +497,27 @@ fn spawn(name: &str, cmd: &mut Command) -> Result<Proc, String> {
     })
 }
 
+/// A loopback port where nothing listens, and where no test of this machine will start to listen while it runs: one
+/// below the kernel's ephemeral range (`ip_local_port_range`), from which every `bind(…:0)` takes its port. A port
+/// bound and released from that range ([`free_port`]) is soon handed to another test's listener: a tunnel test's
+/// "refused dial" once reached another test's echo server that way (scripts/test, 2026-12-03).
+pub fn dead_port() -> Result<u16, String> {
+    let range =
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let low: u16 = range
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32768);
+    // Start somewhere that depends on the process, so tests rarely probe the same ports; any of them would do.
+    let span = low.saturating_sub(10_000).max(1);
+    let start = 10_000 + (std::process::id() % u32::from(span)) as u16;
+    (0..span)
+        .map(|i| 10_000 + (start - 10_000 + i) % span)
+        .find(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .ok_or_else(|| format!("no free loopback port in 10000..{low}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
