@@ -775,7 +775,7 @@ async fn a_change_beside_a_placement_on_the_same_node_keeps_both_on_the_node() {
     .request();
     let y = "inst-y-by-hand";
     let mut conn = p.store.pool().acquire().await.expect("connection");
-    let admitted = queries::admit(
+    let admitted = queries::admit_if_hosted(
         &mut conn,
         queries::NewInstance {
             id: y,
@@ -784,11 +784,10 @@ async fn a_change_beside_a_placement_on_the_same_node_keeps_both_on_the_node() {
             body_hash: &req.body_hash(),
             request: &req,
         },
-        true,
     )
     .await
     .expect("admit y");
-    assert!(matches!(admitted, queries::Admission::Recorded));
+    assert!(matches!(admitted, Some(queries::Admission::Recorded)));
     drop(conn);
     let mut tx = p.store.pool().begin().await.expect("begin");
     let node = queries::claim_node(&mut tx, &req, &[])

@@ -156,22 +156,15 @@ async fn create(cx: Cx, body: CreateInstance) -> Result<InstanceAnswer, ApiError
         .map_err(bc_store::StoreError::from)?;
     // Tx 1 for the common case, a hosted pool, checks the pool's class in its own statement; any other pool's
     // class is read first and decides what may be recorded.
-    let (class, admitted) = match queries::admit(&mut conn, new, true).await? {
-        Admission::NotHosted => {
+    let (class, admitted) = match queries::admit_if_hosted(&mut conn, new).await? {
+        Some(admitted) => (PoolClass::VpsHost, admitted),
+        None => {
             let class = other_class(&mut conn, &req).await?;
-            (class, queries::admit(&mut conn, new, false).await?)
+            (class, queries::admit(&mut conn, new).await?)
         }
-        admitted => (PoolClass::VpsHost, admitted),
     };
     let instance = match admitted {
         Admission::Recorded => place(instances, conn, class, &id, &req).await?,
-        Admission::NotHosted => {
-            // Only a hosted-only tx 1 answers this, and its answer was handled above.
-            return Err(ApiError::unavailable(format!(
-                "pool {} changed its class during this call; send it again",
-                req.pool
-            )));
-        }
         Admission::Existing {
             body_hash: stored,
             instance,

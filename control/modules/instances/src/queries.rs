@@ -57,8 +57,6 @@ fn row_to_instance(r: &PgRow, at: usize) -> Result<Instance, StoreError> {
 /// What tx 1 found.
 pub enum Admission {
     Recorded,
-    /// Asked for a hosted pool only, and the request's pool is not one: nothing was written.
-    NotHosted,
     /// The key was used before: the stored body hash and the instance it created.
     Existing {
         body_hash: String,
@@ -131,18 +129,38 @@ pub async fn set_pool_class(
     Ok(())
 }
 
-/// Admission's tx 1, one statement: records the idempotency key and the pending instance — or, when the key was
-/// used before, returns what it recorded then. With `hosted_only`, the statement first checks that the request's
-/// pool is a hosted (`vps-host`) pool, and writes nothing ([`Admission::NotHosted`]) when it is not: the class is a
-/// row the statement reads, never a cached value, at no extra round trip.
-pub async fn admit(
+/// Admission's tx 1 for a hosted (`vps-host`) pool, one statement: records the idempotency key and the pending
+/// instance — or, when the key was used before, returns what it recorded then. The statement first checks that the
+/// request's pool is a hosted pool and writes nothing when it is not (`None`): the class is a row the statement
+/// reads, never a cached value, at no extra round trip.
+pub async fn admit_if_hosted(
+    conn: &mut PgConnection,
+    n: NewInstance<'_>,
+) -> Result<Option<Admission>, StoreError> {
+    match record(conn, n, true).await? {
+        (false, _) => Ok(None),
+        (true, inserted) => outcome(conn, n, inserted).await.map(Some),
+    }
+}
+
+/// Admission's tx 1 for a pool of any class, whose class the caller has read and accepted: as
+/// [`admit_if_hosted`], without the class check.
+pub async fn admit(conn: &mut PgConnection, n: NewInstance<'_>) -> Result<Admission, StoreError> {
+    // Without the class check the statement's condition holds: only the count decides.
+    let (_, inserted) = record(conn, n, false).await?;
+    outcome(conn, n, inserted).await
+}
+
+/// Tx 1's statement: whether the pool passed the class check (always, without `hosted_only`) and how many
+/// instances it inserted (0 when the key was used before).
+async fn record(
     conn: &mut PgConnection,
     n: NewInstance<'_>,
     hosted_only: bool,
-) -> Result<Admission, StoreError> {
+) -> Result<(bool, i64), StoreError> {
     let request = serde_json::to_value(n.request)
         .map_err(|e| StoreError::Corrupt(format!("instance request: {e}")))?;
-    let (admissible, inserted): (bool, i64) = sqlx::query_as(
+    sqlx::query_as(
         "WITH c AS (SELECT 1 WHERE NOT $11 OR EXISTS (SELECT 1 FROM instance_pools WHERE pool_id = $6 \
            AND class = 'vps-host')), \
          ins AS (INSERT INTO instance_idempotency (principal_id, key, body_hash, instance_id) \
@@ -164,11 +182,19 @@ pub async fn admit(
     .bind(hosted_only)
     .fetch_one(&mut *conn)
     .await
-    .map_err(|e| tenant_or_pool_missing(e, n.request))?;
-    match (admissible, inserted) {
-        (false, _) => Ok(Admission::NotHosted),
-        (true, 1) => Ok(Admission::Recorded),
-        (true, _) => existing(conn, n.principal_id, n.key).await,
+    .map_err(|e| tenant_or_pool_missing(e, n.request))
+}
+
+/// What tx 1 did: recorded the instance, or found the key's earlier one.
+async fn outcome(
+    conn: &mut PgConnection,
+    n: NewInstance<'_>,
+    inserted: i64,
+) -> Result<Admission, StoreError> {
+    if inserted == 1 {
+        Ok(Admission::Recorded)
+    } else {
+        existing(conn, n.principal_id, n.key).await
     }
 }
 
