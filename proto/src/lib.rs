@@ -10,6 +10,7 @@
 //! node.proto`, then [`token`] and [`seal`].
 
 pub mod channel;
+pub mod codec;
 pub mod duration;
 pub mod envelope;
 pub mod payloads;

@@ -19,6 +19,8 @@ fn generated_code_matches_proto_files() -> anyhow_free::Result {
         .generate_default_stubs(true)
         // A tunnel's bytes: decoded as a slice of the received buffer, not copied into a Vec at every hop.
         .bytes(".bettercompute.v1.TunnelFrame.data")
+        // prost's codec with small first buffers: an idle Session costs the gateway less (see codec.rs).
+        .codec_path("crate::codec::LeanCodec")
         .emit_rerun_if_changed(false)
         .out_dir(out.path())
         .compile_fds(fds)?;

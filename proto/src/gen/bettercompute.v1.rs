@@ -698,7 +698,7 @@ pub mod join_service_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/bettercompute.v1.JoinService/Join",
             );
@@ -837,7 +837,7 @@ pub mod join_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = JoinSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -996,7 +996,7 @@ pub mod renew_service_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/bettercompute.v1.RenewService/Renew",
             );
@@ -1133,7 +1133,7 @@ pub mod renew_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = RenewSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1295,7 +1295,7 @@ pub mod session_service_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/bettercompute.v1.SessionService/Session",
             );
@@ -1437,7 +1437,7 @@ pub mod session_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SessionSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1600,7 +1600,7 @@ pub mod tunnel_service_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/bettercompute.v1.TunnelService/Tunnel",
             );
@@ -1743,7 +1743,7 @@ pub mod tunnel_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = TunnelSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1911,7 +1911,7 @@ pub mod tunnel_relay_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/bettercompute.v1.TunnelRelay/Relay",
             );
@@ -2059,7 +2059,7 @@ pub mod tunnel_relay_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = RelaySvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2219,7 +2219,7 @@ pub mod secret_service_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/bettercompute.v1.SecretService/SecretRequest",
             );
@@ -2360,7 +2360,7 @@ pub mod secret_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SecretRequestSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2527,7 +2527,7 @@ pub mod site_service_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/bettercompute.v1.SiteService/BootLease",
             );
@@ -2553,7 +2553,7 @@ pub mod site_service_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/bettercompute.v1.SiteService/Netboot",
             );
@@ -2576,7 +2576,7 @@ pub mod site_service_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/bettercompute.v1.SiteService/Renew",
             );
@@ -2603,7 +2603,7 @@ pub mod site_service_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/bettercompute.v1.SiteService/Artifact",
             );
@@ -2630,7 +2630,7 @@ pub mod site_service_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/bettercompute.v1.SiteService/BmcCommands",
             );
@@ -2655,7 +2655,7 @@ pub mod site_service_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/bettercompute.v1.SiteService/BmcResult",
             );
@@ -2681,7 +2681,7 @@ pub mod site_service_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/bettercompute.v1.SiteService/Report",
             );
@@ -2891,7 +2891,7 @@ pub mod site_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = BootLeaseSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2936,7 +2936,7 @@ pub mod site_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = NetbootSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2979,7 +2979,7 @@ pub mod site_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = RenewSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3025,7 +3025,7 @@ pub mod site_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ArtifactSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3070,7 +3070,7 @@ pub mod site_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = BmcCommandsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3115,7 +3115,7 @@ pub mod site_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = BmcResultSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3158,7 +3158,7 @@ pub mod site_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ReportSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
