@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status, Streaming};
 
 /// A live session's identity for the store: writes are accepted only for the node's current epoch.
@@ -101,10 +101,14 @@ pub struct RevokedSince {
     pub watermark_ms: i64,
 }
 
+/// A message queued for a node's session. Boxed: a tokio channel allocates its first block of 32 slots with the
+/// channel, so the slot's size is paid by every idle session (2.3 KiB unboxed, 0.5 KiB boxed).
+pub(crate) type Outbound = Result<Box<v1::GatewayMessage>, Status>;
+
 pub(crate) struct Entry {
     pub(crate) epoch: u64,
     pub(crate) last_seen_ms: Arc<AtomicI64>,
-    pub(crate) tx: mpsc::Sender<Result<v1::GatewayMessage, Status>>,
+    pub(crate) tx: mpsc::Sender<Outbound>,
     /// The status the session ends with, when something other than the node ends it.
     pub(crate) close: watch::Sender<Option<Status>>,
 }
@@ -277,10 +281,7 @@ impl Registry {
             .unwrap_or_default()
     }
 
-    pub(crate) fn sender(
-        &self,
-        node_id: &str,
-    ) -> Option<mpsc::Sender<Result<v1::GatewayMessage, Status>>> {
+    pub(crate) fn sender(&self, node_id: &str) -> Option<mpsc::Sender<Outbound>> {
         self.inner
             .lock()
             .ok()
@@ -444,7 +445,7 @@ impl v1::session_service_server::SessionService for SessionSvc {
                     .unwrap_or(u32::MAX),
             })),
         };
-        let _ = tx.send(Ok(welcome)).await;
+        let _ = tx.send(Ok(Box::new(welcome))).await;
         if !grant.want_sections.is_empty() {
             let req = v1::GatewayMessage {
                 msg: Some(v1::gateway_message::Msg::InventoryRequest(
@@ -453,7 +454,7 @@ impl v1::session_service_server::SessionService for SessionSvc {
                     },
                 )),
             };
-            let _ = tx.send(Ok(req)).await;
+            let _ = tx.send(Ok(Box::new(req))).await;
         }
         tokio::spawn(drive(
             self.backend.clone(),
@@ -467,7 +468,7 @@ impl v1::session_service_server::SessionService for SessionSvc {
             self.config.idle_timeout,
         ));
         Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
+            tokio_stream::wrappers::ReceiverStream::new(rx).map(|m| m.map(|b| *b)),
         )))
     }
 }
@@ -480,7 +481,7 @@ async fn drive(
     session: SessionRef,
     session_key: Vec<u8>,
     mut inbound: Streaming<v1::NodeMessage>,
-    tx: mpsc::Sender<Result<v1::GatewayMessage, Status>>,
+    tx: mpsc::Sender<Outbound>,
     mut close: watch::Receiver<Option<Status>>,
     last_seen: Arc<AtomicI64>,
     idle: Duration,
@@ -526,7 +527,7 @@ async fn drive(
                     let m = v1::GatewayMessage {
                         msg: Some(v1::gateway_message::Msg::Renew(resp)),
                     };
-                    let _ = tx.send(Ok(m)).await;
+                    let _ = tx.send(Ok(Box::new(m))).await;
                     Ok(())
                 }
                 Err(s) => {
@@ -629,7 +630,7 @@ pub(crate) async fn housekeeping(
                     Ok(messages) => {
                         for (node, msg) in messages {
                             if let Some(tx) = registry.sender(&node) {
-                                let _ = tx.try_send(Ok(msg));
+                                let _ = tx.try_send(Ok(Box::new(msg)));
                             }
                         }
                     }

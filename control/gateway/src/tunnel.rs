@@ -221,7 +221,7 @@ impl Tunnels {
                     .unwrap_or(u32::MAX),
             })),
         };
-        if let Err(e) = tx.try_send(Ok(msg)) {
+        if let Err(e) = tx.try_send(Ok(Box::new(msg))) {
             forget();
             return Err(match e {
                 mpsc::error::TrySendError::Full(_) => OpenError::SessionBusy(node_id.to_string()),
@@ -546,7 +546,7 @@ mod tests {
     fn with_session(
         node: &str,
         capacity: usize,
-    ) -> (Registry, mpsc::Receiver<Result<v1::GatewayMessage, Status>>) {
+    ) -> (Registry, mpsc::Receiver<crate::session::Outbound>) {
         let registry = Registry::default();
         let (tx, rx) = mpsc::channel(capacity);
         let (close, _) = tokio::sync::watch::channel(None);
@@ -579,7 +579,7 @@ mod tests {
         registry
             .sender("n1")
             .expect("session")
-            .try_send(Ok(heartbeat_like))
+            .try_send(Ok(Box::new(heartbeat_like)))
             .expect("fits");
         let started = std::time::Instant::now();
         let e = t.open("n1", 22).await.err();
@@ -592,7 +592,7 @@ mod tests {
         assert!(t.lock().pending.is_empty());
         // What the session had queued is still there, and nothing else.
         assert!(matches!(
-            rx.try_recv(),
+            rx.try_recv().map(|m| m.map(|b| *b)),
             Ok(Ok(v1::GatewayMessage { msg: None }))
         ));
         assert!(rx.try_recv().is_err());
@@ -607,7 +607,9 @@ mod tests {
             async move { t.open("n1", 8888).await.err() }
         });
         // The OpenTunnel went on the session with its port and dial deadline.
-        let sent = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        let sent = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .map(|m| m.map(|m| m.map(|b| *b)));
         let Ok(Some(Ok(v1::GatewayMessage {
             msg: Some(v1::gateway_message::Msg::OpenTunnel(open)),
         }))) = sent
