@@ -186,6 +186,61 @@ pub fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU seconds (user + system) a process has used; 0 once it is gone.
+pub fn cpu_s(pid: u32) -> f64 {
+    // SC_CLK_TCK is 100 on Linux/x86_64.
+    cpu_ticks(pid) as f64 / 100.0
+}
+
+/// PostgreSQL's processes: the postmaster (first line of `<data>/postmaster.pid`) and its children.
+pub fn pg_pids(data: &Path) -> Vec<u32> {
+    let Some(main) = std::fs::read_to_string(data.join("postmaster.pid"))
+        .ok()
+        .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
+    else {
+        return Vec::new();
+    };
+    let mut pids = vec![main];
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')').and_then(|(_, a)| {
+                        a.split_whitespace()
+                            .nth(1)
+                            .and_then(|p| p.parse::<u32>().ok())
+                    })
+                });
+            if ppid == Some(main) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// The machine's CPU seconds so far, all cores together: (busy, idle), idle counting iowait, from /proc/stat.
+pub fn machine_cpu_s() -> (f64, f64) {
+    let line = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| s.lines().next().map(str::to_string))
+        .unwrap_or_default();
+    let f: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let at = |i: usize| f.get(i).copied().unwrap_or(0.0) / 100.0;
+    let idle = at(3) + at(4);
+    let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
+    (busy, idle)
+}
+
 /// A process's utime + stime in clock ticks (100 per second); 0 once it is gone.
 pub fn cpu_ticks(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))

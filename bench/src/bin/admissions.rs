@@ -9,7 +9,7 @@
 //! There is no peer in the same run: the issue sets absolute targets (≥ 1,000/s, p99 < 25 ms).
 
 use anyhow::Context as _;
-use bc_bench::percentile_ms;
+use bc_bench::{cpu_s, percentile_ms, pg_pids};
 use bc_store::embedded::{Durability, EmbeddedPostgres};
 use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
@@ -26,52 +26,6 @@ const PACED_RATE: f64 = 1000.0;
 const PACED: Duration = Duration::from_secs(10);
 
 struct Serve(Child);
-
-/// CPU seconds (user + system) a process has used, from /proc/<pid>/stat.
-fn cpu_s(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    let Some(after) = stat.rsplit_once(')').map(|(_, a)| a) else {
-        return 0.0;
-    };
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    // SC_CLK_TCK is 100 on Linux/x86_64.
-    ticks / 100.0
-}
-
-/// PostgreSQL's processes: the postmaster (first line of postmaster.pid) and its children.
-fn pg_pids(data: &std::path::Path) -> Vec<u32> {
-    let Some(main) = std::fs::read_to_string(data.join("postmaster.pid"))
-        .ok()
-        .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
-    else {
-        return Vec::new();
-    };
-    let mut pids = vec![main];
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for e in entries.flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| {
-                    s.rsplit_once(')').and_then(|(_, a)| {
-                        a.split_whitespace()
-                            .nth(1)
-                            .and_then(|p| p.parse::<u32>().ok())
-                    })
-                });
-            if ppid == Some(main) {
-                pids.push(pid);
-            }
-        }
-    }
-    pids
-}
 
 /// CPU seconds per part: (api1, api2, scheduler, postgres, this load generator).
 fn cpu_parts(pids: &[u32; 3], data: &std::path::Path) -> [f64; 5] {

@@ -8,7 +8,7 @@
 //! ready again from the existing data directory.
 
 use anyhow::{Context as _, bail};
-use bc_bench::{Dev, percentile_ms, pg_tool};
+use bc_bench::{Dev, cpu_s, machine_cpu_s, percentile_ms, pg_pids, pg_tool};
 use bc_proto::v1;
 use std::path::PathBuf;
 use std::process::Command;
@@ -218,9 +218,25 @@ async fn main() -> anyhow::Result<()> {
         println!("join-instructions: {} per join", ir / n.max(1) as u64);
         return Ok(());
     }
+    // Where the saturated phase's CPU goes: each part's CPU time per join, and the machine's busy and idle time
+    // (both cores) per join, which says whether the ceiling is the CPU or waiting.
+    let pg_data = data.path().join("pg").join("data");
+    let dev_pid = dev.child.id();
+    let cpu = || {
+        let (busy, idle) = machine_cpu_s();
+        [
+            cpu_s(dev_pid),
+            pg_pids(&pg_data).into_iter().map(cpu_s).sum(),
+            cpu_s(std::process::id()),
+            busy,
+            idle,
+        ]
+    };
+    let c0 = cpu();
     let t0 = Instant::now();
     let latencies = run_clients(config.clone(), timed).await?;
     let wall = t0.elapsed();
+    let c1 = cpu();
     let mut sorted = latencies.clone();
     sorted.sort();
     let rate = sorted.len() as f64 / wall.as_secs_f64();
@@ -235,6 +251,16 @@ async fn main() -> anyhow::Result<()> {
         percentile_ms(&sorted, 0.90),
         percentile_ms(&sorted, 0.99),
         percentile_ms(&sorted, 1.0)
+    );
+    let per = |i: usize| (c1[i] - c0[i]) * 1e6 / sorted.len().max(1) as f64;
+    println!(
+        "CPU per join (saturated): control plane {:.0} µs, postgres {:.0} µs, load generator {:.0} µs; \
+         the machine (every core, every process) {:.0} µs busy and {:.0} µs idle",
+        per(0),
+        per(1),
+        per(2),
+        per(3),
+        per(4)
     );
     // Paced: the same 64 clients, joins offered at a fixed rate; each latency counts from when the join was due
     // (so a client that falls behind is charged for it: no coordinated omission).
