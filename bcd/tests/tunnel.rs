@@ -63,11 +63,19 @@ struct Lab {
 }
 
 async fn lab() -> Lab {
-    let p = plane_with(Options {
-        controllers: false,
-        fast: true,
-        leaf_lifetime: None,
-    })
+    lab_with(|_| {}).await
+}
+
+/// The lab on a plane whose configuration `edit` adjusts.
+async fn lab_with(edit: impl FnOnce(&mut bc_control::config::ServeConfig)) -> Lab {
+    let p = plane_with_config(
+        Options {
+            controllers: false,
+            fast: true,
+            leaf_lifetime: None,
+        },
+        edit,
+    )
     .await;
     let (echo, node_refuses, pool_refuses) = (echo().await, echo().await, echo().await);
     let dead = dead_port().await;
@@ -178,13 +186,11 @@ impl Lab {
     }
 
     async fn audit(&self) -> Vec<serde_json::Value> {
-        let v = self
-            .p
-            .admin
-            .call("tunnels", "list", json!({"node": self.node}))
-            .await
-            .expect("tunnels.list");
-        v["tunnels"].as_array().cloned().unwrap_or_default()
+        audit(&self.p, &self.node).await
+    }
+
+    async fn finished_audit(&self) -> Vec<serde_json::Value> {
+        finished_audit(&self.p, &self.node).await
     }
 
     /// A principal holding exactly `grants`, as an API caller.
@@ -252,6 +258,33 @@ async fn echo_hashes(addr: SocketAddr, bytes: u64) -> ([u8; 32], [u8; 32], u64) 
 }
 
 /// Bytes of the big transfer: 1 GiB unless `BC_TUNNEL_TEST_BYTES` says otherwise.
+/// The node's tunnel audit rows, newest first.
+async fn audit(p: &Plane, node: &str) -> Vec<serde_json::Value> {
+    let v = p
+        .admin
+        .call("tunnels", "list", json!({"node": node}))
+        .await
+        .expect("tunnels.list");
+    v["tunnels"].as_array().cloned().unwrap_or_default()
+}
+
+/// The node's audit rows once none is `OPEN`. A row is closed when its relay has ended, just after the relay's last
+/// frame to the operator, so an operator's side that has ended may still find its row open for a moment.
+async fn finished_audit(p: &Plane, node: &str) -> Vec<serde_json::Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let rows = audit(p, node).await;
+        if rows.iter().all(|r| r["outcome"] != "OPEN") {
+            return rows;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "an audit row stayed open 10 s after its tunnel ended: {rows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn big() -> u64 {
     std::env::var("BC_TUNNEL_TEST_BYTES")
         .ok()
@@ -274,19 +307,12 @@ async fn a_gib_of_random_bytes_goes_through_and_back_hashed_and_the_audit_row_co
     );
     assert_eq!(got, n);
     assert_eq!(sent, back, "what came back differs from what was sent");
-    // The audit row is written when the relay ends, just after the last byte.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let row = loop {
-        let rows = lab.audit().await;
-        if let Some(r) = rows.iter().find(|r| r["outcome"] != "OPEN") {
-            break r.clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no finished audit row: {rows:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let row = lab
+        .finished_audit()
+        .await
+        .into_iter()
+        .next()
+        .ok_or("no audit row")?;
     assert_eq!(row["outcome"], "OK", "{row}");
     assert_eq!(row["bytes_to_node"], n, "{row}");
     assert_eq!(row["bytes_from_node"], n, "{row}");
@@ -377,7 +403,7 @@ async fn refusals_close_only_their_own_tunnel_and_say_why() -> TestResult {
     let (f, back) = lab.once(&operator, lab.echo.port, b"granted").await;
     assert_eq!((f.closed, back.as_slice()), (None, b"granted".as_slice()));
     // Every connection left one audit row with its outcome.
-    let rows = lab.audit().await;
+    let rows = lab.finished_audit().await;
     let outcomes: Vec<(String, String)> = rows
         .iter()
         .map(|r| {
@@ -486,7 +512,7 @@ async fn a_session_that_ends_ends_its_tunnels() -> TestResult {
     let (f, back) = lab.once(&lab.api, lab.echo.port, b"again").await;
     assert_eq!((f.closed, back.as_slice()), (None, b"again".as_slice()));
     let row = lab
-        .audit()
+        .finished_audit()
         .await
         .into_iter()
         .find(|r| r["bytes_to_node"] == 4)
@@ -587,4 +613,285 @@ fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+/// A node that answers its tunnels by hand, as a broken or hostile node might: its session and one tunnel stream,
+/// opened by an operator's connection through the CLI's code, with the node's first bytes ("hi") read by the
+/// operator.
+struct Keeper {
+    p: Plane,
+    node: String,
+    /// The operator's end of the forwarded connection.
+    client: TcpStream,
+    operator: tokio::task::JoinHandle<Result<Forwarded, String>>,
+    /// The node's sending half of its tunnel stream, held: the node never ends it.
+    _tunnel_tx: tokio::sync::mpsc::Sender<bc_proto::v1::TunnelFrame>,
+    /// What the gateway sends the node on it.
+    from_gateway: tonic::Streaming<bc_proto::v1::TunnelFrame>,
+    _session: (
+        tokio::sync::mpsc::Sender<bc_proto::v1::NodeMessage>,
+        tonic::Streaming<bc_proto::v1::GatewayMessage>,
+    ),
+}
+
+/// `then`: what the node sends after its first bytes (before the operator reads them).
+async fn keeper(
+    then: Vec<bc_proto::v1::tunnel_frame::Frame>,
+) -> Result<Keeper, Box<dyn std::error::Error>> {
+    use bc_proto::v1;
+    use rustls_pki_types::{PrivateKeyDer, pem::PemObject as _};
+    use tokio_stream::wrappers::ReceiverStream;
+    let p = plane_with(Options {
+        controllers: false,
+        fast: true,
+        leaf_lifetime: None,
+    })
+    .await;
+    let token = p.token(json!({"pool": "default", "uses": 1})).await;
+    let out = join(&p, "keeper", &token, claims("keeper", 1)).await?;
+    let node = out.identity.node_id;
+    // The node's own client: its certificate and key from the state directory the join wrote.
+    let state = bcd::state::StateDir::open(&p.dir.path().join("keeper"))?;
+    let tls = bc_proto::channel::client_config(
+        bc_proto::channel::ServerTrust::Bundle(state.trust_bundle()?),
+        Some((
+            vec![state.certificate()?],
+            PrivateKeyDer::from_pem_file(state.path("node.key"))?,
+        )),
+    )?;
+    let ch = bc_proto::channel::connect(&p.running.gateway_url, tls).await?;
+    let (session_tx, session_rx) = tokio::sync::mpsc::channel(8);
+    session_tx
+        .send(v1::NodeMessage {
+            msg: Some(v1::node_message::Msg::Hello(v1::Hello {
+                node_id: node.clone(),
+                agent_version: "a node that keeps its tunnels".into(),
+                boot_id: "boot-1".into(),
+                clock_unix_ms: now_ms(),
+                known_inventory: Vec::new(),
+            })),
+        })
+        .await?;
+    let mut inbound = v1::session_service_client::SessionServiceClient::new(ch.clone())
+        .session(ReceiverStream::new(session_rx))
+        .await?
+        .into_inner();
+    let port = 4444;
+    p.admin
+        .call(
+            "tunnels",
+            "set-ports",
+            json!({"pool": "default", "ports": [port]}),
+        )
+        .await?;
+    // The operator's tunnel connection, through the CLI's code.
+    let api = Api {
+        url: format!("http://{}", p.running.api_addr.ok_or("api")?),
+        key: p.admin.key().to_string(),
+    };
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let (client, accepted) = tokio::join!(TcpStream::connect(l.local_addr()?), l.accept());
+    let (mut client, (local, _)) = (client?, accepted?);
+    let http = tunnel_cli::http_client();
+    let target = node.clone();
+    let operator = tokio::spawn(async move {
+        tunnel_cli::serve_one(&api, &http, &target, port, local)
+            .await
+            .map_err(|e| e.to_string())
+    });
+    // The node answers the OpenTunnel with its stream and a first byte, as bcd would.
+    let open = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match inbound.message().await {
+                Ok(Some(v1::GatewayMessage {
+                    msg: Some(v1::gateway_message::Msg::OpenTunnel(o)),
+                })) => return Ok(o),
+                Ok(Some(_)) => continue,
+                Ok(None) => return Err("the session ended before an OpenTunnel".to_string()),
+                Err(s) => return Err(format!("session: {s}")),
+            }
+        }
+    })
+    .await??;
+    let frame = |f| v1::TunnelFrame { frame: Some(f) };
+    let (tunnel_tx, tunnel_rx) = tokio::sync::mpsc::channel(8);
+    tunnel_tx
+        .send(frame(v1::tunnel_frame::Frame::Open(v1::TunnelOpen {
+            tunnel_id: open.tunnel_id,
+        })))
+        .await?;
+    tunnel_tx
+        .send(frame(v1::tunnel_frame::Frame::Data(b"hi".to_vec().into())))
+        .await?;
+    for f in then {
+        tunnel_tx.send(frame(f)).await?;
+    }
+    let from_gateway = v1::tunnel_service_client::TunnelServiceClient::new(ch.clone())
+        .tunnel(ReceiverStream::new(tunnel_rx))
+        .await?
+        .into_inner();
+    let mut hi = [0u8; 2];
+    tokio::time::timeout(Duration::from_secs(20), client.read_exact(&mut hi)).await??;
+    assert_eq!(&hi, b"hi");
+    Ok(Keeper {
+        p,
+        node,
+        client,
+        operator,
+        _tunnel_tx: tunnel_tx,
+        from_gateway,
+        _session: (session_tx, inbound),
+    })
+}
+
+impl Keeper {
+    /// The operator's side ended `ABORTED` because the session ended; the audit row says so, with the bytes each
+    /// way.
+    async fn ended_with_the_session(&mut self, to_node: i64) -> TestResult {
+        let f = tokio::time::timeout(Duration::from_secs(10), &mut self.operator)
+            .await
+            .map_err(|_| "the tunnel outlived its session at the gateway")???;
+        let (code, reason) = f.closed.ok_or("the tunnel ended without a close")?;
+        assert_eq!(code, "ABORTED", "{reason}");
+        assert!(
+            reason.contains(bc_gateway::tunnel::SESSION_ENDED),
+            "{reason}"
+        );
+        let row = finished_audit(&self.p, &self.node)
+            .await
+            .into_iter()
+            .next()
+            .ok_or("no audit row")?;
+        assert_eq!(
+            (
+                row["outcome"].as_str(),
+                row["bytes_from_node"].as_i64(),
+                row["bytes_to_node"].as_i64()
+            ),
+            (Some("ABORTED"), Some(2), Some(to_node)),
+            "{row}"
+        );
+        Ok(())
+    }
+}
+
+/// A node that keeps its tunnel stream after the gateway closed its session (bcd ends its tunnels with the session
+/// itself; a broken or hostile node need not) is cut off by the gateway: the operator's connection closes `ABORTED`
+/// saying why, the node's stream is ended, and the audit row is closed. Before the gateway watched the session, the
+/// tunnel went on relaying on the connection that stayed up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_gateway_ends_a_tunnel_with_its_session_whatever_the_node_does() -> TestResult {
+    use tokio_stream::StreamExt as _;
+    let mut k = keeper(Vec::new()).await?;
+    // The gateway closes the session. The node keeps its tunnel stream (and so the connection) open.
+    let sessions = k.p.running.sessions.as_ref().ok_or("no gateway")?;
+    sessions.close(&k.node, "test: the session ends");
+    let mut rest = Vec::new();
+    let ended =
+        tokio::time::timeout(Duration::from_secs(10), k.client.read_to_end(&mut rest)).await;
+    assert!(
+        ended.is_ok(),
+        "the tunnel outlived its session at the gateway"
+    );
+    // The gateway ended its side of the node's stream too (within its finish bound).
+    let drained = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(Ok(_)) = k.from_gateway.next().await {}
+    })
+    .await;
+    assert!(drained.is_ok(), "the node's tunnel stream stayed open");
+    k.ended_with_the_session(0).await
+}
+
+/// The same once the node has half-closed: the gateway no longer reads from the node, and the operator's next bytes
+/// must not reach a node whose session has ended. Before the gateway's sends watched the session, "more" was
+/// relayed to the node and the tunnel lived on until the operator half-closed or it sat idle past its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_half_closed_gets_nothing_more_once_its_session_ended() -> TestResult {
+    use bc_proto::v1;
+    use tokio_stream::StreamExt as _;
+    let mut k = keeper(vec![v1::tunnel_frame::Frame::HalfClose(
+        v1::TunnelHalfClose {},
+    )])
+    .await?;
+    // The node's half-close reaches the operator as EOF.
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), k.client.read_to_end(&mut rest)).await??;
+    assert!(rest.is_empty(), "{rest:?}");
+    let sessions = k.p.running.sessions.as_ref().ok_or("no gateway")?;
+    sessions.close(&k.node, "test: the session ends");
+    k.client.write_all(b"more").await?;
+    k.ended_with_the_session(0).await?;
+    // Everything the gateway sent the node after its half-close: no "more", and the stream ended.
+    let frames = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut frames = Vec::new();
+        while let Some(Ok(f)) = k.from_gateway.next().await {
+            frames.push(f);
+        }
+        frames
+    })
+    .await
+    .map_err(|_| "the node's tunnel stream stayed open")?;
+    assert!(
+        !frames
+            .iter()
+            .any(|f| matches!(f.frame, Some(v1::tunnel_frame::Frame::Data(_)))),
+        "bytes reached a node whose session had ended: {frames:?}"
+    );
+    Ok(())
+}
+
+/// A tunnel that moves nothing either way for its idle limit is closed `IDLE`, both sides told and the audit row
+/// saying so, and not before: bytes restart the clock. The limit is 3 s here (the config file takes 60 s to a week,
+/// one hour by default, so an idle tunnel lives at least an hour unless its operator asks for less).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_tunnel_is_closed_at_its_limit_and_not_before() -> TestResult {
+    let idle = Duration::from_secs(3);
+    let lab = lab_with(|c| c.tunnels.idle = idle).await;
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let (client, accepted) = tokio::join!(TcpStream::connect(l.local_addr()?), l.accept());
+    let (mut client, (local, _)) = (client?, accepted?);
+    let (api, http, node, port) = (
+        lab.api.clone(),
+        tunnel_cli::http_client(),
+        lab.node.clone(),
+        lab.echo.port,
+    );
+    let relay = tokio::spawn(async move {
+        tunnel_cli::serve_one(&api, &http, &node, port, local)
+            .await
+            .map_err(|e| e.to_string())
+    });
+    // A byte each way every 1.5 s for 6 s: twice the limit in all, never the limit without a byte.
+    let mut b = [0u8; 1];
+    for _ in 0..4 {
+        client.write_all(b"x").await?;
+        tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut b)).await??;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(!relay.is_finished(), "the tunnel closed while bytes moved");
+    }
+    // Quiet from here (the last byte came back 1.5 s ago).
+    let quiet = tokio::time::Instant::now() - Duration::from_millis(1500);
+    let f = tokio::time::timeout(Duration::from_secs(20), relay).await???;
+    let waited = quiet.elapsed();
+    let (code, reason) = f.closed.ok_or("the tunnel ended without a close")?;
+    assert_eq!(code, "IDLE", "{reason}");
+    assert!(reason.contains("idle limit"), "{reason}");
+    assert!(
+        waited >= idle - Duration::from_millis(100) && waited < idle + Duration::from_secs(5),
+        "closed {waited:?} after the last byte, with a limit of {idle:?}"
+    );
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut rest)).await??;
+    let row = lab
+        .finished_audit()
+        .await
+        .into_iter()
+        .next()
+        .ok_or("no audit row")?;
+    assert_eq!(
+        (row["outcome"].as_str(), row["bytes_to_node"].as_i64()),
+        (Some("IDLE"), Some(4)),
+        "{row}"
+    );
+    Ok(())
 }

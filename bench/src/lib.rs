@@ -1,9 +1,10 @@
 //! bc-bench: benchmark programs run by `scripts/bench <name>`; each prints figures beside a peer measured in the same
 //! run and ends with one summary line. This library holds what the programs share: a `better-compute dev` child,
 //! PostgreSQL's client tools, hostile connections against the gateway ([`flood`], also used by the gateway's
-//! flood regression tests), and the tunnel bench's peers and emulated network ([`peers`]: sshd, `ssh -L`, netem in a
-//! namespace).
+//! flood regression tests), and the tunnel bench's peers and emulated network ([`peers`]: sshd, `ssh -L`, a shaped
+//! link to a namespace; [`delay`]: the user-space delay line for kernels without netem).
 
+pub mod delay;
 pub mod failover;
 pub mod flood;
 pub mod peers;

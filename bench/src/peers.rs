@@ -1,9 +1,10 @@
 //! The peers and the network of `scripts/bench tunnel`: OpenSSH's `sshd` on a generated host key with key
 //! authentication, all in the bench's own folder (Debian's openssh-server), the `ssh -N -L` forward through it,
-//! and a network namespace joined to this one by a veth pair whose both ends delay and rate-limit with netem.
-//! Every process is a child killed by its PID; the namespace and the veth pair are deleted by name (they carry the
-//! bench's PID) when dropped.
+//! and a network namespace joined to this one by a link that delays and rate-limits both ways (netem on a veth
+//! pair, or the [`crate::delay`] line where the kernel lacks netem). Every process is a child killed by its PID;
+//! the namespace and the link are deleted by name (they carry the bench's PID) when dropped.
 
+use crate::delay::{DelayLine, Shape, open_tun};
 use anyhow::{Context as _, bail};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -135,68 +136,106 @@ impl Sshd {
     }
 }
 
-/// A network namespace `bctun<pid>` joined to this one by the veth pair `bt<pid>a` (here, `.1`) and `bt<pid>b`
-/// (there, `.2`) on a /30 of 10.0.0.0/8 chosen by the PID (two benches side by side do not collide), both ends
-/// delayed by half the RTT and rate-limited with netem.
+/// A network namespace `bctun<pid>` joined to this one by a link whose two ends are `bt<pid>a` (here, `.1`) and
+/// `bt<pid>b` (there, `.2`), on a /30 of 10.0.0.0/8 chosen by the PID (two benches side by side do not collide),
+/// each direction delayed by half the RTT and limited to the rate. The link is a veth pair shaped by netem where
+/// the kernel has `sch_netem`; where it does not (this project's VMs: a Firecracker kernel without modules), two
+/// TUN devices joined by this process's [`DelayLine`], which applies the same model.
 pub struct Wan {
     pub name: String,
-    veth: String,
+    veth: Option<String>,
     pub here: std::net::Ipv4Addr,
     pub there: std::net::Ipv4Addr,
-    /// Why the link carries no delay and no rate limit (None: netem shapes both directions). A kernel without
-    /// `sch_netem` (this project's VMs: a Firecracker kernel without modules) refuses the qdisc.
-    pub unshaped: Option<String>,
+    /// How the link is shaped, for the bench's output.
+    pub shaper: String,
+    /// The user-space line, when netem is missing; its counters say what it carried.
+    pub line: Option<DelayLine>,
 }
 
+/// The TUN devices' MTU when the delay line shapes the link (BC_WAN_MTU overrides it): jumbo frames keep the line's
+/// two system calls per packet to about 14,000 packets a second at 1 Gbit/s.
+const LINE_MTU: u32 = 9000;
+
+/// The namespace's TCP send buffers: min, default, max.
+pub const WAN_WMEM: &str = "net.ipv4.tcp_wmem=4096 16384 33554432";
+
 impl Wan {
-    pub fn create(rtt: Duration, rate: &str) -> anyhow::Result<Wan> {
+    pub fn create(rtt: Duration, rate_bps: u64) -> anyhow::Result<Wan> {
         let pid = std::process::id();
         let (b, c) = (200 + (pid % 50) as u8, ((pid / 50) % 256) as u8);
         let mut wan = Wan {
             name: format!("bctun{pid}"),
-            veth: format!("bt{pid}a"),
+            veth: None,
             here: std::net::Ipv4Addr::new(10, b, c, 1),
             there: std::net::Ipv4Addr::new(10, b, c, 2),
-            unshaped: None,
+            shaper: String::new(),
+            line: None,
         };
-        let peer = format!("bt{pid}b");
+        let (near, far) = (format!("bt{pid}a"), format!("bt{pid}b"));
         let delay = format!("{}us", rtt.as_micros() / 2);
         run(Command::new("ip").args(["netns", "add", &wan.name]))?;
-        run(Command::new("ip").args([
-            "link", "add", &wan.veth, "type", "veth", "peer", "name", &peer, "netns", &wan.name,
-        ]))?;
         let ns = |args: &[&str]| -> anyhow::Result<()> {
             run(Command::new("ip")
                 .args(["netns", "exec", &wan.name])
                 .args(args))
         };
-        let (here, there) = (format!("{}/30", wan.here), format!("{}/30", wan.there));
-        run(Command::new("ip").args(["addr", "add", &here, "dev", &wan.veth]))?;
-        run(Command::new("ip").args(["link", "set", &wan.veth, "up"]))?;
-        ns(&["ip", "addr", "add", &there, "dev", &peer])?;
-        ns(&["ip", "link", "set", &peer, "up"])?;
         ns(&["ip", "link", "set", "lo", "up"])?;
+        // The far end sends every transfer. Linux's default send buffer (at most 4 MiB) would hold every sender
+        // there, the peers and the tunnel alike, to about 420 Mbit/s at 50 ms; 32 MiB covers the link's 6.25 MB
+        // bandwidth-delay product, so raw TCP can fill it and the windows under test decide.
+        ns(&["sysctl", "-qw", WAN_WMEM])?;
+        run(Command::new("ip").args([
+            "link", "add", &near, "type", "veth", "peer", "name", &far, "netns", &wan.name,
+        ]))?;
+        wan.veth = Some(near.clone());
         // A queue that holds a bandwidth-delay product at line rate (1 Gbit/s × 25 ms ≈ 2,100 full frames).
+        let rate = format!("{rate_bps}bit");
         let netem = [
-            "root", "netem", "delay", &delay, "rate", rate, "limit", "100000",
+            "root", "netem", "delay", &delay, "rate", &rate, "limit", "100000",
         ];
-        if let Err(e) = run(Command::new("tc")
-            .args(["qdisc", "add", "dev", &wan.veth])
+        match run(Command::new("tc")
+            .args(["qdisc", "add", "dev", &near])
             .args(netem))
         {
-            let e = format!("{e:#}");
-            if e.contains("qdisc kind is unknown") {
-                let kernel =
-                    std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-                wan.unshaped = Some(format!(
-                    "this kernel ({}) has no netem qdisc (sch_netem): the link is a plain veth",
-                    kernel.trim()
-                ));
+            Ok(()) => {
+                ns(&[&["tc", "qdisc", "add", "dev", &far][..], &netem[..]].concat())?;
+                wan.shaper = format!("netem delay {delay} rate {rate} on both veth ends");
+                let (here, there) = (format!("{}/30", wan.here), format!("{}/30", wan.there));
+                run(Command::new("ip").args(["addr", "add", &here, "dev", &near]))?;
+                run(Command::new("ip").args(["link", "set", &near, "up"]))?;
+                ns(&["ip", "addr", "add", &there, "dev", &far])?;
+                ns(&["ip", "link", "set", &far, "up"])?;
                 return Ok(wan);
             }
-            anyhow::bail!(e);
+            Err(e) if format!("{e:#}").contains("qdisc kind is unknown") => {}
+            Err(e) => return Err(e),
         }
-        ns(&[&["tc", "qdisc", "add", "dev", &peer][..], &netem[..]].concat())?;
+        run(Command::new("ip").args(["link", "del", &near]))?;
+        wan.veth = None;
+        let mtu = std::env::var("BC_WAN_MTU")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(LINE_MTU)
+            .to_string();
+        let (a, b) = (open_tun(&near)?, open_tun(&far)?);
+        run(Command::new("ip").args(["link", "set", &far, "netns", &wan.name]))?;
+        let (here, there) = (wan.here.to_string(), wan.there.to_string());
+        run(Command::new("ip").args(["addr", "add", &here, "peer", &there, "dev", &near]))?;
+        run(Command::new("ip").args(["link", "set", &near, "mtu", &mtu, "up"]))?;
+        ns(&["ip", "addr", "add", &there, "peer", &here, "dev", &far])?;
+        ns(&["ip", "link", "set", &far, "mtu", &mtu, "up"])?;
+        let shape = Shape {
+            delay: rtt / 2,
+            rate_bps,
+            limit: 100_000,
+        };
+        wan.line = Some(DelayLine::start(a, b, shape)?);
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        wan.shaper = format!(
+            "this kernel ({}) has no sch_netem: a user-space delay line between two TUN devices (MTU {mtu}), \
+             delay {delay} and {rate} each way",
+            kernel.trim()
+        );
         Ok(wan)
     }
 
@@ -213,10 +252,14 @@ impl Wan {
 
 impl Drop for Wan {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.veth])
-            .stderr(Stdio::null())
-            .status();
+        // The line's devices go with its descriptors.
+        self.line = None;
+        if let Some(veth) = &self.veth {
+            let _ = Command::new("ip")
+                .args(["link", "del", veth])
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
             .stderr(Stdio::null())

@@ -288,6 +288,30 @@ impl Registry {
             .ok()
             .and_then(|m| m.get(node_id).map(|e| e.tx.clone()))
     }
+
+    /// The node's current session: its queue, and a watch that changes or closes when that session ends (closed,
+    /// superseded, revoked, or gone: its entry dropped).
+    pub(crate) fn session_of(&self, node_id: &str) -> Option<(mpsc::Sender<Outbound>, SessionEnd)> {
+        self.inner.lock().ok().and_then(|m| {
+            m.get(node_id)
+                .map(|e| (e.tx.clone(), SessionEnd(e.close.subscribe())))
+        })
+    }
+}
+
+/// Resolves when one session ends, whichever way: its close is asked for (a reason is set) or its registry entry is
+/// dropped (the node ended it, it went silent, a newer session replaced it).
+#[derive(Clone)]
+pub(crate) struct SessionEnd(watch::Receiver<Option<Status>>);
+
+impl SessionEnd {
+    /// Waits for the end; at once if it has ended. Cancel-safe.
+    pub(crate) async fn ended(&mut self) {
+        if self.0.borrow().is_some() {
+            return;
+        }
+        let _ = self.0.changed().await;
+    }
 }
 
 /// Timing of sessions.

@@ -12,7 +12,7 @@
 //!   a stalled tunnel reader fills only its own stream window and never the connection's.
 //! - Bytes are counted per tunnel ([`Tunnel::bytes`]) and for the gateway ([`TunnelStats`]).
 
-use crate::session::{Registry, node_identity};
+use crate::session::{Registry, SessionEnd, node_identity};
 use bc_proto::v1;
 use bc_proto::v1::tunnel_frame::Frame;
 use std::collections::HashMap;
@@ -209,7 +209,7 @@ impl Tunnels {
         let forget = || {
             self.lock().pending.remove(&tunnel_id);
         };
-        let Some(tx) = self.registry.sender(node_id) else {
+        let Some((tx, session)) = self.registry.session_of(node_id) else {
             forget();
             return Err(OpenError::NotConnected(node_id.to_string()));
         };
@@ -257,11 +257,13 @@ impl Tunnels {
             port,
             tx: TunnelTx {
                 to_node: end.outbound,
+                session: Some(session.clone()),
                 bytes: bytes.clone(),
                 open: open.clone(),
             },
             rx: TunnelRx {
                 from_node: end.inbound,
+                session: Some(session),
                 bytes,
                 open,
             },
@@ -375,11 +377,14 @@ impl Tunnel {
             port,
             tx: TunnelTx {
                 to_node,
+                session: None,
                 bytes: bytes.clone(),
                 open: open.clone(),
             },
             rx: TunnelRx {
                 from_node,
+                // The gateway holding the node's session ends the relayed stream when the session ends.
+                session: None,
                 bytes,
                 open,
             },
@@ -390,21 +395,34 @@ impl Tunnel {
 /// The sending half of a [`Tunnel`].
 pub struct TunnelTx {
     to_node: mpsc::Sender<Result<v1::TunnelFrame, Status>>,
+    /// As [`TunnelRx`]'s: nothing more is sent to a node whose session has ended.
+    session: Option<SessionEnd>,
     bytes: Arc<Bytes>,
     open: Arc<Open>,
 }
 
 impl TunnelTx {
-    /// Sends a frame to the node; waits while its queue is full (HTTP/2's window). Err: the node's stream is gone.
+    /// Sends a frame to the node; waits while its queue is full (HTTP/2's window). Err: the node's stream is gone,
+    /// or the session the tunnel was opened through has ended.
     pub async fn send(&self, f: v1::TunnelFrame) -> Result<(), Status> {
         let n = match &f.frame {
             Some(Frame::Data(d)) => d.len() as u64,
             _ => 0,
         };
-        self.to_node
-            .send(Ok(f))
-            .await
-            .map_err(|_| Status::unavailable("the node's tunnel stream ended"))?;
+        let sent = match &self.session {
+            // Biased: a session that has ended wins over a queue with room, and a full queue the node no longer
+            // reads does not hold the send past the session's end.
+            Some(end) => {
+                let mut end = end.clone();
+                tokio::select! {
+                    biased;
+                    () = end.ended() => return Err(Status::aborted(SESSION_ENDED)),
+                    r = self.to_node.send(Ok(f)) => r,
+                }
+            }
+            None => self.to_node.send(Ok(f)).await,
+        };
+        sent.map_err(|_| Status::unavailable("the node's tunnel stream ended"))?;
         self.bytes.down.fetch_add(n, Relaxed);
         self.open.counters.to_nodes.fetch_add(n, Relaxed);
         Ok(())
@@ -416,14 +434,29 @@ impl TunnelTx {
 /// (HTTP/2 RST_STREAM), which discards frames the sending half still had queued (the last bytes, a half-close).
 pub struct TunnelRx {
     from_node: Streaming<v1::TunnelFrame>,
+    /// The end of the node's session the tunnel was opened through (None: relayed from another gateway, which
+    /// watches it). The tunnel ends with that session whatever the node does with its stream, so a revoked or
+    /// superseded node keeps none open: a read waiting here ends `ABORTED`, and so does the next send once the
+    /// node has half-closed and nothing reads.
+    session: Option<SessionEnd>,
     bytes: Arc<Bytes>,
     open: Arc<Open>,
 }
 
 impl TunnelRx {
-    /// The next frame from the node; None when its stream ended.
+    /// The next frame from the node; None when its stream ended; `ABORTED` once the node's session has ended.
     pub async fn recv(&mut self) -> Option<Result<v1::TunnelFrame, Status>> {
-        let f = self.from_node.message().await.transpose()?;
+        let TunnelRx {
+            from_node, session, ..
+        } = self;
+        let next = match session {
+            Some(end) => tokio::select! {
+                m = from_node.message() => m,
+                () = end.ended() => return Some(Err(Status::aborted(SESSION_ENDED))),
+            },
+            None => from_node.message().await,
+        };
+        let f = next.transpose()?;
         if let Ok(v1::TunnelFrame {
             frame: Some(Frame::Data(d)),
         }) = &f
@@ -446,6 +479,9 @@ impl TunnelRx {
         .await;
     }
 }
+
+/// Why a tunnel ended when the session it was opened through did.
+pub const SESSION_ENDED: &str = "the node's session ended, and its tunnels with it";
 
 /// `TunnelService` as the gateway serves it.
 pub(crate) struct TunnelSvc {

@@ -88,7 +88,8 @@ pub async fn connect(
     })
 }
 
-/// Relays `local` through the tunnel `link` until both sides half-closed or either closed.
+/// Relays `local` through the tunnel `link` until both sides half-closed and the API ended the link, or either side
+/// closed.
 pub async fn forward<L, T>(local: L, link: T) -> Forwarded
 where
     L: AsyncRead + AsyncWrite,
@@ -127,10 +128,14 @@ where
             to_node.fetch_add(n as u64, Relaxed);
         }
     };
+    // After the node's half-close the link is still read: the API ends it once both sides half-closed, or sends
+    // why the tunnel ended early (the node's session ended while the operator still wrote).
     let down = async {
+        let mut half_closed = false;
         loop {
             let f = match tr.next().await {
                 Ok(Some(f)) => f,
+                Ok(None) if half_closed => return Ok(()),
                 Ok(None) => {
                     return Err((
                         "ABORTED".to_string(),
@@ -140,6 +145,12 @@ where
                 Err(e) => return Err(("PROTOCOL".to_string(), e.to_string())),
             };
             match f.frame {
+                Some(Frame::Data(_)) if half_closed => {
+                    return Err((
+                        "PROTOCOL".into(),
+                        "the API sent data after the node's half-close".into(),
+                    ));
+                }
                 Some(Frame::Data(d)) => {
                     if let Err(e) = lw.write_all(&d).await {
                         return Err((
@@ -149,9 +160,9 @@ where
                     }
                     from_node.fetch_add(d.len() as u64, Relaxed);
                 }
-                Some(Frame::HalfClose(_)) => {
+                Some(Frame::HalfClose(_)) if !half_closed => {
                     let _ = lw.shutdown().await;
-                    return Ok(());
+                    half_closed = true;
                 }
                 Some(Frame::Close(c)) => {
                     let code = v1::TunnelCloseCode::try_from(c.code)

@@ -10,7 +10,7 @@ use bc_proto::tunnel as wire;
 use bc_proto::v1;
 use bc_proto::v1::TunnelCloseCode as C;
 use bc_proto::v1::tunnel_frame::Frame;
-use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Mutex;
@@ -52,16 +52,40 @@ pub fn code_name(code: C) -> String {
         .to_string()
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+/// When a byte last moved either way, on the monotonic clock (a wall clock set back would keep an idle tunnel open).
+struct Activity {
+    start: tokio::time::Instant,
+    /// Milliseconds from `start`.
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            start: tokio::time::Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn since_start(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn touch(&self) {
+        self.last_ms.store(self.since_start(), Relaxed);
+    }
+
+    fn quiet_for(&self) -> Duration {
+        Duration::from_millis(
+            self.since_start()
+                .saturating_sub(self.last_ms.load(Relaxed)),
+        )
+    }
 }
 
 /// Once nothing moved for `idle`: closes both sides `IDLE`, each for a bounded time (either may be the one that
 /// stopped reading).
-async fn idle_close<F, Fut>(last: &AtomicI64, idle: Duration, tx: &TunnelTx, to_client: &F) -> Ended
+async fn idle_close<F, Fut>(last: &Activity, idle: Duration, tx: &TunnelTx, to_client: &F) -> Ended
 where
     F: Fn(v1::TunnelFrame) -> Fut,
     Fut: Future<Output = Result<(), wire::FrameError>>,
@@ -85,11 +109,11 @@ where
 }
 
 /// Returns once nothing was recorded in `last` for `idle`.
-async fn quiet_for(last: &AtomicI64, idle: Duration) {
+async fn quiet_for(last: &Activity, idle: Duration) {
     let tick = (idle / 10).clamp(Duration::from_millis(10), Duration::from_secs(30));
     loop {
         tokio::time::sleep(tick).await;
-        if now_ms().saturating_sub(last.load(Relaxed)) >= idle.as_millis() as i64 {
+        if last.quiet_for() >= idle {
             return;
         }
     }
@@ -129,7 +153,7 @@ where
     let (client_rd, client_wr) = tokio::io::split(io);
     let mut client_rd = wire::FrameReader::new(client_rd);
     let client_wr = Mutex::new(client_wr);
-    let last = AtomicI64::new(now_ms());
+    let last = Activity::new();
     let to_client = |f: v1::TunnelFrame| {
         let client_wr = &client_wr;
         async move {
@@ -157,7 +181,7 @@ where
                     return Err(Ended::closed(C::Protocol, reason));
                 }
             };
-            last.store(now_ms(), Relaxed);
+            last.touch();
             match &f.frame {
                 Some(Frame::Data(d)) if d.len() <= wire::MAX_DATA => {}
                 Some(Frame::HalfClose(_)) => {
@@ -181,9 +205,9 @@ where
                     return Err(Ended::closed(C::Protocol, reason));
                 }
             }
-            if tx.send(f).await.is_err() {
-                let reason = "the node's tunnel stream ended";
-                let _ = to_client(wire::close(C::Aborted, reason)).await;
+            if let Err(s) = tx.send(f).await {
+                let reason = s.message().to_string();
+                let _ = to_client(wire::close(C::Aborted, reason.clone())).await;
                 return Err(Ended::closed(C::Aborted, reason));
             }
         }
@@ -202,7 +226,7 @@ where
                     return Err(Ended::closed(C::Aborted, reason));
                 }
             };
-            last.store(now_ms(), Relaxed);
+            last.touch();
             let ended = match &f.frame {
                 Some(Frame::HalfClose(_)) => Some(Ok(())),
                 Some(Frame::Close(c)) => Some(Err(Ended::closed(
@@ -231,4 +255,42 @@ where
     let mut w = client_wr.lock().await;
     let _ = tokio::time::timeout(CLOSE_DEADLINE, w.shutdown()).await;
     ended
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The idle watch on the monotonic clock, time as input: a tunnel quiet for just under its limit lives, a byte
+    /// restarts the count, and it is let go once quiet for the whole limit (the default, an hour).
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_tunnel_lives_its_whole_limit_and_a_byte_restarts_it() {
+        let idle = crate::Options::default().idle;
+        assert!(idle >= Duration::from_secs(3600), "{idle:?}");
+        let last = Activity::new();
+        let watch = quiet_for(&last, idle);
+        tokio::pin!(watch);
+        let step = Duration::from_secs(1);
+        // Quiet for the limit less a second: still open.
+        assert!(
+            tokio::time::timeout(idle - step, &mut watch).await.is_err(),
+            "let go before its limit"
+        );
+        // A byte moves: a whole limit again from here.
+        last.touch();
+        assert!(
+            tokio::time::timeout(idle - step, &mut watch).await.is_err(),
+            "a byte did not restart the count"
+        );
+        let started = tokio::time::Instant::now();
+        tokio::time::timeout(idle, &mut watch)
+            .await
+            .expect("let go once quiet for its limit");
+        // The watch wakes every tenth of the limit (at most 30 s): late by at most that.
+        assert!(
+            started.elapsed() <= step + Duration::from_secs(30),
+            "{:?}",
+            started.elapsed()
+        );
+    }
 }
