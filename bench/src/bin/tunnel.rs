@@ -2,7 +2,8 @@
 //! authentication, in the bench's own folder) and against raw TCP, on loopback and across a link to a network
 //! namespace that adds 50 ms of RTT and a 1 Gbit/s rate (netem, or `bc_bench::delay`'s user-space line where the
 //! kernel lacks netem; there the window, not the CPU, should decide); 1 KiB echo latency through the tunnel vs
-//! direct; the heartbeat delay while a tunnel is saturated; the control plane's memory per open idle tunnel. Ends with `tunnel: <r> ratio vs ssh -L on loopback`.
+//! direct; the heartbeat delay while a tunnel is saturated; the control plane's memory per open idle tunnel. Ends
+//! with `tunnel: <r> ratio vs ssh -L on loopback`.
 //!
 //! The control plane (api and gateway roles, one process: this one) runs on an embedded PostgreSQL with a 100 ms
 //! heartbeat so that the delay is visible; the nodes are real `bcd run` processes (one here, one in the
