@@ -306,7 +306,7 @@ async fn two_daemons_with_one_identity_only_the_newest_epoch_writes() -> TestRes
     let (cert, key) = node_identity(&node);
     let (old_tx, mut old_rx) = raw_session(&p, cert.clone(), &key, &node.id).await?;
     let epoch_old = node_row(&p, &node.id).await.session_epoch;
-    let (new_tx, _new_rx) = raw_session(&p, cert, &key, &node.id).await?;
+    let (new_tx, mut new_rx) = raw_session(&p, cert, &key, &node.id).await?;
     let epoch_new = node_row(&p, &node.id).await.session_epoch;
     assert_eq!(epoch_new, epoch_old + 1);
     // The older session is closed by the gateway.
@@ -337,7 +337,16 @@ async fn two_daemons_with_one_identity_only_the_newest_epoch_writes() -> TestRes
         }
     };
     let _ = old_tx.send(section("old")).await;
-    new_tx.send(section("new")).await?;
+    if new_tx.send(section("new")).await.is_err() {
+        // The gateway ended the new session: say how, for the log.
+        let why = match new_rx.message().await {
+            Ok(m) => format!("{m:?}"),
+            Err(s) => s.message().to_string(),
+        };
+        return Err(
+            format!("the gateway ended the new session, not only the old one: {why}").into(),
+        );
+    }
     // Wait for the new session's write (a loaded machine can take seconds), then check it is the only one: the
     // old session's write, sent first, was refused rather than stored and then overwritten.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);

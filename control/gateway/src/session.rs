@@ -215,6 +215,17 @@ impl Registry {
         self.close_with(node_id, Status::aborted(reason));
     }
 
+    /// Closes `s` if it is still the node's session here: a newer session of the node (it reconnected meanwhile)
+    /// is left alone.
+    fn close_session(&self, s: &SessionRef, reason: &str) {
+        if let Ok(m) = self.inner.lock()
+            && let Some(e) = m.get(&s.node_id)
+            && e.epoch == s.epoch
+        {
+            let _ = e.close.send(Some(Status::aborted(reason)));
+        }
+    }
+
     fn close_with(&self, node_id: &str, status: Status) {
         if let Ok(m) = self.inner.lock()
             && let Some(e) = m.get(node_id)
@@ -632,11 +643,7 @@ pub(crate) async fn housekeeping(
                 }
                 registry.liveness_writes.fetch_add(1, Ordering::Relaxed);
                 match backend.liveness(&seen).await {
-                    Ok(to_close) => {
-                        for node in to_close {
-                            registry.close(&node, "revoked or superseded");
-                        }
-                    }
+                    Ok(to_close) => close_judged(&registry, &seen, &to_close),
                     Err(e) => tracing::warn!(error = e.message(), "liveness write failed"),
                 }
             }
@@ -666,6 +673,29 @@ pub(crate) async fn housekeeping(
     }
 }
 
+/// Closes the sessions the store said must end (`to_close`, node ids), each only if it is still the session the
+/// store judged (its epoch in `seen`). A node that reconnected to this gateway while the statement ran holds a newer
+/// session, which the verdict was not about: closing by node id alone closed that one too (seen in CI, where
+/// `two_daemons_with_one_identity_only_the_newest_epoch_writes` lost its new session to the old one's verdict).
+fn close_judged(registry: &Registry, seen: &[Seen], to_close: &[String]) {
+    if to_close.is_empty() {
+        return;
+    }
+    let epochs: HashMap<&str, u64> = seen
+        .iter()
+        .map(|s| (s.session.node_id.as_str(), s.session.epoch))
+        .collect();
+    for node in to_close {
+        if let Some(&epoch) = epochs.get(node.as_str()) {
+            let judged = SessionRef {
+                node_id: node.clone(),
+                epoch,
+            };
+            registry.close_session(&judged, "revoked or superseded");
+        }
+    }
+}
+
 /// Reads revocations since `since` into the registry's set (closing the sessions of newly revoked identities);
 /// returns the next watermark, or None when the store could not be read.
 pub(crate) async fn refresh_revocations(
@@ -687,5 +717,57 @@ pub(crate) async fn refresh_revocations(
             );
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An entry as a session's task registers it; the receiver sees the status the session is asked to end with.
+    fn entry(epoch: u64) -> (Entry, watch::Receiver<Option<Status>>) {
+        let (tx, _rx) = mpsc::channel(1);
+        let (close, closed) = watch::channel(None);
+        let e = Entry {
+            epoch,
+            last_seen_ms: Arc::new(AtomicI64::new(0)),
+            tx,
+            close,
+        };
+        (e, closed)
+    }
+
+    /// The store judges the sessions of one snapshot; a node that reconnected while it did keeps its new session.
+    #[test]
+    fn a_verdict_on_a_superseded_session_spares_the_nodes_newer_one() {
+        let registry = Registry::default();
+        let (first, first_closed) = entry(1);
+        registry.insert("n", first);
+        let seen = registry.snapshot();
+        // The node reconnects while the liveness statement runs: epoch 2 replaces epoch 1 here.
+        let (second, second_closed) = entry(2);
+        registry.insert("n", second);
+        assert!(
+            first_closed.borrow().is_some(),
+            "the first session was superseded"
+        );
+        // The store answers for the snapshot: epoch 1 must end.
+        close_judged(&registry, &seen, &["n".to_string()]);
+        assert!(
+            second_closed.borrow().is_none(),
+            "the verdict on epoch 1 closed epoch 2"
+        );
+        // A verdict on the current session closes it.
+        close_judged(&registry, &registry.snapshot(), &["n".to_string()]);
+        let status = second_closed.borrow().clone();
+        assert_eq!(
+            status.map(|s| s.message().to_string()).as_deref(),
+            Some("revoked or superseded")
+        );
+        // A node the snapshot did not hold is not touched.
+        let (other, other_closed) = entry(1);
+        registry.insert("m", other);
+        close_judged(&registry, &seen, &["m".to_string()]);
+        assert!(other_closed.borrow().is_none());
     }
 }
