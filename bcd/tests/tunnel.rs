@@ -193,6 +193,10 @@ impl Lab {
         finished_audit(&self.p, &self.node).await
     }
 
+    async fn finished_row(&self) -> Result<serde_json::Value, String> {
+        finished_row(&self.p, &self.node).await
+    }
+
     /// A principal holding exactly `grants`, as an API caller.
     async fn principal(&self, id: &str, grants: &[(&str, &str)]) -> Api {
         let key = Token::generate(TokenKind::ApiKey).expect("key");
@@ -285,6 +289,15 @@ async fn finished_audit(p: &Plane, node: &str) -> Vec<serde_json::Value> {
     }
 }
 
+/// The newest audit row, once every row is finished.
+async fn finished_row(p: &Plane, node: &str) -> Result<serde_json::Value, String> {
+    finished_audit(p, node)
+        .await
+        .into_iter()
+        .next()
+        .ok_or_else(|| format!("no audit row for node {node}"))
+}
+
 fn big() -> u64 {
     std::env::var("BC_TUNNEL_TEST_BYTES")
         .ok()
@@ -307,12 +320,7 @@ async fn a_gib_of_random_bytes_goes_through_and_back_hashed_and_the_audit_row_co
     );
     assert_eq!(got, n);
     assert_eq!(sent, back, "what came back differs from what was sent");
-    let row = lab
-        .finished_audit()
-        .await
-        .into_iter()
-        .next()
-        .ok_or("no audit row")?;
+    let row = lab.finished_row().await?;
     assert_eq!(row["outcome"], "OK", "{row}");
     assert_eq!(row["bytes_to_node"], n, "{row}");
     assert_eq!(row["bytes_from_node"], n, "{row}");
@@ -757,11 +765,7 @@ impl Keeper {
             reason.contains(bc_gateway::tunnel::SESSION_ENDED),
             "{reason}"
         );
-        let row = finished_audit(&self.p, &self.node)
-            .await
-            .into_iter()
-            .next()
-            .ok_or("no audit row")?;
+        let row = finished_row(&self.p, &self.node).await?;
         assert_eq!(
             (
                 row["outcome"].as_str(),
@@ -882,12 +886,7 @@ async fn an_idle_tunnel_is_closed_at_its_limit_and_not_before() -> TestResult {
     );
     let mut rest = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut rest)).await??;
-    let row = lab
-        .finished_audit()
-        .await
-        .into_iter()
-        .next()
-        .ok_or("no audit row")?;
+    let row = lab.finished_row().await?;
     assert_eq!(
         (row["outcome"].as_str(), row["bytes_to_node"].as_i64()),
         (Some("IDLE"), Some(4)),
