@@ -13,9 +13,18 @@ use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_better-compute");
 
-/// The directory of this profile's binaries, with `bcd` built into it (a no-op when it is up to date).
+/// The directory of this profile's binaries, with `bcd` in it: the one `BCD_BIN` names when it is this profile's
+/// (scripts/test sets it to the `bcd` its `cargo test` built), else built here (a no-op when it is up to date). A
+/// `cargo build -p bcd` after the workspace's `cargo test` is no no-op: cargo unifies features over the packages it
+/// is asked for, so it compiled bcd and eight of its dependencies again (135 s of CI's 204 s in this test).
 fn binaries() -> PathBuf {
     let dir = Path::new(BIN).parent().expect("bin dir").to_path_buf();
+    if let Some(bcd) = std::env::var_os("BCD_BIN").map(PathBuf::from)
+        && bcd.parent() == Some(dir.as_path())
+    {
+        assert!(bcd.is_file(), "BCD_BIN={} is not a file", bcd.display());
+        return dir;
+    }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
     cmd.current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
