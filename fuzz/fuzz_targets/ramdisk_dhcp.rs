@@ -40,6 +40,8 @@ fuzz_target!(|data: &[u8]| {
         dns: Vec::new(),
         server: std::net::Ipv4Addr::new(10, 0, 0, 1),
         lease_secs: Some(120),
+        renewal_secs: None,
+        rebinding_secs: None,
     };
     if let Some(mut r) = Renewal::new(mac, start_xid, lease, t0) {
         let _ = r.on_timer(t0 + Duration::from_secs(60));

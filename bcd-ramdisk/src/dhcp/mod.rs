@@ -29,6 +29,11 @@ pub struct Lease {
     pub dns: Vec<Ipv4Addr>,
     pub server: Ipv4Addr,
     pub lease_secs: Option<u32>,
+    /// The server's T1 and T2 (options 58 and 59), when it sent them: when to renew and to rebind, in seconds
+    /// from the ACK (RFC 2131 §4.4.5). Without them (or when they are not T1 < T2 < the lease) the client takes
+    /// half and seven eighths of the lease.
+    pub renewal_secs: Option<u32>,
+    pub rebinding_secs: Option<u32>,
 }
 
 /// What the caller must do next.
@@ -287,6 +292,14 @@ fn lease_of(msg: &Message) -> Option<Lease> {
         Some(DhcpOption::AddressLeaseTime(s)) => Some(*s),
         _ => None,
     };
+    let renewal_secs = match opts.get(OptionCode::Renewal) {
+        Some(DhcpOption::Renewal(s)) => Some(*s),
+        _ => None,
+    };
+    let rebinding_secs = match opts.get(OptionCode::Rebinding) {
+        Some(DhcpOption::Rebinding(s)) => Some(*s),
+        _ => None,
+    };
     Some(Lease {
         address,
         prefix_len,
@@ -294,6 +307,8 @@ fn lease_of(msg: &Message) -> Option<Lease> {
         dns,
         server,
         lease_secs,
+        renewal_secs,
+        rebinding_secs,
     })
 }
 

@@ -62,7 +62,7 @@ impl Renewal {
     /// `xid` seeds the transaction ids of the renewals.
     pub fn new(mac: [u8; 6], xid: u32, lease: Lease, bound_at: Instant) -> Option<Self> {
         let secs = lease.lease_secs.filter(|s| *s != INFINITE && *s > 0)?;
-        let (t1, t2, expiry) = times(bound_at, secs);
+        let (t1, t2, expiry) = times(bound_at, secs, &lease);
         Some(Self {
             mac,
             xid,
@@ -191,7 +191,7 @@ impl Renewal {
                     self.next_send = None;
                     match secs {
                         Some(s) if s != INFINITE => {
-                            (self.t1, self.t2, self.expiry) = times(now, s);
+                            (self.t1, self.t2, self.expiry) = times(now, s, &lease);
                         }
                         // Now infinite (or unstated): nothing more to renew.
                         _ => {
@@ -229,9 +229,20 @@ impl Renewal {
 }
 
 /// T1, T2 and expiry of a lease of `secs` seconds bound at `at`.
-fn times(at: Instant, secs: u32) -> (Instant, Instant, Instant) {
-    let lease = Duration::from_secs(u64::from(secs));
-    (at + lease / 2, at + lease * 7 / 8, at + lease)
+/// T1, T2 and the expiry of a lease of `secs` bound `at`: the server's T1 and T2 when it sent both and
+/// 0 < T1 < T2 < the lease, else half and seven eighths of the lease (RFC 2131 §4.4.5's defaults). A server's
+/// T1 alone (T1 < the lease) keeps the default T2 when that is later.
+fn times(at: Instant, secs: u32, lease: &Lease) -> (Instant, Instant, Instant) {
+    let d = |s: u32| Duration::from_secs(u64::from(s));
+    let whole = d(secs);
+    let (mut t1, mut t2) = (whole / 2, whole * 7 / 8);
+    match (lease.renewal_secs, lease.rebinding_secs) {
+        (Some(r), Some(b)) if 0 < r && r < b && b < secs => (t1, t2) = (d(r), d(b)),
+        (Some(r), None) if 0 < r && d(r) < t2 => t1 = d(r),
+        (None, Some(b)) if t1 < d(b) && b < secs => t2 = d(b),
+        _ => {}
+    }
+    (at + t1, at + t2, at + whole)
 }
 
 /// The next renewal's transaction id (a fixed LCG step keeps the state machine free of RNG reads; the first xid
@@ -257,6 +268,8 @@ mod tests {
             dns: Vec::new(),
             server: SERVER,
             lease_secs: secs,
+            renewal_secs: None,
+            rebinding_secs: None,
         }
     }
 
@@ -282,6 +295,44 @@ mod tests {
 
     fn decoded(bytes: &[u8]) -> Message {
         wire::decode(bytes).expect("our own packet decodes")
+    }
+
+    #[test]
+    fn the_servers_t1_and_t2_are_kept_when_they_fit_the_lease() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let with = |r: Option<u32>, b: Option<u32>| {
+            let l = Lease {
+                renewal_secs: r,
+                rebinding_secs: b,
+                ..lease(Some(120))
+            };
+            let (t1, t2, end) = times(t0, 120, &l);
+            (t1 - t0, t2 - t0, end - t0)
+        };
+        assert_eq!(with(None, None), (s(60), s(105), s(120)));
+        assert_eq!(with(Some(10), Some(20)), (s(10), s(20), s(120)));
+        assert_eq!(with(Some(10), None), (s(10), s(105), s(120)));
+        assert_eq!(with(None, Some(110)), (s(60), s(110), s(120)));
+        // Inconsistent: T1 ≥ T2, T2 ≥ the lease, zero, T1 past the default T2: RFC 2131's defaults.
+        for (r, b) in [
+            (Some(30), Some(20)),
+            (Some(10), Some(120)),
+            (Some(0), Some(20)),
+            (Some(110), None),
+            (None, Some(50)),
+        ] {
+            assert_eq!(with(r, b), (s(60), s(105), s(120)), "{r:?} {b:?}");
+        }
+        // And from the wire: an ACK's options 58 and 59 reach the lease.
+        let mut bytes = reply(MessageType::Ack, 7, ADDR, 120);
+        let mut msg = decoded(&bytes);
+        msg.opts_mut().insert(DhcpOption::Renewal(10));
+        msg.opts_mut().insert(DhcpOption::Rebinding(20));
+        bytes.clear();
+        msg.encode(&mut Encoder::new(&mut bytes)).expect("encode");
+        let l = lease_of(&decoded(&bytes)).expect("a lease");
+        assert_eq!((l.renewal_secs, l.rebinding_secs), (Some(10), Some(20)));
     }
 
     #[test]

@@ -110,6 +110,8 @@ fn resolv_conf_lists_at_most_three_servers() {
         dns: (1..=4).map(|i| Ipv4Addr::new(10, 0, 0, i)).collect(),
         server: Ipv4Addr::new(10, 0, 0, 1),
         lease_secs: None,
+        renewal_secs: None,
+        rebinding_secs: None,
     };
     assert_eq!(
         resolv_conf(&lease),
