@@ -289,6 +289,10 @@ impl Lab {
     }
 }
 
+/// Seconds a stop, start or delete may take to be seen done: well under the workflow's steady poll (30 s), which
+/// is what each waited for when a poke did not make the pass due.
+const ACTED_ON: u64 = 20;
+
 fn observed_state(i: &Value) -> &str {
     i["observed"]["state"].as_str().unwrap_or("")
 }
@@ -325,7 +329,9 @@ async fn a_provider_instance_lives_its_whole_life_against_moto() {
         .call("instances", "stop", json!({"id": id}))
         .await
         .expect("stop");
-    lab.until(&id, 60, "stopped", |i| observed_state(i) == "stopped")
+    // A change of the desired state is acted on at once (the poke), not at the steady poll (30 s): the stop, the
+    // start and the delete each take a few seconds against moto; before the fix each took 30 s.
+    lab.until(&id, ACTED_ON, "stopped", |i| observed_state(i) == "stopped")
         .await;
     assert_eq!(
         lab.at_moto(&id).await,
@@ -335,15 +341,17 @@ async fn a_provider_instance_lives_its_whole_life_against_moto() {
         .call("instances", "start", json!({"id": id}))
         .await
         .expect("start");
-    lab.until(&id, 60, "running again", |i| observed_state(i) == "running")
-        .await;
+    lab.until(&id, ACTED_ON, "running again", |i| {
+        observed_state(i) == "running"
+    })
+    .await;
     let deleted = lab
         .admin
         .call("instances", "delete", json!({"id": id}))
         .await
         .expect("delete");
     assert_eq!(deleted["instance"]["state"], "deleting", "{deleted}");
-    lab.until(&id, 60, "deleted", |i| i["state"] == "deleted")
+    lab.until(&id, ACTED_ON, "deleted", |i| i["state"] == "deleted")
         .await;
     assert_eq!(
         lab.at_moto(&id).await,

@@ -81,11 +81,14 @@ pub async fn fenced(
     Ok(held.is_some())
 }
 
-/// Locks instance `id`'s workflow row (`SKIP LOCKED`: None when another pass holds it, or it is gone).
+/// Locks instance `id`'s workflow row (`SKIP LOCKED`: None when another pass holds it, or it is gone). The row's
+/// `next_at_ms` column, not the copy in its record, says when it is due: [`poke`] zeroes the column after a change
+/// of the desired state, and the pass must then run at once. (Before, the pass read the record's copy, so a stop,
+/// start or delete waited for the steady poll planned before it: 30 s.)
 pub async fn lock_due(tx: &mut PgConnection, id: &str) -> Result<Option<Due>, StoreError> {
     let row = sqlx::query(
         "SELECT p.record, i.state, i.power, i.reboots, i.generation, i.request, \
-           (extract(epoch FROM i.created_at) * 1000)::bigint, ip.provider \
+           (extract(epoch FROM i.created_at) * 1000)::bigint, ip.provider, p.next_at_ms \
          FROM instance_provider p JOIN instances i ON i.id = p.instance_id \
            JOIN instance_pools ip ON ip.pool_id = p.pool_id \
          WHERE p.instance_id = $1 FOR UPDATE OF p SKIP LOCKED",
@@ -98,9 +101,12 @@ pub async fn lock_due(tx: &mut PgConnection, id: &str) -> Result<Option<Due>, St
     };
     let power: String = r.get(2);
     let provider: Option<serde_json::Value> = r.get(7);
+    let mut record: Record =
+        serde_json::from_value(r.get(0)).map_err(|e| corrupt(id, "record", e))?;
+    record.next_at_ms = r.get(8);
     Ok(Some(Due {
         instance_id: id.to_owned(),
-        record: serde_json::from_value(r.get(0)).map_err(|e| corrupt(id, "record", e))?,
+        record,
         state: r.get(1),
         power: Power::parse(&power).ok_or_else(|| corrupt(id, "power", &power))?,
         reboots: r.get(3),
