@@ -88,9 +88,13 @@ pub struct LabSpec {
     pub api_roles: String,
     /// Lines appended to every process's configuration (e.g. `shard_lease_ms = 2000`, a `[tunnels]` table last).
     pub extra_config: String,
-    /// HAProxy's `maxconn` (global and frontend). HAProxy needs about twice as many descriptors (RLIMIT_NOFILE's
-    /// hard limit) and refuses to start otherwise.
+    /// HAProxy's `maxconn` (global and frontend), per HAProxy process. HAProxy needs about twice as many descriptors
+    /// (RLIMIT_NOFILE's hard limit) and refuses to start otherwise.
     pub max_connections: u32,
+    /// HAProxy processes, each on every balancer port (SO_REUSEPORT, which HAProxy sets on Linux: the kernel spreads
+    /// new connections over them) and each with its own `max_connections`. More than one where a process may not
+    /// hold the descriptors all the connections need (two per connection).
+    pub balancers: usize,
     /// Ports HAProxy listens on (at least 1; [`GatewayLab::balancer_urls`]). Loopback clients are limited to one
     /// connection per ephemeral port (about 28,000) per destination: 50,000 sessions need two ports or more.
     pub balancer_ports: usize,
@@ -111,6 +115,7 @@ impl LabSpec {
             api_roles: "api,controllers,scheduler".into(),
             extra_config: String::new(),
             max_connections: 4_000,
+            balancers: 1,
             balancer_ports: 1,
             balancer: true,
             start_deadline: Duration::from_secs(60),
@@ -174,7 +179,10 @@ pub struct GatewayLab {
     pub state_dir: PathBuf,
     /// The API process's PID.
     pub api_pid: u32,
+    /// The first HAProxy process's PID.
     pub haproxy_pid: u32,
+    /// Every HAProxy process's PID ([`LabSpec::balancers`]).
+    pub haproxy_pids: Vec<u32>,
     /// Gateway processes by index in `gateways`, then the API process, HAProxy, and what the test added.
     procs: Vec<Option<Proc>>,
     dir: PathBuf,
@@ -241,6 +249,7 @@ impl GatewayLab {
             state_dir: state_dir.clone(),
             api_pid: 0,
             haproxy_pid: 0,
+            haproxy_pids: Vec::new(),
             procs: Vec::new(),
             dir: spec.dir.clone(),
             spec: spec.clone(),
@@ -277,9 +286,12 @@ impl GatewayLab {
             lab.balancer_url = format!("https://127.0.0.1:{}", first.addr.port());
             return Ok(lab);
         }
-        let haproxy = lab.haproxy(bins, &lb_ports)?;
-        lab.haproxy_pid = haproxy.pid();
-        lab.procs.push(Some(haproxy));
+        for k in 0..spec.balancers.max(1) {
+            let haproxy = lab.haproxy(bins, &lb_ports, k)?;
+            lab.haproxy_pids.push(haproxy.pid());
+            lab.procs.push(Some(haproxy));
+        }
+        lab.haproxy_pid = lab.haproxy_pids[0];
         Ok(lab)
     }
 
@@ -357,8 +369,9 @@ impl GatewayLab {
 
     /// HAProxy in TCP mode (TLS passthrough) on `port`, least connections first (sessions are long-lived: new ones
     /// go where fewest are held) over the gateways with health checks every
-    /// 500 ms, sessions of a gateway marked down shut.
-    fn haproxy(&self, bins: &Binaries, ports: &[u16]) -> Result<Proc, String> {
+    /// 500 ms, sessions of a gateway marked down shut. `k`: which of [`LabSpec::balancers`] this is (`haproxy-<k>.log`
+    /// past the first); it serves once `k + 1` sockets listen on every port.
+    fn haproxy(&self, bins: &Binaries, ports: &[u16], k: usize) -> Result<Proc, String> {
         let spec = &self.spec;
         let servers: String = self
             .gateways
@@ -394,19 +407,24 @@ impl GatewayLab {
                 String::from_utf8_lossy(&check.stderr)
             ));
         }
-        let log = self.log("haproxy")?;
+        let name = match k {
+            0 => "haproxy".to_string(),
+            k => format!("haproxy-{k}"),
+        };
+        let log = self.log(&name)?;
         let mut cmd = Command::new(&bins.haproxy);
         cmd.args(["-db", "-f"])
             .arg(&path)
             .stdout(Stdio::null())
             .stderr(log);
-        let mut proc = spawn("haproxy", &mut cmd)?;
+        let mut proc = spawn(&name, &mut cmd)?;
         let deadline = Instant::now() + Duration::from_secs(10);
         for &port in ports {
-            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            while listeners(port) <= k || std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+            {
                 if proc.exited() || Instant::now() > deadline {
-                    let log =
-                        std::fs::read_to_string(self.dir.join("haproxy.log")).unwrap_or_default();
+                    let log = std::fs::read_to_string(self.dir.join(format!("{name}.log")))
+                        .unwrap_or_default();
                     return Err(format!(
                         "haproxy does not accept on 127.0.0.1:{port}; its log:\n{}",
                         log.trim()
@@ -486,6 +504,19 @@ impl GatewayLab {
     }
 }
 
+/// Sockets listening on 127.0.0.1:`port` (`/proc/net/tcp`, state 0A), of any process.
+fn listeners(port: u16) -> usize {
+    let local = format!("0100007F:{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            let mut f = l.split_whitespace().skip(1);
+            f.next() == Some(local.as_str()) && f.nth(1) == Some("0A")
+        })
+        .count()
+}
+
 fn spawn(name: &str, cmd: &mut Command) -> Result<Proc, String> {
     let child = cmd
         .stdin(Stdio::null())
@@ -534,5 +565,17 @@ mod tests {
             ("sha256:ab", "bcjk_x")
         );
         assert!(parse_serving("starting").is_none());
+    }
+
+    #[test]
+    fn listeners_counts_the_sockets_listening_on_a_loopback_port() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        assert_eq!(listeners(port), 1);
+        // A connected socket on the port is not a listener.
+        let _c = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        assert_eq!(listeners(port), 1);
+        drop(l);
+        assert_eq!(listeners(port), 0);
     }
 }

@@ -351,15 +351,58 @@ async fn session(
 }
 
 /// The load tool's simulated daemons (one per joined node, spawned step by step) and the Up/Down events they send:
-/// how many sessions are up, from the load tool's side.
+/// how many sessions are up, from the load tool's side. The daemons run in this process, or in [`Worker`] processes
+/// where one process may not hold a descriptor per session.
 struct Fleet {
     ca: CertificateDer<'static>,
     slots: Arc<Semaphore>,
     events_tx: mpsc::UnboundedSender<Event>,
     events: mpsc::UnboundedReceiver<Event>,
     stop_tx: watch::Sender<bool>,
+    workers: Vec<Worker>,
     live: usize,
     spawned: usize,
+}
+
+/// A load-tool process running the daemons of a slice of the creds ([`worker_main`]): told `grow <upto>` and `stop`
+/// on its stdin, it answers one line per event (`U`, `D`) on its stdout, which a thread here turns into [`Event`]s.
+struct Worker {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Credentials as a worker reads them: one line each, `node_id`, the certificate's DER in hex and the key's PEM
+/// with its newlines as `|`, separated by tabs.
+fn cred_line(c: &Cred) -> String {
+    let hex: String = c.cert.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}\t{hex}\t{}\n", c.node_id, c.key_pem.replace('\n', "|"))
+}
+
+fn parse_cred_line(line: &str) -> anyhow::Result<Cred> {
+    let mut f = line.split('\t');
+    let (Some(id), Some(hex), Some(key), None) = (f.next(), f.next(), f.next(), f.next()) else {
+        bail!("a credentials line has three fields: {line:.40}");
+    };
+    let der = (0..hex.len())
+        .step_by(2)
+        .map(|i| {
+            hex.get(i..i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+                .context("the certificate's hex")
+        })
+        .collect::<anyhow::Result<Vec<u8>>>()?;
+    Ok(Cred {
+        node_id: id.to_string(),
+        cert: CertificateDer::from(der),
+        key_pem: key.replace('|', "\n"),
+    })
 }
 
 impl Fleet {
@@ -371,13 +414,70 @@ impl Fleet {
             events_tx,
             events,
             stop_tx: watch::channel(false).0,
+            workers: Vec::new(),
             live: 0,
             spawned: 0,
         }
     }
 
-    /// Starts the daemons of `creds[spawned..upto]`, daemon `i` on `url(i)`, and waits up to `limit` until `upto`
-    /// sessions are up. Returns how many it started.
+    /// A fleet whose daemons run in `processes` worker processes (this program again, [`worker_main`]), each given
+    /// an equal slice of `creds` in a file under `dir`; daemon `i` connects to `urls[i % urls.len()]`. `ca_pem`: the
+    /// CA the daemons trust.
+    fn in_processes(
+        ca: CertificateDer<'static>,
+        ca_pem: &str,
+        creds: &[Arc<Cred>],
+        urls: &[String],
+        processes: usize,
+        dir: &std::path::Path,
+    ) -> anyhow::Result<Fleet> {
+        let mut fleet = Fleet::new(ca);
+        let ca_path = dir.join("fleet-ca.pem");
+        std::fs::write(&ca_path, ca_pem)?;
+        let per = creds.len().div_ceil(processes.max(1)).max(1);
+        for (k, slice) in creds.chunks(per).enumerate() {
+            let path = dir.join(format!("fleet-{k}.creds"));
+            std::fs::write(
+                &path,
+                slice.iter().map(|c| cred_line(c)).collect::<String>(),
+            )?;
+            let mut child = Command::new(std::env::current_exe()?)
+                .env("BC_SESSIONS_WORKER", &path)
+                .env("BC_SESSIONS_WORKER_FIRST", (k * per).to_string())
+                .env("BC_SESSIONS_WORKER_CA", &ca_path)
+                .env("BC_SESSIONS_WORKER_URLS", urls.join(","))
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .context("starting a load-tool worker")?;
+            let (stdin, stdout) = (
+                child.stdin.take().context("worker stdin")?,
+                child.stdout.take().context("worker stdout")?,
+            );
+            let tx = fleet.events_tx.clone();
+            std::thread::spawn(move || {
+                use std::io::BufRead as _;
+                for line in std::io::BufReader::new(stdout)
+                    .lines()
+                    .map_while(Result::ok)
+                {
+                    let e = match line.as_str() {
+                        "U" => Event::Up,
+                        "D" => Event::Down,
+                        _ => continue,
+                    };
+                    if tx.send(e).is_err() {
+                        return;
+                    }
+                }
+            });
+            fleet.workers.push(Worker { child, stdin });
+        }
+        Ok(fleet)
+    }
+
+    /// Starts the daemons of `creds[spawned..upto]`, daemon `i` on `url(i)` (in the workers, if any: they know the
+    /// URLs), and waits up to `limit` until `upto` sessions are up. Returns how many it started.
     async fn grow(
         &mut self,
         creds: &[Arc<Cred>],
@@ -386,19 +486,44 @@ impl Fleet {
         limit: Duration,
     ) -> usize {
         let from = self.spawned;
-        for (i, cred) in creds.iter().enumerate().take(upto).skip(from) {
+        if self.workers.is_empty() {
+            self.spawn_daemons(creds, 0, upto, url);
+        } else {
+            use std::io::Write as _;
+            for w in &mut self.workers {
+                if let Err(e) = writeln!(w.stdin, "grow {upto}") {
+                    eprintln!("a load-tool worker took no command: {e}");
+                }
+            }
+        }
+        self.spawned = upto.max(from);
+        self.wait_up(upto, limit, &mut Vec::new()).await;
+        self.spawned - from
+    }
+
+    /// Spawns the daemons of `creds` (global indices from `first`) below `upto` not spawned yet, daemon `i` on
+    /// `url(i)`.
+    fn spawn_daemons(
+        &mut self,
+        creds: &[Arc<Cred>],
+        first: usize,
+        upto: usize,
+        url: impl Fn(usize) -> String,
+    ) {
+        for (i, cred) in creds.iter().enumerate() {
+            let global = first + i;
+            if global < self.spawned || global >= upto {
+                continue;
+            }
             tokio::spawn(daemon(
                 cred.clone(),
                 self.ca.clone(),
-                url(i),
+                url(global),
                 self.slots.clone(),
                 self.events_tx.clone(),
                 self.stop_tx.subscribe(),
             ));
         }
-        self.spawned = upto.max(from);
-        self.wait_up(upto, limit, &mut Vec::new()).await;
-        self.spawned - from
     }
 
     /// Sessions up now.
@@ -452,26 +577,93 @@ impl Fleet {
         (back, p99, all)
     }
 
-    /// Every daemon stops.
-    fn stop(&self) {
+    /// Every daemon stops (a worker's with the worker).
+    fn stop(&mut self) {
         let _ = self.stop_tx.send(true);
+        self.workers.clear();
     }
+}
+
+/// A load-tool worker ([`Fleet::in_processes`]): the daemons of the credentials in `BC_SESSIONS_WORKER`, whose
+/// first line is daemon `BC_SESSIONS_WORKER_FIRST` of the fleet.
+async fn worker_main(creds_path: &str) -> anyhow::Result<()> {
+    let var = |k: &str| std::env::var(k).with_context(|| format!("{k} is not set"));
+    let first: usize = var("BC_SESSIONS_WORKER_FIRST")?.parse()?;
+    let urls: Vec<String> = var("BC_SESSIONS_WORKER_URLS")?
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    let ca_pem = std::fs::read_to_string(var("BC_SESSIONS_WORKER_CA")?)?;
+    let ca = CertificateDer::from_pem_slice(ca_pem.as_bytes())?;
+    let creds = std::fs::read_to_string(creds_path)?
+        .lines()
+        .map(|l| parse_cred_line(l).map(Arc::new))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut fleet = Fleet::new(ca);
+    let mut events = std::mem::replace(&mut fleet.events, mpsc::unbounded_channel().1);
+    // Events out on stdout, commands in from stdin: each on a thread of its own (blocking I/O).
+    std::thread::spawn(move || {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        while let Some(e) = events.blocking_recv() {
+            let mut buf = Vec::new();
+            let mut push = |e: Event| {
+                buf.extend_from_slice(match e {
+                    Event::Up => b"U\n",
+                    Event::Down => b"D\n",
+                })
+            };
+            push(e);
+            while let Ok(e) = events.try_recv() {
+                push(e);
+            }
+            if out.write_all(&buf).is_err() || out.flush().is_err() {
+                return;
+            }
+        }
+    });
+    let (commands_tx, mut commands) = mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+            if commands_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    while let Some(line) = commands.recv().await {
+        match line.split_once(' ') {
+            Some(("grow", upto)) => {
+                let upto: usize = upto.trim().parse()?;
+                let url = |i: usize| urls[i % urls.len()].clone();
+                fleet.spawn_daemons(&creds, first, upto, url);
+                fleet.spawned = fleet.spawned.max(upto);
+            }
+            _ if line == "stop" => break,
+            _ => bail!("a load-tool worker's command: {line:?} (grow <upto> or stop)"),
+        }
+    }
+    fleet.stop();
+    Ok(())
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     bc_proto::install_crypto_provider();
+    if let Ok(creds) = std::env::var("BC_SESSIONS_WORKER") {
+        return worker_main(&creds).await;
+    }
     let n: usize = std::env::var("BC_SESSIONS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
     let bin =
         PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
-    match std::env::var("BC_SESSIONS_GATEWAYS").as_deref() {
-        Err(_) | Ok("1") => {}
-        Ok("2") => return lab::run(n, &bin).await,
-        Ok(other) => bail!(
-            "BC_SESSIONS_GATEWAYS={other}: 1 (one dev process) or 2 (two gateways behind HAProxy)"
+    match std::env::var("BC_SESSIONS_GATEWAYS").map(|g| g.parse::<usize>()) {
+        Err(_) | Ok(Ok(1)) => {}
+        Ok(Ok(g)) if g >= 2 => return lab::run(n, g, &bin).await,
+        _ => bail!(
+            "BC_SESSIONS_GATEWAYS: 1 (one dev process) or a number of gateways behind HAProxy (2 or more)"
         ),
     }
     let data = tempfile::tempdir()?;

@@ -3,6 +3,11 @@
 //! scheduler) beside them, on an embedded PostgreSQL. The load tool is the one of the single-gateway run: real
 //! joins, real certificates, one TLS session per node, heartbeats at the interval the gateway asks.
 //!
+//! Where a process may not hold a descriptor per connection (RLIMIT_NOFILE's hard limit, 20,000 in this project's
+//! containers), the work is spread over processes as an operator would spread it: the load tool's daemons over
+//! worker processes, HAProxy over processes sharing its ports (SO_REUSEPORT), and the sessions over more gateways
+//! (`BC_SESSIONS_GATEWAYS=<g>`: the program names the fewest that fit).
+//!
 //! Figures: both gateways' RSS per idle session at each step (1k, 10k, N), the database's commits/s at each step
 //! (flat in the number of sessions: liveness is batched per gateway), how the balancer spread the sessions, and a
 //! reconnect storm: both gateways killed (SIGKILL) and started again on their addresses, the time until 99% and 100%
@@ -71,24 +76,64 @@ fn spread(url: &str) -> anyhow::Result<String> {
         .join(", "))
 }
 
-pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!(
-        "sessions over two gateways behind HAProxy: {n} sessions; load {}",
-        load.trim()
-    );
-    // One descriptor per session in this load tool, two per session in HAProxy, one in a gateway (half of them).
-    let limit = nofile_limit()?;
-    let need = 2 * n + 1_000;
-    if need > limit {
-        bail!(
-            "{n} sessions need {need} descriptors in HAProxy (two per session) and {} in this load tool, but a \
-             process here may open {limit} (RLIMIT_NOFILE's hard limit; raising it needs CAP_SYS_RESOURCE): run at \
-             most BC_SESSIONS={} here",
-            n + 100,
-            (limit.saturating_sub(1_000)) / 2
-        );
+/// How the load is spread over processes where one process may hold `limit` descriptors.
+#[derive(Debug, PartialEq)]
+struct Spread {
+    /// HAProxy processes, and each one's `maxconn`.
+    balancers: usize,
+    max_connections: u32,
+    /// Load-tool processes (1: the daemons run in this one).
+    load_processes: usize,
+}
+
+/// Descriptors a process keeps for what is not a session (its database pool, listeners, logs, health checks).
+const SPARE_DESCRIPTORS: usize = 1_000;
+
+/// The spread of `n` sessions over `gateways` gateways: one descriptor per session in the load tool and in the
+/// gateway holding it, two in HAProxy. Err says why it does not fit and what would.
+fn spread_for(n: usize, gateways: usize, limit: usize) -> Result<Spread, String> {
+    let room = limit.saturating_sub(SPARE_DESCRIPTORS);
+    // HAProxy's least-connections choice is per HAProxy process; the kernel spreads connections over the processes
+    // by a hash, so a gateway may get a few percent more than its share.
+    let per_gateway = n.div_ceil(gateways.max(1)) * 21 / 20;
+    if per_gateway > room {
+        return Err(format!(
+            "{n} sessions over {gateways} gateways need about {per_gateway} descriptors in each gateway, but a \
+             process here may open {limit} (RLIMIT_NOFILE's hard limit; raising it needs CAP_SYS_RESOURCE): give \
+             BC_SESSIONS_GATEWAYS={} or more",
+            (n * 21 / 20).div_ceil(room.max(1))
+        ));
     }
+    let (balancers, max_connections) = if 2 * (n + 200) <= room {
+        (1, n + 200)
+    } else {
+        // The kernel's hash spreads connections over the HAProxy processes unevenly: keep 15% headroom.
+        let each = room / 2;
+        ((n * 23 / 20).div_ceil(each.max(1)), each)
+    };
+    Ok(Spread {
+        balancers,
+        max_connections: u32::try_from(max_connections).map_err(|e| e.to_string())?,
+        load_processes: if n + 200 <= room {
+            1
+        } else {
+            n.div_ceil(room.max(1) * 9 / 10)
+        },
+    })
+}
+
+pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let limit = nofile_limit()?;
+    let spread_plan = spread_for(n, gateways, limit).map_err(anyhow::Error::msg)?;
+    println!(
+        "sessions over {gateways} gateways behind HAProxy: {n} sessions; load {}; a process may hold {limit} \
+         descriptors: {} HAProxy processes (maxconn {} each), {} load-tool processes",
+        load.trim(),
+        spread_plan.balancers,
+        spread_plan.max_connections,
+        spread_plan.load_processes
+    );
     let bins = Binaries::beside(&bin.join("bcd")).map_err(anyhow::Error::msg)?;
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path();
@@ -96,9 +141,10 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
     let (url, key) = (db.url.clone(), db.admin_key.clone());
     let mut spec = LabSpec::new(&url, &dir.join("lab"));
     std::fs::create_dir_all(&spec.dir)?;
-    spec.gateways = 2;
+    spec.gateways = gateways;
     spec.balancer_ports = BALANCER_PORTS;
-    spec.max_connections = u32::try_from(n + 200)?;
+    spec.balancers = spread_plan.balancers;
+    spec.max_connections = spread_plan.max_connections;
     let mut lab = tokio::task::spawn_blocking({
         let (bins, spec) = (bins.clone(), spec.clone());
         move || GatewayLab::start(&bins, &spec)
@@ -131,11 +177,14 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
     let base = gateways_rss(&lab);
     let base_rate = commit_rate(&url, 10).await?;
     println!(
-        "two gateways' RSS with 0 sessions: {:.1} MiB; database commits/s (all processes): {base_rate:.1}",
+        "{gateways} gateways' RSS with 0 sessions: {:.1} MiB; database commits/s (all processes): {base_rate:.1}",
         base as f64 / 1024.0
     );
 
-    let mut fleet = Fleet::new(ca);
+    let mut fleet = match spread_plan.load_processes {
+        1 => Fleet::new(ca),
+        k => Fleet::in_processes(ca, &ca_pem, &creds, &lab.balancer_urls, k, dir)?,
+    };
     let mut figures = Vec::new();
     let mut steps = vec![1_000.min(n), 10_000.min(n), n];
     steps.dedup();
@@ -171,7 +220,7 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
         }
     }
 
-    // Reconnect storm: both gateways killed and started again on their addresses.
+    // Reconnect storm: every gateway killed and started again on its address.
     let epochs_before = query_i64(&url, "SELECT coalesce(sum(session_epoch), 0) FROM nodes")?;
     let t0 = Instant::now();
     for i in 0..lab.gateways.len() {
@@ -201,7 +250,7 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
             .unwrap_or_else(|| "not reached".into())
     };
     println!(
-        "reconnect storm: sessions down in {:.1} s, both gateways serving again {:.1} s after the kill; {back} of {n} \
+        "reconnect storm: sessions down in {:.1} s, every gateway serving again {:.1} s after the kill; {back} of {n} \
          sessions back; 99% at {}, 100% at {} (goal: 99% within 60 s); online {online}, by gateway: {}; \
          session epochs +{} (one reconnect per node: +{n}); nodes past their second session: {twice}",
         down_after.as_secs_f64(),
@@ -215,11 +264,38 @@ pub async fn run(n: usize, bin: &Path) -> anyhow::Result<()> {
     drop(lab);
     for (up, per, rate) in &figures {
         println!(
-            "sessions-{up} (two gateways): {per:.1} KiB/session, {rate:.1} database commits/s"
+            "sessions-{up} ({gateways} gateways): {per:.1} KiB/session, {rate:.1} database commits/s"
         );
     }
     let (up, per, _) = figures.last().copied().unwrap_or((0, 0.0, 0.0));
     println!("sessions-storm: 99% back at {} of {n}", fmt(p99));
-    println!("sessions-rss: {per:.1} KiB/session at {up} sessions over two gateways");
+    println!("sessions-rss: {per:.1} KiB/session at {up} sessions over {gateways} gateways");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_load_is_spread_over_processes_only_where_one_may_not_hold_it() {
+        // 9,000 sessions over two gateways fit one HAProxy and one load tool under 20,000 descriptors.
+        assert_eq!(
+            spread_for(9_000, 2, 20_000),
+            Ok(Spread {
+                balancers: 1,
+                max_connections: 9_200,
+                load_processes: 1
+            })
+        );
+        // 50,000 do not fit two gateways, and the refusal names the fewest that fit.
+        let e = spread_for(50_000, 2, 20_000).expect_err("too many for two gateways");
+        assert!(e.contains("BC_SESSIONS_GATEWAYS=3 or more"), "{e}");
+        let s = spread_for(50_000, 4, 20_000).expect("four gateways");
+        assert_eq!(s.max_connections, 9_500);
+        // 57,500 connections' room (15% over 50,000) in HAProxy processes of 9,500 each; 50,000 daemons in load
+        // processes of 17,100 each.
+        assert_eq!((s.balancers, s.load_processes), (7, 3));
+        assert!(s.balancers * s.max_connections as usize >= 50_000 * 23 / 20);
+    }
 }
