@@ -189,6 +189,9 @@ pub struct GatewayLab {
     spec: LabSpec,
 }
 
+/// A `serve` process started, or why not.
+type Started = Result<(Proc, Serving), String>;
+
 /// What a `serve` process printed once it listened.
 struct Serving {
     api: Option<SocketAddr>,
@@ -368,9 +371,12 @@ impl GatewayLab {
     }
 
     /// HAProxy in TCP mode (TLS passthrough) on `port`, least connections first (sessions are long-lived: new ones
-    /// go where fewest are held) over the gateways with health checks every
-    /// 500 ms, sessions of a gateway marked down shut. `k`: which of [`LabSpec::balancers`] this is (`haproxy-<k>.log`
-    /// past the first); it serves once `k + 1` sockets listen on every port.
+    /// go where fewest are held) over the gateways, sessions of a gateway marked down shut. Health checks at
+    /// HAProxy's default timings (every 2 s, down after 3 failures), every 500 ms once one failed or while a gateway
+    /// is down: checks every 500 ms, down after 2, marked all three gateways of a 50,000-session storm down while
+    /// they were busy (a check's connect waited past 500 ms), and shutting their sessions made the storm feed itself.
+    /// `k`: which of [`LabSpec::balancers`] this is (`haproxy-<k>.log` past the first); it serves once `k + 1`
+    /// sockets listen on every port.
     fn haproxy(&self, bins: &Binaries, ports: &[u16], k: usize) -> Result<Proc, String> {
         let spec = &self.spec;
         let servers: String = self
@@ -378,7 +384,8 @@ impl GatewayLab {
             .iter()
             .map(|g| {
                 format!(
-                    "    server {} {} check inter 500ms fall 2 rise 2 on-marked-down shutdown-sessions\n",
+                    "    server {} {} check inter 2s fastinter 500ms downinter 500ms fall 3 rise 2 \
+                     on-marked-down shutdown-sessions\n",
                     g.id, g.addr
                 )
             })
@@ -388,8 +395,8 @@ impl GatewayLab {
             .map(|p| format!("    bind 127.0.0.1:{p}\n"))
             .collect();
         let cfg = format!(
-            "global\n    maxconn {max}\n\ndefaults\n    mode tcp\n    timeout connect 5s\n    timeout client 2h\n    \
-             timeout server 2h\n\nfrontend gateways\n{binds}    maxconn {max}\n    \
+            "global\n    maxconn {max}\n\ndefaults\n    mode tcp\n    option redispatch\n    timeout connect 5s\n    \
+             timeout client 2h\n    timeout server 2h\n\nfrontend gateways\n{binds}    maxconn {max}\n    \
              default_backend gateways\n\nbackend gateways\n    balance leastconn\n{servers}",
             max = spec.max_connections
         );
@@ -454,20 +461,62 @@ impl GatewayLab {
     /// Starts gateway `i` again (after [`GatewayLab::kill_gateway`]) on the address it had, so the balancer's
     /// configuration still names it; returns once it serves.
     pub fn restart_gateway(&mut self, bins: &Binaries, i: usize) -> Result<(), String> {
-        let g = self
-            .gateways
-            .get(i)
-            .cloned()
-            .ok_or_else(|| format!("no gateway {i}"))?;
-        if g.alive {
-            return Err(format!("gateway {} is running: kill it first", g.id));
+        self.restart_gateways(bins, &[i])
+    }
+
+    /// Starts gateways `which` again at once (after [`GatewayLab::kill_gateway`]), each on the address it had, as
+    /// machines restarted independently would; returns once every one serves.
+    pub fn restart_gateways(&mut self, bins: &Binaries, which: &[usize]) -> Result<(), String> {
+        let mut todo = Vec::new();
+        for &i in which {
+            let g = self
+                .gateways
+                .get(i)
+                .cloned()
+                .ok_or_else(|| format!("no gateway {i}"))?;
+            if g.alive {
+                return Err(format!("gateway {} is running: kill it first", g.id));
+            }
+            let config = self.config(&g.id, "gateway", Some((&g.id, Some(g.addr))));
+            todo.push((i, g.id, config));
         }
-        let config = self.config(&g.id, "gateway", Some((&g.id, Some(g.addr))));
-        let (p, _) = self.serve(bins, &format!("{}-restarted", g.id), &config)?;
-        self.gateways[i].pid = p.pid();
-        self.gateways[i].alive = true;
-        self.procs[i] = Some(p);
-        Ok(())
+        let lab = &*self;
+        let started: Vec<(usize, Started)> = std::thread::scope(|s| {
+            let handles: Vec<_> = todo
+                .iter()
+                .map(|(i, id, config)| {
+                    (
+                        *i,
+                        s.spawn(move || lab.serve(bins, &format!("{id}-restarted"), config)),
+                    )
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(i, h)| {
+                    (
+                        i,
+                        h.join()
+                            .unwrap_or_else(|_| Err("a restart thread panicked".into())),
+                    )
+                })
+                .collect()
+        });
+        let mut failed = Vec::new();
+        for (i, r) in started {
+            match r {
+                Ok((p, _)) => {
+                    self.gateways[i].pid = p.pid();
+                    self.gateways[i].alive = true;
+                    self.procs[i] = Some(p);
+                }
+                Err(e) => failed.push(e),
+            }
+        }
+        match failed.is_empty() {
+            true => Ok(()),
+            false => Err(failed.join("\n")),
+        }
     }
 
     /// Starts a process the lab owns (a `bcd run`, a load tool): killed by its PID with the lab. Returns its PID.

@@ -275,9 +275,25 @@ async fn daemon(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut backoff = channel::RECONNECT.start();
+    // Built once per daemon: the load tool's own CPU per attempt (a key parsed and its public half computed) is not
+    // what the storm measures, and on this machine it shares the cores with the gateways.
+    let tls = match PrivateKeyDer::from_pem_slice(cred.key_pem.as_bytes())
+        .map_err(anyhow::Error::from)
+        .and_then(|key| {
+            Ok(channel::client_config(
+                ServerTrust::Bundle(vec![ca.clone()]),
+                Some((vec![cred.cert.clone()], key)),
+            )?)
+        }) {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("daemon {}: its TLS configuration: {e}", cred.node_id);
+            return;
+        }
+    };
     loop {
         let end = tokio::select! {
-            r = session(&cred, &ca, &url, &connect_slots, &events) => r,
+            r = session(&cred, tls.clone(), &url, &connect_slots, &events) => r,
             _ = stop.changed() => return,
         };
         let up = end.unwrap_or(false);
@@ -296,16 +312,11 @@ async fn daemon(
 /// Runs one session until it ends; Ok(true) if it got as far as Welcome.
 async fn session(
     cred: &Cred,
-    ca: &CertificateDer<'static>,
+    tls: Arc<rustls::ClientConfig>,
     url: &str,
     slots: &Semaphore,
     events: &mpsc::UnboundedSender<Event>,
 ) -> anyhow::Result<bool> {
-    let key = PrivateKeyDer::from_pem_slice(cred.key_pem.as_bytes())?;
-    let tls = channel::client_config(
-        ServerTrust::Bundle(vec![ca.clone()]),
-        Some((vec![cred.cert.clone()], key)),
-    )?;
     let (tx, mut inbound) = {
         let _slot = slots.acquire().await?;
         let ch = channel::connect(url, tls).await?;
@@ -524,6 +535,13 @@ impl Fleet {
                 self.stop_tx.subscribe(),
             ));
         }
+    }
+
+    /// The load tool's processes: this one and its workers.
+    fn pids(&self) -> Vec<u32> {
+        std::iter::once(std::process::id())
+            .chain(self.workers.iter().map(|w| w.child.id()))
+            .collect()
     }
 
     /// Sessions up now.

@@ -136,14 +136,26 @@ fn role_set(roles: &config::Roles) -> Result<bc_kernel::RoleSet, StartError> {
     Ok(bc_kernel::RoleSet::parse(&list.join(","))?)
 }
 
+/// The listen backlog asked for: connections the kernel completes and holds until they are accepted. The kernel
+/// caps it at `net.core.somaxconn` (4,096 by default since Linux 5.4). tokio's `bind` asks for 1,024: a reconnect
+/// storm of thousands of daemons overflowed it while the accept loop shared two cores with the handshakes, and each
+/// dropped SYN cost its daemon a retransmission (1 s, then 3 s) and the balancer's health check its deadline.
+const LISTEN_BACKLOG: u32 = 4096;
+
 async fn bind(
     what: &'static str,
     addr: SocketAddr,
 ) -> Result<(tokio::net::TcpListener, SocketAddr), StartError> {
     let bind_error = |source| StartError::Bind { what, addr, source };
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(bind_error)?;
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .map_err(bind_error)?;
+    // As tokio's bind: a restarted process may take its address while old connections linger in TIME_WAIT.
+    socket.set_reuseaddr(true).map_err(bind_error)?;
+    socket.bind(addr).map_err(bind_error)?;
+    let listener = socket.listen(LISTEN_BACKLOG).map_err(bind_error)?;
     let local = listener.local_addr().map_err(bind_error)?;
     Ok((listener, local))
 }
@@ -696,5 +708,36 @@ fn note_roles_without_loops(config: &ServeConfig) {
             role = "iam",
             "role enabled; no loops of this role exist in this version yet"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `ss -ltn` shows a listening socket's backlog as its Send-Q.
+    #[tokio::test]
+    async fn listeners_ask_for_a_backlog_a_reconnect_storm_fits() {
+        let (listener, addr) = super::bind("gateway", ([127, 0, 0, 1], 0).into())
+            .await
+            .expect("bind");
+        let Ok(out) = std::process::Command::new("ss")
+            .args(["-ltnH", &format!("sport = :{}", addr.port())])
+            .output()
+        else {
+            bc_testkit::skip!("ss (iproute2) is not installed");
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        let backlog: u32 = text
+            .split_whitespace()
+            .nth(2)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no listening socket in ss's answer: {text:?}"));
+        let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .expect("net.core.somaxconn");
+        // tokio's bind asked for 1,024.
+        assert_eq!(backlog, super::LISTEN_BACKLOG.min(somaxconn));
+        assert!(backlog > 1024 || somaxconn <= 1024, "{backlog}");
+        drop(listener);
     }
 }

@@ -15,7 +15,7 @@
 
 use super::{Fleet, join_all, xact_commits};
 use anyhow::{Context as _, bail};
-use bc_bench::{BenchDb, query_i64, rss_kib};
+use bc_bench::{BenchDb, cpu_s, machine_cpu_s, query_i64, rss_kib};
 use bc_store::embedded::Durability;
 use bc_testkit::gateways::{Binaries, GatewayLab, LabSpec};
 use rustls::pki_types::CertificateDer;
@@ -56,6 +56,53 @@ async fn commit_rate(url: &str, secs: u64) -> anyhow::Result<f64> {
 /// The gateways' summed RSS (KiB).
 fn gateways_rss(lab: &GatewayLab) -> u64 {
     lab.gateways.iter().map(|g| rss_kib(g.pid)).sum()
+}
+
+/// CPU seconds so far of each part: the gateways, HAProxy, the API process, the load tool, and the machine (all
+/// cores: busy, idle).
+#[derive(Debug, Clone, Copy, Default)]
+struct Cpu {
+    gateways: f64,
+    balancers: f64,
+    api: f64,
+    load: f64,
+    busy: f64,
+    idle: f64,
+}
+
+impl Cpu {
+    fn now(lab: &GatewayLab, load_pids: &[u32]) -> Cpu {
+        let of = |pids: &mut dyn Iterator<Item = u32>| pids.map(cpu_s).sum::<f64>();
+        let (busy, idle) = machine_cpu_s();
+        Cpu {
+            gateways: of(&mut lab.gateways.iter().map(|g| g.pid)),
+            balancers: of(&mut lab.haproxy_pids.iter().copied()),
+            api: cpu_s(lab.api_pid),
+            load: of(&mut load_pids.iter().copied()),
+            busy,
+            idle,
+        }
+    }
+
+    /// `gateways 12 µs, …`: each part's CPU from `self` to `to`, per `n` of something.
+    fn per(&self, to: &Cpu, n: usize) -> String {
+        let per = |a: f64, b: f64| (b - a) * 1e6 / n.max(1) as f64;
+        let parts = per(self.gateways, to.gateways)
+            + per(self.balancers, to.balancers)
+            + per(self.api, to.api)
+            + per(self.load, to.load);
+        format!(
+            "gateways {:.0} µs, HAProxy {:.0} µs, API process {:.0} µs, load tool {:.0} µs, the rest (PostgreSQL, \
+             the kernel's softirqs, other processes) {:.0} µs; the machine busy {:.0} µs, idle {:.0} µs",
+            per(self.gateways, to.gateways),
+            per(self.balancers, to.balancers),
+            per(self.api, to.api),
+            per(self.load, to.load),
+            per(self.busy, to.busy) - parts,
+            per(self.busy, to.busy),
+            per(self.idle, to.idle),
+        )
+    }
 }
 
 /// `gw0 12500, gw1 12500`: online nodes by the gateway holding them.
@@ -137,6 +184,9 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
     let bins = Binaries::beside(&bin.join("bcd")).map_err(anyhow::Error::msg)?;
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path();
+    if std::env::var_os("BC_SESSIONS_KEEP").is_some() {
+        println!("BC_SESSIONS_KEEP: the lab's logs stay in {}", dir.display());
+    }
     let db = BenchDb::start(dir, Durability::Durable, &["max_connections=300"], 4).await?;
     let (url, key) = (db.url.clone(), db.admin_key.clone());
     let mut spec = LabSpec::new(&url, &dir.join("lab"));
@@ -201,7 +251,13 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(30)).await;
         let rss = gateways_rss(&lab);
         let per = rss.saturating_sub(base) as f64 / up.max(1) as f64;
+        let cpu0 = Cpu::now(&lab, &fleet.pids());
         let rate = commit_rate(&url, 20).await?;
+        let cpu1 = Cpu::now(&lab, &fleet.pids());
+        println!(
+            "{up} idle sessions, CPU per session and second over 20 s: {}",
+            cpu0.per(&cpu1, up * 20)
+        );
         println!(
             "{up} sessions up in {:.1} s: gateways' RSS {:.1} MiB ({}), {per:.1} KiB per session; database commits/s, \
              every process and autovacuum: {rate:.1}; online by gateway: {}",
@@ -222,6 +278,11 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
 
     // Reconnect storm: every gateway killed and started again on its address.
     let epochs_before = query_i64(&url, "SELECT coalesce(sum(session_epoch), 0) FROM nodes")?;
+    // CPU of each part over the storm (the gateways: their new processes, from zero).
+    let storm_cpu0 = Cpu {
+        gateways: 0.0,
+        ..Cpu::now(&lab, &fleet.pids())
+    };
     let t0 = Instant::now();
     for i in 0..lab.gateways.len() {
         lab.kill_gateway(i);
@@ -231,9 +292,8 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
     lab = tokio::task::spawn_blocking({
         let bins = bins.clone();
         move || -> Result<GatewayLab, String> {
-            for i in 0..lab.gateways.len() {
-                lab.restart_gateway(&bins, i)?;
-            }
+            let all: Vec<usize> = (0..lab.gateways.len()).collect();
+            lab.restart_gateways(&bins, &all)?;
             Ok(lab)
         }
     })
@@ -241,6 +301,10 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
     .map_err(anyhow::Error::msg)?;
     let restart = t0.elapsed();
     let (back, p99, all) = fleet.storm_back(Duration::from_secs(180), t0).await;
+    println!(
+        "storm CPU per reconnect, from the kill until the last came back: {}",
+        storm_cpu0.per(&Cpu::now(&lab, &fleet.pids()), back)
+    );
     tokio::time::sleep(Duration::from_secs(5)).await;
     let online = query_i64(&url, "SELECT count(*) FROM nodes WHERE online")?;
     let epochs_after = query_i64(&url, "SELECT coalesce(sum(session_epoch), 0) FROM nodes")?;
@@ -251,17 +315,22 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
     };
     println!(
         "reconnect storm: sessions down in {:.1} s, every gateway serving again {:.1} s after the kill; {back} of {n} \
-         sessions back; 99% at {}, 100% at {} (goal: 99% within 60 s); online {online}, by gateway: {}; \
+         sessions back; 99% at {}, 100% at {} (goal: 99% within 60 s; 99% at {} after the gateways served again); \
+         online {online}, by gateway: {}; \
          session epochs +{} (one reconnect per node: +{n}); nodes past their second session: {twice}",
         down_after.as_secs_f64(),
         restart.as_secs_f64(),
         fmt(p99),
         fmt(all),
+        fmt(p99.map(|d| d.saturating_sub(restart))),
         spread(&url)?,
         epochs_after - epochs_before,
     );
     fleet.stop();
     drop(lab);
+    if std::env::var_os("BC_SESSIONS_KEEP").is_some() {
+        std::mem::forget(tmp);
+    }
     for (up, per, rate) in &figures {
         println!(
             "sessions-{up} ({gateways} gateways): {per:.1} KiB/session, {rate:.1} database commits/s"
