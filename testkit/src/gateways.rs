@@ -179,8 +179,6 @@ pub struct GatewayLab {
     pub state_dir: PathBuf,
     /// The API process's PID.
     pub api_pid: u32,
-    /// The first HAProxy process's PID.
-    pub haproxy_pid: u32,
     /// Every HAProxy process's PID ([`LabSpec::balancers`]).
     pub haproxy_pids: Vec<u32>,
     /// Gateway processes by index in `gateways`, then the API process, HAProxy, and what the test added.
@@ -251,7 +249,6 @@ impl GatewayLab {
             join_public_key: String::new(),
             state_dir: state_dir.clone(),
             api_pid: 0,
-            haproxy_pid: 0,
             haproxy_pids: Vec::new(),
             procs: Vec::new(),
             dir: spec.dir.clone(),
@@ -294,7 +291,6 @@ impl GatewayLab {
             lab.haproxy_pids.push(haproxy.pid());
             lab.procs.push(Some(haproxy));
         }
-        lab.haproxy_pid = lab.haproxy_pids[0];
         Ok(lab)
     }
 

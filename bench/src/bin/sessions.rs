@@ -392,26 +392,22 @@ impl Drop for Worker {
 /// Credentials as a worker reads them: one line each, `node_id`, the certificate's DER in hex and the key's PEM
 /// with its newlines as `|`, separated by tabs.
 fn cred_line(c: &Cred) -> String {
-    let hex: String = c.cert.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}\t{hex}\t{}\n", c.node_id, c.key_pem.replace('\n', "|"))
+    format!(
+        "{}\t{}\t{}\n",
+        c.node_id,
+        hex::encode(&c.cert),
+        c.key_pem.replace('\n', "|")
+    )
 }
 
 fn parse_cred_line(line: &str) -> anyhow::Result<Cred> {
     let mut f = line.split('\t');
-    let (Some(id), Some(hex), Some(key), None) = (f.next(), f.next(), f.next(), f.next()) else {
+    let (Some(id), Some(cert), Some(key), None) = (f.next(), f.next(), f.next(), f.next()) else {
         bail!("a credentials line has three fields: {line:.40}");
     };
-    let der = (0..hex.len())
-        .step_by(2)
-        .map(|i| {
-            hex.get(i..i + 2)
-                .and_then(|b| u8::from_str_radix(b, 16).ok())
-                .context("the certificate's hex")
-        })
-        .collect::<anyhow::Result<Vec<u8>>>()?;
     Ok(Cred {
         node_id: id.to_string(),
-        cert: CertificateDer::from(der),
+        cert: CertificateDer::from(hex::decode(cert).context("the certificate's hex")?),
         key_pem: key.replace('|', "\n"),
     })
 }
@@ -513,7 +509,7 @@ impl Fleet {
     }
 
     /// Spawns the daemons of `creds` (global indices from `first`) below `upto` not spawned yet, daemon `i` on
-    /// `url(i)`.
+    /// `url(i)`; the fleet has spawned up to `upto` after.
     fn spawn_daemons(
         &mut self,
         creds: &[Arc<Cred>],
@@ -535,6 +531,7 @@ impl Fleet {
                 self.stop_tx.subscribe(),
             ));
         }
+        self.spawned = self.spawned.max(upto);
     }
 
     /// The load tool's processes: this one and its workers.
@@ -655,7 +652,6 @@ async fn worker_main(creds_path: &str) -> anyhow::Result<()> {
                 let upto: usize = upto.trim().parse()?;
                 let url = |i: usize| urls[i % urls.len()].clone();
                 fleet.spawn_daemons(&creds, first, upto, url);
-                fleet.spawned = fleet.spawned.max(upto);
             }
             _ if line == "stop" => break,
             _ => bail!("a load-tool worker's command: {line:?} (grow <upto> or stop)"),
@@ -876,4 +872,32 @@ async fn main() -> anyhow::Result<()> {
 
 fn url_of(dev: &Dev) -> String {
     dev.env["BC_DATABASE_URL"].clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_cross_the_worker_file_unchanged_and_a_bad_line_is_refused() {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["node".into()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("cert");
+        let cred = Cred {
+            node_id: "01a23f33-bd8d-76c8-8a99-6868798893b4".into(),
+            cert: cert.der().clone(),
+            key_pem: key.serialize_pem(),
+        };
+        let line = cred_line(&cred);
+        assert_eq!(line.matches('\n').count(), 1, "one line: {line}");
+        let back = parse_cred_line(line.trim_end()).expect("parse");
+        assert_eq!(back.node_id, cred.node_id);
+        assert_eq!(back.cert, cred.cert);
+        assert_eq!(back.key_pem, cred.key_pem);
+        assert!(PrivateKeyDer::from_pem_slice(back.key_pem.as_bytes()).is_ok());
+        assert!(parse_cred_line("id\tzz\tkey").is_err(), "bad hex");
+        assert!(parse_cred_line("id\t00").is_err(), "two fields");
+    }
 }

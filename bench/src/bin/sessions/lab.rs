@@ -60,7 +60,7 @@ fn gateways_rss(lab: &GatewayLab) -> u64 {
 
 /// CPU seconds so far of each part: the gateways, HAProxy, the API process, the load tool, and the machine (all
 /// cores: busy, idle).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Cpu {
     gateways: f64,
     balancers: f64,
@@ -70,15 +70,19 @@ struct Cpu {
     idle: f64,
 }
 
+/// CPU seconds so far of the processes `pids`, together.
+fn cpu_of(pids: impl IntoIterator<Item = u32>) -> f64 {
+    pids.into_iter().map(cpu_s).sum()
+}
+
 impl Cpu {
     fn now(lab: &GatewayLab, load_pids: &[u32]) -> Cpu {
-        let of = |pids: &mut dyn Iterator<Item = u32>| pids.map(cpu_s).sum::<f64>();
         let (busy, idle) = machine_cpu_s();
         Cpu {
-            gateways: of(&mut lab.gateways.iter().map(|g| g.pid)),
-            balancers: of(&mut lab.haproxy_pids.iter().copied()),
+            gateways: cpu_of(lab.gateways.iter().map(|g| g.pid)),
+            balancers: cpu_of(lab.haproxy_pids.iter().copied()),
             api: cpu_s(lab.api_pid),
-            load: of(&mut load_pids.iter().copied()),
+            load: cpu_of(load_pids.iter().copied()),
             busy,
             idle,
         }
@@ -87,19 +91,16 @@ impl Cpu {
     /// `gateways 12 µs, …`: each part's CPU from `self` to `to`, per `n` of something.
     fn per(&self, to: &Cpu, n: usize) -> String {
         let per = |a: f64, b: f64| (b - a) * 1e6 / n.max(1) as f64;
-        let parts = per(self.gateways, to.gateways)
-            + per(self.balancers, to.balancers)
-            + per(self.api, to.api)
-            + per(self.load, to.load);
+        let gateways = per(self.gateways, to.gateways);
+        let balancers = per(self.balancers, to.balancers);
+        let api = per(self.api, to.api);
+        let load = per(self.load, to.load);
+        let busy = per(self.busy, to.busy);
         format!(
-            "gateways {:.0} µs, HAProxy {:.0} µs, API process {:.0} µs, load tool {:.0} µs, the rest (PostgreSQL, \
-             the kernel's softirqs, other processes) {:.0} µs; the machine busy {:.0} µs, idle {:.0} µs",
-            per(self.gateways, to.gateways),
-            per(self.balancers, to.balancers),
-            per(self.api, to.api),
-            per(self.load, to.load),
-            per(self.busy, to.busy) - parts,
-            per(self.busy, to.busy),
+            "gateways {gateways:.0} µs, HAProxy {balancers:.0} µs, API process {api:.0} µs, load tool {load:.0} µs, \
+             the rest (PostgreSQL, the kernel's softirqs, other processes) {:.0} µs; the machine busy {busy:.0} µs, \
+             idle {:.0} µs",
+            busy - gateways - balancers - api - load,
             per(self.idle, to.idle),
         )
     }
