@@ -158,6 +158,28 @@ impl BenchDb {
     }
 }
 
+/// The load generator's runtime: `BC_BENCH_THREADS` worker threads, 2 by default (this machine's cores). On a
+/// machine with more cores, more threads keep the generator from being what saturates first; the programs print
+/// the generator's CPU beside the control plane's either way.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    let threads = std::env::var("BC_BENCH_THREADS")
+        .ok()
+        .map(|v| {
+            v.parse::<usize>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .with_context(|| {
+                    format!("BC_BENCH_THREADS={v:?}: give a number of threads, at least 1")
+                })
+        })
+        .transpose()?
+        .unwrap_or(2);
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()?)
+}
+
 pub fn pg_tool(name: &str) -> anyhow::Result<PathBuf> {
     std::fs::read_dir("/usr/lib/postgresql")?
         .flatten()

@@ -210,3 +210,71 @@ fn nvml_telemetry_sample_on_real_gpus() -> Result<()> {
     );
     Ok(())
 }
+
+/// The CDI path of a booking on real GPUs (what `bcd run` writes when the desired state books GPUs): every GPU's
+/// device minor is found in the driver's procfs from the bus id NVML reports, and every device node the spec hands a
+/// container (`/dev/nvidia<minor>`, `/dev/nvidiactl`, the UVM nodes) exists on this machine as a character device.
+#[test]
+fn cdi_spec_of_a_booking_names_the_real_device_nodes() -> Result<()> {
+    use std::os::unix::fs::FileTypeExt as _;
+    let backend = match NvmlBackend::init() {
+        Ok(b) => b,
+        Err(e) => return skip(format!("cdi: no NVIDIA driver ({e})")),
+    };
+    let gpus = backend.gpus()?;
+    if gpus.is_empty() {
+        return skip("cdi: the NVIDIA driver loaded but shows no GPU".into());
+    }
+    let root = std::path::Path::new("/");
+    let local: Vec<bcd::cdi::LocalGpu> = gpus
+        .iter()
+        .map(|g| bcd::cdi::LocalGpu {
+            uuid: g.uuid.clone(),
+            minor: bcd::cdi::minor_from_procfs(root, &g.pci_bus_id),
+        })
+        .collect();
+    for (g, l) in gpus.iter().zip(&local) {
+        println!(
+            "  GPU {} at {} → minor {:?}",
+            g.index, g.pci_bus_id, l.minor
+        );
+        assert!(
+            l.minor.is_some(),
+            "GPU {} ({}): no `Device Minor:` under /proc/driver/nvidia/gpus for bus id {:?}",
+            g.index,
+            g.uuid,
+            g.pci_bus_id
+        );
+    }
+    let booking = bcd::cdi::Booking {
+        reservation: "rsv-hwtest".into(),
+        gpus: gpus.iter().map(|g| g.uuid.clone()).collect(),
+    };
+    let spec = bcd::cdi::render(&[booking], &local)?.expect("a booking renders a spec");
+    let dir = tempfile::tempdir()?;
+    bcd::cdi::apply(dir.path(), Some(&spec))?;
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join(bcd::cdi::FILE_NAME))?)?;
+    println!("CDI spec: {written}");
+    let mut paths: Vec<String> = Vec::new();
+    let mut collect = |edits: &serde_json::Value| {
+        for n in edits["deviceNodes"].as_array().into_iter().flatten() {
+            paths.push(n["path"].as_str().unwrap_or_default().to_owned());
+        }
+    };
+    collect(&written["containerEdits"]);
+    for d in written["devices"].as_array().into_iter().flatten() {
+        collect(&d["containerEdits"]);
+    }
+    // One node per GPU twice (its own device and the reservation's) plus the three shared ones.
+    assert_eq!(paths.len(), 2 * gpus.len() + 3, "{paths:?}");
+    let missing: Vec<&String> = paths
+        .iter()
+        .filter(|p| !std::fs::metadata(p.as_str()).is_ok_and(|m| m.file_type().is_char_device()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the CDI spec names device nodes that are not character devices here: {missing:?}"
+    );
+    Ok(())
+}
