@@ -158,24 +158,31 @@ impl BenchDb {
     }
 }
 
+/// A number from the environment: `default` when `name` is unset; an error naming the setting when it is set to
+/// something that does not parse or is below `min` (a typo must not run the default and look like a result).
+pub fn knob<T>(name: &str, default: T, min: T) -> anyhow::Result<T>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(v) => v
+            .trim()
+            .parse::<T>()
+            .ok()
+            .filter(|n| *n >= min)
+            .with_context(|| {
+                format!("{name}={v:?}: give a number, at least {min} (unset: {default})")
+            }),
+    }
+}
+
 /// The load generator's runtime: `BC_BENCH_THREADS` worker threads, 2 by default (this machine's cores). On a
 /// machine with more cores, more threads keep the generator from being what saturates first; the programs print
 /// the generator's CPU beside the control plane's either way.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    let threads = std::env::var("BC_BENCH_THREADS")
-        .ok()
-        .map(|v| {
-            v.parse::<usize>()
-                .ok()
-                .filter(|n| *n >= 1)
-                .with_context(|| {
-                    format!("BC_BENCH_THREADS={v:?}: give a number of threads, at least 1")
-                })
-        })
-        .transpose()?
-        .unwrap_or(2);
     Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
+        .worker_threads(knob("BC_BENCH_THREADS", 2, 1)?)
         .enable_all()
         .build()?)
 }

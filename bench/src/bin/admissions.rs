@@ -22,22 +22,14 @@ const NODES: i32 = 10_000;
 const GPUS: i32 = 8;
 /// Clients in the saturated phase: 64, or `BC_ADMISSIONS_CLIENTS` (more, on a machine with cores to spare: 64 clients
 /// left a 16-core machine mostly idle).
-fn clients() -> usize {
-    std::env::var("BC_ADMISSIONS_CLIENTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n: &usize| *n >= 1)
-        .unwrap_or(64)
+fn clients() -> anyhow::Result<usize> {
+    bc_bench::knob("BC_ADMISSIONS_CLIENTS", 64, 1)
 }
 const SATURATED: Duration = Duration::from_secs(10);
 /// The paced phase's offered rate: 1,000/s (the reservations issue's figure), or `BC_ADMISSIONS_PACED_RATE`
 /// (issue 18 asks for p99 at 2,000/s).
-fn paced_rate() -> f64 {
-    std::env::var("BC_ADMISSIONS_PACED_RATE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|r: &f64| *r >= 1.0)
-        .unwrap_or(1000.0)
+fn paced_rate() -> anyhow::Result<f64> {
+    bc_bench::knob("BC_ADMISSIONS_PACED_RATE", 1000.0, 1.0)
 }
 const PACED: Duration = Duration::from_secs(10);
 /// Admissions of one client before the measured phases.
@@ -188,6 +180,7 @@ fn main() -> anyhow::Result<()> {
 
 async fn run() -> anyhow::Result<()> {
     bc_proto::install_crypto_provider();
+    let (concurrency, rate) = (clients()?, paced_rate()?);
     let bin =
         PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
     let dir = tempfile::tempdir()?;
@@ -240,7 +233,6 @@ async fn run() -> anyhow::Result<()> {
     println!(
         "processes: 2 × `serve --roles api`, 1 × `serve --roles scheduler`, PostgreSQL 15; {cores} cores shared by all"
     );
-    let concurrency = clients();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .build()?;
@@ -273,7 +265,7 @@ async fn run() -> anyhow::Result<()> {
         let c0 = cpu_parts(&pids, &pg_data);
         // Each admission books one GPU: the saturated phase stops early rather than take GPUs the paced phase needs
         // (a fast machine admits more than the fleet holds in SATURATED); its rate is over the time it ran.
-        let paced_total = (paced_rate() * PACED.as_secs_f64()) as usize;
+        let paced_total = (rate * PACED.as_secs_f64()) as usize;
         let capacity = usize::try_from(NODES * GPUS)?;
         let budget = capacity.saturating_sub(paced_total + 1_000);
         let t0 = Instant::now();
@@ -323,7 +315,6 @@ async fn run() -> anyhow::Result<()> {
         .await?;
     let s0 = statements(&pool).await?;
     let c0 = cpu_parts(&pids, &pg_data);
-    let rate = paced_rate();
     let total = (rate * PACED.as_secs_f64()) as usize;
     let t0 = tokio::time::Instant::now();
     let mut tasks = tokio::task::JoinSet::new();

@@ -17,28 +17,18 @@ use std::time::{Duration, Instant};
 
 const CONCURRENCY: usize = 64;
 /// The paced phase's offered rate: 1,000 joins/s, or `BC_JOIN_PACED_RATE` (issue 18 asks for p99 at 1,500/s).
-fn paced_rate() -> f64 {
-    std::env::var("BC_JOIN_PACED_RATE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|r: &f64| *r >= 1.0)
-        .unwrap_or(1000.0)
+fn paced_rate() -> anyhow::Result<f64> {
+    bc_bench::knob("BC_JOIN_PACED_RATE", 1000.0, 1.0)
 }
 
 /// How many joins each phase runs: `BC_JOIN_JOINS` timed (12,000), `BC_JOIN_WARMUP` (500), `BC_JOIN_PACED` at
 /// the paced rate (10,000; 0 skips it).
-fn counts() -> (usize, usize, usize) {
-    let knob = |name: &str, default: usize| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    (
-        knob("BC_JOIN_JOINS", 12_000),
-        knob("BC_JOIN_WARMUP", 500),
-        knob("BC_JOIN_PACED", 10_000),
-    )
+fn counts() -> anyhow::Result<(usize, usize, usize)> {
+    Ok((
+        bc_bench::knob("BC_JOIN_JOINS", 12_000, 1)?,
+        bc_bench::knob("BC_JOIN_WARMUP", 500, 0)?,
+        bc_bench::knob("BC_JOIN_PACED", 10_000, 0)?,
+    ))
 }
 
 /// `BC_JOIN_CALLGRIND=<dir>`: the control plane runs under `valgrind --tool=callgrind` (its output in `<dir>`), the
@@ -152,7 +142,8 @@ async fn run() -> anyhow::Result<()> {
     let bin =
         PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
     let data = tempfile::tempdir()?;
-    let (joins, warmup, paced_n) = counts();
+    let (joins, warmup, paced_n) = counts()?;
+    let offered = paced_rate()?;
     let grind = callgrind_dir();
     let dev = match &grind {
         Some(out) => {
@@ -274,7 +265,6 @@ async fn run() -> anyhow::Result<()> {
     // Paced: the same 64 clients, joins offered at a fixed rate; each latency counts from when the join was due
     // (so a client that falls behind is charged for it: no coordinated omission).
     let t1 = Instant::now();
-    let offered = paced_rate();
     let mut paced_lat = run_paced(config.clone(), paced, offered).await?;
     let paced_wall = t1.elapsed();
     paced_lat.sort();
