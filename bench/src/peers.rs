@@ -212,11 +212,7 @@ impl Wan {
         }
         run(Command::new("ip").args(["link", "del", &near]))?;
         wan.veth = None;
-        let mtu = std::env::var("BC_WAN_MTU")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(LINE_MTU)
-            .to_string();
+        let mtu = crate::knob("BC_WAN_MTU", LINE_MTU, 1280)?.to_string();
         let (a, b) = (open_tun(&near)?, open_tun(&far)?);
         run(Command::new("ip").args(["link", "set", &far, "netns", &wan.name]))?;
         let (here, there) = (wan.here.to_string(), wan.there.to_string());

@@ -178,16 +178,8 @@ async fn main() -> anyhow::Result<()> {
     let sha256 = std::fs::read_to_string(image.with_extension("qcow2.sha256"))?
         .trim()
         .to_string();
-    let vms: usize = std::env::var("BC_INSTANCES_VMS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
-    let window = Duration::from_secs(
-        std::env::var("BC_INSTANCES_WINDOW")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(30),
-    );
+    let vms: usize = bc_bench::knob("BC_INSTANCES_VMS", 2, 1)?;
+    let window = Duration::from_secs(bc_bench::knob("BC_INSTANCES_WINDOW", 30, 1)?);
     let (_server, port) = serve(&out)?;
     let url = format!("http://127.0.0.1:{port}/debian-12-bc.qcow2");
     let tmp = tempfile::Builder::new()

@@ -667,10 +667,7 @@ async fn main() -> anyhow::Result<()> {
     if let Ok(creds) = std::env::var("BC_SESSIONS_WORKER") {
         return worker_main(&creds).await;
     }
-    let n: usize = std::env::var("BC_SESSIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
+    let n: usize = bc_bench::knob("BC_SESSIONS", 10_000, 1)?;
     let bin =
         PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
     match std::env::var("BC_SESSIONS_GATEWAYS").map(|g| g.parse::<usize>()) {

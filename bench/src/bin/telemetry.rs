@@ -262,10 +262,7 @@ async fn main() -> anyhow::Result<()> {
     bc_proto::install_crypto_provider();
     let bin =
         PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
-    let window: u64 = std::env::var("BC_TELEMETRY_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(60);
+    let window: u64 = bc_bench::knob("BC_TELEMETRY_SECONDS", 60, 1)?;
     let data = tempfile::tempdir()?;
     let prom = Prometheus::start().await?;
     let write_url = format!("{}/api/v1/write", prom.url);
