@@ -77,7 +77,9 @@ fn serve(
         &cfg,
         format!(
             "state_dir = {:?}\ndatabase_url = {url:?}\nroles = {roles:?}\napi_listen = \"127.0.0.1:0\"\n\
-             gateway_listen = \"127.0.0.1:0\"\n",
+             gateway_listen = \"127.0.0.1:0\"\n\
+             # Three processes on one machine: telemetry's default /metrics address fits one of them.\n\
+             [telemetry]\nmetrics_listen = \"off\"\n",
             dir.join(name)
         ),
     )?;
