@@ -164,17 +164,22 @@ pub fn knob<T>(name: &str, default: T, min: T) -> anyhow::Result<T>
 where
     T: std::str::FromStr + PartialOrd + std::fmt::Display,
 {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(v) => v
-            .trim()
-            .parse::<T>()
-            .ok()
-            .filter(|n| *n >= min)
-            .with_context(|| {
-                format!("{name}={v:?}: give a number, at least {min} (unset: {default})")
-            }),
-    }
+    parse_knob(name, std::env::var(name).ok().as_deref(), default, min)
+}
+
+/// [`knob`] on a given value (None: unset).
+fn parse_knob<T>(name: &str, value: Option<&str>, default: T, min: T) -> anyhow::Result<T>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    let Some(v) = value else {
+        return Ok(default);
+    };
+    v.trim()
+        .parse::<T>()
+        .ok()
+        .filter(|n| *n >= min)
+        .with_context(|| format!("{name}={v:?}: give a number, at least {min} (unset: {default})"))
 }
 
 /// The load generator's runtime: `BC_BENCH_THREADS` worker threads, 2 by default (this machine's cores). On a
@@ -288,4 +293,31 @@ pub fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
     }
     let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[idx].as_secs_f64() * 1000.0
+}
+
+#[cfg(test)]
+mod knob_tests {
+    use super::parse_knob;
+
+    #[test]
+    fn unset_is_the_default_and_a_bad_value_is_refused_by_name() {
+        assert_eq!(parse_knob("BC_X", None, 64usize, 1).expect("unset"), 64);
+        assert_eq!(
+            parse_knob("BC_X", Some(" 128 "), 64usize, 1).expect("128"),
+            128
+        );
+        assert_eq!(
+            parse_knob("BC_R", Some("1500"), 1000.0, 1.0).expect("1500"),
+            1500.0
+        );
+        for bad in ["abc", "0", "-3", ""] {
+            let e = parse_knob("BC_X", Some(bad), 64usize, 1)
+                .expect_err("refused")
+                .to_string();
+            assert_eq!(
+                e,
+                format!("BC_X={bad:?}: give a number, at least 1 (unset: 64)")
+            );
+        }
+    }
 }

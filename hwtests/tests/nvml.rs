@@ -10,7 +10,7 @@
 use anyhow::{Result, bail};
 use bcd::diag::{self, Check, DiagPolicy, MigExpectation, Status};
 use bcd::gpu::nvml::NvmlBackend;
-use bcd::gpu::{GpuBackend, GpuHealth, Reading};
+use bcd::gpu::{GpuBackend, GpuHealth, GpuInfo, Reading};
 use std::time::{Duration, Instant};
 
 fn skip(reason: String) -> Result<()> {
@@ -18,6 +18,20 @@ fn skip(reason: String) -> Result<()> {
         bail!("BC_HWTESTS_REQUIRE_GPU=1 but {reason}");
     }
     bc_testkit::skip!("{reason}");
+}
+
+/// The NVML backend and the GPUs it lists, or None once the skip is printed (`what` prefixes the reason). With
+/// `BC_HWTESTS_REQUIRE_GPU=1` a missing driver or GPU is an error instead.
+fn gpus_or_skip(what: &str) -> Result<Option<(NvmlBackend, Vec<GpuInfo>)>> {
+    let backend = match NvmlBackend::init() {
+        Ok(b) => b,
+        Err(e) => return skip(format!("{what}no NVIDIA driver ({e})")).map(|()| None),
+    };
+    let gpus = backend.gpus()?;
+    if gpus.is_empty() {
+        return skip(format!("{what}the NVIDIA driver loaded but shows no GPU")).map(|()| None);
+    }
+    Ok(Some((backend, gpus)))
 }
 
 /// Names of the readings that failed with a query error (not "not supported").
@@ -52,14 +66,9 @@ fn query_errors(h: &GpuHealth) -> Vec<String> {
 
 #[test]
 fn nvml_health_and_diag_on_real_gpus() -> Result<()> {
-    let backend = match NvmlBackend::init() {
-        Ok(b) => b,
-        Err(e) => return skip(format!("no NVIDIA driver ({e})")),
+    let Some((backend, gpus)) = gpus_or_skip("")? else {
+        return Ok(());
     };
-    let gpus = backend.gpus()?;
-    if gpus.is_empty() {
-        return skip("the NVIDIA driver loaded but shows no GPU".into());
-    }
     println!(
         "driver {}; {} GPU(s)",
         backend.driver_version().unwrap_or_else(|e| e.to_string()),
@@ -147,14 +156,9 @@ fn nvml_health_and_diag_on_real_gpus() -> Result<()> {
 /// query error, utilisation absent exactly where MIG is on, and the framebuffer adding up to at most the board's.
 #[test]
 fn nvml_telemetry_sample_on_real_gpus() -> Result<()> {
-    let backend = match NvmlBackend::init() {
-        Ok(b) => b,
-        Err(e) => return skip(format!("nvml telemetry: no NVIDIA driver ({e})")),
+    let Some((backend, gpus)) = gpus_or_skip("nvml telemetry: ")? else {
+        return Ok(());
     };
-    let gpus = backend.gpus()?;
-    if gpus.is_empty() {
-        return skip("nvml telemetry: the NVIDIA driver loaded but shows no GPU".into());
-    }
     let started = Instant::now();
     let samples = backend.sample(0)?;
     let took = started.elapsed();
@@ -217,14 +221,9 @@ fn nvml_telemetry_sample_on_real_gpus() -> Result<()> {
 #[test]
 fn cdi_spec_of_a_booking_names_the_real_device_nodes() -> Result<()> {
     use std::os::unix::fs::FileTypeExt as _;
-    let backend = match NvmlBackend::init() {
-        Ok(b) => b,
-        Err(e) => return skip(format!("cdi: no NVIDIA driver ({e})")),
+    let Some((_backend, gpus)) = gpus_or_skip("cdi: ")? else {
+        return Ok(());
     };
-    let gpus = backend.gpus()?;
-    if gpus.is_empty() {
-        return skip("cdi: the NVIDIA driver loaded but shows no GPU".into());
-    }
     let root = std::path::Path::new("/");
     let local: Vec<bcd::cdi::LocalGpu> = gpus
         .iter()
