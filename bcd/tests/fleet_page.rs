@@ -398,6 +398,7 @@ async fn the_fleet_page_shows_what_the_api_says() -> TestResult {
             .await?,
         json!(false)
     );
+    browser.close().await?;
     Ok(())
 }
 
