@@ -262,7 +262,36 @@ async fn join_all(
 #[derive(Debug)]
 enum Event {
     Up,
-    Down,
+    /// A session that was up ended, and why ([`why`]).
+    Down(String),
+    /// An attempt ended before its session was up, and why.
+    Failed(String),
+}
+
+/// Why a session or an attempt ended, as a class to count: the error's text with numbers and addresses dropped.
+fn why(e: &anyhow::Error) -> String {
+    let text = format!("{e:#}");
+    const KNOWN: [(&str, &str); 6] = [
+        ("keep-alive timed out", "HTTP/2 keep-alive ping unanswered (20 s)"),
+        ("onnection reset", "connection reset"),
+        ("onnection refused", "connection refused"),
+        ("deadline has elapsed", "connect deadline (10 s)"),
+        ("closed by the gateway", "closed by the gateway's policy"),
+        ("error reading a body", "connection broken while reading"),
+    ];
+    if let Some((_, class)) = KNOWN.iter().find(|(needle, _)| text.contains(needle)) {
+        // A broken connection's class says what broke it: the chain's last cause.
+        return match (*class, text.rsplit(": ").next()) {
+            ("connection broken while reading", Some(cause)) => format!("{class} ({cause})"),
+            _ => class.to_string(),
+        };
+    }
+    let class: String = text
+        .chars()
+        .map(|c| if c.is_ascii_digit() { 'N' } else { c })
+        .take(100)
+        .collect();
+    class.replace(['\n', '\t'], " ")
 }
 
 /// One simulated daemon: session, heartbeats, reconnect with full-jitter backoff (as `bcd run` does).
@@ -296,9 +325,16 @@ async fn daemon(
             r = session(&cred, tls.clone(), &url, &connect_slots, &events) => r,
             _ = stop.changed() => return,
         };
-        let up = end.unwrap_or(false);
+        let (up, reason) = match end {
+            Ok(up) => (up, "the gateway ended the stream".to_string()),
+            Err((up, e)) => (up, why(&e)),
+        };
+        let _ = events.send(if up {
+            Event::Down(reason)
+        } else {
+            Event::Failed(reason)
+        });
         if up {
-            let _ = events.send(Event::Down);
             backoff.reset();
         }
         let wait = backoff.next_delay(rand::random::<f64>());
@@ -309,15 +345,27 @@ async fn daemon(
     }
 }
 
-/// Runs one session until it ends; Ok(true) if it got as far as Welcome.
+/// A gRPC status as an error whose text carries its code, message and cause (e.g. hyper's keep-alive timeout).
+fn status_error(s: tonic::Status) -> anyhow::Error {
+    let mut text = format!("{:?}: {}", s.code(), s.message());
+    let mut cause = std::error::Error::source(&s);
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    anyhow::anyhow!(text)
+}
+
+/// Runs one session until it ends: Ok(up) when the gateway ended it (up: it got as far as Welcome), else whether
+/// it was up and the error that ended it.
 async fn session(
     cred: &Cred,
     tls: Arc<rustls::ClientConfig>,
     url: &str,
     slots: &Semaphore,
     events: &mpsc::UnboundedSender<Event>,
-) -> anyhow::Result<bool> {
-    let (tx, mut inbound) = {
+) -> Result<bool, (bool, anyhow::Error)> {
+    let opened = async {
         let _slot = slots.acquire().await?;
         let ch = channel::connect(url, tls).await?;
         let (tx, rx) = mpsc::channel(4);
@@ -332,10 +380,12 @@ async fn session(
         let mut client = v1::session_service_client::SessionServiceClient::new(ch);
         let inbound = client
             .session(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await?
+            .await
+            .map_err(status_error)?
             .into_inner();
-        (tx, inbound)
+        anyhow::Ok((tx, inbound))
     };
+    let (tx, mut inbound) = opened.await.map_err(|e| (false, e))?;
     let mut heartbeat = tokio::time::interval(Duration::from_secs(15));
     heartbeat.reset();
     let mut up = false;
@@ -343,7 +393,7 @@ async fn session(
         tokio::select! {
             _ = heartbeat.tick() => {
                 if tx.send(v1::NodeMessage { msg: Some(v1::node_message::Msg::Heartbeat(v1::Heartbeat { seq: 1 })) }).await.is_err() {
-                    return Ok(up);
+                    return Err((up, anyhow::anyhow!("the session's request stream closed")));
                 }
             }
             m = inbound.message() => match m {
@@ -355,7 +405,8 @@ async fn session(
                     heartbeat.reset();
                 }
                 Ok(Some(_)) => {}
-                _ => return Ok(up),
+                Ok(None) => return Ok(up),
+                Err(s) => return Err((up, status_error(s))),
             }
         }
     }
@@ -373,6 +424,8 @@ struct Fleet {
     workers: Vec<Worker>,
     live: usize,
     spawned: usize,
+    /// Why sessions ended (true) and attempts failed (false) since [`Fleet::reasons`] last took them.
+    ended: HashMap<(bool, String), u64>,
 }
 
 /// A load-tool process running the daemons of a slice of the creds ([`worker_main`]): told `grow <upto>` and `stop`
@@ -424,6 +477,7 @@ impl Fleet {
             workers: Vec::new(),
             live: 0,
             spawned: 0,
+            ended: HashMap::new(),
         }
     }
 
@@ -468,9 +522,10 @@ impl Fleet {
                     .lines()
                     .map_while(Result::ok)
                 {
-                    let e = match line.as_str() {
-                        "U" => Event::Up,
-                        "D" => Event::Down,
+                    let e = match line.split_once(' ') {
+                        None if line == "U" => Event::Up,
+                        Some(("D", why)) => Event::Down(why.to_string()),
+                        Some(("F", why)) => Event::Failed(why.to_string()),
                         _ => continue,
                     };
                     if tx.send(e).is_err() {
@@ -541,6 +596,35 @@ impl Fleet {
             .collect()
     }
 
+    /// Counts an end: a session's (one fewer up) or a failed attempt's.
+    fn count(&mut self, e: Event) {
+        let key = match e {
+            Event::Up => return,
+            Event::Down(why) => {
+                self.live = self.live.saturating_sub(1);
+                (true, why)
+            }
+            Event::Failed(why) => (false, why),
+        };
+        *self.ended.entry(key).or_default() += 1;
+    }
+
+    /// `sessions ended: 12 connection reset; attempts failed: …`, most frequent first, since the last call (events
+    /// not yet received are not counted).
+    fn reasons(&mut self) -> String {
+        let mut all: Vec<((bool, String), u64)> = self.ended.drain().collect();
+        all.sort_by(|a, b| b.1.cmp(&a.1));
+        let list = |up: bool| {
+            let l: Vec<String> = all
+                .iter()
+                .filter(|((u, _), _)| *u == up)
+                .map(|((_, why), n)| format!("{n} {why}"))
+                .collect();
+            if l.is_empty() { "none".to_string() } else { l.join(", ") }
+        };
+        format!("sessions ended: {}; attempts failed: {}", list(true), list(false))
+    }
+
     /// Sessions up now.
     fn up(&self) -> usize {
         self.live
@@ -555,7 +639,7 @@ impl Fleet {
                     self.live += 1;
                     marks.push(Instant::now());
                 }
-                Ok(Some(Event::Down)) => self.live = self.live.saturating_sub(1),
+                Ok(Some(e)) => self.count(e),
                 _ => return,
             }
         }
@@ -566,8 +650,8 @@ impl Fleet {
         let until = tokio::time::Instant::now() + limit;
         while self.live > 0 {
             match tokio::time::timeout_at(until, self.events.recv()).await {
-                Ok(Some(Event::Down)) => self.live -= 1,
                 Ok(Some(Event::Up)) => self.live += 1,
+                Ok(Some(e)) => self.count(e),
                 _ => return,
             }
         }
@@ -623,10 +707,12 @@ async fn worker_main(creds_path: &str) -> anyhow::Result<()> {
         while let Some(e) = events.blocking_recv() {
             let mut buf = Vec::new();
             let mut push = |e: Event| {
-                buf.extend_from_slice(match e {
-                    Event::Up => b"U\n",
-                    Event::Down => b"D\n",
-                })
+                let line = match e {
+                    Event::Up => "U\n".to_string(),
+                    Event::Down(why) => format!("D {}\n", why.replace('\n', " ")),
+                    Event::Failed(why) => format!("F {}\n", why.replace('\n', " ")),
+                };
+                buf.extend_from_slice(line.as_bytes())
             };
             push(e);
             while let Ok(e) = events.try_recv() {
@@ -776,6 +862,7 @@ async fn main() -> anyhow::Result<()> {
     let dev = Dev::start(&bin, data.path(), &gateway)?;
     let restart = t0.elapsed();
     let (back, p99, all) = fleet.storm_back(Duration::from_secs(120), t0).await;
+    println!("storm: {}", fleet.reasons());
     tokio::time::sleep(Duration::from_secs(2)).await;
     let online_after: i64 = query_i64(&url_of(&dev), "SELECT count(*) FROM nodes WHERE online")?;
     let epochs: i64 = query_i64(
@@ -874,6 +961,16 @@ fn url_of(dev: &Dev) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_end_is_counted_by_its_class_with_numbers_dropped() {
+        let e = anyhow::anyhow!("Unknown: h2 protocol error: error reading a body from connection: broken pipe");
+        assert_eq!(why(&e), "connection broken while reading (broken pipe)");
+        let e = anyhow::anyhow!("connecting to the gateway at https://127.0.0.1:4431: deadline has elapsed");
+        assert_eq!(why(&e), "connect deadline (10 s)");
+        let e = anyhow::anyhow!("Unavailable: no capacity on port 4431");
+        assert_eq!(why(&e), "Unavailable: no capacity on port NNNN");
+    }
 
     #[test]
     fn credentials_cross_the_worker_file_unchanged_and_a_bad_line_is_refused() {

@@ -124,6 +124,38 @@ fn spread(url: &str) -> anyhow::Result<String> {
         .join(", "))
 }
 
+/// What the gateways' connection policy closed, summed over their logs in `dir` (each gateway reports every 10 s
+/// what it closed: `expired=… shed_at_cap=… shed_per_source=… shed_for_descriptors=… refused=…`).
+fn policy_closed(dir: &Path) -> String {
+    const COUNTERS: [&str; 5] = [
+        "expired",
+        "shed_at_cap",
+        "shed_per_source",
+        "shed_for_descriptors",
+        "refused",
+    ];
+    let mut sums = [0u64; 5];
+    let logs = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    for log in logs.filter(|e| e.file_name().to_string_lossy().starts_with("gw")) {
+        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+        for line in text.lines().filter(|l| l.contains("gateway closed stalled")) {
+            for (k, name) in COUNTERS.iter().enumerate() {
+                let n = line
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+                    .and_then(|v| v.parse::<u64>().ok());
+                sums[k] += n.unwrap_or(0);
+            }
+        }
+    }
+    COUNTERS
+        .iter()
+        .zip(sums)
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// How the load is spread over processes where one process may hold `limit` descriptors.
 #[derive(Debug, PartialEq)]
 struct Spread {
@@ -271,6 +303,7 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
                 .join(", "),
             spread(&url)?,
         );
+        println!("up to {up} sessions and idle: {}", fleet.reasons());
         figures.push((up, per, rate));
         if up < step {
             bail!("only {up} of {step} sessions came up within 600 s");
@@ -302,6 +335,11 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
     .map_err(anyhow::Error::msg)?;
     let restart = t0.elapsed();
     let (back, p99, all) = fleet.storm_back(Duration::from_secs(180), t0).await;
+    println!("storm: {}", fleet.reasons());
+    println!(
+        "the gateways' connection policy closed, from the start (their logs): {}",
+        policy_closed(&spec.dir)
+    );
     println!(
         "storm CPU per reconnect, from the kill until the last came back: {}",
         storm_cpu0.per(&Cpu::now(&lab, &fleet.pids()), back)
@@ -346,6 +384,25 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_policy_counters_are_summed_over_every_gateway_log() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let line = |e: u64, s: u64| {
+            format!(
+                "2026-12-04T15:21:10Z  WARN bc_gateway::accept: gateway closed stalled or unauthenticated connections \
+                 in the last 10 s expired={e} shed_at_cap=0 shed_per_source={s} shed_for_descriptors=0 refused=1 \
+                 open=15278 stalled=44 busy=0 pressure=\"0.87\"\n"
+            )
+        };
+        std::fs::write(dir.path().join("gw0.log"), line(3, 98) + &line(4, 0)).expect("gw0");
+        std::fs::write(dir.path().join("gw0-restarted.log"), line(10, 2)).expect("gw0 again");
+        std::fs::write(dir.path().join("haproxy.log"), line(1000, 1000)).expect("not a gateway's");
+        assert_eq!(
+            policy_closed(dir.path()),
+            "expired 17, shed_at_cap 0, shed_per_source 100, shed_for_descriptors 0, refused 3"
+        );
+    }
 
     #[test]
     fn the_load_is_spread_over_processes_only_where_one_may_not_hold_it() {
