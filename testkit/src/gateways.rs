@@ -375,13 +375,17 @@ impl GatewayLab {
     /// sockets listen on every port.
     fn haproxy(&self, bins: &Binaries, ports: &[u16], k: usize) -> Result<Proc, String> {
         let spec = &self.spec;
+        // No `on-marked-down shutdown-sessions`: a killed gateway's connections end with it (its kernel closes them,
+        // HAProxy passes that on), and a hung one's end by the nodes' HTTP/2 keep-alive. What the option did end were
+        // a busy gateway's healthy sessions: in a 50,000-session storm a gateway's accept queue was full, HAProxy's
+        // check timed out ("Layer4 timeout, check duration 2010 ms"), and ~2,000 sessions per HAProxy process were
+        // cut and joined the storm (`scripts/bench sessions` over 3 gateways, 2026-12-04).
         let servers: String = self
             .gateways
             .iter()
             .map(|g| {
                 format!(
-                    "    server {} {} check inter 2s fastinter 500ms downinter 500ms fall 3 rise 2 \
-                     on-marked-down shutdown-sessions\n",
+                    "    server {} {} check inter 2s fastinter 500ms downinter 500ms fall 3 rise 2\n",
                     g.id, g.addr
                 )
             })
