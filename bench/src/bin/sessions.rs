@@ -272,7 +272,10 @@ enum Event {
 fn why(e: &anyhow::Error) -> String {
     let text = format!("{e:#}");
     const KNOWN: [(&str, &str); 6] = [
-        ("keep-alive timed out", "HTTP/2 keep-alive ping unanswered (20 s)"),
+        (
+            "keep-alive timed out",
+            "HTTP/2 keep-alive ping unanswered (20 s)",
+        ),
         ("onnection reset", "connection reset"),
         ("onnection refused", "connection refused"),
         ("deadline has elapsed", "connect deadline (10 s)"),
@@ -613,16 +616,24 @@ impl Fleet {
     /// not yet received are not counted).
     fn reasons(&mut self) -> String {
         let mut all: Vec<((bool, String), u64)> = self.ended.drain().collect();
-        all.sort_by(|a, b| b.1.cmp(&a.1));
+        all.sort_by_key(|e| std::cmp::Reverse(e.1));
         let list = |up: bool| {
             let l: Vec<String> = all
                 .iter()
                 .filter(|((u, _), _)| *u == up)
                 .map(|((_, why), n)| format!("{n} {why}"))
                 .collect();
-            if l.is_empty() { "none".to_string() } else { l.join(", ") }
+            if l.is_empty() {
+                "none".to_string()
+            } else {
+                l.join(", ")
+            }
         };
-        format!("sessions ended: {}; attempts failed: {}", list(true), list(false))
+        format!(
+            "sessions ended: {}; attempts failed: {}",
+            list(true),
+            list(false)
+        )
     }
 
     /// Sessions up now.
@@ -964,9 +975,13 @@ mod tests {
 
     #[test]
     fn an_end_is_counted_by_its_class_with_numbers_dropped() {
-        let e = anyhow::anyhow!("Unknown: h2 protocol error: error reading a body from connection: broken pipe");
+        let e = anyhow::anyhow!(
+            "Unknown: h2 protocol error: error reading a body from connection: broken pipe"
+        );
         assert_eq!(why(&e), "connection broken while reading (broken pipe)");
-        let e = anyhow::anyhow!("connecting to the gateway at https://127.0.0.1:4431: deadline has elapsed");
+        let e = anyhow::anyhow!(
+            "connecting to the gateway at https://127.0.0.1:4431: deadline has elapsed"
+        );
         assert_eq!(why(&e), "connect deadline (10 s)");
         let e = anyhow::anyhow!("Unavailable: no capacity on port 4431");
         assert_eq!(why(&e), "Unavailable: no capacity on port NNNN");

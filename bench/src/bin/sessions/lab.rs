@@ -138,7 +138,10 @@ fn policy_closed(dir: &Path) -> String {
     let logs = std::fs::read_dir(dir).into_iter().flatten().flatten();
     for log in logs.filter(|e| e.file_name().to_string_lossy().starts_with("gw")) {
         let text = std::fs::read_to_string(log.path()).unwrap_or_default();
-        for line in text.lines().filter(|l| l.contains("gateway closed stalled")) {
+        for line in text
+            .lines()
+            .filter(|l| l.contains("gateway closed stalled"))
+        {
             for (k, name) in COUNTERS.iter().enumerate() {
                 let n = line
                     .split_whitespace()
