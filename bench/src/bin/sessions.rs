@@ -697,6 +697,11 @@ impl Fleet {
 /// A load-tool worker ([`Fleet::in_processes`]): the daemons of the credentials in `BC_SESSIONS_WORKER`, whose
 /// first line is daemon `BC_SESSIONS_WORKER_FIRST` of the fleet.
 async fn worker_main(creds_path: &str) -> anyhow::Result<()> {
+    // BC_SESSIONS_WORKER_LOG=tonic=debug: each daemon connection's end as tonic logs it ("connection task error: …",
+    // e.g. a keep-alive timeout), which the session's stream only sees as a broken pipe. Off unless set.
+    if std::env::var_os("BC_SESSIONS_WORKER_LOG").is_some() {
+        bc_proto::runtime::logs::init("BC_SESSIONS_WORKER_LOG", "off");
+    }
     let var = |k: &str| std::env::var(k).with_context(|| format!("{k} is not set"));
     let first: usize = var("BC_SESSIONS_WORKER_FIRST")?.parse()?;
     let urls: Vec<String> = var("BC_SESSIONS_WORKER_URLS")?
