@@ -268,7 +268,21 @@ enum Event {
     Failed(String),
 }
 
-/// Why a session or an attempt ended, as a class to count: the error's text with numbers and addresses dropped.
+/// Text as a class to count: one line, digits as `N` (ports, addresses, errno), at most 100 characters.
+fn class_text(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '0'..='9' => 'N',
+            '\n' | '\t' => ' ',
+            c => c,
+        })
+        .take(100)
+        .collect()
+}
+
+/// Why a session or an attempt ended, as a class to count: a known cause by name, else the error's text
+/// ([`class_text`]). A session's stream sees a connection's end only as a broken pipe or an EOF; the
+/// connection's own cause (a keep-alive timeout, say) is what `BC_SESSIONS_WORKER_LOG` shows.
 fn why(e: &anyhow::Error) -> String {
     let text = format!("{e:#}");
     const KNOWN: [(&str, &str); 6] = [
@@ -285,16 +299,13 @@ fn why(e: &anyhow::Error) -> String {
     if let Some((_, class)) = KNOWN.iter().find(|(needle, _)| text.contains(needle)) {
         // A broken connection's class says what broke it: the chain's last cause.
         return match (*class, text.rsplit(": ").next()) {
-            ("connection broken while reading", Some(cause)) => format!("{class} ({cause})"),
+            ("connection broken while reading", Some(cause)) => {
+                format!("{class} ({})", class_text(cause))
+            }
             _ => class.to_string(),
         };
     }
-    let class: String = text
-        .chars()
-        .map(|c| if c.is_ascii_digit() { 'N' } else { c })
-        .take(100)
-        .collect();
-    class.replace(['\n', '\t'], " ")
+    class_text(&text)
 }
 
 /// One simulated daemon: session, heartbeats, reconnect with full-jitter backoff (as `bcd run` does).
@@ -348,7 +359,7 @@ async fn daemon(
     }
 }
 
-/// A gRPC status as an error whose text carries its code, message and cause (e.g. hyper's keep-alive timeout).
+/// A gRPC status as an error whose text carries its code, message and the chain of its causes.
 fn status_error(s: tonic::Status) -> anyhow::Error {
     let mut text = format!("{:?}: {}", s.code(), s.message());
     let mut cause = std::error::Error::source(&s);
@@ -725,8 +736,9 @@ async fn worker_main(creds_path: &str) -> anyhow::Result<()> {
             let mut push = |e: Event| {
                 let line = match e {
                     Event::Up => "U\n".to_string(),
-                    Event::Down(why) => format!("D {}\n", why.replace('\n', " ")),
-                    Event::Failed(why) => format!("F {}\n", why.replace('\n', " ")),
+                    // One line each: every reason is a `why` class or a fixed text.
+                    Event::Down(why) => format!("D {why}\n"),
+                    Event::Failed(why) => format!("F {why}\n"),
                 };
                 buf.extend_from_slice(line.as_bytes())
             };
@@ -990,6 +1002,13 @@ mod tests {
         assert_eq!(why(&e), "connect deadline (10 s)");
         let e = anyhow::anyhow!("Unavailable: no capacity on port 4431");
         assert_eq!(why(&e), "Unavailable: no capacity on port NNNN");
+        let e = anyhow::anyhow!(
+            "Unknown: error reading a body from connection: os error 104\nsecond line"
+        );
+        assert_eq!(
+            why(&e),
+            "connection broken while reading (os error NNN second line)"
+        );
     }
 
     #[test]
