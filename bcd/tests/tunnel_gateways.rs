@@ -573,5 +573,20 @@ async fn two_gateways_behind_haproxy_carry_tunnels_and_one_killed_hands_its_node
     let (f, back) = lab.once(&victim, lab.echo, b"moved").await;
     assert_eq!((f.closed, back.as_slice()), (None, b"moved".as_slice()));
     assert_eq!(lab.finished(&victim).await["gateway"], "gw0");
+    // HAProxy's PROXY protocol header (`send-proxy-v2`, health checks included) was read on every connection, and
+    // the gateways saw each node's own address, never the balancer's (127.0.1.x).
+    let mut joined = 0;
+    for gw in ["gw0", "gw1"] {
+        let log = std::fs::read_to_string(lab.lab.dir().join(format!("{gw}.log")))?;
+        assert!(
+            !log.contains("trusted balancer's connection was refused"),
+            "{gw} refused HAProxy's header:\n{log}"
+        );
+        for line in log.lines().filter(|l| l.contains("node joined")) {
+            assert!(line.contains("peer=Some(127.0.0.1:"), "{gw}: {line}");
+            joined += 1;
+        }
+    }
+    assert_eq!(joined, nodes.len(), "joins logged by the gateways");
     Ok(())
 }

@@ -225,6 +225,16 @@ pub fn parse_gateway_url(url: &str) -> Result<(String, u16), ChannelError> {
 /// Opens one HTTP/2 connection to the gateway over `tls`. The returned channel does not reconnect by itself beyond
 /// what tonic does; long-lived callers wrap it in their own loop with a [`Backoff`] (e.g. of [`RECONNECT`]).
 pub async fn connect(url: &str, tls: Arc<rustls::ClientConfig>) -> Result<Channel, ChannelError> {
+    connect_from(url, tls, None).await
+}
+
+/// [`connect`] from the local address `local` (None: the one the kernel picks). Load tools give each simulated
+/// node its own loopback address, as real nodes have their own.
+pub async fn connect_from(
+    url: &str,
+    tls: Arc<rustls::ClientConfig>,
+    local: Option<std::net::IpAddr>,
+) -> Result<Channel, ChannelError> {
     let (host, port) = parse_gateway_url(url)?;
     let server_name = ServerName::try_from(host.clone()).map_err(|_| ChannelError::BadUrl {
         url: url.to_string(),
@@ -234,7 +244,27 @@ pub async fn connect(url: &str, tls: Arc<rustls::ClientConfig>) -> Result<Channe
         let host = host.clone();
         let server_name = server_name.clone();
         async move {
-            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            let tcp = match local {
+                None => tokio::net::TcpStream::connect((host.as_str(), port)).await?,
+                Some(ip) => {
+                    let to = tokio::net::lookup_host((host.as_str(), port))
+                        .await?
+                        .find(|a| a.is_ipv4() == ip.is_ipv4())
+                        .ok_or_else(|| {
+                            std::io::Error::new(
+                                std::io::ErrorKind::AddrNotAvailable,
+                                format!("{host} has no address of the family of {ip}"),
+                            )
+                        })?;
+                    let socket = if ip.is_ipv4() {
+                        tokio::net::TcpSocket::new_v4()?
+                    } else {
+                        tokio::net::TcpSocket::new_v6()?
+                    };
+                    socket.bind(std::net::SocketAddr::new(ip, 0))?;
+                    socket.connect(to).await?
+                }
+            };
             tcp.set_nodelay(true)?;
             let stream = tokio_rustls::TlsConnector::from(tls)
                 .connect(server_name, tcp)

@@ -14,6 +14,7 @@ pub mod codec;
 pub mod duration;
 pub mod envelope;
 pub mod payloads;
+pub mod proxy_protocol;
 pub mod runtime;
 pub mod seal;
 pub mod spiffe;

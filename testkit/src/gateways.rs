@@ -101,6 +101,9 @@ pub struct LabSpec {
     /// Whether HAProxy runs in front of the gateways. Without it (one gateway, the relay alone), nodes are given
     /// the first gateway's own URL.
     pub balancer: bool,
+    /// Whether HAProxy sends the PROXY protocol v2 header (`send-proxy-v2`, from [`BALANCER_SOURCES`]) and the
+    /// gateways trust it, so that they account each node by its own address rather than the balancer's.
+    pub proxy_protocol: bool,
     /// How long one process may take to say it serves.
     pub start_deadline: Duration,
 }
@@ -118,9 +121,26 @@ impl LabSpec {
             balancers: 1,
             balancer_ports: 1,
             balancer: true,
+            proxy_protocol: true,
             start_deadline: Duration::from_secs(60),
         }
     }
+}
+
+/// Where the lab's HAProxy connects to the gateways from: 127.0.1.(16 k + i) for balancer process k and gateway i,
+/// one address per pair (each has its own ~28,000 ephemeral ports), none of them 127.0.0.1, which the API
+/// processes' relay and the tests use to reach a gateway directly, without a header.
+pub const BALANCER_SOURCES: &str = "127.0.1.0/24";
+
+fn balancer_source(k: usize, i: usize) -> Result<std::net::Ipv4Addr, String> {
+    if k >= 16 || i >= 16 {
+        return Err(format!(
+            "the lab gives balancer processes and gateways an address each in {BALANCER_SOURCES}: at most 16 of \
+             each ({} balancers, gateway {i})",
+            k + 1
+        ));
+    }
+    Ok(std::net::Ipv4Addr::new(127, 0, 1, (16 * k + i) as u8))
 }
 
 /// One gateway process of the lab.
@@ -302,13 +322,18 @@ impl GatewayLab {
         gateway: Option<(&str, Option<SocketAddr>)>,
     ) -> String {
         let spec = &self.spec;
-        let (id, listen) = match gateway {
+        let (mut id, listen) = match gateway {
             Some((g, at)) => (
                 format!("gateway_id = {g:?}\n"),
                 at.map_or("127.0.0.1:0".to_string(), |a| a.to_string()),
             ),
             None => (String::new(), "127.0.0.1:0".to_string()),
         };
+        if gateway.is_some() && spec.balancer && spec.proxy_protocol {
+            id.push_str(&format!(
+                "gateway_proxy_protocol_from = [{BALANCER_SOURCES:?}]\n"
+            ));
+        }
         format!(
             "state_dir = {:?}\ndatabase_url = {:?}\ntrust_domain = {:?}\nroles = {roles:?}\n\
              api_listen = \"127.0.0.1:0\"\ngateway_listen = {listen:?}\n\
@@ -366,13 +391,13 @@ impl GatewayLab {
         }
     }
 
-    /// HAProxy in TCP mode (TLS passthrough) on `port`, least connections first (sessions are long-lived: new ones
-    /// go where fewest are held) over the gateways, sessions of a gateway marked down shut. Health checks at
-    /// HAProxy's default timings (every 2 s, down after 3 failures), every 500 ms once one failed or while a gateway
-    /// is down: checks every 500 ms, down after 2, marked all three gateways of a 50,000-session storm down while
-    /// they were busy (a check's connect waited past 500 ms), and shutting their sessions made the storm feed itself.
-    /// `k`: which of [`LabSpec::balancers`] this is (`haproxy-<k>.log` past the first); it serves once `k + 1`
-    /// sockets listen on every port.
+    /// HAProxy in TCP mode (TLS passthrough) on `ports`, least connections first (sessions are long-lived: new ones
+    /// go where fewest are held) over the gateways; with [`LabSpec::proxy_protocol`], each connection to a gateway
+    /// from [`balancer_source`] with a PROXY protocol v2 header naming the node. Health checks at HAProxy's default
+    /// timings (every 2 s, down after 3 failures), every 500 ms once one failed or while a gateway is down (an
+    /// earlier setting, every 500 ms and down after 2, marked all three gateways of a 50,000-session storm down
+    /// while they were busy). `k`: which of [`LabSpec::balancers`] this is (`haproxy-<k>.log` past the first); it
+    /// serves once `k + 1` sockets listen on every port.
     fn haproxy(&self, bins: &Binaries, ports: &[u16], k: usize) -> Result<Proc, String> {
         let spec = &self.spec;
         // No `on-marked-down shutdown-sessions`: a killed gateway's connections end with it (its kernel closes them,
@@ -380,16 +405,18 @@ impl GatewayLab {
         // a busy gateway's healthy sessions: in a 50,000-session storm a gateway's accept queue was full, HAProxy's
         // check timed out ("Layer4 timeout, check duration 2010 ms"), and ~2,000 sessions per HAProxy process were
         // cut and joined the storm (`scripts/bench sessions` over 3 gateways, 2026-12-04).
-        let servers: String = self
-            .gateways
-            .iter()
-            .map(|g| {
-                format!(
-                    "    server {} {} check inter 2s fastinter 500ms downinter 500ms fall 3 rise 2\n",
-                    g.id, g.addr
-                )
-            })
-            .collect();
+        let mut servers = String::new();
+        for (i, g) in self.gateways.iter().enumerate() {
+            let proxy = if spec.proxy_protocol {
+                format!(" source {} send-proxy-v2", balancer_source(k, i)?)
+            } else {
+                String::new()
+            };
+            servers.push_str(&format!(
+                "    server {} {}{proxy} check inter 2s fastinter 500ms downinter 500ms fall 3 rise 2\n",
+                g.id, g.addr
+            ));
+        }
         let binds: String = ports
             .iter()
             .map(|p| format!("    bind 127.0.0.1:{p}\n"))

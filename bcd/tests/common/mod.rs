@@ -68,6 +68,7 @@ pub fn serve_config(dir: &Path, opts: &Options, gateway_listen: SocketAddr) -> S
         telemetry: None,
         gateway_id: None,
         gateway_relay_url: None,
+        gateway_proxy_protocol_from: Default::default(),
         tunnels: Default::default(),
         metal: Default::default(),
     }

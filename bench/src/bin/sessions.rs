@@ -18,6 +18,7 @@ use bc_proto::v1;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
@@ -308,11 +309,25 @@ fn why(e: &anyhow::Error) -> String {
     class_text(&text)
 }
 
+/// The loopback address simulated node `i` connects from, as each real node has its own: 127.2.0.0 and up, one
+/// each (the gateways' per-source limits and a balancer's PROXY header then see nodes, not the load tool).
+/// `BC_SESSIONS_SOURCES=one`: all from the address the kernel picks (127.0.0.1), as before 2026-12-04.
+fn node_source(i: usize) -> Option<IpAddr> {
+    if std::env::var("BC_SESSIONS_SOURCES").is_ok_and(|v| v == "one") {
+        return None;
+    }
+    let ip = std::net::Ipv4Addr::from(
+        u32::from_be_bytes([127, 2, 0, 0]).checked_add(u32::try_from(i).ok()?)?,
+    );
+    (ip.octets()[0] == 127 && ip.octets() != [127, 255, 255, 255]).then_some(IpAddr::V4(ip))
+}
+
 /// One simulated daemon: session, heartbeats, reconnect with full-jitter backoff (as `bcd run` does).
 async fn daemon(
     cred: Arc<Cred>,
     ca: CertificateDer<'static>,
     url: String,
+    source: Option<IpAddr>,
     connect_slots: Arc<Semaphore>,
     events: mpsc::UnboundedSender<Event>,
     mut stop: watch::Receiver<bool>,
@@ -336,7 +351,7 @@ async fn daemon(
     };
     loop {
         let end = tokio::select! {
-            r = session(&cred, tls.clone(), &url, &connect_slots, &events) => r,
+            r = session(&cred, tls.clone(), &url, source, &connect_slots, &events) => r,
             _ = stop.changed() => return,
         };
         let (up, reason) = match end {
@@ -376,12 +391,13 @@ async fn session(
     cred: &Cred,
     tls: Arc<rustls::ClientConfig>,
     url: &str,
+    source: Option<IpAddr>,
     slots: &Semaphore,
     events: &mpsc::UnboundedSender<Event>,
 ) -> Result<bool, (bool, anyhow::Error)> {
     let opened = async {
         let _slot = slots.acquire().await?;
-        let ch = channel::connect(url, tls).await?;
+        let ch = channel::connect_from(url, tls, source).await?;
         let (tx, rx) = mpsc::channel(4);
         tx.send(v1::NodeMessage {
             msg: Some(v1::node_message::Msg::Hello(v1::Hello {
@@ -595,6 +611,7 @@ impl Fleet {
                 cred.clone(),
                 self.ca.clone(),
                 url(global),
+                node_source(global),
                 self.slots.clone(),
                 self.events_tx.clone(),
                 self.stop_tx.subscribe(),

@@ -10,6 +10,7 @@
 //! has answered.
 
 use crate::conns::{Admission, ConnId, ConnLimits, ConnStats, ConnTable};
+use bc_proto::proxy_protocol::{self, Trusted};
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
@@ -43,6 +44,19 @@ pub(crate) struct Gate {
 struct GateState {
     table: ConnTable,
     signals: HashMap<ConnId, Arc<Signals>>,
+    headers: HeaderReads,
+}
+
+/// Trusted balancers' connections whose PROXY header is being read (they are not in the table until it names the
+/// client), and the headers refused since the last report.
+#[derive(Default)]
+struct HeaderReads {
+    pending: usize,
+    refused: u64,
+    /// What the last refusal said (a misconfigured balancer repeats one reason on every connection).
+    last_refusal: Option<String>,
+    /// The reasons logged since the last report: each is logged the first time it is seen in a period.
+    logged: Vec<String>,
 }
 
 impl Gate {
@@ -51,6 +65,7 @@ impl Gate {
             state: Arc::new(Mutex::new(GateState {
                 table: ConnTable::default(),
                 signals: HashMap::new(),
+                headers: HeaderReads::default(),
             })),
             limits: Arc::new(limits),
         }
@@ -126,6 +141,42 @@ impl Gate {
         expired.len()
     }
 
+    /// A trusted balancer's connection starts its header; false when too many are being read already.
+    fn header_started(&self) -> bool {
+        let mut st = self.lock();
+        if st.headers.pending >= self.limits.max_unauthenticated.max(1) {
+            st.headers.refused += 1;
+            st.headers.last_refusal = Some("too many PROXY headers being read at once".into());
+            return false;
+        }
+        st.headers.pending += 1;
+        true
+    }
+
+    /// Its header was read (`refused`: None) or refused, saying why.
+    fn header_ended(&self, refused: Option<String>) {
+        let mut st = self.lock();
+        st.headers.pending = st.headers.pending.saturating_sub(1);
+        if let Some(why) = refused {
+            // Each reason is logged at once the first time in a report period: it is usually a configuration
+            // mistake, repeated on every connection until fixed.
+            if st.headers.logged.len() < 16 && !st.headers.logged.contains(&why) {
+                tracing::warn!(reason = %why, "a trusted balancer's connection was refused");
+                st.headers.logged.push(why.clone());
+            }
+            st.headers.refused += 1;
+            st.headers.last_refusal = Some(why);
+        }
+    }
+
+    /// The header refusals since the last call, and the last one's reason.
+    fn take_header_refusals(&self) -> (u64, Option<String>) {
+        let mut st = self.lock();
+        let refused = std::mem::take(&mut st.headers.refused);
+        st.headers.logged.clear();
+        (refused, st.headers.last_refusal.take())
+    }
+
     fn shed_for_descriptors(&self) -> usize {
         let mut st = self.lock();
         let shed = st.table.shed_for_descriptors(SHED_ON_EXHAUSTION);
@@ -199,6 +250,8 @@ impl Drop for ConnHandle {
 /// A TCP connection the gateway accounts for and may close.
 pub(crate) struct Tracked {
     tcp: TcpStream,
+    /// The peer as the gateway accounts it: the TCP peer, or the client a trusted balancer's PROXY header named.
+    client: SocketAddr,
     conn: ConnHandle,
     /// Wakes the task when the peer's bytes arrive, telling the table first; with the waker made from it.
     peer: Arc<PeerWake>,
@@ -206,7 +259,7 @@ pub(crate) struct Tracked {
 }
 
 impl Tracked {
-    fn new(tcp: TcpStream, conn: ConnHandle) -> Tracked {
+    fn new(tcp: TcpStream, client: SocketAddr, conn: ConnHandle) -> Tracked {
         let peer = Arc::new(PeerWake {
             id: conn.id,
             gate: conn.gate.clone(),
@@ -215,6 +268,7 @@ impl Tracked {
         });
         Tracked {
             tcp,
+            client,
             conn,
             peer_waker: Waker::from(peer.clone()),
             peer,
@@ -332,11 +386,15 @@ impl AsyncWrite for Tracked {
 }
 
 impl Connected for Tracked {
-    // The TCP stream's own, so that tonic's `Request::peer_certs` and `remote_addr` find what they look for.
+    // The TCP stream's own type, so that tonic's `Request::peer_certs` and `remote_addr` find what they look for;
+    // the remote address is the accounted peer (a balancer's forwarded client), as the request counting keys it.
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {
-        self.tcp.connect_info()
+        TcpConnectInfo {
+            local_addr: self.tcp.local_addr().ok(),
+            remote_addr: Some(self.client),
+        }
     }
 }
 
@@ -351,16 +409,21 @@ fn out_of_descriptors(e: &io::Error) -> bool {
     )
 }
 
+/// What the accept loop needs besides the listener.
+pub(crate) struct AcceptConfig {
+    pub(crate) acceptor: tokio_rustls::TlsAcceptor,
+    pub(crate) tx: tokio::sync::mpsc::Sender<io::Result<TlsConn>>,
+    /// Bounds a handshake even if the policy's deadlines did not.
+    pub(crate) handshake_ceiling: Duration,
+    /// The balancers whose connections begin with a PROXY protocol header.
+    pub(crate) proxies: Arc<Trusted>,
+}
+
 /// Accepts until the task is aborted: every connection at once, its handshake in a task of its own, the
-/// established ones handed to `tx`. Deadlines are enforced by [`sweep`]; `handshake_ceiling` bounds a handshake
-/// even if they were not.
-pub(crate) async fn accept(
-    listener: TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    gate: Gate,
-    tx: tokio::sync::mpsc::Sender<io::Result<TlsConn>>,
-    handshake_ceiling: Duration,
-) {
+/// established ones handed to `tx`. Deadlines are enforced by [`sweep`]. A trusted balancer's connection is
+/// accounted as the client its PROXY protocol header names, once the header is read ([`read_proxy_header`]).
+pub(crate) async fn accept(listener: TcpListener, gate: Gate, config: AcceptConfig) {
+    let config = Arc::new(config);
     let mut last_exhaustion_log: Option<Instant> = None;
     loop {
         let (tcp, peer) = match listener.accept().await {
@@ -405,31 +468,97 @@ pub(crate) async fn accept(
                 continue;
             }
         };
+        let _ = tcp.set_nodelay(true);
+        if config.proxies.contains(peer.ip()) {
+            // Bounded like unauthenticated connections: a header is one segment from a balancer that is trusted.
+            if !gate.header_started() {
+                tracing::debug!(%peer, "balancer connection refused: too many PROXY headers being read");
+                continue;
+            }
+            let (gate, config) = (gate.clone(), config.clone());
+            tokio::spawn(async move {
+                let mut tcp = tcp;
+                let header =
+                    tokio::time::timeout(PROXY_HEADER_DEADLINE, read_proxy_header(&mut tcp)).await;
+                let client = match header {
+                    Ok(Ok(Ok(source))) => source.unwrap_or(peer),
+                    Ok(Ok(Err(refused))) => {
+                        gate.header_ended(Some(refused.to_string()));
+                        return;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "balancer connection ended before its PROXY header");
+                        gate.header_ended(None);
+                        return;
+                    }
+                    Err(_) => {
+                        gate.header_ended(Some(format!(
+                            "no PROXY protocol header within {} s",
+                            PROXY_HEADER_DEADLINE.as_secs()
+                        )));
+                        return;
+                    }
+                };
+                gate.header_ended(None);
+                let Some(conn) = gate.admit(client) else {
+                    tracing::debug!(%client, %peer, "connection refused: the gateway holds all it may, none can be shed");
+                    return;
+                };
+                handshake(Tracked::new(tcp, client, conn), gate, &config).await;
+            });
+            continue;
+        }
         let Some(conn) = gate.admit(peer) else {
             tracing::debug!(%peer, "connection refused: the gateway holds all it may, none can be shed");
             continue;
         };
-        let _ = tcp.set_nodelay(true);
-        let id = conn.id;
-        let stream = Tracked::new(tcp, conn);
-        let (acceptor, tx, gate) = (acceptor.clone(), tx.clone(), gate.clone());
-        tokio::spawn(async move {
-            match tokio::time::timeout(handshake_ceiling, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => {
-                    let authenticated = tls.get_ref().1.peer_certificates().is_some();
-                    gate.handshake_done(id, authenticated);
-                    let _ = tx.send(Ok(tls)).await;
-                }
-                Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionAborted => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake ended");
-                }
-                Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    tracing::debug!(%peer, "peer closed the connection during the TLS handshake");
-                }
-                Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake refused"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+        let stream = Tracked::new(tcp, peer, conn);
+        let (gate, config) = (gate.clone(), config.clone());
+        tokio::spawn(async move { handshake(stream, gate, &config).await });
+    }
+}
+
+/// How long a trusted balancer's connection may take to deliver its PROXY header (balancers write it with the
+/// connection's first segment).
+const PROXY_HEADER_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Reads a PROXY protocol v2 header off `tcp` and not a byte more: Ok(Ok(source)) with the client it names (None:
+/// the balancer's own connection, e.g. a health check), Ok(Err) when it is not an acceptable header.
+async fn read_proxy_header(
+    tcp: &mut TcpStream,
+) -> io::Result<Result<Option<SocketAddr>, proxy_protocol::HeaderError>> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; proxy_protocol::MAX_HEADER];
+    let mut have = 0;
+    loop {
+        match proxy_protocol::parse(&buf[..have]) {
+            Ok(proxy_protocol::Parsed::Incomplete { need }) => {
+                tcp.read_exact(&mut buf[have..need]).await?;
+                have = need;
             }
-        });
+            Ok(proxy_protocol::Parsed::Header { source, .. }) => return Ok(Ok(source)),
+            Err(e) => return Ok(Err(e)),
+        }
+    }
+}
+
+/// One connection's TLS handshake, bounded by the ceiling; an established connection goes to the server.
+async fn handshake(stream: Tracked, gate: Gate, config: &AcceptConfig) {
+    let (id, peer) = (stream.conn.id, stream.client);
+    match tokio::time::timeout(config.handshake_ceiling, config.acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => {
+            let authenticated = tls.get_ref().1.peer_certificates().is_some();
+            gate.handshake_done(id, authenticated);
+            let _ = config.tx.send(Ok(tls)).await;
+        }
+        Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionAborted => {
+            tracing::debug!(%peer, error = %e, "TLS handshake ended");
+        }
+        Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            tracing::debug!(%peer, "peer closed the connection during the TLS handshake");
+        }
+        Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake refused"),
+        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
     }
 }
 
@@ -454,6 +583,15 @@ pub(crate) async fn sweep(gate: Gate) {
             + (c.shed_source_full - reported.shed_source_full)
             + (c.shed_descriptors - reported.shed_descriptors);
         let refused = c.refused - reported.refused;
+        let (headers_refused, last_header_refusal) = gate.take_header_refusals();
+        if headers_refused > 0 {
+            tracing::warn!(
+                refused = headers_refused,
+                last_reason = last_header_refusal.as_deref().unwrap_or(""),
+                "trusted balancers' connections refused for their PROXY protocol header in the last {} s",
+                REPORT_EVERY.as_secs()
+            );
+        }
         if closed + refused > 0 {
             tracing::warn!(
                 expired = c.expired - reported.expired,

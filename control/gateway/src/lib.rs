@@ -63,6 +63,10 @@ pub struct Limits {
     pub max_message_bytes: usize,
     /// How long a shutdown waits for in-flight calls after closing sessions.
     pub shutdown_grace: Duration,
+    /// The TCP balancers in front of the gateway that send a PROXY protocol v2 header
+    /// ([`bc_proto::proxy_protocol`]): their connections must begin with one, and are accounted (per-source
+    /// limits, logs, the address a Join records) as the client it names. Empty: no header is read from anyone.
+    pub proxy_protocol_from: bc_proto::proxy_protocol::Trusted,
 }
 
 impl Limits {
@@ -72,6 +76,7 @@ impl Limits {
             connections: conns::ConnLimits::for_descriptors(descriptors),
             max_message_bytes: 64 * 1024,
             shutdown_grace: Duration::from_secs(5),
+            proxy_protocol_from: Default::default(),
         }
     }
 }
@@ -146,16 +151,20 @@ pub async fn serve(
         max_connections = c.max_connections,
         max_unauthenticated = c.max_unauthenticated,
         max_stalled_per_source = c.max_stalled_per_source,
+        proxy_protocol_from = %limits.proxy_protocol_from,
         "gateway connection limits"
     );
     let gate = accept::Gate::new(c.clone());
     let (tx, rx) = tokio::sync::mpsc::channel(1024);
     let accept_loop = tokio::spawn(accept::accept(
         listener,
-        tokio_rustls::TlsAcceptor::from(tls),
         gate.clone(),
-        tx,
-        c.handshake.base,
+        accept::AcceptConfig {
+            acceptor: tokio_rustls::TlsAcceptor::from(tls),
+            tx,
+            handshake_ceiling: c.handshake.base,
+            proxies: Arc::new(limits.proxy_protocol_from.clone()),
+        },
     ));
     let sweeper = tokio::spawn(accept::sweep(gate.clone()));
     let join = v1::join_service_server::JoinServiceServer::new(JoinSvc(services.join))

@@ -87,6 +87,11 @@ pub struct ServeConfigWire {
     /// tunnel relay: `https://<host>:<port>`, host among `gateway_hosts` (default: the first of them and the
     /// gateway's port).
     pub gateway_relay_url: Option<String>,
+    /// The TCP balancers in front of the gateway that send the PROXY protocol v2 header (HAProxy's
+    /// `send-proxy-v2`, a cloud network balancer's proxy protocol option): addresses or networks (`10.0.0.5`,
+    /// `10.0.0.0/24`). Their connections must begin with the header and are accounted as the client it names;
+    /// nobody else's header is read. Default: none.
+    pub gateway_proxy_protocol_from: Option<Vec<String>>,
     /// The tunnels module (`[tunnels]`): the idle limit and the per-principal cap.
     pub tunnels: Option<TunnelsWire>,
     /// The metal module (`[metal]`): deadlines, retry plans, the ramdisk and where deploy images come from.
@@ -175,6 +180,8 @@ pub struct ServeConfig {
     /// Where other control-plane processes reach this gateway (the tunnel relay); None means
     /// `https://<first gateway host>:<gateway port>`.
     pub gateway_relay_url: Option<String>,
+    /// The balancers whose connections begin with a PROXY protocol header (`gateway_proxy_protocol_from`).
+    pub gateway_proxy_protocol_from: bc_proto::proxy_protocol::Trusted,
     /// The tunnels module's limits (`[tunnels]`).
     pub tunnels: bc_mod_tunnels::Options,
     /// The metal module's configuration (`[metal]`); the ramdisk's command line gets this control plane's gateway
@@ -208,6 +215,7 @@ impl ServeConfig {
             telemetry: None,
             gateway_id: None,
             gateway_relay_url: None,
+            gateway_proxy_protocol_from: Default::default(),
             tunnels: bc_mod_tunnels::Options::default(),
             metal: bc_mod_metal::Config::default(),
         }
@@ -274,6 +282,9 @@ impl ServeConfigWire {
             capacity: over.capacity.or(self.capacity),
             gateway_id: over.gateway_id.or(self.gateway_id),
             gateway_relay_url: over.gateway_relay_url.or(self.gateway_relay_url),
+            gateway_proxy_protocol_from: over
+                .gateway_proxy_protocol_from
+                .or(self.gateway_proxy_protocol_from),
             tunnels: over.tunnels.or(self.tunnels),
             metal: over.metal.or(self.metal),
         }
@@ -325,6 +336,14 @@ impl ServeConfigWire {
                 "must be 1 to 128 characters of letters, digits, '.', '-', '_'".into(),
             ));
         }
+        let gateway_proxy_protocol_from = bc_proto::proxy_protocol::Trusted(
+            self.gateway_proxy_protocol_from
+                .unwrap_or_default()
+                .iter()
+                .map(|p| p.parse())
+                .collect::<Result<_, String>>()
+                .map_err(|m| field("gateway_proxy_protocol_from", m))?,
+        );
         let tunnels = self
             .tunnels
             .unwrap_or_default()
@@ -387,6 +406,7 @@ impl ServeConfigWire {
             telemetry,
             gateway_id: self.gateway_id,
             gateway_relay_url: self.gateway_relay_url,
+            gateway_proxy_protocol_from,
             tunnels,
             metal,
         })
@@ -476,6 +496,14 @@ mod tests {
                 "gateway_relay_url = \"http://10.0.0.5:7443\"\n",
                 "gateway_relay_url",
             ),
+            (
+                "gateway_proxy_protocol_from = [\"10.0.0.0/33\"]\n",
+                "gateway_proxy_protocol_from",
+            ),
+            (
+                "gateway_proxy_protocol_from = [\"balancer-1\"]\n",
+                "gateway_proxy_protocol_from",
+            ),
         ] {
             let e = parse(text).map(|_| ()).err().unwrap_or_default();
             assert!(
@@ -483,6 +511,10 @@ mod tests {
                 "{text}: {e}"
             );
         }
+        let proxies = parse("gateway_proxy_protocol_from = [\"10.0.0.5\", \"fd00::/64\"]\n")
+            .map(|c| c.gateway_proxy_protocol_from.to_string());
+        assert_eq!(proxies.as_deref(), Ok("10.0.0.5/32,fd00::/64"));
+        assert!(parse("").is_ok_and(|c| c.gateway_proxy_protocol_from.is_empty()));
         let unknown = parse("[tunnels]\nidle = 5\n").err().unwrap_or_default();
         assert!(unknown.contains("idle"), "{unknown}");
     }

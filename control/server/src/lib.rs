@@ -176,6 +176,8 @@ struct Gateway {
     /// Its serving certificate, re-issued while it runs.
     renewal: renew::Renewal,
     services: bc_gateway::Services,
+    /// The balancers whose connections begin with a PROXY protocol header.
+    proxy_protocol_from: bc_proto::proxy_protocol::Trusted,
 }
 
 async fn gateway(
@@ -276,6 +278,7 @@ async fn gateway(
         tls,
         renewal,
         services,
+        proxy_protocol_from: config.gateway_proxy_protocol_from.clone(),
     })
 }
 
@@ -652,7 +655,10 @@ async fn serve_gateway(g: Gateway, mut stop: bc_kernel::Stop) {
         g.listener,
         g.tls,
         g.services,
-        bc_gateway::Limits::default(),
+        bc_gateway::Limits {
+            proxy_protocol_from: g.proxy_protocol_from,
+            ..Default::default()
+        },
         stopped,
     )
     .await

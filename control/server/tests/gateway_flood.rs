@@ -56,16 +56,28 @@ struct Plane {
 /// `better-compute serve` (api, gateway) on `url`; under a hard descriptor limit when `nofile` is given (it cannot
 /// raise it then), else under the limits it inherits (raised to the hard limit at start).
 async fn serve(dir: &std::path::Path, url: &str, admin_key: &str, nofile: Option<u64>) -> Plane {
+    serve_with(dir, url, admin_key, nofile, "").await
+}
+
+/// [`serve`] with `extra` lines in its configuration; its log (stderr) goes to `dir/serve.log`.
+async fn serve_with(
+    dir: &std::path::Path,
+    url: &str,
+    admin_key: &str,
+    nofile: Option<u64>,
+    extra: &str,
+) -> Plane {
     let cfg = dir.join("serve.toml");
     std::fs::write(
         &cfg,
         format!(
             "state_dir = {:?}\ndatabase_url = {url:?}\nroles = \"api,gateway\"\napi_listen = \"127.0.0.1:0\"\n\
-             gateway_listen = \"127.0.0.1:0\"\ntrust_domain = \"test.bc\"\n",
+             gateway_listen = \"127.0.0.1:0\"\ntrust_domain = \"test.bc\"\n{extra}",
             dir.join("state")
         ),
     )
     .expect("config");
+    let log = std::fs::File::create(dir.join("serve.log")).expect("serve.log");
     let mut command = match nofile {
         Some(n) => {
             let mut c = Command::new("sh");
@@ -86,6 +98,7 @@ async fn serve(dir: &std::path::Path, url: &str, admin_key: &str, nofile: Option
             std::env::var("BC_TEST_SERVE_LOG").unwrap_or_else(|_| "warn".into()),
         )
         .stdout(Stdio::piped())
+        .stderr(log)
         .kill_on_drop(true)
         .spawn()
         .expect("spawn serve");
@@ -99,7 +112,12 @@ async fn serve(dir: &std::path::Path, url: &str, admin_key: &str, nofile: Option
         }
     }
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let serving = serving.expect("serve printed its addresses");
+    let serving = serving.unwrap_or_else(|| {
+        panic!(
+            "serve printed no addresses within 60 s; its log:\n{}",
+            std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
+        )
+    });
     let field = |name: &str| {
         serving
             .split_whitespace()
@@ -383,5 +401,175 @@ async fn connections_that_never_send_the_preface_or_a_request_are_closed() {
     }
     for (_, f) in floods {
         f.stop().await;
+    }
+}
+
+// === a TCP balancer's PROXY protocol header ===
+
+/// The gateway trusts balancers here (`gateway_proxy_protocol_from`); the test's balancer connects from them.
+const BALANCERS: &str = "127.0.1.0/24";
+const BALANCER: Ipv4Addr = Ipv4Addr::new(127, 0, 1, 1);
+
+/// Connects to `to` from `from` and writes `first` (a header, or nothing).
+async fn connect_from(from: Ipv4Addr, to: SocketAddr, first: &[u8]) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind(SocketAddr::from((from, 0))).expect("bind");
+    let mut tcp = socket.connect(to).await.expect("connect");
+    tcp.write_all(first).await.expect("write");
+    tcp
+}
+
+/// A TCP balancer as HAProxy's `send-proxy-v2` is: listens on loopback, and forwards each connection to `gateway`
+/// from [`BALANCER`] behind a PROXY header naming the client.
+async fn balancer(gateway: SocketAddr) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let at = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut client, from)) = listener.accept().await {
+            tokio::spawn(async move {
+                let header = bc_proto::proxy_protocol::encode(Some((from, gateway)));
+                let mut upstream = connect_from(BALANCER, gateway, &header).await;
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+            });
+        }
+    });
+    at
+}
+
+/// Whether the gateway closed `tcp` (EOF or an error; a read that waits means it is open).
+async fn closed(tcp: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut b = [0u8; 64];
+    matches!(
+        tokio::time::timeout(Duration::from_millis(20), tcp.read(&mut b)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+/// A TLS handshake with the gateway over `tcp`: whether it completed.
+async fn handshake(plane: &Plane, tcp: tokio::net::TcpStream) -> bool {
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let tls = tokio_rustls::TlsConnector::from(anonymous_tls(plane));
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), tls.connect(name, tcp)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Before: every connection through a TCP balancer was accounted to the balancer's one address, so its per-source
+/// cap (128 stalled connections) capped every node behind it together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_balancers_proxy_header_names_the_node_and_no_one_elses_is_read() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (db, admin, dir) = setup().await;
+    let extra = format!("gateway_proxy_protocol_from = [{BALANCERS:?}]\n");
+    let mut plane = serve_with(dir.path(), &db.url(), &admin, None, &extra).await;
+    let gateway = plane.gateway;
+
+    // A node joins and opens its Session through the balancer (mTLS end to end, the header before it), and one
+    // reaching the gateway directly (no header, from an address not trusted) still does.
+    let direct_url = plane.config.gateway_url.clone();
+    plane.config.gateway_url = format!("https://127.0.0.1:{}", balancer(gateway).await.port());
+    real_nodes_get_through(&plane, "through a PROXY-protocol balancer", 2).await;
+    plane.config.gateway_url = direct_url;
+    real_nodes_get_through(&plane, "directly", 1).await;
+
+    // Nobody else's header is read: from an untrusted address, a header claiming another client is not taken off
+    // the stream, and TLS refuses it. The same bytes from the balancer's address complete the handshake.
+    let spoof =
+        bc_proto::proxy_protocol::encode(Some(("10.9.9.9:4000".parse().expect("addr"), gateway)));
+    let untrusted = connect_from(Ipv4Addr::new(127, 0, 0, 5), gateway, &spoof).await;
+    assert!(
+        !handshake(&plane, untrusted).await,
+        "a PROXY header from an untrusted address was honoured"
+    );
+    let trusted = connect_from(BALANCER, gateway, &spoof).await;
+    assert!(
+        handshake(&plane, trusted).await,
+        "the balancer's header was not taken off the stream"
+    );
+
+    // From the balancer the header is required, and what is refused says why.
+    let bare = connect_from(BALANCER, gateway, &[]).await;
+    assert!(
+        !handshake(&plane, bare).await,
+        "a trusted balancer's connection without a header was served"
+    );
+    let mut v1 = connect_from(
+        BALANCER,
+        gateway,
+        b"PROXY TCP4 10.1.1.1 127.0.0.1 4000 7443\r\n",
+    )
+    .await;
+    let t = Instant::now();
+    while !closed(&mut v1).await {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "a version 1 header was not refused"
+        );
+    }
+    // A header that never ends is closed at its deadline (5 s).
+    let mut stalled = connect_from(BALANCER, gateway, &spoof[..8]).await;
+    let t = Instant::now();
+    while !closed(&mut stalled).await {
+        assert!(
+            t.elapsed() < Duration::from_secs(9),
+            "a balancer connection whose header never ends is still open after 9 s"
+        );
+    }
+    println!(
+        "an unfinished header was closed after {} ms",
+        t.elapsed().as_millis()
+    );
+    let log = std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default();
+    for said in [
+        "send-proxy-v2",
+        "version 1",
+        "no PROXY protocol header within 5 s",
+    ] {
+        assert!(
+            log.contains(said),
+            "the gateway's log never says {said:?}:\n{log}"
+        );
+    }
+
+    // The per-source policy sees the nodes: 128 stalled handshakes the header says come from one node are that
+    // node's share; more from it shed its oldest. The same number from as many nodes shed none.
+    for (what, one_node) in [("one node", true), ("many nodes", false)] {
+        let header = |i: u32| {
+            let ip = if one_node {
+                Ipv4Addr::new(10, 7, 0, 1)
+            } else {
+                Ipv4Addr::from(u32::from_be_bytes([10, 8, 0, 0]) + i)
+            };
+            bc_proto::proxy_protocol::encode(Some((SocketAddr::from((ip, 1000)), gateway)))
+        };
+        let mut first = Vec::new();
+        for i in 0..128 {
+            first.push(connect_from(BALANCER, gateway, &header(i)).await);
+        }
+        // Past the policy's grace (1 s) the first have kept the gateway waiting long enough to be shed.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut more = Vec::new();
+        for i in 128..136 {
+            more.push(connect_from(BALANCER, gateway, &header(i)).await);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut shed = 0;
+        for c in &mut first {
+            shed += usize::from(closed(c).await);
+        }
+        println!("{what}: {shed} of the first 128 stalled handshakes shed after 8 more");
+        if one_node {
+            assert_eq!(shed, 8, "{what}: the node's share was not kept");
+        } else {
+            assert_eq!(
+                shed, 0,
+                "{what}: nodes behind one balancer were accounted as one"
+            );
+        }
     }
 }
