@@ -422,7 +422,8 @@ impl GatewayLab {
             .map(|p| format!("    bind 127.0.0.1:{p}\n"))
             .collect();
         let cfg = format!(
-            "global\n    maxconn {max}\n\ndefaults\n    mode tcp\n    option redispatch\n    timeout connect 5s\n    \
+            "global\n    maxconn {max}\n    log stdout format raw local0\n\ndefaults\n    mode tcp\n    log global\n    \
+             option tcplog\n    option redispatch\n    timeout connect 5s\n    \
              timeout client 2h\n    timeout server 2h\n\nfrontend gateways\n{binds}    maxconn {max}\n    \
              default_backend gateways\n\nbackend gateways\n    balance leastconn\n{servers}",
             max = spec.max_connections
@@ -446,10 +447,13 @@ impl GatewayLab {
             k => format!("haproxy-{k}"),
         };
         let log = self.log(&name)?;
+        // Its log: one line per connection when it ends, with HAProxy's termination state (`option tcplog`: who
+        // closed it and in which phase, e.g. `SD`, the server's side broke during the data phase).
+        let stdout = log.try_clone().map_err(|e| format!("{name}.log: {e}"))?;
         let mut cmd = Command::new(&bins.haproxy);
         cmd.args(["-db", "-f"])
             .arg(&path)
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(log);
         let mut proc = spawn(&name, &mut cmd)?;
         let deadline = Instant::now() + Duration::from_secs(10);
