@@ -231,6 +231,8 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
     spec.balancer_ports = BALANCER_PORTS;
     spec.balancers = spread_plan.balancers;
     spec.max_connections = spread_plan.max_connections;
+    // BC_SESSIONS_PROXY_PROTOCOL=0: HAProxy sends no header, and the gateways account every node as the balancer.
+    spec.proxy_protocol = std::env::var("BC_SESSIONS_PROXY_PROTOCOL").map_or(true, |v| v != "0");
     let mut lab = tokio::task::spawn_blocking({
         let (bins, spec) = (bins.clone(), spec.clone());
         move || GatewayLab::start(&bins, &spec)
