@@ -63,17 +63,25 @@ impl Store {
         public_key: &[u8],
         gateway_id: Option<&str>,
     ) -> Result<Result<OpenedSession, OpenRefusal>, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        // One statement, so one round trip and one implicit transaction: the bump, the transition's audit row when
+        // the node was offline, and the inventory hashes the store holds (a data-modifying WITH runs to completion
+        // whether or not the outer query reads it). A reconnect storm is tens of thousands of these.
         let row = sqlx::query(
-            "UPDATE nodes n SET session_epoch = n.session_epoch + 1, online = true, last_seen_at = now(), \
-             gateway_id = $3 \
+            "WITH u AS (UPDATE nodes n SET session_epoch = n.session_epoch + 1, online = true, \
+             last_seen_at = now(), gateway_id = $3 \
              FROM nodes o WHERE n.id = $1 AND o.id = n.id AND n.state <> 'revoked' AND n.public_key = $2 \
-             RETURNING n.session_epoch, n.state, o.online",
+             RETURNING n.session_epoch, n.state, o.online), \
+             a AS (INSERT INTO audit_events (actor, action, subject, detail) \
+             SELECT 'gateway', 'node.online', 'node/' || $1::text, jsonb_build_object('epoch', u.session_epoch) \
+             FROM u WHERE NOT u.online) \
+             SELECT u.session_epoch, u.state, h.names, h.hashes FROM u, \
+             LATERAL (SELECT array_agg(name ORDER BY name) AS names, array_agg(hash ORDER BY name) AS hashes \
+             FROM inventory_sections WHERE node_id = $1) h",
         )
         .bind(node_id)
         .bind(public_key)
         .bind(gateway_id)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else {
             let found: Option<(String, bool)> = sqlx::query_as(
@@ -81,7 +89,7 @@ impl Store {
             )
             .bind(node_id)
             .bind(public_key)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&self.pool)
             .await?;
             return Ok(Err(match found {
                 None => OpenRefusal::Unknown,
@@ -89,27 +97,16 @@ impl Store {
                 Some(_) => OpenRefusal::KeySuperseded,
             }));
         };
-        let epoch: i64 = row.get(0);
-        let was_online: bool = row.get(2);
-        if !was_online {
-            audit(
-                &mut tx,
-                "gateway",
-                "node.online",
-                &format!("node/{node_id}"),
-                serde_json::json!({"epoch": epoch}),
-            )
-            .await?;
-        }
-        let hashes = sqlx::query("SELECT name, hash FROM inventory_sections WHERE node_id = $1")
-            .bind(node_id)
-            .fetch_all(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        let names: Option<Vec<String>> = row.get(2);
+        let hashes: Option<Vec<String>> = row.get(3);
         Ok(Ok(OpenedSession {
-            epoch,
+            epoch: row.get(0),
             state: row.get(1),
-            stored_hashes: hashes.iter().map(|r| (r.get(0), r.get(1))).collect(),
+            stored_hashes: names
+                .unwrap_or_default()
+                .into_iter()
+                .zip(hashes.unwrap_or_default())
+                .collect(),
         }))
     }
 
@@ -224,26 +221,17 @@ impl Store {
 
     /// Marks the node offline if `epoch` is still its session, recording the transition.
     pub async fn close_session(&self, node_id: &str, epoch: i64) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let n = sqlx::query(
-            "UPDATE nodes SET online = false WHERE id = $1 AND session_epoch = $2 AND online",
+        // One statement (one round trip, one implicit transaction), as the open.
+        sqlx::query(
+            "WITH u AS (UPDATE nodes SET online = false WHERE id = $1 AND session_epoch = $2 AND online \
+             RETURNING id) \
+             INSERT INTO audit_events (actor, action, subject, detail) \
+             SELECT 'gateway', 'node.offline', 'node/' || u.id, jsonb_build_object('epoch', $2::bigint) FROM u",
         )
         .bind(node_id)
         .bind(epoch)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if n == 1 {
-            audit(
-                &mut tx,
-                "gateway",
-                "node.offline",
-                &format!("node/{node_id}"),
-                serde_json::json!({"epoch": epoch}),
-            )
-            .await?;
-        }
-        tx.commit().await?;
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 

@@ -512,3 +512,93 @@ async fn a_session_row_names_its_gateway_and_the_route_follows_the_newest_sessio
         ]
     );
 }
+
+/// A session's open and close are one statement each (a reconnect storm is tens of thousands of them): the open
+/// bumps the epoch, records `node.online` only when the node was offline and returns the inventory hashes the store
+/// holds; the close records `node.offline` only for the current session of an online node.
+#[tokio::test]
+async fn opening_and_closing_a_session_audit_only_the_transitions_and_return_the_stored_hashes() {
+    let store = seeded(1).await;
+    store
+        .commit_joins("0123456789abcdef", "p1", &[candidate(1, "hk-1")], now_ms())
+        .await
+        .expect("commit");
+    let transitions = || async {
+        sqlx::query_as::<_, (String, serde_json::Value)>(
+            "SELECT action, detail FROM audit_events WHERE subject = 'node/node-1' \
+             AND action IN ('node.online', 'node.offline') ORDER BY id",
+        )
+        .fetch_all(store.pool())
+        .await
+        .expect("audit")
+    };
+    let first = store
+        .open_session("node-1", &KEY)
+        .await
+        .expect("open")
+        .expect("opened");
+    assert!(first.stored_hashes.is_empty());
+    assert_eq!(
+        transitions().await,
+        [(
+            "node.online".into(),
+            serde_json::json!({"epoch": first.epoch})
+        )]
+    );
+    for (name, hash) in [("gpus", "h-gpus"), ("disks", "h-disks")] {
+        assert!(
+            store
+                .put_inventory("node-1", first.epoch, name, hash, &serde_json::json!({}))
+                .await
+                .expect("inventory")
+        );
+    }
+    // A reconnect while the row is still online (the old gateway died): a new epoch, no transition recorded.
+    let second = store
+        .open_session("node-1", &KEY)
+        .await
+        .expect("open")
+        .expect("opened");
+    assert_eq!(second.epoch, first.epoch + 1);
+    assert_eq!(
+        second.stored_hashes,
+        [
+            ("disks".to_string(), "h-disks".to_string()),
+            ("gpus".to_string(), "h-gpus".to_string())
+        ]
+    );
+    assert_eq!(transitions().await.len(), 1);
+    // The stale session's close changes nothing; the current one's records the transition once.
+    store
+        .close_session("node-1", first.epoch)
+        .await
+        .expect("close");
+    assert_eq!(transitions().await.len(), 1);
+    for _ in 0..2 {
+        store
+            .close_session("node-1", second.epoch)
+            .await
+            .expect("close");
+    }
+    assert_eq!(
+        transitions().await.last(),
+        Some(&(
+            "node.offline".into(),
+            serde_json::json!({"epoch": second.epoch})
+        ))
+    );
+    assert_eq!(transitions().await.len(), 2);
+    // Offline again: the next open records the transition.
+    let third = store
+        .open_session("node-1", &KEY)
+        .await
+        .expect("open")
+        .expect("opened");
+    assert_eq!(
+        transitions().await.last(),
+        Some(&(
+            "node.online".into(),
+            serde_json::json!({"epoch": third.epoch})
+        ))
+    );
+}
