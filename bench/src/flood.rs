@@ -182,9 +182,7 @@ async fn open(
     gateway: SocketAddr,
     tls: Arc<rustls::ClientConfig>,
 ) -> anyhow::Result<Hostile> {
-    let socket = tokio::net::TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::new(IpAddr::V4(source), 0))?;
-    let tcp = socket.connect(gateway).await?;
+    let tcp = bc_proto::channel::tcp_from(IpAddr::V4(source), gateway).await?;
     if kind == Kind::Tcp {
         return Ok(Hostile::Tcp(tcp));
     }

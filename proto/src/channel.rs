@@ -256,13 +256,7 @@ pub async fn connect_from(
                                 format!("{host} has no address of the family of {ip}"),
                             )
                         })?;
-                    let socket = if ip.is_ipv4() {
-                        tokio::net::TcpSocket::new_v4()?
-                    } else {
-                        tokio::net::TcpSocket::new_v6()?
-                    };
-                    socket.bind(std::net::SocketAddr::new(ip, 0))?;
-                    socket.connect(to).await?
+                    tcp_from(ip, to).await?
                 }
             };
             tcp.set_nodelay(true)?;
@@ -292,6 +286,20 @@ pub async fn connect_from(
             url: url.to_string(),
             source,
         })
+}
+
+/// A TCP connection to `to` from the local address `local` (its port the kernel's pick).
+pub async fn tcp_from(
+    local: std::net::IpAddr,
+    to: std::net::SocketAddr,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = if local.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.bind(std::net::SocketAddr::new(local, 0))?;
+    socket.connect(to).await
 }
 
 /// How a daemon reconnects to the gateway (bcd's session, the site agent, `bcd join`'s retries use their own

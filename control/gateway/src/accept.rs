@@ -145,8 +145,8 @@ impl Gate {
     fn header_started(&self) -> bool {
         let mut st = self.lock();
         if st.headers.pending >= self.limits.max_unauthenticated.max(1) {
-            st.headers.refused += 1;
-            st.headers.last_refusal = Some("too many PROXY headers being read at once".into());
+            st.headers
+                .refuse("too many PROXY headers being read at once".into());
             return false;
         }
         st.headers.pending += 1;
@@ -158,14 +158,7 @@ impl Gate {
         let mut st = self.lock();
         st.headers.pending = st.headers.pending.saturating_sub(1);
         if let Some(why) = refused {
-            // Each reason is logged at once the first time in a report period: it is usually a configuration
-            // mistake, repeated on every connection until fixed.
-            if st.headers.logged.len() < 16 && !st.headers.logged.contains(&why) {
-                tracing::warn!(reason = %why, "a trusted balancer's connection was refused");
-                st.headers.logged.push(why.clone());
-            }
-            st.headers.refused += 1;
-            st.headers.last_refusal = Some(why);
+            st.headers.refuse(why);
         }
     }
 
@@ -182,6 +175,19 @@ impl Gate {
         let shed = st.table.shed_for_descriptors(SHED_ON_EXHAUSTION);
         st.close(&shed);
         shed.len()
+    }
+}
+
+impl HeaderReads {
+    /// Counts a refusal. Each reason is logged at once the first time in a report period: it is usually a
+    /// configuration mistake, repeated on every connection until fixed.
+    fn refuse(&mut self, why: String) {
+        if self.logged.len() < 16 && !self.logged.contains(&why) {
+            tracing::warn!(reason = %why, "a trusted balancer's connection was refused");
+            self.logged.push(why.clone());
+        }
+        self.refused += 1;
+        self.last_refusal = Some(why);
     }
 }
 
@@ -475,37 +481,7 @@ pub(crate) async fn accept(listener: TcpListener, gate: Gate, config: AcceptConf
                 tracing::debug!(%peer, "balancer connection refused: too many PROXY headers being read");
                 continue;
             }
-            let (gate, config) = (gate.clone(), config.clone());
-            tokio::spawn(async move {
-                let mut tcp = tcp;
-                let header =
-                    tokio::time::timeout(PROXY_HEADER_DEADLINE, read_proxy_header(&mut tcp)).await;
-                let client = match header {
-                    Ok(Ok(Ok(source))) => source.unwrap_or(peer),
-                    Ok(Ok(Err(refused))) => {
-                        gate.header_ended(Some(refused.to_string()));
-                        return;
-                    }
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, error = %e, "balancer connection ended before its PROXY header");
-                        gate.header_ended(None);
-                        return;
-                    }
-                    Err(_) => {
-                        gate.header_ended(Some(format!(
-                            "no PROXY protocol header within {} s",
-                            PROXY_HEADER_DEADLINE.as_secs()
-                        )));
-                        return;
-                    }
-                };
-                gate.header_ended(None);
-                let Some(conn) = gate.admit(client) else {
-                    tracing::debug!(%client, %peer, "connection refused: the gateway holds all it may, none can be shed");
-                    return;
-                };
-                handshake(Tracked::new(tcp, client, conn), gate, &config).await;
-            });
+            tokio::spawn(from_balancer(tcp, peer, gate.clone(), config.clone()));
             continue;
         }
         let Some(conn) = gate.admit(peer) else {
@@ -516,6 +492,37 @@ pub(crate) async fn accept(listener: TcpListener, gate: Gate, config: AcceptConf
         let (gate, config) = (gate.clone(), config.clone());
         tokio::spawn(async move { handshake(stream, gate, &config).await });
     }
+}
+
+/// A trusted balancer's connection: its PROXY header read within the deadline, then admitted and handshaken as
+/// the client the header names (the balancer itself for a LOCAL header).
+async fn from_balancer(
+    mut tcp: TcpStream,
+    peer: SocketAddr,
+    gate: Gate,
+    config: Arc<AcceptConfig>,
+) {
+    let header = tokio::time::timeout(PROXY_HEADER_DEADLINE, read_proxy_header(&mut tcp)).await;
+    let source = match header {
+        Ok(Ok(Ok(source))) => Ok(source),
+        Ok(Ok(Err(refused))) => Err(Some(refused.to_string())),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "balancer connection ended before its PROXY header");
+            Err(None)
+        }
+        Err(_) => Err(Some(format!(
+            "no PROXY protocol header within {} s",
+            PROXY_HEADER_DEADLINE.as_secs()
+        ))),
+    };
+    gate.header_ended(source.as_ref().err().cloned().flatten());
+    let Ok(source) = source else { return };
+    let client = source.unwrap_or(peer);
+    let Some(conn) = gate.admit(client) else {
+        tracing::debug!(%client, %peer, "connection refused: the gateway holds all it may, none can be shed");
+        return;
+    };
+    handshake(Tracked::new(tcp, client, conn), gate, &config).await;
 }
 
 /// How long a trusted balancer's connection may take to deliver its PROXY header (balancers write it with the

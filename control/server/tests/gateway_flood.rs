@@ -413,9 +413,7 @@ const BALANCER: Ipv4Addr = Ipv4Addr::new(127, 0, 1, 1);
 /// Connects to `to` from `from` and writes `first` (a header, or nothing).
 async fn connect_from(from: Ipv4Addr, to: SocketAddr, first: &[u8]) -> tokio::net::TcpStream {
     use tokio::io::AsyncWriteExt;
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.bind(SocketAddr::from((from, 0))).expect("bind");
-    let mut tcp = socket.connect(to).await.expect("connect");
+    let mut tcp = channel::tcp_from(from.into(), to).await.expect("connect");
     tcp.write_all(first).await.expect("write");
     tcp
 }
