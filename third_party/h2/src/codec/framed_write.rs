@@ -76,6 +76,48 @@ const CHAIN_THRESHOLD: usize = 256;
 /// fragmented data being sent, and hereby improve the throughput.
 const CHAIN_THRESHOLD_WITHOUT_VECTORED_IO: usize = 1024;
 
+/// Better Compute patch: write buffers released by idle connections, kept for
+/// the next connection on this thread that writes. Freed to the allocator
+/// instead, 16 KiB buffers taken and given back around every connection's
+/// longer-lived small allocations leave holes that those small allocations
+/// split, so each new buffer comes from fresh memory: measured, 50,000 idle
+/// gateway sessions kept 19 KiB of RSS each beyond their live heap.
+mod released_buffers {
+    use super::DEFAULT_BUFFER_CAPACITY;
+    use bytes::BytesMut;
+    use std::cell::RefCell;
+
+    /// At most this many buffers (16 KiB each) are kept per thread.
+    const KEPT: usize = 16;
+
+    thread_local! {
+        static KEPT_BUFFERS: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+    }
+
+    pub(super) fn take() -> BytesMut {
+        KEPT_BUFFERS
+            .try_with(|kept| kept.borrow_mut().pop())
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| BytesMut::with_capacity(DEFAULT_BUFFER_CAPACITY))
+    }
+
+    pub(super) fn give(mut buf: BytesMut) {
+        // A buffer grown past the usual size (a large HEADERS frame) goes back
+        // to the allocator.
+        if buf.capacity() != DEFAULT_BUFFER_CAPACITY {
+            return;
+        }
+        buf.clear();
+        let _ = KEPT_BUFFERS.try_with(|kept| {
+            let mut kept = kept.borrow_mut();
+            if kept.len() < KEPT {
+                kept.push(buf);
+            }
+        });
+    }
+}
+
 // TODO: Make generic
 impl<T, B> FramedWrite<T, B>
 where
@@ -228,7 +270,7 @@ where
         // Ensure that we have enough capacity to accept the write.
         assert!(self.has_capacity());
         if self.buf.get_ref().capacity() == 0 {
-            self.buf.get_mut().reserve(DEFAULT_BUFFER_CAPACITY);
+            *self.buf.get_mut() = released_buffers::take();
         }
         let span = tracing::trace_span!("FramedWrite::buffer", frame = ?item);
         let _e = span.enter();
@@ -327,7 +369,7 @@ where
     fn release_if_empty(&mut self) {
         if self.next.is_none() && self.buf.get_ref().is_empty() && self.buf.get_ref().capacity() > 0
         {
-            *self.buf.get_mut() = BytesMut::new();
+            released_buffers::give(std::mem::take(self.buf.get_mut()));
             self.buf.set_position(0);
         }
     }

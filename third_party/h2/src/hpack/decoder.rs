@@ -158,8 +158,10 @@ impl Decoder {
             max_size_update: None,
             last_max_update: size,
             table: Table::new(size),
-            // Better Compute patch: reserved by the first Huffman string of a
-            // header block and released after the block (see `decode`).
+            // Better Compute patch: no 4 KiB scratch shared by the decoded
+            // strings. Each Huffman-coded string gets an allocation of its own
+            // size, so a header value kept for a connection's life (a
+            // long-lived stream's metadata) keeps only itself alive.
             buffer: BytesMut::new(),
         }
     }
@@ -349,9 +351,6 @@ impl Decoder {
         if huff {
             let ret = {
                 let raw = &buf.chunk()[..len];
-                if self.buffer.capacity() == 0 {
-                    self.buffer.reserve(4096);
-                }
                 huffman::decode(raw, &mut self.buffer).map(|buf| StringMarker {
                     offset,
                     len,
