@@ -428,9 +428,16 @@ where
                 Poll::Pending => {
                     // Better Compute patch: an idle connection holds no read
                     // buffer. Waiting with nothing buffered, give its memory
-                    // back; the codec reserves what the next frame needs.
+                    // back; the codec reserves what the next frame needs. A
+                    // buffer grown for frames larger than the default maximum
+                    // (a bulk transfer with a raised SETTINGS_MAX_FRAME_SIZE)
+                    // is kept, as released h2 keeps it, so such a transfer does
+                    // not allocate a large buffer for every frame.
                     let buffer = self.inner.read_buffer_mut();
-                    if buffer.is_empty() && buffer.capacity() > 0 {
+                    if buffer.is_empty()
+                        && buffer.capacity() > 0
+                        && buffer.capacity() <= RELEASED_READ_BUFFER_MAX
+                    {
                         *buffer = BytesMut::new();
                     }
                     return Poll::Pending;
@@ -456,6 +463,10 @@ fn map_err(err: io::Error) -> Error {
     }
     err.into()
 }
+
+/// Better Compute patch: the largest read buffer released while waiting: one
+/// frame of the default maximum size and its header.
+const RELEASED_READ_BUFFER_MAX: usize = frame::DEFAULT_MAX_FRAME_SIZE as usize + frame::HEADER_LEN;
 
 // ===== impl Continuable =====
 
