@@ -65,6 +65,8 @@ const MAX_IDLE_BYTES_PER_CONNECTION: isize = 24 * 1024;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+const REPLY: &[u8] = b"a reply of a few bytes";
+
 async fn serve(socket: tokio::net::TcpStream) -> Result<(), Error> {
     let mut conn = h2::server::handshake(socket).await?;
     while let Some(request) = conn.accept().await {
@@ -74,7 +76,7 @@ async fn serve(socket: tokio::net::TcpStream) -> Result<(), Error> {
             .header("grpc-accept-encoding", "identity")
             .body(())?;
         let mut send = respond.send_response(response, false)?;
-        send.send_data(Bytes::from_static(b"a reply of a few bytes"), true)?;
+        send.send_data(Bytes::from_static(REPLY), true)?;
     }
     Ok(())
 }
@@ -102,7 +104,7 @@ async fn one_request(addr: std::net::SocketAddr) -> Result<h2::client::SendReque
         got += chunk.len();
         body.flow_control().release_capacity(chunk.len())?;
     }
-    assert_eq!(got, 22, "the reply's body");
+    assert_eq!(got, REPLY.len(), "the reply's body");
     Ok(client)
 }
 
