@@ -440,6 +440,10 @@ impl v1::session_service_server::SessionService for SessionSvc {
                 hello.node_id
             )));
         }
+        // Last seen: when the Hello arrived. The open stores the database's own time, which is not earlier on one
+        // clock, and the batched liveness only moves last-seen forward, so a session opened does not cost its row a
+        // second write at the next liveness tick (50,000 of them in a reconnect storm of 50,000 nodes).
+        let hello_at = now_ms();
         let grant = self
             .backend
             .open(id.id(), &session_key, &hello)
@@ -458,7 +462,7 @@ impl v1::session_service_server::SessionService for SessionSvc {
         };
         let (tx, rx) = mpsc::channel(64);
         let (close_tx, close_rx) = watch::channel(None);
-        let last_seen = Arc::new(AtomicI64::new(now_ms()));
+        let last_seen = Arc::new(AtomicI64::new(hello_at));
         self.registry.insert(
             &session.node_id,
             Entry {

@@ -63,51 +63,105 @@ impl Store {
         public_key: &[u8],
         gateway_id: Option<&str>,
     ) -> Result<Result<OpenedSession, OpenRefusal>, StoreError> {
-        // One statement, so one round trip and one implicit transaction: the bump, the transition's audit row when
-        // the node was offline, and the inventory hashes the store holds (a data-modifying WITH runs to completion
-        // whether or not the outer query reads it). A reconnect storm is tens of thousands of these.
-        let row = sqlx::query(
-            "WITH u AS (UPDATE nodes n SET session_epoch = n.session_epoch + 1, online = true, \
-             last_seen_at = now(), gateway_id = $3 \
-             FROM nodes o WHERE n.id = $1 AND o.id = n.id AND n.state <> 'revoked' AND n.public_key = $2 \
-             RETURNING n.session_epoch, n.state, o.online), \
-             a AS (INSERT INTO audit_events (actor, action, subject, detail) \
-             SELECT 'gateway', 'node.online', 'node/' || $1::text, jsonb_build_object('epoch', u.session_epoch) \
-             FROM u WHERE NOT u.online) \
-             SELECT u.session_epoch, u.state, h.names, h.hashes FROM u, \
-             LATERAL (SELECT array_agg(name ORDER BY name) AS names, array_agg(hash ORDER BY name) AS hashes \
-             FROM inventory_sections WHERE node_id = $1) h",
+        let mut opened = self
+            .open_sessions_on(&[(node_id, public_key)], gateway_id)
+            .await?;
+        Ok(opened.pop().unwrap_or(Err(OpenRefusal::Unknown)))
+    }
+
+    /// [`Store::open_session_on`] for many sessions at once, in one statement per round (a round holds each node
+    /// once: a node named twice opens twice, one round after the other, as two opens one after the other would).
+    /// The answers are in the order of `opens`. A reconnect storm is tens of thousands of opens, and the gateway
+    /// groups those that wait together ([`bc_gateway`]'s caller): one statement and one commit per group instead
+    /// of one per node.
+    pub async fn open_sessions_on(
+        &self,
+        opens: &[(&str, &[u8])],
+        gateway_id: Option<&str>,
+    ) -> Result<Vec<Result<OpenedSession, OpenRefusal>>, StoreError> {
+        let mut answers: Vec<Option<Result<OpenedSession, OpenRefusal>>> = vec![None; opens.len()];
+        let mut left: Vec<usize> = (0..opens.len()).collect();
+        while !left.is_empty() {
+            let mut seen = std::collections::HashSet::new();
+            let (round, later): (Vec<usize>, Vec<usize>) =
+                left.iter().partition(|&&i| seen.insert(opens[i].0));
+            let ids: Vec<&str> = round.iter().map(|&i| opens[i].0).collect();
+            let keys: Vec<&[u8]> = round.iter().map(|&i| opens[i].1).collect();
+            // One statement, so one round trip and one implicit transaction: the bumps, the transitions' audit rows
+            // for nodes that were offline, and the inventory hashes the store holds (a data-modifying WITH runs to
+            // completion whether or not the outer query reads it). The rows are locked in id order first (`l`), so
+            // two gateways' rounds that share nodes cannot deadlock; `l` also gives each node's online as it was.
+            let rows = sqlx::query(
+                "WITH x AS (SELECT * FROM unnest($1::text[], $2::bytea[]) AS x(id, key)), \
+                 l AS (SELECT id, online FROM nodes WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE), \
+                 u AS (UPDATE nodes n SET session_epoch = n.session_epoch + 1, online = true, \
+                 last_seen_at = now(), gateway_id = $3 \
+                 FROM x JOIN l ON l.id = x.id WHERE n.id = x.id AND n.state <> 'revoked' AND n.public_key = x.key \
+                 RETURNING n.id, n.session_epoch, n.state, l.online), \
+                 a AS (INSERT INTO audit_events (actor, action, subject, detail) \
+                 SELECT 'gateway', 'node.online', 'node/' || u.id, jsonb_build_object('epoch', u.session_epoch) \
+                 FROM u WHERE NOT u.online) \
+                 SELECT u.id, u.session_epoch, u.state, h.names, h.hashes FROM u, \
+                 LATERAL (SELECT array_agg(name ORDER BY name) AS names, array_agg(hash ORDER BY name) AS hashes \
+                 FROM inventory_sections WHERE node_id = u.id) h",
+            )
+            .bind(&ids)
+            .bind(&keys)
+            .bind(gateway_id)
+            .fetch_all(&self.pool)
+            .await?;
+            let mut opened: std::collections::HashMap<String, OpenedSession> = rows
+                .iter()
+                .map(|row| {
+                    let names: Option<Vec<String>> = row.get(3);
+                    let hashes: Option<Vec<String>> = row.get(4);
+                    (
+                        row.get::<String, _>(0),
+                        OpenedSession {
+                            epoch: row.get(1),
+                            state: row.get(2),
+                            stored_hashes: names
+                                .unwrap_or_default()
+                                .into_iter()
+                                .zip(hashes.unwrap_or_default())
+                                .collect(),
+                        },
+                    )
+                })
+                .collect();
+            for &i in &round {
+                let (node_id, public_key) = opens[i];
+                answers[i] = Some(match opened.remove(node_id) {
+                    Some(o) => Ok(o),
+                    None => Err(self.open_refusal(node_id, public_key).await?),
+                });
+            }
+            left = later;
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| a.unwrap_or(Err(OpenRefusal::Unknown)))
+            .collect())
+    }
+
+    /// Why an open of `node_id` with `public_key` changed nothing.
+    async fn open_refusal(
+        &self,
+        node_id: &str,
+        public_key: &[u8],
+    ) -> Result<OpenRefusal, StoreError> {
+        let found: Option<(String, bool)> = sqlx::query_as(
+            "SELECT state, public_key IS NOT DISTINCT FROM $2 FROM nodes WHERE id = $1",
         )
         .bind(node_id)
         .bind(public_key)
-        .bind(gateway_id)
         .fetch_optional(&self.pool)
         .await?;
-        let Some(row) = row else {
-            let found: Option<(String, bool)> = sqlx::query_as(
-                "SELECT state, public_key IS NOT DISTINCT FROM $2 FROM nodes WHERE id = $1",
-            )
-            .bind(node_id)
-            .bind(public_key)
-            .fetch_optional(&self.pool)
-            .await?;
-            return Ok(Err(match found {
-                None => OpenRefusal::Unknown,
-                Some((state, _)) if state == "revoked" => OpenRefusal::Revoked,
-                Some(_) => OpenRefusal::KeySuperseded,
-            }));
-        };
-        let names: Option<Vec<String>> = row.get(2);
-        let hashes: Option<Vec<String>> = row.get(3);
-        Ok(Ok(OpenedSession {
-            epoch: row.get(0),
-            state: row.get(1),
-            stored_hashes: names
-                .unwrap_or_default()
-                .into_iter()
-                .zip(hashes.unwrap_or_default())
-                .collect(),
-        }))
+        Ok(match found {
+            None => OpenRefusal::Unknown,
+            Some((state, _)) if state == "revoked" => OpenRefusal::Revoked,
+            Some(_) => OpenRefusal::KeySuperseded,
+        })
     }
 
     /// Stores an inventory section if `epoch` is still the node's; false when the session is stale.
@@ -192,9 +246,11 @@ impl Store {
 
     /// One statement for every live session of a gateway: records last-seen where the epoch is current and
     /// returns the nodes whose sessions must close (revoked, or a newer epoch elsewhere). A row is rewritten only
-    /// when its last-seen moved (a message arrived since the previous interval): with 15 s heartbeats and a 5 s
-    /// interval that is a third of the row versions (and of the vacuum work) of rewriting every row every time. (A
-    /// data-modifying WITH runs to completion whether or not the outer query reads it.)
+    /// when its last-seen moved forward (a message arrived since the previous interval): with 15 s heartbeats and a
+    /// 5 s interval that is a third of the row versions (and of the vacuum work) of rewriting every row every time.
+    /// A session's first last-seen is its Hello, before the open stored the database's time, so a session just
+    /// opened is not written again. (A data-modifying WITH runs to completion whether or not the outer query reads
+    /// it.)
     pub async fn record_liveness(
         &self,
         seen: &[(String, i64, i64)],
@@ -208,7 +264,8 @@ impl Store {
                       WHERE n.state <> 'revoked'), \
              u AS (UPDATE nodes n SET last_seen_at = to_timestamp(x.ms / 1000.0), online = true FROM x \
                    WHERE n.id = x.id AND n.session_epoch = x.epoch AND n.state <> 'revoked' \
-                   AND (NOT n.online OR n.last_seen_at IS DISTINCT FROM to_timestamp(x.ms / 1000.0)) RETURNING n.id) \
+                   AND (NOT n.online OR n.last_seen_at IS NULL OR n.last_seen_at < to_timestamp(x.ms / 1000.0)) \
+                   RETURNING n.id) \
              SELECT x.id FROM x WHERE x.id NOT IN (SELECT id FROM live)",
         )
         .bind(&ids)

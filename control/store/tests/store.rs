@@ -192,6 +192,23 @@ async fn liveness_rewrites_a_row_only_when_last_seen_moved_and_names_sessions_to
     let row = store.node("node-1").await.expect("read").expect("node");
     assert_eq!(row.last_seen_ms, Some(t + 15_000));
     assert!(row.online);
+    // An earlier last-seen (a session opened since, whose Hello the open's own time follows) does not move it back
+    // and does not rewrite the row.
+    let v2 = xmin(&store, "node-1").await;
+    assert!(
+        store
+            .record_liveness(&seen(t + 5_000))
+            .await
+            .expect("liveness")
+            .is_empty()
+    );
+    assert_eq!(
+        xmin(&store, "node-1").await,
+        v2,
+        "an earlier last-seen rewrote the row"
+    );
+    let row = store.node("node-1").await.expect("read").expect("node");
+    assert_eq!(row.last_seen_ms, Some(t + 15_000));
     // A stale epoch and a revoked node must close, even when their last-seen did not move.
     assert!(
         store
@@ -600,5 +617,51 @@ async fn opening_and_closing_a_session_audit_only_the_transitions_and_return_the
             "node.online".into(),
             serde_json::json!({"epoch": third.epoch})
         ))
+    );
+}
+
+/// Opens grouped into one statement answer each open as opening it alone would, in the order asked: a node named
+/// twice opens twice (epochs 1 and 2), an unknown node and a key that is not the node's are refused without
+/// failing the others, and an offline node's open is recorded once as a transition.
+#[tokio::test]
+async fn grouped_opens_answer_each_as_alone_and_a_node_named_twice_opens_twice() {
+    let store = seeded(3).await;
+    let batch = vec![candidate(1, "hk-1"), candidate(2, "hk-2")];
+    store
+        .commit_joins("0123456789abcdef", "p1", &batch, now_ms())
+        .await
+        .expect("commit");
+    let other_key = [0x04u8, 0xcd];
+    let answers = store
+        .open_sessions_on(
+            &[
+                ("node-1", &KEY),
+                ("node-2", &KEY),
+                ("nobody", &KEY),
+                ("node-1", &KEY),
+                ("node-2", &other_key),
+            ],
+            Some("gw-test"),
+        )
+        .await
+        .expect("open");
+    let epochs: Vec<Result<i64, bc_store::sessions::OpenRefusal>> =
+        answers.into_iter().map(|a| a.map(|o| o.epoch)).collect();
+    use bc_store::sessions::OpenRefusal::{KeySuperseded, Unknown};
+    assert_eq!(
+        epochs,
+        [Ok(1), Ok(1), Err(Unknown), Ok(2), Err(KeySuperseded)]
+    );
+    let n1 = store.node("node-1").await.expect("read").expect("node");
+    assert_eq!((n1.session_epoch, n1.online), (2, true));
+    let online_events: i64 = bc_store::sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE action = 'node.online' AND subject = 'node/node-1'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("audit");
+    assert_eq!(
+        online_events, 1,
+        "one offline → online transition for node-1"
     );
 }

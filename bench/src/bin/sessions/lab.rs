@@ -106,6 +106,67 @@ impl Cpu {
     }
 }
 
+/// Zeroes pg_stat_statements (when the database loaded it: `BC_PG_STAT_STATEMENTS=1`, as `scripts/bench` runs
+/// this) and returns the row versions written to `nodes` so far.
+fn storm_statements_reset(url: &str) -> anyhow::Result<i64> {
+    let out = std::process::Command::new(bc_bench::pg_tool("psql")?)
+        .args([url, "-Atq", "-v", "ON_ERROR_STOP=1"])
+        .args(["-c", "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"])
+        .args(["-c", "SELECT pg_stat_statements_reset()"])
+        .output()?;
+    if !out.status.success() {
+        bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    query_i64(
+        url,
+        "SELECT n_tup_upd + n_tup_ins FROM pg_stat_user_tables WHERE relname = 'nodes'",
+    )
+}
+
+/// Since [`storm_statements_reset`]: one line per statement that took more than 1% of the database's execution
+/// time (calls, rows, total and mean time, its text shortened), then the row versions written to `nodes`.
+fn storm_statements(url: &str, nodes_written_before: i64) -> anyhow::Result<Vec<String>> {
+    let out = std::process::Command::new(bc_bench::pg_tool("psql")?)
+        .args([
+            url,
+            "-At",
+            "-F",
+            "\x1f",
+            "-c",
+            "WITH s AS (SELECT calls, rows, total_exec_time AS ms, \
+             left(regexp_replace(query, '\\s+', ' ', 'g'), 110) AS q FROM pg_stat_statements \
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())) \
+             SELECT calls, rows, round(ms::numeric, 1), round((ms / greatest(calls, 1))::numeric, 3), \
+             round((100 * ms / greatest((SELECT sum(ms) FROM s), 1))::numeric, 1), q FROM s \
+             WHERE ms > 0.01 * (SELECT sum(ms) FROM s) ORDER BY ms DESC",
+        ])
+        .output()?;
+    if !out.status.success() {
+        bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('\x1f').collect();
+            (f.len() == 6).then(|| {
+                format!(
+                    "{:>5}% {:>9} ms ({} ms each) {:>7} calls {:>7} rows: {}",
+                    f[4], f[2], f[3], f[0], f[1], f[5]
+                )
+            })
+        })
+        .collect();
+    let written = query_i64(
+        url,
+        "SELECT n_tup_upd + n_tup_ins FROM pg_stat_user_tables WHERE relname = 'nodes'",
+    )?;
+    lines.push(format!(
+        "row versions written to nodes: {}",
+        written - nodes_written_before
+    ));
+    Ok(lines)
+}
+
 /// `gw0 12500, gw1 12500`: online nodes by the gateway holding them.
 fn spread(url: &str) -> anyhow::Result<String> {
     let out = std::process::Command::new(bc_bench::pg_tool("psql")?)
@@ -322,6 +383,7 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
         gateways: 0.0,
         ..Cpu::now(&lab, &fleet.pids())
     };
+    let statements0 = storm_statements_reset(&url);
     let t0 = Instant::now();
     for i in 0..lab.gateways.len() {
         lab.kill_gateway(i);
@@ -349,6 +411,17 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
         "storm CPU per reconnect, from the kill until the last came back: {}",
         storm_cpu0.per(&Cpu::now(&lab, &fleet.pids()), back)
     );
+    match statements0.and_then(|u0| storm_statements(&url, u0)) {
+        Ok(lines) => {
+            println!(
+                "the database over the storm, by statement (pg_stat_statements; most time first):"
+            );
+            for l in lines {
+                println!("  {l}");
+            }
+        }
+        Err(e) => println!("the database over the storm, by statement: not measured ({e:#})"),
+    }
     tokio::time::sleep(Duration::from_secs(5)).await;
     let online = query_i64(&url, "SELECT count(*) FROM nodes WHERE online")?;
     let epochs_after = query_i64(&url, "SELECT coalesce(sum(session_epoch), 0) FROM nodes")?;

@@ -8,9 +8,10 @@ use bc_gateway::session::{RevokedSince, Seen, SessionBackend, SessionGrant, Sess
 use bc_proto::spiffe::{Role, SpiffeId};
 use bc_proto::v1;
 use bc_store::Store;
-use bc_store::sessions::{OpenRefusal, Outgoing};
+use bc_store::sessions::{OpenRefusal, OpenedSession, Outgoing};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
 /// Inventory sections a node reports, in the order they are requested.
@@ -28,6 +29,51 @@ pub struct ControlSessions {
     delivered: Mutex<HashMap<String, (u64, i64)>>,
     /// The gateway these sessions are held by, recorded on each session row (the tunnel relay finds nodes by it).
     gateway_id: Option<String>,
+    /// Where opens wait to be grouped ([`open_groups`]), started at the first open.
+    opens: std::sync::OnceLock<mpsc::Sender<OpenRequest>>,
+}
+
+/// The most opens one statement takes.
+const OPEN_GROUP: usize = 256;
+
+/// One session open waiting for its group's statement.
+struct OpenRequest {
+    node_id: String,
+    public_key: Vec<u8>,
+    answer: oneshot::Sender<Result<Result<OpenedSession, OpenRefusal>, Status>>,
+}
+
+/// Opens sessions in groups, one statement for all the opens that waited while the previous one ran (group commit):
+/// an open that finds none running goes at once, alone, and in a reconnect storm, the opens that arrive while one
+/// statement runs share the next one instead of each taking a connection, a statement and a commit of its own. The
+/// task ends when the sessions' backend is dropped.
+async fn open_groups(
+    store: Store,
+    gateway_id: Option<String>,
+    mut rx: mpsc::Receiver<OpenRequest>,
+) {
+    let mut group = Vec::with_capacity(OPEN_GROUP);
+    while rx.recv_many(&mut group, OPEN_GROUP).await > 0 {
+        let opens: Vec<(&str, &[u8])> = group
+            .iter()
+            .map(|r| (r.node_id.as_str(), r.public_key.as_slice()))
+            .collect();
+        let answers = store.open_sessions_on(&opens, gateway_id.as_deref()).await;
+        drop(opens);
+        match answers {
+            Ok(answers) => {
+                for (r, a) in group.drain(..).zip(answers) {
+                    let _ = r.answer.send(Ok(a));
+                }
+            }
+            Err(e) => {
+                let status = unavailable(e);
+                for r in group.drain(..) {
+                    let _ = r.answer.send(Err(status.clone()));
+                }
+            }
+        }
+    }
 }
 
 fn unavailable(e: bc_store::StoreError) -> Status {
@@ -70,6 +116,7 @@ impl ControlSessions {
             ca,
             delivered: Mutex::new(HashMap::new()),
             gateway_id: None,
+            opens: std::sync::OnceLock::new(),
         }
     }
 
@@ -85,12 +132,20 @@ impl ControlSessions {
         public_key: &[u8],
         hello: &v1::Hello,
     ) -> Result<SessionGrant, Status> {
-        let opened = match self
-            .store
-            .open_session_on(node_id, public_key, self.gateway_id.as_deref())
-            .await
-            .map_err(unavailable)?
-        {
+        let (answer, answered) = oneshot::channel();
+        let request = OpenRequest {
+            node_id: node_id.to_string(),
+            public_key: public_key.to_vec(),
+            answer,
+        };
+        let opens = self.opens.get_or_init(|| {
+            let (tx, rx) = mpsc::channel(4 * OPEN_GROUP);
+            tokio::spawn(open_groups(self.store.clone(), self.gateway_id.clone(), rx));
+            tx
+        });
+        let lost = || Status::unavailable("the control plane's session opener stopped; retry");
+        opens.send(request).await.map_err(|_| lost())?;
+        let opened = match answered.await.map_err(|_| lost())?? {
             Ok(o) => o,
             Err(OpenRefusal::Unknown) => {
                 return Err(Status::permission_denied(format!(
@@ -581,6 +636,91 @@ mod tests {
             .err()
             .ok_or("garbage renewed")?;
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        Ok(())
+    }
+
+    /// Takes no section: the opens below send none.
+    struct NoInventory;
+
+    impl bc_core::api::inventory::InventorySink for NoInventory {
+        fn record<'a>(
+            &'a self,
+            _: bc_core::api::inventory::SectionReport<'a>,
+        ) -> bc_core::api::inventory::RecordFuture<'a> {
+            Box::pin(async {
+                Err(bc_core::api::inventory::InventoryRefusal::Invalid(
+                    "this test takes no inventory".into(),
+                ))
+            })
+        }
+    }
+
+    /// Transactions that took a transaction id (every write) since `since`, on a clock of the database's own:
+    /// exact, unlike the statistics, which a backend reports up to a second late.
+    async fn writes_since(store: &Store, since: i64) -> i64 {
+        let now: i64 = bc_store::sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
+            .fetch_one(store.pool())
+            .await
+            .expect("xid");
+        now - since - 1
+    }
+
+    /// Opens that wait together share a statement: 200 nodes opening at once (a reconnect storm's shape) each get
+    /// their session and epoch, in a few write transactions, not 200; the last open, alone, still goes at once.
+    #[tokio::test]
+    async fn opens_that_wait_together_share_one_statement() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let db = bc_store::testing::test_db().await;
+        let store = Store::new(db.pool.clone());
+        store.ensure_root_tenant().await?;
+        store.ensure_pool("p1", "root", "pool one", true).await?;
+        bc_store::sqlx::query(
+            "INSERT INTO nodes (id, pool_id, state, claims, join_key_hash, joined_at, cert_serial, cert_not_after, \
+             public_key) SELECT 'n' || i, 'p1', 'adopting', '{}', 'k' || i, now(), i::text, now() + interval '1 day', \
+             '\\x04ab'::bytea FROM generate_series(1, 200) i",
+        )
+        .execute(store.pool())
+        .await?;
+        let dir = tempfile::tempdir()?;
+        let ca = Arc::new(Ca::load_or_create(dir.path(), "test.local")?);
+        let sessions = Arc::new(
+            ControlSessions::new(store.clone(), ca, Arc::new(NoInventory)).on_gateway("gw-test"),
+        );
+        let hello = v1::Hello::default();
+        let before: i64 = bc_store::sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
+            .fetch_one(store.pool())
+            .await?;
+        let mut opens = tokio::task::JoinSet::new();
+        for i in 1..=200 {
+            let (sessions, hello) = (sessions.clone(), hello.clone());
+            opens
+                .spawn(async move { sessions.open(&format!("n{i}"), &[0x04, 0xab], &hello).await });
+        }
+        let mut epochs = Vec::new();
+        while let Some(opened) = opens.join_next().await {
+            epochs.push(opened??.epoch);
+        }
+        assert_eq!(epochs, vec![1; 200], "every node opened its first session");
+        let writes = writes_since(&store, before).await;
+        assert!(
+            (1..=20).contains(&writes),
+            "200 opens at once took {writes} write transactions"
+        );
+        let online: i64 = bc_store::sqlx::query_scalar(
+            "SELECT count(*) FROM nodes WHERE online AND session_epoch = 1 AND gateway_id = 'gw-test'",
+        )
+        .fetch_one(store.pool())
+        .await?;
+        assert_eq!(online, 200);
+        // Alone: answered by a statement of its own, and a refusal says why.
+        let again = sessions.open("n7", &[0x04, 0xab], &hello).await?;
+        assert_eq!(again.epoch, 2);
+        let e = sessions
+            .open("n8", &[0x04, 0xcd], &hello)
+            .await
+            .err()
+            .ok_or("a key that is not the node's opened a session")?;
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
         Ok(())
     }
 }
