@@ -144,14 +144,20 @@ async fn xmin(store: &Store, id: &str) -> String {
         .expect("xmin")
 }
 
-#[tokio::test]
-async fn liveness_rewrites_a_row_only_when_last_seen_moved_and_names_sessions_to_close() {
+/// A store with node-1 and node-2 joined (key [`KEY`]), no session opened yet.
+async fn two_joined_nodes() -> Store {
     let store = seeded(3).await;
     let batch = vec![candidate(1, "hk-1"), candidate(2, "hk-2")];
     store
         .commit_joins("0123456789abcdef", "p1", &batch, now_ms())
         .await
         .expect("commit");
+    store
+}
+
+#[tokio::test]
+async fn liveness_rewrites_a_row_only_when_last_seen_moved_and_names_sessions_to_close() {
+    let store = two_joined_nodes().await;
     let t = 1_800_000_000_000i64;
     let seen = |ms: i64| {
         vec![
@@ -625,12 +631,7 @@ async fn opening_and_closing_a_session_audit_only_the_transitions_and_return_the
 /// failing the others, and an offline node's open is recorded once as a transition.
 #[tokio::test]
 async fn grouped_opens_answer_each_as_alone_and_a_node_named_twice_opens_twice() {
-    let store = seeded(3).await;
-    let batch = vec![candidate(1, "hk-1"), candidate(2, "hk-2")];
-    store
-        .commit_joins("0123456789abcdef", "p1", &batch, now_ms())
-        .await
-        .expect("commit");
+    let store = two_joined_nodes().await;
     let other_key = [0x04u8, 0xcd];
     let answers = store
         .open_sessions_on(
