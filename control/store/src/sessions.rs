@@ -71,9 +71,9 @@ impl Store {
 
     /// [`Store::open_session_on`] for many sessions at once, in one statement per round (a round holds each node
     /// once: a node named twice opens twice, one round after the other, as two opens one after the other would).
-    /// The answers are in the order of `opens`. A reconnect storm is tens of thousands of opens, and the gateway
-    /// groups those that wait together ([`bc_gateway`]'s caller): one statement and one commit per group instead
-    /// of one per node.
+    /// The answers are in the order of `opens`. A reconnect storm is tens of thousands of opens, and the nodes
+    /// module's session backend groups those that wait together: one statement and one commit per group instead of
+    /// one per node.
     pub async fn open_sessions_on(
         &self,
         opens: &[(&str, &[u8])],

@@ -106,29 +106,46 @@ impl Cpu {
     }
 }
 
-/// Zeroes pg_stat_statements (when the database loaded it: `BC_PG_STAT_STATEMENTS=1`, as `scripts/bench` runs
-/// this) and returns the row versions written to `nodes` so far.
-fn storm_statements_reset(url: &str) -> anyhow::Result<i64> {
+/// Row versions written to `nodes` so far (updates and inserts).
+const NODES_WRITTEN: &str =
+    "SELECT n_tup_upd + n_tup_ins FROM pg_stat_user_tables WHERE relname = 'nodes'";
+
+/// What psql printed for `args` (after the URL), or its error.
+fn psql(url: &str, args: &[&str]) -> anyhow::Result<String> {
     let out = std::process::Command::new(bc_bench::pg_tool("psql")?)
-        .args([url, "-Atq", "-v", "ON_ERROR_STOP=1"])
-        .args(["-c", "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"])
-        .args(["-c", "SELECT pg_stat_statements_reset()"])
+        .arg(url)
+        .args(args)
         .output()?;
     if !out.status.success() {
         bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
-    query_i64(
+    Ok(String::from_utf8_lossy(&out.stdout).to_string())
+}
+
+/// Zeroes pg_stat_statements (when the database loaded it: `BC_PG_STAT_STATEMENTS=1`, as `scripts/bench` runs
+/// this) and returns the row versions written to `nodes` so far.
+fn storm_statements_reset(url: &str) -> anyhow::Result<i64> {
+    psql(
         url,
-        "SELECT n_tup_upd + n_tup_ins FROM pg_stat_user_tables WHERE relname = 'nodes'",
-    )
+        &[
+            "-Atq",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            "CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
+            "-c",
+            "SELECT pg_stat_statements_reset()",
+        ],
+    )?;
+    query_i64(url, NODES_WRITTEN)
 }
 
 /// Since [`storm_statements_reset`]: one line per statement that took more than 1% of the database's execution
 /// time (calls, rows, total and mean time, its text shortened), then the row versions written to `nodes`.
 fn storm_statements(url: &str, nodes_written_before: i64) -> anyhow::Result<Vec<String>> {
-    let out = std::process::Command::new(bc_bench::pg_tool("psql")?)
-        .args([
-            url,
+    let out = psql(
+        url,
+        &[
             "-At",
             "-F",
             "\x1f",
@@ -139,12 +156,9 @@ fn storm_statements(url: &str, nodes_written_before: i64) -> anyhow::Result<Vec<
              SELECT calls, rows, round(ms::numeric, 1), round((ms / greatest(calls, 1))::numeric, 3), \
              round((100 * ms / greatest((SELECT sum(ms) FROM s), 1))::numeric, 1), q FROM s \
              WHERE ms > 0.01 * (SELECT sum(ms) FROM s) ORDER BY ms DESC",
-        ])
-        .output()?;
-    if !out.status.success() {
-        bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
-    }
-    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        ],
+    )?;
+    let mut lines: Vec<String> = out
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split('\x1f').collect();
@@ -156,13 +170,9 @@ fn storm_statements(url: &str, nodes_written_before: i64) -> anyhow::Result<Vec<
             })
         })
         .collect();
-    let written = query_i64(
-        url,
-        "SELECT n_tup_upd + n_tup_ins FROM pg_stat_user_tables WHERE relname = 'nodes'",
-    )?;
     lines.push(format!(
         "row versions written to nodes: {}",
-        written - nodes_written_before
+        query_i64(url, NODES_WRITTEN)? - nodes_written_before
     ));
     Ok(lines)
 }
