@@ -83,6 +83,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "session_gateways",
         sql: include_str!("../migrations/0014_session_gateways.sql"),
     },
+    Migration {
+        version: 15,
+        name: "nodes_hot_updates",
+        sql: include_str!("../migrations/0015_nodes_hot_updates.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.

@@ -338,7 +338,7 @@ impl Store {
         let row = sqlx::query(
             "SELECT (extract(epoch FROM now()) * 1000)::bigint, \
              ARRAY(SELECT id FROM nodes WHERE state = 'revoked' \
-                   AND ($1::bigint IS NULL OR updated_at > to_timestamp(($1 - 60000) / 1000.0))), \
+                   AND ($1::bigint IS NULL OR revoked_at > to_timestamp(($1 - 60000) / 1000.0))), \
              ARRAY(SELECT id FROM sites WHERE revoked_at IS NOT NULL \
                    AND ($1::bigint IS NULL OR revoked_at > to_timestamp(($1 - 60000) / 1000.0))), \
              ARRAY(SELECT key_hash FROM node_key_revocations \

@@ -8,7 +8,11 @@ use bc_store::testing::test_db;
 
 async fn seeded(uses: i32) -> Store {
     let db = test_db().await;
-    let store = Store::new(db.pool.clone());
+    seed(Store::new(db.pool.clone()), uses).await
+}
+
+/// `store` with the root tenant, pool p1 and a join token of `uses` uses.
+async fn seed(store: Store, uses: i32) -> Store {
     store.ensure_root_tenant().await.expect("root tenant");
     store
         .ensure_pool("p1", "root", "pool one", true)
@@ -665,4 +669,141 @@ async fn grouped_opens_answer_each_as_alone_and_a_node_named_twice_opens_twice()
         online_events, 1,
         "one offline → online transition for node-1"
     );
+}
+
+/// `nodes`' update counters (all, HOT) as the statistics hold them once this connection's pending counts are flushed.
+async fn node_updates(store: &Store) -> (i64, i64) {
+    bc_store::sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(store.pool())
+        .await
+        .expect("flush");
+    bc_store::sqlx::query_as(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'nodes'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("nodes statistics")
+}
+
+/// A node's frequent writes (heartbeats, session opens, certificate renewals, a placement's desired state) are
+/// written as HOT updates: no column they set is indexed, and each page keeps room for a new version, so PostgreSQL
+/// adds no index entry for them. Before migration 15, `updated_at` was indexed (for the revocation feed), so a
+/// renewal or placement wrote one entry into each of the table's indexes, and full pages pushed heartbeats out of
+/// place too. The revocation feed now reads `revoked_at`, which a trigger sets whichever statement revokes.
+#[tokio::test]
+async fn a_nodes_frequent_writes_touch_no_index_and_a_revocation_still_reaches_the_feed() {
+    let db = test_db().await;
+    // One connection, so every write below is counted by the one backend whose counts are flushed.
+    let pool = bc_store::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(db.connect_options())
+        .await
+        .expect("one connection");
+    let store = seed(Store::new(pool), 3).await;
+    let batch = vec![
+        candidate(1, "hk-1"),
+        candidate(2, "hk-2"),
+        candidate(3, "hk-3"),
+    ];
+    store
+        .commit_joins("0123456789abcdef", "p1", &batch, now_ms())
+        .await
+        .expect("commit");
+
+    let indexes: Vec<String> = bc_store::sqlx::query_scalar(
+        "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = 'nodes'::regclass",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("indexes");
+    let written_often = [
+        "updated_at",
+        "last_seen_at",
+        "online",
+        "session_epoch",
+        "gateway_id",
+        "desired_generation",
+        "desired_spec",
+        "acked_generation",
+        "cert_serial",
+        "cert_not_after",
+        "conditions",
+    ];
+    for def in &indexes {
+        let words: Vec<&str> = def
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .collect();
+        for column in written_often {
+            assert!(
+                !words.contains(&column),
+                "{column} is written by a node's frequent updates, but an index names it: {def}"
+            );
+        }
+    }
+    let options: Option<Vec<String>> =
+        bc_store::sqlx::query_scalar("SELECT reloptions FROM pg_class WHERE relname = 'nodes'")
+            .fetch_one(store.pool())
+            .await
+            .expect("reloptions");
+    assert_eq!(options, Some(vec!["fillfactor=80".to_string()]));
+
+    let (upd0, hot0) = node_updates(&store).await;
+    let t = now_ms();
+    for i in 0..3 {
+        store
+            .record_node_cert("node-1", &format!("serial-{i}"), t + 86_400_000)
+            .await
+            .expect("renewal");
+        store
+            .record_liveness(&[("node-2".to_string(), 0, t + i * 1000)])
+            .await
+            .expect("liveness");
+    }
+    assert!(
+        store
+            .open_session("node-1", &KEY)
+            .await
+            .expect("open")
+            .is_ok()
+    );
+    let (upd1, hot1) = node_updates(&store).await;
+    assert_eq!(upd1 - upd0, 7, "three renewals, three heartbeats, one open");
+    assert_eq!(
+        hot1 - hot0,
+        upd1 - upd0,
+        "every one of those writes should be a HOT update (no index entry)"
+    );
+
+    // Revoked by an operator's verb and by the drain/revoke path alike: both reach the feed by `revoked_at`.
+    assert!(
+        store
+            .set_node_state("node-2", "revoked", "test")
+            .await
+            .expect("revoke")
+    );
+    store
+        .set_node_schedulable("node-3", bc_core::node::NodeVerb::Revoke, "test")
+        .await
+        .expect("revoke by verb");
+    let revoked = store.revoked_identities_since(None).await.expect("revoked");
+    let mut nodes = revoked.nodes.clone();
+    nodes.sort();
+    assert_eq!(nodes, vec!["node-2".to_string(), "node-3".to_string()]);
+    let stamped: Vec<String> = bc_store::sqlx::query_scalar(
+        "SELECT id FROM nodes WHERE revoked_at IS NOT NULL AND revoked_at <= now() ORDER BY id",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("revoked_at");
+    assert_eq!(stamped, vec!["node-2".to_string(), "node-3".to_string()]);
+    // A reader past the revocations (and the minute of overlap) is not told again, even after a later write.
+    store
+        .record_node_cert("node-2", "late", t)
+        .await
+        .expect("late write");
+    let later = store
+        .revoked_identities_since(Some(revoked.watermark_ms + 61_000))
+        .await
+        .expect("later");
+    assert!(later.nodes.is_empty(), "{later:?}");
 }
