@@ -5,7 +5,8 @@
 //! node-side work, not what is measured), then runs CONCURRENCY clients, each doing a fresh TLS connection and a
 //! Join per node, and reports joins/s and latency percentiles. Beside it: PostgreSQL's own commit rate on the same
 //! cluster (pgbench, 64 clients, contended single-row UPDATE and plain INSERT), and the time `dev` takes to be
-//! ready again from the existing data directory.
+//! ready again from the existing data directory. Before the run it prints the crypto floor per join on this machine
+//! (see [`crypto_floor`]).
 
 use anyhow::{Context as _, bail};
 use bc_bench::{Dev, cpu_s, machine_cpu_s, percentile_ms, pg_pids, pg_tool};
@@ -175,7 +176,8 @@ fn time_us(n: u32, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<
 /// The cryptography of one join on this machine, measured on one core before the run with the control plane's own
 /// code and no network or database: the TLS 1.3 handshake's two sides in memory (the gateway's P-256 certificate
 /// from the CA's own issuance, the node's pin check, X25519), opening a sealed token, verifying a CSR and issuing the
-/// node's certificate. No change around it lowers the CPU per join below this; the run's figures are beside it.
+/// node's certificate. Short of changing the cryptography itself (curves, key types, the token's sealing), nothing
+/// lowers the machine's CPU per join below this; the run's own figures are printed beside it.
 fn crypto_floor(dir: &std::path::Path) -> anyhow::Result<()> {
     use rcgen::PublicKeyData as _;
     let ca = bc_ca::Ca::load_or_create(dir, "floor.bench")?;
