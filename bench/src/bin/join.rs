@@ -174,23 +174,20 @@ fn time_us(n: u32, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<
 }
 
 /// The cryptography of one join on this machine, measured on one core before the run with the control plane's own
-/// code and no network or database: the TLS 1.3 handshake's two sides in memory (the gateway's P-256 certificate
-/// from the CA's own issuance, the node's pin check, X25519), opening a sealed token, verifying a CSR and issuing the
+/// code and no network or database: the TLS 1.3 handshake's two sides in memory (the gateway's server config and a
+/// P-256 certificate from the CA's own issuance, the node's pin check, X25519), opening a sealed token, verifying a CSR and issuing the
 /// node's certificate. Short of changing the cryptography itself (curves, key types, the token's sealing), nothing
 /// lowers the machine's CPU per join below this; the run's own figures are printed beside it.
 fn crypto_floor(dir: &std::path::Path) -> anyhow::Result<()> {
     use rcgen::PublicKeyData as _;
     let ca = bc_ca::Ca::load_or_create(dir, "floor.bench")?;
     let (chain, key) = ca.issue_gateway("gw-floor", &["localhost".to_string()])?;
-    let mut server =
-        rustls::ServerConfig::builder_with_provider(Arc::new(bc_proto::tls_provider()))
-            .with_safe_default_protocol_versions()?
-            .with_no_client_auth()
-            .with_single_cert(chain, key)?;
-    server.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
-    server.send_tls13_tickets = 0;
-    server.alpn_protocols = vec![b"h2".to_vec()];
-    let server = Arc::new(server);
+    // The gateway's own server config: optional client certificates, revocation check, no resumption, h2.
+    let server = bc_gateway::tls::server_config(
+        bc_gateway::tls::Renewable::new(chain, key)?,
+        std::slice::from_ref(ca.cert_der()),
+        bc_gateway::tls::Revocations::default(),
+    )?;
     let client =
         bc_proto::channel::client_config(bc_proto::channel::ServerTrust::Pin(ca.pin()), None)?;
     let tls = time_us(300, || handshake(&client, &server))?;
