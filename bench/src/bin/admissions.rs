@@ -144,23 +144,34 @@ async fn statements(pool: &bc_store::sqlx::PgPool) -> anyhow::Result<i64> {
     .await?)
 }
 
-/// The statements that took the most execution time since the last reset, per admission.
+/// The statements that took the most execution time since the last reset, per admission, and the sum over every
+/// statement. Planning time counts only where `pg_stat_statements.track_planning` is on (off by default;
+/// `BC_EXPERIMENT_DB_SET='pg_stat_statements.track_planning = on'`).
 async fn top_statements(pool: &bc_store::sqlx::PgPool, admissions: usize) -> anyhow::Result<()> {
-    let top: Vec<(String, i64, f64, i64, i64)> = bc_store::sqlx::query_as(
-        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 60), calls, total_exec_time, rows, shared_blks_hit \
-         FROM pg_stat_statements s \
+    let top: Vec<(String, i64, f64, f64, i64, i64)> = bc_store::sqlx::query_as(
+        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 60), calls, total_exec_time, total_plan_time, rows, \
+         shared_blks_hit FROM pg_stat_statements s \
          JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = current_database() \
-         AND s.query NOT ILIKE '%pg_stat_statements%' ORDER BY total_exec_time DESC LIMIT 5",
+         AND s.query NOT ILIKE '%pg_stat_statements%' ORDER BY total_exec_time + total_plan_time DESC",
     )
     .fetch_all(pool)
     .await?;
-    for (q, calls, ms, rows, blks) in top {
+    let per_admission = |ms: f64| ms * 1000.0 / admissions.max(1) as f64;
+    let (exec, plan): (f64, f64) = top.iter().fold((0.0, 0.0), |(e, p), t| (e + t.2, p + t.3));
+    println!(
+        "  statements: {:.0} µs executing and {:.0} µs planning per admission, {} distinct",
+        per_admission(exec),
+        per_admission(plan),
+        top.len()
+    );
+    for (q, calls, ms, plan_ms, rows, blks) in top.into_iter().take(5) {
         let per = calls.max(1) as f64;
         println!(
-            "  {:>6.0} µs/admission {:>6} calls {:>6.2} ms/call {:>5.1} rows/call {:>6.0} buffers/call  {q}",
-            ms * 1000.0 / admissions as f64,
+            "  {:>6.0} µs/admission ({:>3.0} planning) {:>6} calls {:>6.2} ms/call {:>5.1} rows/call {:>6.0} buffers/call  {q}",
+            per_admission(ms + plan_ms),
+            per_admission(plan_ms),
             calls,
-            ms / per,
+            (ms + plan_ms) / per,
             rows as f64 / per,
             blks as f64 / per
         );

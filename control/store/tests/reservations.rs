@@ -337,3 +337,110 @@ async fn a_failed_acknowledgement_reaches_the_node_and_the_reservations_it_carri
         .expect("release");
     assert!(store.deliveries(&ids).await.expect("deliveries").is_empty());
 }
+
+/// The placer's transaction runs generic plans ([`Store::begin_placement`]): its claim, booking and placement
+/// statements are planned once per connection instead of on every batch (PostgreSQL's default kept making custom
+/// plans for them, which cost more than running them), and on a fleet with statistics those generic plans read
+/// `devices`, `nodes` and `reservations` by key, never by a scan. One connection, so `pg_prepared_statements` (a
+/// session's view) sees every statement the placer ran.
+#[tokio::test]
+async fn the_placers_statements_run_generic_plans_that_read_by_key() {
+    let db = test_db().await;
+    seed_gpu_nodes(&db.pool, "gpu", "n", 2_000, 8, MODEL)
+        .await
+        .expect("seed");
+    // Reservations placed long ago, as a fleet in service has (the placement statements update by key among them).
+    bc_store::sqlx::query(
+        "INSERT INTO reservations (id, tenant_id, principal_id, request, state, duration_s) \
+         SELECT 'rsv-old-' || g, 'root', 'admin', '{}', 'released', 60 FROM generate_series(1, 20000) AS g",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("old reservations");
+    bc_store::sqlx::query("ANALYZE")
+        .execute(&db.pool)
+        .await
+        .expect("analyze");
+    let one = bc_store::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(db.connect_options())
+        .await
+        .expect("pool");
+    let store = Store::new(one.clone());
+    // Three batches named by notification, then one found by the queue scan: each placed on a node of its own.
+    let mut node = 0;
+    for batch in 0..4 {
+        let ids: Vec<String> = (0..4).map(|k| format!("rsv-b{batch}-{k}")).collect();
+        for id in &ids {
+            admit(&store, id).await;
+        }
+        let (tx, pending) = if batch < 3 {
+            store.claim_pending_ids(&ids, &all_shards()).await
+        } else {
+            store.claim_pending(&all_shards(), 10).await
+        }
+        .expect("claim");
+        assert_eq!(pending.len(), 4, "batch {batch}");
+        let decisions: Vec<Decision> = pending
+            .iter()
+            .map(|p| {
+                node += 1;
+                place_on(&p.id, &format!("n-{node}"))
+            })
+            .collect();
+        let retry = store
+            .commit_placements(tx, &decisions)
+            .await
+            .expect("commit");
+        assert!(retry.is_empty(), "batch {batch}: {retry:?}");
+    }
+    let booked: i64 = bc_store::sqlx::query_scalar(
+        "SELECT count(*) FROM devices WHERE reservation_id IS NOT NULL",
+    )
+    .fetch_one(&one)
+    .await
+    .expect("count");
+    assert_eq!(booked, 16);
+
+    let placer = |s: &str| {
+        s.contains("FOR UPDATE SKIP LOCKED")
+            || s.contains("WITH want AS")
+            || s.contains("WITH p AS")
+    };
+    let prepared: Vec<(String, String, i64, i64, i32)> = bc_store::sqlx::query_as(
+        "SELECT name, statement, generic_plans, custom_plans, COALESCE(cardinality(parameter_types), 0) \
+         FROM pg_prepared_statements",
+    )
+    .fetch_all(&one)
+    .await
+    .expect("prepared statements");
+    let ran: Vec<_> = prepared.iter().filter(|p| placer(&p.1)).collect();
+    // The named claim, the scan's claim, the booking and the placement.
+    assert_eq!(ran.len(), 4, "{prepared:#?}");
+    for (_, statement, generic, custom, _) in &ran {
+        assert_eq!(
+            *custom, 0,
+            "a placer statement was planned afresh {custom} times: {statement}"
+        );
+        assert!(*generic >= 1, "{statement}");
+    }
+    // What those generic plans do, on this fleet's statistics.
+    let mut tx = store.begin_placement().await.expect("begin");
+    for (name, statement, _, _, params) in &ran {
+        let nulls = vec!["NULL"; usize::try_from(*params).expect("count")].join(", ");
+        let plan: Vec<String> = bc_store::sqlx::query_scalar(bc_store::sqlx::AssertSqlSafe(
+            format!("EXPLAIN EXECUTE {name}({nulls})"),
+        ))
+        .fetch_all(&mut *tx)
+        .await
+        .expect("explain");
+        let plan = plan.join("\n");
+        for table in ["devices", "nodes", "reservations"] {
+            assert!(
+                !plan.contains(&format!("Seq Scan on {table}")),
+                "the generic plan scans {table}:\n{plan}\nfor {statement}"
+            );
+        }
+    }
+    tx.rollback().await.expect("rollback");
+}

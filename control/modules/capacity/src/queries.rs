@@ -101,7 +101,7 @@ pub async fn claim_pending_in_pools(
     ids: Option<&[String]>,
     limit: i64,
 ) -> Result<(Transaction<'static, Postgres>, Vec<String>, Vec<Pending>), StoreError> {
-    let mut tx = store.pool().begin().await?;
+    let mut tx = store.begin_placement().await?;
     let pools: Vec<&str> = held.iter().map(|l| l.pool.as_str()).collect();
     let fences: Vec<i64> = held.iter().map(|l| l.fence).collect();
     let valid: Vec<String> = sqlx::query_scalar(
@@ -117,16 +117,36 @@ pub async fn claim_pending_in_pools(
     if valid.is_empty() {
         return Ok((tx, valid, Vec::new()));
     }
-    let rows = sqlx::query(
-        "SELECT id, request, state, extract(epoch FROM clock_timestamp() - created_at)::float8 \
-         FROM reservations WHERE state = 'pending' AND pool = ANY($1) AND ($2::text[] IS NULL OR id = ANY($2)) \
-         ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED",
-    )
-    .bind(&valid)
-    .bind(ids)
-    .bind(limit)
-    .fetch_all(&mut *tx)
-    .await?;
+    // Two statements, not one with `$2 IS NULL OR id = ANY($2)`: the transaction runs generic plans
+    // ([`Store::begin_placement`]), and a generic plan of that disjunction cannot look the named ids up by key. The
+    // named ones are read by key alone and their state checked on the locked rows, as
+    // [`Store::claim_pending_ids`] does (`state = 'pending'` would let the generic plan walk the partial index).
+    let rows = match ids {
+        Some(ids) => {
+            let rows = sqlx::query(
+                "SELECT id, request, state, extract(epoch FROM clock_timestamp() - created_at)::float8 \
+                 FROM reservations WHERE id = ANY($2) AND pool = ANY($1) \
+                 ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(&valid)
+            .bind(ids)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+            rows.into_iter()
+                .filter(|r| r.get::<&str, _>(2) == "pending")
+                .collect()
+        }
+        None => sqlx::query(
+            "SELECT id, request, state, extract(epoch FROM clock_timestamp() - created_at)::float8 \
+                 FROM reservations WHERE state = 'pending' AND pool = ANY($1) \
+                 ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(&valid)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?,
+    };
     let pending = rows
         .iter()
         .map(bc_store::reservations::pending_row)

@@ -137,3 +137,39 @@ async fn a_takeover_waits_for_the_holders_booking_transaction() {
     assert!(a[0].fence > b[0].fence);
     holder.await.expect("holder");
 }
+
+/// A claim of the reservations a notification named takes only those still pending in a pool the placer holds:
+/// not one already decided, not one of another pool, not an unknown id. (The named claim has its own statement, so
+/// that its generic plan looks the ids up by key.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_claim_takes_only_pending_reservations_of_held_pools() {
+    let db = test_db().await;
+    let store = Store::new(db.pool.clone());
+    seed_gpu_nodes(&db.pool, "pa", "a", 1, 2, "H100")
+        .await
+        .expect("seed pa");
+    seed_gpu_nodes(&db.pool, "pb", "b", 1, 2, "H100")
+        .await
+        .expect("seed pb");
+    pending_in(&store, "rsv-1", "pa").await;
+    pending_in(&store, "rsv-2", "pa").await;
+    pending_in(&store, "rsv-3", "pb").await;
+    bc_store::sqlx::query(
+        "UPDATE reservations SET state = 'failed', ended_at = now() WHERE id = 'rsv-2'",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("decide rsv-2");
+    let a = queries::sync_pool_leases(&store, "A", &["pa".into()], 10_000)
+        .await
+        .expect("A takes pa");
+    let named: Vec<String> = ["rsv-1", "rsv-2", "rsv-3", "rsv-none"]
+        .map(String::from)
+        .to_vec();
+    let (tx, valid, pending) = queries::claim_pending_in_pools(&store, "A", &a, Some(&named), 10)
+        .await
+        .expect("named claim");
+    let ids: Vec<&str> = pending.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!((valid.len(), ids), (1, vec!["rsv-1"]));
+    tx.rollback().await.expect("rollback");
+}
