@@ -179,6 +179,27 @@ async fn top_statements(pool: &bc_store::sqlx::PgPool, admissions: usize) -> any
     Ok(())
 }
 
+/// PostgreSQL's WAL so far (`pg_stat_wal`): records, full-page images, bytes, syncs.
+async fn wal(pool: &bc_store::sqlx::PgPool) -> anyhow::Result<[i64; 4]> {
+    let (records, fpi, bytes, syncs): (i64, i64, i64, i64) = bc_store::sqlx::query_as(
+        "SELECT wal_records, wal_fpi, wal_bytes::bigint, wal_sync FROM pg_stat_wal",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok([records, fpi, bytes, syncs])
+}
+
+fn print_wal(before: [i64; 4], after: [i64; 4], n: usize) {
+    let per = |i: usize| (after[i] - before[i]) as f64 / n.max(1) as f64;
+    println!(
+        "  WAL per admission: {:.1} records, {:.2} full-page images, {:.0} bytes; {:.2} WAL syncs per admission",
+        per(0),
+        per(1),
+        per(2),
+        per(3)
+    );
+}
+
 /// Who analyzed the hot tables so far (the control plane's statistics check, or autovacuum) and the planner's row
 /// estimate against the live rows.
 async fn print_analyzes(pool: &bc_store::sqlx::PgPool, when: &str) -> anyhow::Result<()> {
@@ -287,6 +308,7 @@ async fn run() -> anyhow::Result<()> {
             .execute(&pool)
             .await?;
         let s0 = statements(&pool).await?;
+        let w0 = wal(&pool).await?;
         let c0 = cpu_parts(&pids, &pg_data);
         // Each admission books one GPU: the saturated phase stops early rather than take GPUs the paced phase needs
         // (a fast machine admits more than the fleet holds in SATURATED); its rate is over the time it ran.
@@ -327,6 +349,7 @@ async fn run() -> anyhow::Result<()> {
             stmts as f64 / lat.len() as f64
         );
         print_cpu("saturated", c0, cpu_parts(&pids, &pg_data), lat.len());
+        print_wal(w0, wal(&pool).await?, lat.len());
         top_statements(&pool, lat.len()).await?;
         (sat_rate, lat.len())
     } else {
@@ -339,6 +362,7 @@ async fn run() -> anyhow::Result<()> {
         .execute(&pool)
         .await?;
     let s0 = statements(&pool).await?;
+    let w0 = wal(&pool).await?;
     let c0 = cpu_parts(&pids, &pg_data);
     let total = (rate * PACED.as_secs_f64()) as usize;
     let t0 = tokio::time::Instant::now();
@@ -370,6 +394,7 @@ async fn run() -> anyhow::Result<()> {
         stmts as f64 / lat.len() as f64
     );
     print_cpu("paced", c0, cpu_parts(&pids, &pg_data), lat.len());
+    print_wal(w0, wal(&pool).await?, lat.len());
     top_statements(&pool, lat.len()).await?;
     let booked: i64 = bc_store::sqlx::query_scalar(
         "SELECT count(*) FROM devices WHERE reservation_id IS NOT NULL",

@@ -88,6 +88,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "nodes_hot_updates",
         sql: include_str!("../migrations/0015_nodes_hot_updates.sql"),
     },
+    Migration {
+        version: 16,
+        name: "devices_hot_bookings",
+        sql: include_str!("../migrations/0016_devices_hot_bookings.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.

@@ -437,8 +437,14 @@ impl Store {
             }
         }
         if !retry.is_empty() {
-            sqlx::query("UPDATE devices SET reservation_id = NULL WHERE reservation_id = ANY($1)")
-                .bind(&retry)
+            // By device id: the devices this statement booked for the reservations that did not get all theirs.
+            let undo: Vec<&str> = booked
+                .iter()
+                .filter(|(_, res)| retry.contains(res))
+                .map(|(dev, _)| dev.as_str())
+                .collect();
+            sqlx::query("UPDATE devices SET reservation_id = NULL WHERE id = ANY($1)")
+                .bind(&undo)
                 .execute(&mut *tx)
                 .await?;
         }
@@ -602,10 +608,15 @@ pub(crate) async fn end_reservation_in(
     };
     let r = row_to_reservation(&row, 0)?;
     let nodes: Vec<String> = r.nodes.iter().map(|n| n.to_string()).collect();
-    sqlx::query("UPDATE devices SET reservation_id = NULL WHERE reservation_id = $1")
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
+    // By node (`devices_node`): no index names `reservation_id` (migration 16), and a reservation's devices are on
+    // the nodes its placement recorded (none while it was pending).
+    sqlx::query(
+        "UPDATE devices SET reservation_id = NULL WHERE node_id = ANY($2) AND reservation_id = $1",
+    )
+    .bind(id)
+    .bind(&nodes)
+    .execute(&mut *tx)
+    .await?;
     sqlx::query("DELETE FROM work_queue WHERE kind = 'reservation.expire' AND subject = $1")
         .bind(id)
         .execute(&mut *tx)
@@ -625,9 +636,7 @@ pub(crate) async fn end_reservation_in(
 
 /// Sets each node's desired `bookings` from its booked devices, bumps its desired generation and writes an outbox
 /// row for it — inside the caller's transaction, so the change and its delivery record commit together.
-/// The per-node subquery filters bookings in the aggregate, not in WHERE: with `reservation_id IS NOT NULL` in WHERE
-/// the planner, misled by statistics from an unbooked fleet, walked the partial `devices_reservation` index for
-/// every node (276 ms instead of 7 ms for 30 nodes, measured with EXPLAIN ANALYZE at 24k bookings).
+/// See [`publish_ctes`] for why the per-node subquery filters bookings in the aggregate.
 async fn publish_bookings(tx: &mut PgConnection, nodes: &[String]) -> Result<(), StoreError> {
     if nodes.is_empty() {
         return Ok(());
@@ -647,8 +656,9 @@ async fn publish_bookings(tx: &mut PgConnection, nodes: &[String]) -> Result<(),
 /// holds, booked under its `inst-…` id, is no booking: it reaches the node in its `instances` list), `o` (their outbox
 /// rows) and `w` (one notification on the channel in parameter `$channel` when rows were written). The per-node
 /// subquery filters bookings in the aggregate, not in WHERE: with `reservation_id IS NOT NULL` in WHERE the planner,
-/// misled by statistics from an unbooked fleet, walked the partial `devices_reservation` index for every node
-/// (276 ms instead of 7 ms for 30 nodes, measured with EXPLAIN ANALYZE at 24k bookings).
+/// misled by statistics from an unbooked fleet, walked the partial `devices_reservation` index (dropped since, by
+/// migration 16) for every node (276 ms instead of 7 ms for 30 nodes, measured with EXPLAIN ANALYZE at 24k
+/// bookings); the aggregate keeps the read on `devices_node` whatever indexes come.
 fn publish_ctes(nodes: u8, channel: u8) -> String {
     format!(
         "n AS (UPDATE nodes n SET desired_generation = n.desired_generation + 1, updated_at = now(), \

@@ -444,3 +444,141 @@ async fn the_placers_statements_run_generic_plans_that_read_by_key() {
     }
     tx.rollback().await.expect("rollback");
 }
+
+/// A device's booking and its release are HOT updates (migration 16): no index of `devices` names
+/// `reservation_id`, each page keeps room for a new version, so PostgreSQL writes no index entry for them. The
+/// lookups that used the dropped index still find every device: a release frees a reservation's GPUs on each of its
+/// nodes, and a lost race undoes exactly what the placement booked.
+#[tokio::test]
+async fn bookings_and_releases_touch_no_index_of_devices() {
+    let db = test_db().await;
+    let one = bc_store::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(db.connect_options())
+        .await
+        .expect("pool");
+    let store = Store::new(one.clone());
+    seed_gpu_nodes(&one, "gpu", "n", 4, 2, MODEL)
+        .await
+        .expect("seed");
+    let indexes: Vec<String> = bc_store::sqlx::query_scalar(
+        "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = 'devices'::regclass",
+    )
+    .fetch_all(&one)
+    .await
+    .expect("indexes");
+    assert!(
+        indexes.iter().all(|d| !d.contains("reservation_id")),
+        "{indexes:#?}"
+    );
+    let options: Option<Vec<String>> =
+        bc_store::sqlx::query_scalar("SELECT reloptions FROM pg_class WHERE relname = 'devices'")
+            .fetch_one(&one)
+            .await
+            .expect("reloptions");
+    assert_eq!(options, Some(vec!["fillfactor=80".to_string()]));
+
+    let updates = || async {
+        bc_store::sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&one)
+            .await
+            .expect("flush");
+        bc_store::sqlx::query_as::<_, (i64, i64)>(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'devices'",
+        )
+        .fetch_one(&one)
+        .await
+        .expect("devices statistics")
+    };
+    let booked = |node: &str| {
+        let (one, node) = (one.clone(), node.to_string());
+        async move {
+            bc_store::sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM devices WHERE node_id = $1 AND reservation_id IS NOT NULL",
+            )
+            .bind(node)
+            .fetch_one(&one)
+            .await
+            .expect("count")
+        }
+    };
+    let gpu = |node: &str, i: i32| {
+        (
+            format!("{node}/gpu/GPU-{node}-{i}"),
+            node.to_string(),
+            serde_json::json!({"node": node, "uuid": format!("GPU-{node}-{i}"), "index": i, "model": MODEL}),
+        )
+    };
+    let (upd0, hot0) = updates().await;
+    // rsv-1 takes both GPUs of n-1 and one of n-2; rsv-2 one of n-3.
+    admit(&store, "rsv-1").await;
+    admit(&store, "rsv-2").await;
+    let (tx, pending) = store.claim_pending(&all_shards(), 10).await.expect("claim");
+    assert_eq!(pending.len(), 2);
+    let retry = store
+        .commit_placements(
+            tx,
+            &[
+                Decision::Place {
+                    id: "rsv-1".into(),
+                    devices: vec![gpu("n-1", 0), gpu("n-1", 1), gpu("n-2", 0)],
+                    duration_s: 60,
+                },
+                Decision::Place {
+                    id: "rsv-2".into(),
+                    devices: vec![gpu("n-3", 0)],
+                    duration_s: 60,
+                },
+            ],
+        )
+        .await
+        .expect("commit");
+    assert!(retry.is_empty(), "{retry:?}");
+    assert_eq!(
+        (
+            booked("n-1").await,
+            booked("n-2").await,
+            booked("n-3").await
+        ),
+        (2, 1, 1)
+    );
+    // A lost race: rsv-3 wants n-3's free GPU and n-1's GPU 0, which rsv-1 holds. The free one it booked is undone.
+    admit(&store, "rsv-3").await;
+    let (tx, _) = store.claim_pending(&all_shards(), 10).await.expect("claim");
+    let retry = store
+        .commit_placements(
+            tx,
+            &[Decision::Place {
+                id: "rsv-3".into(),
+                devices: vec![gpu("n-3", 1), gpu("n-1", 0)],
+                duration_s: 60,
+            }],
+        )
+        .await
+        .expect("commit");
+    assert_eq!(retry, vec!["rsv-3".to_string()]);
+    assert_eq!(booked("n-3").await, 1, "the lost race's booking was undone");
+    // Releasing rsv-1 frees its GPUs on both of its nodes, and nothing of rsv-2's.
+    let released = store
+        .end_reservation(&rsv("rsv-1"), ReservationState::Released, "test")
+        .await
+        .expect("release")
+        .expect("was placed");
+    assert_eq!(released.state, ReservationState::Released);
+    assert_eq!(
+        (
+            booked("n-1").await,
+            booked("n-2").await,
+            booked("n-3").await
+        ),
+        (0, 0, 1)
+    );
+    let (upd1, hot1) = updates().await;
+    // Booked: 3 + 1, then 1 more and its undo, then 3 freed.
+    assert_eq!(upd1 - upd0, 9);
+    assert_eq!(
+        hot1 - hot0,
+        upd1 - upd0,
+        "every booking and release should be a HOT update (no index entry)"
+    );
+}

@@ -47,7 +47,8 @@ pub async fn step(
                WHERE s.node_id = i.node_id AND s.name = 'instances' \
                  AND jsonb_path_exists(s.payload, '$.instances[*] ? (@.id == $id)', jsonb_build_object('id', i.id))))) \
            FOR UPDATE OF i SKIP LOCKED), \
-         g AS (UPDATE devices d SET reservation_id = NULL FROM gone WHERE d.reservation_id = gone.id RETURNING d.id) \
+         g AS (UPDATE devices d SET reservation_id = NULL FROM gone \
+           WHERE d.node_id = gone.node_id AND d.reservation_id = gone.id RETURNING d.id) \
          UPDATE instances i SET state = 'deleted', deleted_at = now(), error = NULL \
          FROM gone WHERE i.id = gone.id RETURNING i.id, gone.node_id",
     )
@@ -57,7 +58,8 @@ pub async fn step(
     let revoked: Vec<(String, String)> = sqlx::query_as(
         "WITH lost AS (SELECT i.id, i.node_id FROM instances i JOIN nodes n ON n.id = i.node_id \
            WHERE i.state = 'placed' AND n.state = 'revoked' AND bc_shard(i.id) = ANY($1) FOR UPDATE OF i SKIP LOCKED), \
-         g AS (UPDATE devices d SET reservation_id = NULL FROM lost WHERE d.reservation_id = lost.id RETURNING d.id) \
+         g AS (UPDATE devices d SET reservation_id = NULL FROM lost \
+           WHERE d.node_id = lost.node_id AND d.reservation_id = lost.id RETURNING d.id) \
          UPDATE instances i SET state = 'failed', generation = i.generation + 1, \
            error = 'node ' || lost.node_id || ' was revoked: the instance is lost with it (its atoms are back in the \
 pool); create it again' FROM lost WHERE i.id = lost.id RETURNING i.id, lost.node_id",
