@@ -293,8 +293,8 @@ impl Store {
     /// statements run their generic plans (`SET LOCAL plan_cache_mode = force_generic_plan`, sent with `BEGIN` in
     /// one round trip). Left to PostgreSQL's default, the placer's statements got custom plans, made afresh on every
     /// execution, and making them cost more than running them: at 2,000 admissions/s on two cores, 0.26 ms to plan
-    /// the claim that ran in 0.12, 0.31 ms for the booking that ran in 0.41 and 0.42 ms for the placement that ran
-    /// in 0.98 (`pg_stat_statements.track_planning`, BENCHMARKS.md). The generic plans are the same index lookups
+    /// the claim that ran in 0.08, 0.31 ms for the booking that ran in 0.29 and 0.42 ms for the placement that ran
+    /// in 0.69 (`pg_stat_statements.track_planning`, BENCHMARKS.md). The generic plans are the same index lookups
     /// (`the_placers_statements_run_generic_plans_that_read_by_key` reads them with EXPLAIN; the buffers read per
     /// call did not change), and one made while a table was empty is replaced when the statistics check analyzes
     /// it ([`Store::refresh_stale_statistics`]), as for every cached statement.
