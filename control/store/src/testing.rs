@@ -75,6 +75,16 @@ impl TestDb {
         cluster().pg.connect_options(&self.name)
     }
 
+    /// A pool of exactly one connection to this database: for tests that read a session's own view
+    /// (`pg_prepared_statements`) or need every write counted by the one backend whose statistics they flush.
+    pub async fn one_connection(&self) -> PgPool {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(self.connect_options())
+            .await
+            .expect("one connection to the test database")
+    }
+
     /// A `postgres://` URL to this database (for spawning `better-compute serve --database-url`).
     pub fn url(&self) -> String {
         cluster().pg.url(&self.name)

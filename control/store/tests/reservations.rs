@@ -361,11 +361,7 @@ async fn the_placers_statements_run_generic_plans_that_read_by_key() {
         .execute(&db.pool)
         .await
         .expect("analyze");
-    let one = bc_store::sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(db.connect_options())
-        .await
-        .expect("pool");
+    let one = db.one_connection().await;
     let store = Store::new(one.clone());
     // Three batches named by notification, then one found by the queue scan: each placed on a node of its own.
     let mut node = 0;
@@ -452,11 +448,7 @@ async fn the_placers_statements_run_generic_plans_that_read_by_key() {
 #[tokio::test]
 async fn bookings_and_releases_touch_no_index_of_devices() {
     let db = test_db().await;
-    let one = bc_store::sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(db.connect_options())
-        .await
-        .expect("pool");
+    let one = db.one_connection().await;
     let store = Store::new(one.clone());
     seed_gpu_nodes(&one, "gpu", "n", 4, 2, MODEL)
         .await

@@ -694,11 +694,7 @@ async fn node_updates(store: &Store) -> (i64, i64) {
 async fn a_nodes_frequent_writes_touch_no_index_and_a_revocation_still_reaches_the_feed() {
     let db = test_db().await;
     // One connection, so every write below is counted by the one backend whose counts are flushed.
-    let pool = bc_store::sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(db.connect_options())
-        .await
-        .expect("one connection");
+    let pool = db.one_connection().await;
     let store = seed(Store::new(pool), 3).await;
     let batch = vec![
         candidate(1, "hk-1"),
