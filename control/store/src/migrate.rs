@@ -93,6 +93,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "devices_hot_bookings",
         sql: include_str!("../migrations/0016_devices_hot_bookings.sql"),
     },
+    Migration {
+        version: 17,
+        name: "pending_pool_index",
+        sql: include_str!("../migrations/0017_pending_pool_index.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.

@@ -139,7 +139,7 @@ pub async fn claim_pending_in_pools(
         }
         None => sqlx::query(
             "SELECT id, request, state, extract(epoch FROM clock_timestamp() - created_at)::float8 \
-                 FROM reservations WHERE state = 'pending' AND pool = ANY($1) \
+                 FROM reservations WHERE state = 'pending' AND pool IS NOT NULL AND pool = ANY($1) \
                  ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED",
         )
         .bind(&valid)

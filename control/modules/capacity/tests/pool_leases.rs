@@ -173,3 +173,75 @@ async fn a_named_claim_takes_only_pending_reservations_of_held_pools() {
     assert_eq!((valid.len(), ids), (1, vec!["rsv-1"]));
     tx.rollback().await.expect("rollback");
 }
+
+/// The pool placer's scan reads `reservations_pending_pool` by pool, on its generic plan (the placer's transaction
+/// forces generic plans), and that index holds only reservations that name a pool (migration 17): an admission
+/// without one, every admission under the default shard placer, writes no entry into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_scan_reads_its_index_which_holds_only_reservations_with_a_pool() {
+    let db = test_db().await;
+    let def: String = bc_store::sqlx::query_scalar(
+        "SELECT pg_get_indexdef('reservations_pending_pool'::regclass)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("index");
+    assert!(def.contains("pool IS NOT NULL"), "{def}");
+    seed_gpu_nodes(&db.pool, "pa", "a", 1, 2, "H100")
+        .await
+        .expect("seed");
+    bc_store::sqlx::query(
+        "INSERT INTO reservations (id, tenant_id, principal_id, request, state, duration_s) \
+         SELECT 'rsv-old-' || g, 'root', 'admin', jsonb_build_object('pool', 'pa'), 'released', 60 \
+         FROM generate_series(1, 20000) AS g",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("old reservations");
+    // Pending elsewhere: 5,000 in another pool and 5,000 naming none.
+    bc_store::sqlx::query(
+        "INSERT INTO reservations (id, tenant_id, principal_id, request, state, duration_s) \
+         SELECT 'rsv-other-' || g, 'root', 'admin', \
+                CASE WHEN g % 2 = 0 THEN jsonb_build_object('pool', 'pb') ELSE '{}' END, 'pending', 60 \
+         FROM generate_series(1, 10000) AS g",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("other pending reservations");
+    bc_store::sqlx::query("ANALYZE reservations")
+        .execute(&db.pool)
+        .await
+        .expect("analyze");
+    let one = db.one_connection().await;
+    let store = Store::new(one.clone());
+    pending_in(&store, "rsv-1", "pa").await;
+    let a = queries::sync_pool_leases(&store, "A", &["pa".into()], 10_000)
+        .await
+        .expect("A takes pa");
+    let (tx, _, pending) = queries::claim_pending_in_pools(&store, "A", &a, None, 10)
+        .await
+        .expect("claim");
+    assert_eq!(pending.len(), 1);
+    tx.rollback().await.expect("rollback");
+    let (name, params): (String, i32) = bc_store::sqlx::query_as(
+        "SELECT name, cardinality(parameter_types) FROM pg_prepared_statements \
+         WHERE statement LIKE 'SELECT id, request%pool = ANY($1)%'",
+    )
+    .fetch_one(&one)
+    .await
+    .expect("the scan's prepared statement");
+    let mut tx = store.begin_placement().await.expect("begin");
+    let nulls = vec!["NULL"; usize::try_from(params).expect("count")].join(", ");
+    let plan: Vec<String> = bc_store::sqlx::query_scalar(bc_store::sqlx::AssertSqlSafe(format!(
+        "EXPLAIN EXECUTE {name}({nulls})"
+    )))
+    .fetch_all(&mut *tx)
+    .await
+    .expect("explain");
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("reservations_pending_pool") && !plan.contains("Seq Scan"),
+        "{plan}"
+    );
+    tx.rollback().await.expect("rollback");
+}
