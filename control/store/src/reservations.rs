@@ -363,43 +363,10 @@ impl Store {
         mut tx: Transaction<'static, Postgres>,
         decisions: &[Decision],
     ) -> Result<Vec<String>, StoreError> {
-        let mut dev_ids = Vec::new();
-        let mut dev_res = Vec::new();
-        let mut wanted: std::collections::HashMap<&str, usize> = Default::default();
-        for d in decisions {
-            if let Decision::Place { id, devices, .. } = d {
-                wanted.insert(id, devices.len());
-                for (dev, _, _) in devices {
-                    dev_ids.push(dev.clone());
-                    dev_res.push(id.clone());
-                }
-            }
-        }
-        let booked: Vec<(String, String)> = if dev_ids.is_empty() {
-            Vec::new()
-        } else {
-            // Only on nodes still `adopted`, read under FOR KEY SHARE: a drain (or revoke) locks the node FOR UPDATE
-            // (see `set_node_schedulable`), so it waits for this transaction and this statement, if it comes
-            // later, waits for the drain and then sees the new state. Devices of a node that left `adopted` are not
-            // booked, and their reservation is retried with fresh capacity.
-            sqlx::query_as(
-                "WITH want AS (SELECT * FROM unnest($1::text[], $2::text[]) AS w(dev, res)), \
-                 free AS (SELECT d.id FROM devices d JOIN want ON d.id = want.dev JOIN nodes n ON n.id = d.node_id \
-                          WHERE d.reservation_id IS NULL AND d.present AND n.state = 'adopted' \
-                          FOR UPDATE OF d SKIP LOCKED FOR KEY SHARE OF n) \
-                 UPDATE devices d SET reservation_id = want.res FROM want, free \
-                 WHERE d.id = want.dev AND d.id = free.id RETURNING d.id, want.res",
-            )
-            .bind(&dev_ids)
-            .bind(&dev_res)
-            .fetch_all(&mut *tx)
-            .await?
-        };
+        let booked = book_devices(&mut tx, decisions).await?;
         let mut got: std::collections::HashMap<&str, usize> = Default::default();
         for (_, res) in &booked {
-            if let Some((k, _)) = wanted.get_key_value(res.as_str()) {
-                *got.entry(k).or_default() += 1;
-            }
+            *got.entry(res.as_str()).or_default() += 1;
         }
         let mut retry: Vec<String> = Vec::new();
         let mut placed_ids = Vec::new();
@@ -587,6 +554,42 @@ pub struct FreeDevice {
     pub idx: i32,
     pub clique: Option<String>,
     pub pool: String,
+}
+
+/// Books the devices `decisions` place (`FOR UPDATE SKIP LOCKED`, only those still free): returns each booked
+/// device with its reservation. Only on nodes still `adopted`, read under FOR KEY SHARE: a drain (or revoke) locks
+/// the node FOR UPDATE (see `set_node_schedulable`), so it waits for this transaction and this statement, if it comes
+/// later, waits for the drain and then sees the new state. Devices of a node that left `adopted` are not booked, and
+/// their reservation is retried with fresh capacity.
+async fn book_devices(
+    tx: &mut PgConnection,
+    decisions: &[Decision],
+) -> Result<Vec<(String, String)>, StoreError> {
+    let mut dev_ids = Vec::new();
+    let mut dev_res = Vec::new();
+    for d in decisions {
+        if let Decision::Place { id, devices, .. } = d {
+            for (dev, _, _) in devices {
+                dev_ids.push(dev.as_str());
+                dev_res.push(id.as_str());
+            }
+        }
+    }
+    if dev_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query_as(
+        "WITH want AS (SELECT * FROM unnest($1::text[], $2::text[]) AS w(dev, res)), \
+         free AS (SELECT d.id FROM devices d JOIN want ON d.id = want.dev JOIN nodes n ON n.id = d.node_id \
+                  WHERE d.reservation_id IS NULL AND d.present AND n.state = 'adopted' \
+                  FOR UPDATE OF d SKIP LOCKED FOR KEY SHARE OF n) \
+         UPDATE devices d SET reservation_id = want.res FROM want, free \
+         WHERE d.id = want.dev AND d.id = free.id RETURNING d.id, want.res",
+    )
+    .bind(&dev_ids)
+    .bind(&dev_res)
+    .fetch_all(&mut *tx)
+    .await?)
 }
 
 pub(crate) async fn end_reservation_in(
