@@ -301,17 +301,33 @@ async fn a_scheduler_only_process_never_holds_a_controllers_shard() {
     )
     .await
     .expect("pool-lease scheduler");
-    until(10, "the scheduler leases its shards", || async {
-        let held = store
-            .shard_leases("scheduler")
+    // Both are members of the scheduler role, so the shard placer holds its rendezvous share of the shards (all 256
+    // only while it is the only member: waiting for 256 raced the pool-lease process's first heartbeat, and failed in
+    // CI on 2026-12-05 with 132).
+    until(
+        10,
+        "both schedulers are members and the shard placer leases shards",
+        || async {
+            let held = store
+                .shard_leases("scheduler")
+                .await
+                .map_err(|e| e.to_string())?;
+            let valid = held.iter().filter(|l| l.3).count();
+            let members: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM workers WHERE role = 'scheduler' AND expires_at > now()",
+            )
+            .fetch_one(store.pool())
             .await
             .map_err(|e| e.to_string())?;
-        if held.iter().filter(|l| l.3).count() == 256 {
-            Ok(())
-        } else {
-            Err(format!("{} scheduler shards", held.len()))
-        }
-    })
+            if members == 2 && valid > 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{members} scheduler members, {valid} valid scheduler shard leases"
+                ))
+            }
+        },
+    )
     .await;
     // Several membership renewals later, still nothing in the controllers' role.
     tokio::time::sleep(LEASE * 2).await;
