@@ -286,9 +286,14 @@ async fn run() -> anyhow::Result<()> {
     let next = Arc::new(AtomicUsize::new(0));
     let t = Instant::now();
     let mut lat = Vec::with_capacity(WARM_UP);
+    let mut c0 = None;
     for i in 0..WARM_UP {
+        if i == WARM_UP / 2 {
+            c0 = Some(cpu_parts(&pids, &pg_data));
+        }
         lat.push(admit(&http, &urls[i % 2], &key, i).await?);
     }
+    let c1 = cpu_parts(&pids, &pg_data);
     lat.sort();
     println!(
         "warm-up (1 client, the database's first admissions): {WARM_UP} in {:.1} s, p50 {:.1} ms, p99 {:.1} ms",
@@ -296,6 +301,16 @@ async fn run() -> anyhow::Result<()> {
         percentile_ms(&lat, 0.50),
         percentile_ms(&lat, 0.99)
     );
+    // One admission at a time, nothing queued behind it: the CPU each part spends on one admission, without the
+    // contention of the loaded phases (the first half is left out: it prepares every statement).
+    if let Some(c0) = c0 {
+        print_cpu(
+            "one client, the warm-up's second half",
+            c0,
+            c1,
+            WARM_UP - WARM_UP / 2,
+        );
+    }
     next.store(WARM_UP, Ordering::SeqCst);
     // No ANALYZE here: the system must hold its plans on tables that were empty when its statements were prepared.
     print_analyzes(&pool, "after warm-up").await?;

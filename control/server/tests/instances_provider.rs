@@ -152,7 +152,7 @@ async fn relay_one(mut client: TcpStream, moto_port: u16, moto_pid: u32, faults:
 }
 
 struct Lab {
-    _db: bc_store::testing::TestDb,
+    db: bc_store::testing::TestDb,
     _dir: tempfile::TempDir,
     running: bc_control::Running,
     admin: ApiClient,
@@ -224,7 +224,7 @@ async fn lab(bin: &PathBuf) -> Lab {
         .await
         .expect("set-pool");
     Lab {
-        _db: db,
+        db,
         _dir: dir,
         running,
         admin,
@@ -318,6 +318,25 @@ async fn a_provider_instance_lives_its_whole_life_against_moto() {
         .as_str()
         .expect("provider id")
         .to_string();
+    // Migration 1303: the placement wrote the workflow row's shard, as the generated column did; the composed schema
+    // generates no column through a SQL function.
+    let pool = &lab.db.pool;
+    let rows: i64 = bc_store::sqlx::query_scalar("SELECT count(*) FROM instance_provider")
+        .fetch_one(pool)
+        .await
+        .expect("rows");
+    assert_eq!(rows, 1);
+    let misplaced =
+        bc_store::testing::misplaced_shards(pool, &[("instance_provider", "instance_id")])
+            .await
+            .expect("shards");
+    assert!(misplaced.is_empty(), "{misplaced:?}");
+    assert_eq!(
+        bc_store::testing::generated_columns_calling_sql_functions(pool)
+            .await
+            .expect("catalog"),
+        Vec::<String>::new()
+    );
     let at = lab.at_moto(&id).await;
     assert_eq!(
         at,

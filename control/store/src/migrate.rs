@@ -98,6 +98,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "pending_pool_index",
         sql: include_str!("../migrations/0017_pending_pool_index.sql"),
     },
+    Migration {
+        version: 18,
+        name: "written_shards",
+        sql: include_str!("../migrations/0018_written_shards.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.

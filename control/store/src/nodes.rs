@@ -435,9 +435,9 @@ async fn insert_nodes(
         return Ok(Vec::new());
     }
     let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO nodes (id, pool_id, state, hardware_key, claims, join_token_id, join_key_hash, joined_at, \
+        "INSERT INTO nodes (id, shard, pool_id, state, hardware_key, claims, join_token_id, join_key_hash, joined_at, \
          cert_serial, cert_not_after, public_key) \
-         SELECT x.node_id, $2, 'adopting', x.hardware_key, x.claims, $3, x.join_key_hash, to_timestamp($4 / 1000.0), \
+         SELECT x.node_id, bc_shard(x.node_id), $2, 'adopting', x.hardware_key, x.claims, $3, x.join_key_hash, to_timestamp($4 / 1000.0), \
          x.cert_serial, to_timestamp(x.not_after_ms / 1000.0), decode(x.public_key_hex, 'hex') FROM {RECORD} \
          ON CONFLICT DO NOTHING RETURNING id"
     )))

@@ -140,8 +140,8 @@ impl Store {
         let inserted: Result<i64, sqlx::Error> = sqlx::query_scalar(
             "WITH ins AS (INSERT INTO idempotency (principal_id, key, body_hash, reservation_id) \
                VALUES ($1, $2, $3, $4) ON CONFLICT (principal_id, key) DO NOTHING RETURNING reservation_id), \
-             r AS (INSERT INTO reservations (id, tenant_id, principal_id, request, state, duration_s) \
-               SELECT $4, $5, $1, $6, 'pending', $7 FROM ins RETURNING id), \
+             r AS (INSERT INTO reservations (id, shard, pool, tenant_id, principal_id, request, state, duration_s) \
+               SELECT $4, bc_shard($4), $6::jsonb ->> 'pool', $5, $1, $6, 'pending', $7 FROM ins RETURNING id), \
              n AS (SELECT pg_notify($8, r.id) FROM r) \
              SELECT count(*) FROM n",
         )
@@ -202,8 +202,9 @@ impl Store {
              ins AS (INSERT INTO idempotency (principal_id, key, body_hash, reservation_id) \
                  SELECT principal_id, key, body_hash, id FROM input \
                  ON CONFLICT (principal_id, key) DO NOTHING RETURNING reservation_id), \
-             r AS (INSERT INTO reservations (id, tenant_id, principal_id, request, state, duration_s) \
-                 SELECT i.id, i.tenant_id, i.principal_id, i.request, 'pending', i.duration_s \
+             r AS (INSERT INTO reservations (id, shard, pool, tenant_id, principal_id, request, state, duration_s) \
+                 SELECT i.id, bc_shard(i.id), i.request ->> 'pool', i.tenant_id, i.principal_id, i.request, 'pending', \
+                        i.duration_s \
                  FROM input i JOIN ins ON ins.reservation_id = i.id RETURNING id), \
              n AS (SELECT pg_notify($8, string_agg(id, ',')) FROM \
                  (SELECT id, (row_number() OVER ()) / 150 AS g FROM r) AS c GROUP BY g) \
@@ -437,7 +438,8 @@ impl Store {
                   generations = (SELECT COALESCE(jsonb_object_agg(n.id, n.desired_generation), '{{}}') FROM n \
                     WHERE n.id IN (SELECT jsonb_array_elements_text(p.nodes))) \
                 FROM p WHERE r.id = p.id RETURNING r.id, r.expires_at), \
-             q AS (INSERT INTO work_queue (kind, subject, run_at) SELECT 'reservation.expire', id, expires_at FROM placed \
+             q AS (INSERT INTO work_queue (kind, subject, shard, run_at) \
+                SELECT 'reservation.expire', id, bc_shard(id), expires_at FROM placed \
                 ON CONFLICT (kind, subject) DO UPDATE SET run_at = EXCLUDED.run_at), \
              f AS (UPDATE reservations r SET state = 'failed', error = f.error, ended_at = now() \
                 FROM unnest($5::text[], $6::text[]) AS f(id, error) WHERE r.id = f.id RETURNING r.id), \
@@ -671,7 +673,8 @@ fn publish_ctes(nodes: u8, channel: u8) -> String {
              FROM (SELECT reservation_id AS rid, jsonb_agg(uuid ORDER BY idx) AS uuids FROM devices \
                    WHERE node_id = n.id GROUP BY reservation_id) b), '[]'::jsonb)) \
            WHERE n.id = ANY(${nodes}::text[]) RETURNING n.id, n.desired_generation), \
-         o AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM n \
+         o AS (INSERT INTO outbox (node_id, shard, kind, generation) \
+           SELECT id, bc_shard(id), 'desired', desired_generation FROM n \
            RETURNING shard), \
          w AS (SELECT pg_notify(${channel}, '') FROM (SELECT 1 FROM o LIMIT 1) x)"
     )

@@ -189,10 +189,10 @@ pub async fn seed_gpu_nodes(
     .execute(pool)
     .await?;
     sqlx::query(
-        "INSERT INTO nodes (id, pool_id, state, claims, join_key_hash, joined_at, cert_serial, cert_not_after, \
+        "INSERT INTO nodes (id, shard, pool_id, state, claims, join_key_hash, joined_at, cert_serial, cert_not_after, \
            desired_generation, desired_spec) \
-         SELECT $2 || '-' || n, $1, 'adopted', '{}', md5($2 || n), now(), n::text, now() + interval '1 day', \
-           1, '{\"version\": 1, \"bookings\": []}' FROM generate_series(1, $3) AS n",
+         SELECT $2 || '-' || n, bc_shard($2 || '-' || n), $1, 'adopted', '{}', md5($2 || n), now(), n::text, \
+           now() + interval '1 day', 1, '{\"version\": 1, \"bookings\": []}' FROM generate_series(1, $3) AS n",
     )
     .bind(pool_id)
     .bind(prefix)
@@ -214,4 +214,65 @@ pub async fn seed_gpu_nodes(
     sqlx::query_scalar("SELECT count(*) FROM devices")
         .fetch_one(pool)
         .await
+}
+
+/// Inserts reservations `<prefix><g>` for `g` in `from..=to` of the root tenant (which must exist), in `state`, each
+/// with the request that the SQL expression `request` gives (it may use `g`, e.g. `jsonb_build_object('pool', 'a')`):
+/// history or a backlog for tests of plans and statistics. The shard and the pool are written as the store's own
+/// admission writes them (migration 18).
+pub async fn insert_reservations(
+    pool: &PgPool,
+    prefix: &str,
+    (from, to): (i64, i64),
+    state: &str,
+    request: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO reservations (id, shard, pool, tenant_id, principal_id, request, state, duration_s) \
+         SELECT $1 || g, bc_shard($1 || g), q.request ->> 'pool', 'root', 'admin', q.request, $4, 60 \
+         FROM generate_series($2::bigint, $3::bigint) AS g, LATERAL (SELECT ({request})::jsonb AS request) AS q"
+    )))
+    .bind(prefix)
+    .bind(from)
+    .bind(to)
+    .bind(state)
+    .execute(pool)
+    .await
+    .map(drop)
+}
+
+/// The stored generated columns (`table.column`) whose expression calls a SQL-language function: PostgreSQL 15 inlines
+/// such a function, parsing its body, on every statement that inserts into or updates the table (migration 18).
+pub async fn generated_columns_calling_sql_functions(
+    pool: &PgPool,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT DISTINCT c.relname || '.' || a.attname FROM pg_attribute a \
+         JOIN pg_class c ON c.oid = a.attrelid \
+         JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
+         JOIN pg_depend dep ON dep.classid = 'pg_attrdef'::regclass AND dep.objid = d.oid \
+           AND dep.refclassid = 'pg_proc'::regclass \
+         JOIN pg_proc p ON p.oid = dep.refobjid JOIN pg_language l ON l.oid = p.prolang \
+         WHERE a.attgenerated = 's' AND l.lanname = 'sql' ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Rows whose `shard` is not `bc_shard` of their key, as `table key`, in the given `(table, key column)` pairs: a
+/// writer that computed a shard of its own would put the row on the wrong owner's shard.
+pub async fn misplaced_shards(
+    pool: &PgPool,
+    tables: &[(&str, &str)],
+) -> Result<Vec<String>, sqlx::Error> {
+    let mut out = Vec::new();
+    for (table, key) in tables {
+        let bad: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT '{table} ' || {key} FROM {table} WHERE shard IS DISTINCT FROM bc_shard({key}) LIMIT 5"
+        )))
+        .fetch_all(pool)
+        .await?;
+        out.extend(bad);
+    }
+    Ok(out)
 }

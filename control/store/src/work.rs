@@ -126,7 +126,7 @@ impl Store {
         run_at_ms: i64,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO work_queue (kind, subject, run_at) VALUES ($1, $2, to_timestamp($3 / 1000.0)) \
+            "INSERT INTO work_queue (kind, subject, shard, run_at) VALUES ($1, $2, bc_shard($2), to_timestamp($3 / 1000.0)) \
              ON CONFLICT (kind, subject) DO UPDATE SET run_at = EXCLUDED.run_at",
         )
         .bind(kind)

@@ -350,13 +350,9 @@ async fn the_placers_statements_run_generic_plans_that_read_by_key() {
         .await
         .expect("seed");
     // Reservations placed long ago, as a fleet in service has (the placement statements update by key among them).
-    bc_store::sqlx::query(
-        "INSERT INTO reservations (id, tenant_id, principal_id, request, state, duration_s) \
-         SELECT 'rsv-old-' || g, 'root', 'admin', '{}', 'released', 60 FROM generate_series(1, 20000) AS g",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("old reservations");
+    bc_store::testing::insert_reservations(&db.pool, "rsv-old-", (1, 20_000), "released", "'{}'")
+        .await
+        .expect("old reservations");
     bc_store::sqlx::query("ANALYZE")
         .execute(&db.pool)
         .await
@@ -573,4 +569,93 @@ async fn bookings_and_releases_touch_no_index_of_devices() {
         upd1 - upd0,
         "every booking and release should be a HOT update (no index entry)"
     );
+}
+
+/// Migration 18: no column of the base schema is generated through a SQL function (PostgreSQL 15 inlined `bc_shard`,
+/// parsing its body, on every statement that wrote the table), and every writer of a shard or a pool writes the value
+/// the generated column gave: `bc_shard(<key>)` and `request ->> 'pool'`. Written here by the group commit's and the
+/// single admission, the placement (reservation, outbox and expiry rows), the join's seeding path and `queue_work`.
+#[tokio::test]
+async fn shards_and_pools_are_written_by_their_statements_as_the_generated_columns_wrote_them() {
+    let db = test_db().await;
+    let store = Store::new(db.pool.clone());
+    assert_eq!(
+        bc_store::testing::generated_columns_calling_sql_functions(&db.pool)
+            .await
+            .expect("catalog"),
+        Vec::<String>::new()
+    );
+    seed_gpu_nodes(&db.pool, "gpu", "n", 3, 1, MODEL)
+        .await
+        .expect("seed");
+    let pooled = serde_json::json!({"tenant": "root", "gpus": 1, "duration_s": 60, "pool": "gpu"});
+    let plain = serde_json::json!({"tenant": "root", "gpus": 1, "duration_s": 60});
+    fn new<'a>(id: &'a str, request: &'a serde_json::Value) -> NewReservation<'a> {
+        NewReservation {
+            id,
+            principal_id: "admin",
+            key: id,
+            body_hash: "h",
+            tenant: "root",
+            request,
+            duration_s: 60,
+        }
+    }
+    let recorded = store
+        .admit_reservations(&[new("rsv-batch-a", &pooled), new("rsv-batch-b", &plain)])
+        .await
+        .expect("group commit");
+    assert_eq!(recorded, vec![true, true]);
+    store
+        .admit_reservation(new("rsv-single", &pooled))
+        .await
+        .expect("single");
+    let (tx, pending) = store.claim_pending(&all_shards(), 10).await.expect("claim");
+    assert_eq!(pending.len(), 3);
+    let retry = store
+        .commit_placements(
+            tx,
+            &[
+                place_on("rsv-batch-a", "n-1"),
+                place_on("rsv-batch-b", "n-2"),
+                place_on("rsv-single", "n-3"),
+            ],
+        )
+        .await
+        .expect("place");
+    assert!(retry.is_empty(), "{retry:?}");
+    store
+        .queue_work("test.kind", "subject-1", now_ms())
+        .await
+        .expect("queue");
+    let counts: (i64, i64, i64) = bc_store::sqlx::query_as(
+        "SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM work_queue), \
+                (SELECT count(*) FROM reservations WHERE pool IS NOT DISTINCT FROM request ->> 'pool')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("counts");
+    assert_eq!(
+        counts,
+        (3, 4, 3),
+        "outbox rows, work items, reservations with their pool"
+    );
+    let pools: Vec<Option<String>> =
+        bc_store::sqlx::query_scalar("SELECT pool FROM reservations ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .expect("pools");
+    assert_eq!(pools, vec![Some("gpu".into()), None, Some("gpu".into())]);
+    let misplaced = bc_store::testing::misplaced_shards(
+        &db.pool,
+        &[
+            ("reservations", "id"),
+            ("outbox", "node_id"),
+            ("work_queue", "subject"),
+            ("nodes", "id"),
+        ],
+    )
+    .await
+    .expect("shards");
+    assert!(misplaced.is_empty(), "{misplaced:?}");
 }

@@ -135,15 +135,9 @@ async fn a_table_that_outgrew_its_estimate_is_analyzed_and_plans_follow() {
 
 /// Inserts placed reservations `rsv-<from>` to `rsv-<to>`.
 async fn fill(pool: &sqlx::PgPool, from: i64, to: i64) {
-    sqlx::query(
-        "INSERT INTO reservations (id, tenant_id, principal_id, request, state, duration_s) \
-         SELECT 'rsv-' || g, 'root', 'p', '{}', 'placed', 60 FROM generate_series($1, $2) AS g",
-    )
-    .bind(from)
-    .bind(to)
-    .execute(pool)
-    .await
-    .expect("fill");
+    bc_store::testing::insert_reservations(pool, "rsv-", (from, to), "placed", "'{}'")
+        .await
+        .expect("fill");
 }
 
 async fn live_rows(pool: &sqlx::PgPool) -> i64 {

@@ -30,7 +30,7 @@ async fn takeover_raises_the_fence_and_stale_holders_commit_nothing() {
 
     // Outbox rows for every node; work due now.
     sqlx::query(
-        "INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', 1 FROM nodes",
+        "INSERT INTO outbox (node_id, shard, kind, generation) SELECT id, shard, 'desired', 1 FROM nodes",
     )
     .execute(&db.pool)
     .await

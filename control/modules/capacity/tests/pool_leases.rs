@@ -5,7 +5,7 @@
 use bc_mod_capacity::queries::{self, PoolLease};
 use bc_store::Store;
 use bc_store::reservations::{Admission, NewReservation};
-use bc_store::testing::{seed_gpu_nodes, test_db};
+use bc_store::testing::{insert_reservations, seed_gpu_nodes, test_db};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -190,22 +190,23 @@ async fn the_pool_scan_reads_its_index_which_holds_only_reservations_with_a_pool
     seed_gpu_nodes(&db.pool, "pa", "a", 1, 2, "H100")
         .await
         .expect("seed");
-    bc_store::sqlx::query(
-        "INSERT INTO reservations (id, tenant_id, principal_id, request, state, duration_s) \
-         SELECT 'rsv-old-' || g, 'root', 'admin', jsonb_build_object('pool', 'pa'), 'released', 60 \
-         FROM generate_series(1, 20000) AS g",
+    insert_reservations(
+        &db.pool,
+        "rsv-old-",
+        (1, 20_000),
+        "released",
+        "jsonb_build_object('pool', 'pa')",
     )
-    .execute(&db.pool)
     .await
     .expect("old reservations");
     // Pending elsewhere: 5,000 in another pool and 5,000 naming none.
-    bc_store::sqlx::query(
-        "INSERT INTO reservations (id, tenant_id, principal_id, request, state, duration_s) \
-         SELECT 'rsv-other-' || g, 'root', 'admin', \
-                CASE WHEN g % 2 = 0 THEN jsonb_build_object('pool', 'pb') ELSE '{}' END, 'pending', 60 \
-         FROM generate_series(1, 10000) AS g",
+    insert_reservations(
+        &db.pool,
+        "rsv-other-",
+        (1, 10_000),
+        "pending",
+        "CASE WHEN g % 2 = 0 THEN jsonb_build_object('pool', 'pb') ELSE '{}' END",
     )
-    .execute(&db.pool)
     .await
     .expect("other pending reservations");
     bc_store::sqlx::query("ANALYZE reservations")

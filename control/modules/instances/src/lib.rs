@@ -37,6 +37,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "instances_node_free",
         sql: include_str!("../migrations/1302_node_free.sql"),
     },
+    Migration {
+        version: 1303,
+        name: "instances_written_shard",
+        sql: include_str!("../migrations/1303_written_shard.sql"),
+    },
 ];
 
 /// The module's tables that start empty and fill fast, declared hot ([`Module::hot_tables`]): the kernel's statistics

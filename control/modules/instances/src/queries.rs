@@ -567,7 +567,8 @@ pub async fn publish(conn: &mut PgConnection, node: &str) -> Result<i64, StoreEr
         "WITH n AS (UPDATE nodes SET desired_generation = desired_generation + 1, updated_at = now(), \
            desired_spec = jsonb_set(desired_spec, '{instances}', $2) WHERE id = $1 \
            RETURNING id, desired_generation), \
-         o AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM n \
+         o AS (INSERT INTO outbox (node_id, shard, kind, generation) \
+           SELECT id, bc_shard(id), 'desired', desired_generation FROM n \
            RETURNING generation) \
          SELECT o.generation FROM o",
     )
@@ -590,7 +591,8 @@ fn append_ctes(entry: u8) -> String {
              || jsonb_build_array(${entry}::jsonb || (SELECT jsonb_build_object('generation', p.generation, \
                   'power', p.power, 'reboots', p.reboots) FROM placed p))) \
            WHERE id = (SELECT p.node_id FROM placed p) RETURNING id, desired_generation), \
-         ob AS (INSERT INTO outbox (node_id, kind, generation) SELECT id, 'desired', desired_generation FROM node)"
+         ob AS (INSERT INTO outbox (node_id, shard, kind, generation) \
+           SELECT id, bc_shard(id), 'desired', desired_generation FROM node)"
     )
 }
 

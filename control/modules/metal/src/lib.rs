@@ -41,6 +41,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "metal_deploy",
         sql: include_str!("../migrations/1101_metal_deploy.sql"),
     },
+    Migration {
+        version: 1102,
+        name: "metal_written_shard",
+        sql: include_str!("../migrations/1102_written_shard.sql"),
+    },
 ];
 
 /// What the composition configures.

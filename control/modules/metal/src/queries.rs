@@ -70,8 +70,8 @@ pub async fn insert(
     machine: &Machine,
 ) -> Result<(), StoreError> {
     let n = sqlx::query(
-        "INSERT INTO metal_machines (mac, site_id, bmc_address, bmc_credentials, record, phase, failed, deadline_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, false, NULL) ON CONFLICT (mac) DO NOTHING",
+        "INSERT INTO metal_machines (mac, shard, site_id, bmc_address, bmc_credentials, record, phase, failed, \
+         deadline_ms) VALUES ($1, bc_shard($1), $2, $3, $4, $5, $6, false, NULL) ON CONFLICT (mac) DO NOTHING",
     )
     .bind(&machine.mac)
     .bind(site.as_str())

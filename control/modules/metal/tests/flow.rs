@@ -179,8 +179,8 @@ impl Lab {
             .and_then(|t| t.split('.').next())
             .expect("bcjt_<id>.<secret>");
         sqlx::query(
-            "INSERT INTO nodes (id, pool_id, state, claims, join_token_id, join_key_hash, joined_at, cert_serial, \
-             cert_not_after, online) VALUES ($1, 'metal', 'adopting', '{}', $2, 'k', now(), 's', now() + interval '1 day', true)",
+            "INSERT INTO nodes (id, shard, pool_id, state, claims, join_token_id, join_key_hash, joined_at, \
+             cert_serial, cert_not_after, online) VALUES ($1, bc_shard($1), 'metal', 'adopting', '{}', $2, 'k', now(), 's', now() + interval '1 day', true)",
         )
         .bind(node)
         .bind(id)
@@ -355,6 +355,17 @@ async fn provide_runs_inspection_netboot_diagnose_and_wipe_to_ready() {
         used.as_deref(),
         Some("node-ramdisk-1"),
         "the machine links to the node"
+    );
+    // Migration 1102: the enrolment writes the machine's shard, as the generated column did.
+    let misplaced = bc_store::testing::misplaced_shards(lab.pool(), &[("metal_machines", "mac")])
+        .await
+        .expect("shards");
+    assert!(misplaced.is_empty(), "{misplaced:?}");
+    assert_eq!(
+        bc_store::testing::generated_columns_calling_sql_functions(lab.pool())
+            .await
+            .expect("catalog"),
+        Vec::<String>::new()
     );
 }
 

@@ -675,8 +675,8 @@ mod tests {
         store.ensure_root_tenant().await?;
         store.ensure_pool("p1", "root", "pool one", true).await?;
         bc_store::sqlx::query(
-            "INSERT INTO nodes (id, pool_id, state, claims, join_key_hash, joined_at, cert_serial, cert_not_after, \
-             public_key) SELECT 'n' || i, 'p1', 'adopting', '{}', 'k' || i, now(), i::text, now() + interval '1 day', \
+            "INSERT INTO nodes (id, shard, pool_id, state, claims, join_key_hash, joined_at, cert_serial, \
+             cert_not_after, public_key) SELECT 'n' || i, bc_shard('n' || i), 'p1', 'adopting', '{}', 'k' || i, now(), i::text, now() + interval '1 day', \
              '\\x04ab'::bytea FROM generate_series(1, 200) i",
         )
         .execute(store.pool())

@@ -166,7 +166,8 @@ pub async fn apply(tx: &mut PgConnection, due: &Due, step: &Step) -> Result<(), 
 /// Hands a placed instance to the workflow (in the placing transaction) and pokes it.
 pub async fn enqueue(tx: &mut PgConnection, id: &str, pool: &str) -> Result<(), StoreError> {
     sqlx::query(
-        "INSERT INTO instance_provider (instance_id, pool_id) VALUES ($1, $2) ON CONFLICT (instance_id) DO NOTHING",
+        "INSERT INTO instance_provider (instance_id, shard, pool_id) VALUES ($1, bc_shard($1), $2) \
+         ON CONFLICT (instance_id) DO NOTHING",
     )
     .bind(id)
     .bind(pool)
