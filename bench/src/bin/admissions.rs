@@ -4,8 +4,9 @@
 //! latency percentiles. Statements per admission come from pg_stat_statements (BEGIN/COMMIT included).
 //! The database is fresh: nothing analyzes it after the warm-up, so the reservation tables were empty when every
 //! statement was prepared (the control plane's own statistics check must cope); the fleet is analyzed after seeding,
-//! as an existing fleet would be, unless `BC_SEED_ANALYZE=0`. `BC_EXPERIMENT_DB_SET` applies an `ALTER DATABASE …
-//! SET` clause before the processes start (e.g. `plan_cache_mode = force_custom_plan`), for experiments.
+//! as an existing fleet would be, unless `BC_SEED_ANALYZE=0`. `BC_EXPERIMENT_DB_SET` applies `ALTER DATABASE …
+//! SET` clauses (separated by `;`) before the processes start (e.g. `plan_cache_mode = force_custom_plan`), for
+//! experiments.
 //! There is no peer in the same run: the issue sets absolute targets (≥ 1,000/s, p99 < 25 ms).
 
 use anyhow::Context as _;
@@ -261,7 +262,15 @@ async fn run() -> anyhow::Result<()> {
         .await
         .context("pg_stat_statements (needs shared_preload_libraries)")?;
 
-    if let Ok(set) = std::env::var("BC_EXPERIMENT_DB_SET") {
+    // Several clauses are separated by `;`.
+    for set in std::env::var("BC_EXPERIMENT_DB_SET")
+        .unwrap_or_default()
+        .split(';')
+    {
+        let set = set.trim();
+        if set.is_empty() {
+            continue;
+        }
         bc_store::sqlx::query(bc_store::sqlx::AssertSqlSafe(format!(
             "ALTER DATABASE postgres SET {set}"
         )))
