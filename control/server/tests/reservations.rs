@@ -232,6 +232,8 @@ async fn idempotency_replays_and_conflicts_also_concurrently() {
         .expect("replay");
     assert_eq!(again["reservation"]["id"], first["reservation"]["id"]);
     assert_eq!(gpus_of(&again), gpus_of(&first));
+    // The first answer came from the placer's notification, the replay's from a read of the row: the same.
+    assert_eq!(again["reservation"], first["reservation"]);
     // Same key, other body (spelled-out default is the same body; a different count is not).
     let same = a
         .call(

@@ -12,7 +12,8 @@ use sqlx::{PgConnection, Postgres, Row, Transaction};
 /// Channel the API's tx 1 notifies (payload: the new reservation ids, comma-separated) so a scheduler claims them at
 /// once by primary key instead of scanning the queue.
 pub const PENDING_CHANNEL: &str = "bc_reservation_pending";
-/// Channel the placer notifies with decided reservation ids (comma-separated) so waiting API calls answer.
+/// Channel the placer notifies with its decisions so waiting API calls answer: entries separated by newlines, each
+/// `<id>\t<the reservation as decided>` ([`decided_entries`]), or the bare id of one too large to carry.
 pub const DECIDED_CHANNEL: &str = "bc_reservation_decided";
 /// Channel notified with node ids whose free devices changed (release, expiry, inventory, adoption).
 pub const CAPACITY_CHANNEL: &str = "bc_capacity";
@@ -27,36 +28,111 @@ use bc_core::reservation::ReservationState;
 const COLUMNS: &str = "r.id, r.tenant_id, r.principal_id, r.state, r.request, r.node_ids, r.gpus, r.error, \
                        r.created_at, r.placed_at, r.expires_at, r.ended_at";
 
-/// A reservation row, parsed once: an id, state, request or booking this build cannot read is an error naming
-/// the row (never a panic, never a string passed on).
+/// The columns of a reservation as [`COLUMNS`] reads them, timestamps in epoch milliseconds; the placer's decision
+/// notification carries the same as JSON ([`DECIDED_JSON`]).
+#[derive(serde::Deserialize)]
+struct ReservationColumns {
+    id: String,
+    tenant_id: String,
+    principal_id: String,
+    state: String,
+    request: serde_json::Value,
+    node_ids: Vec<String>,
+    gpus: serde_json::Value,
+    error: Option<String>,
+    created_at_ms: Option<i64>,
+    placed_at_ms: Option<i64>,
+    expires_at_ms: Option<i64>,
+    ended_at_ms: Option<i64>,
+}
+
+/// The reservation as it was decided, in the placement statement's `RETURNING` (of `reservations r`): the columns of
+/// [`ReservationColumns`], each timestamp truncated to the millisecond as `to_ms` truncates a read one.
+/// `json_build_object` writes text as it goes, where `jsonb_build_object` would build a tree to print.
+const DECIDED_JSON: &str = "json_build_object('id', r.id, 'tenant_id', r.tenant_id, 'principal_id', r.principal_id, \
+     'state', r.state, 'request', r.request, 'node_ids', to_json(r.node_ids), 'gpus', r.gpus, 'error', r.error, \
+     'created_at_ms', floor(extract(epoch FROM r.created_at) * 1000)::bigint, \
+     'placed_at_ms', floor(extract(epoch FROM r.placed_at) * 1000)::bigint, \
+     'expires_at_ms', floor(extract(epoch FROM r.expires_at) * 1000)::bigint, \
+     'ended_at_ms', floor(extract(epoch FROM r.ended_at) * 1000)::bigint)::text";
+
+impl ReservationColumns {
+    fn read(r: &sqlx::postgres::PgRow, at: usize) -> ReservationColumns {
+        let ts = |i: usize| r.get::<Option<time::OffsetDateTime>, _>(at + i).map(to_ms);
+        ReservationColumns {
+            id: r.get(at),
+            tenant_id: r.get(at + 1),
+            principal_id: r.get(at + 2),
+            state: r.get(at + 3),
+            request: r.get(at + 4),
+            node_ids: r.get(at + 5),
+            gpus: r.get(at + 6),
+            error: r.get(at + 7),
+            created_at_ms: ts(8),
+            placed_at_ms: ts(9),
+            expires_at_ms: ts(10),
+            ended_at_ms: ts(11),
+        }
+    }
+
+    /// Parsed once: an id, state, request or booking this build cannot read is an error naming the row (never a
+    /// panic, never a string passed on).
+    fn parse(self) -> Result<Reservation, StoreError> {
+        let id = self.id;
+        let corrupt = |what: &str, e: &dyn std::fmt::Display| {
+            StoreError::Corrupt(format!("reservation {id:?}: {what}: {e}"))
+        };
+        let state = self.state;
+        Ok(Reservation {
+            id: ReservationId::new(id.clone()).map_err(|e| corrupt("id", &e))?,
+            tenant: TenantId::new(self.tenant_id).map_err(|e| corrupt("tenant", &e))?,
+            principal: self.principal_id,
+            state: ReservationState::parse(&state)
+                .ok_or_else(|| corrupt("state", &format!("unknown state {state:?}")))?,
+            request: serde_json::from_value(self.request).map_err(|e| corrupt("request", &e))?,
+            nodes: self
+                .node_ids
+                .into_iter()
+                .map(NodeId::new)
+                .collect::<Result<_, _>>()
+                .map_err(|e| corrupt("nodes", &e))?,
+            gpus: serde_json::from_value::<Vec<BookedGpu>>(self.gpus)
+                .map_err(|e| corrupt("gpus", &e))?,
+            error: self.error,
+            created_at_ms: self.created_at_ms.unwrap_or(0),
+            placed_at_ms: self.placed_at_ms,
+            expires_at_ms: self.expires_at_ms,
+            ended_at_ms: self.ended_at_ms,
+        })
+    }
+}
+
+/// A reservation row read with [`COLUMNS`] from position `at`.
 fn row_to_reservation(r: &sqlx::postgres::PgRow, at: usize) -> Result<Reservation, StoreError> {
-    let id: String = r.get(at);
-    let corrupt = |what: &str, e: &dyn std::fmt::Display| {
-        StoreError::Corrupt(format!("reservation {id:?}: {what}: {e}"))
-    };
-    let ts = |i: usize| r.get::<Option<time::OffsetDateTime>, _>(at + i).map(to_ms);
-    let state: String = r.get(at + 3);
-    let nodes: Vec<String> = r.get(at + 5);
-    Ok(Reservation {
-        id: ReservationId::new(id.clone()).map_err(|e| corrupt("id", &e))?,
-        tenant: TenantId::new(r.get(at + 1)).map_err(|e| corrupt("tenant", &e))?,
-        principal: r.get(at + 2),
-        state: ReservationState::parse(&state)
-            .ok_or_else(|| corrupt("state", &format!("unknown state {state:?}")))?,
-        request: serde_json::from_value(r.get(at + 4)).map_err(|e| corrupt("request", &e))?,
-        nodes: nodes
-            .into_iter()
-            .map(NodeId::new)
-            .collect::<Result<_, _>>()
-            .map_err(|e| corrupt("nodes", &e))?,
-        gpus: serde_json::from_value::<Vec<BookedGpu>>(r.get(at + 6))
-            .map_err(|e| corrupt("gpus", &e))?,
-        error: r.get(at + 7),
-        created_at_ms: ts(8).unwrap_or(0),
-        placed_at_ms: ts(9),
-        expires_at_ms: ts(10),
-        ended_at_ms: ts(11),
-    })
+    ReservationColumns::read(r, at).parse()
+}
+
+/// The entries of a [`DECIDED_CHANNEL`] payload: each reservation id with the reservation as decided, or with None
+/// where the payload names only the id (a row too large to carry, or a scheduler of an older build, whose payload
+/// was the ids separated by commas): read that one. Entries are cheap to skip: the JSON is parsed only by
+/// [`decided_reservation`].
+pub fn decided_entries(payload: &str) -> impl Iterator<Item = (&str, Option<&str>)> {
+    payload
+        .split('\n')
+        .flat_map(|entry| -> Box<dyn Iterator<Item = (&str, Option<&str>)>> {
+            match entry.split_once('\t') {
+                Some((id, json)) => Box::new(std::iter::once((id, Some(json)))),
+                None => Box::new(entry.split(',').map(|id| (id, None))),
+            }
+        })
+        .filter(|(id, _)| !id.is_empty())
+}
+
+/// The reservation a [`decided_entries`] entry carries, parsed as a read of it is.
+pub fn decided_reservation(json: &str) -> Result<Reservation, StoreError> {
+    serde_json::from_str::<ReservationColumns>(json)
+        .map_err(|e| StoreError::Corrupt(format!("a decision's notification: {e}")))?
+        .parse()
 }
 
 /// What tx 1 found.
@@ -425,10 +501,11 @@ impl Store {
             t.dedup();
             t
         };
-        let decided: Vec<String> = placed_ids.iter().chain(&failed_ids).cloned().collect();
         // One statement: the nodes' desired state with outbox rows, placements (each remembering the generation
         // that carries it to each of its nodes) and failures, expiry work, and the notifications (outbox written,
-        // decisions for the waiting API calls).
+        // decisions for the waiting API calls). A decision carries the reservation as decided, so the waiting call
+        // answers without reading it: entries of up to 3,000 bytes, grouped by their running length so that each
+        // payload stays under PostgreSQL's 8,000-byte limit; a larger one carries only its id.
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "WITH p AS (SELECT * FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $4::float8[]) AS p(id, nodes, gpus, secs)), \
              {publish}, \
@@ -437,13 +514,17 @@ impl Store {
                   expires_at = now() + make_interval(secs => p.secs), \
                   generations = (SELECT COALESCE(jsonb_object_agg(n.id, n.desired_generation), '{{}}') FROM n \
                     WHERE n.id IN (SELECT jsonb_array_elements_text(p.nodes))) \
-                FROM p WHERE r.id = p.id RETURNING r.id, r.expires_at), \
+                FROM p WHERE r.id = p.id RETURNING r.id, r.expires_at, {DECIDED_JSON} AS j), \
              q AS (INSERT INTO work_queue (kind, subject, shard, run_at) \
                 SELECT 'reservation.expire', id, bc_shard(id), expires_at FROM placed \
                 ON CONFLICT (kind, subject) DO UPDATE SET run_at = EXCLUDED.run_at), \
              f AS (UPDATE reservations r SET state = 'failed', error = f.error, ended_at = now() \
-                FROM unnest($5::text[], $6::text[]) AS f(id, error) WHERE r.id = f.id RETURNING r.id), \
-             d AS (SELECT pg_notify($9, c) FROM unnest($10::text[]) AS c) \
+                FROM unnest($5::text[], $6::text[]) AS f(id, error) WHERE r.id = f.id RETURNING r.id, {DECIDED_JSON} AS j), \
+             e AS (SELECT id, CASE WHEN octet_length(j) <= 3000 THEN id || E'\\t' || j ELSE id END AS e \
+                FROM (SELECT id, j FROM placed UNION ALL SELECT id, j FROM f) x), \
+             d AS (SELECT pg_notify($9, string_agg(e, E'\\n')) FROM \
+                (SELECT e, sum(octet_length(e) + 1) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING) / 4000 AS g FROM e) y \
+                GROUP BY g) \
              SELECT (SELECT count(*) FROM placed), (SELECT count(*) FROM f), (SELECT count(*) FROM w), \
                     (SELECT count(*) FROM d)",
             publish = publish_ctes(7, 8)
@@ -457,7 +538,6 @@ impl Store {
         .bind(&touched)
         .bind(OUTBOX_WRITTEN_CHANNEL)
         .bind(DECIDED_CHANNEL)
-        .bind(chunk_ids(&decided))
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;

@@ -659,3 +659,93 @@ async fn shards_and_pools_are_written_by_their_statements_as_the_generated_colum
     .expect("shards");
     assert!(misplaced.is_empty(), "{misplaced:?}");
 }
+
+/// A decision's notification carries each reservation as decided, so a waiting API call answers without reading it:
+/// what it carries equals a read of the row after the commit, every payload stays under PostgreSQL's 8,000-byte
+/// limit however many decisions a batch has, and a row too large to carry (here a failure's long reason) comes as
+/// its bare id, which the API reads. A scheduler of an older build sent the ids separated by commas.
+#[tokio::test]
+async fn a_decisions_notification_carries_each_reservation_as_a_read_returns_it() {
+    use bc_store::reservations::{DECIDED_CHANNEL, decided_entries, decided_reservation};
+    let db = test_db().await;
+    let store = Store::new(db.pool.clone());
+    seed_gpu_nodes(&db.pool, "gpu", "n", 20, 1, MODEL)
+        .await
+        .expect("seed");
+    let mut listener = bc_store::sqlx::postgres::PgListener::connect_with(&db.pool)
+        .await
+        .expect("listener");
+    listener.listen(DECIDED_CHANNEL).await.expect("listen");
+    let ids: Vec<String> = (1..=21).map(|i| format!("rsv-d{i:02}")).collect();
+    for id in &ids {
+        admit(&store, id).await;
+    }
+    let (tx, pending) = store.claim_pending(&all_shards(), 64).await.expect("claim");
+    assert_eq!(pending.len(), 21);
+    let mut decisions: Vec<Decision> = (1..=20)
+        .map(|i| place_on(&format!("rsv-d{i:02}"), &format!("n-{i}")))
+        .collect();
+    let long_reason = "no capacity: ".to_string() + &"x".repeat(5_000);
+    decisions.push(Decision::Fail {
+        id: "rsv-d21".into(),
+        error: long_reason.clone(),
+    });
+    let retry = store
+        .commit_placements(tx, &decisions)
+        .await
+        .expect("commit");
+    assert!(retry.is_empty(), "{retry:?}");
+
+    let mut carried = std::collections::BTreeMap::new();
+    let mut bare = Vec::new();
+    let mut payloads = 0;
+    while carried.len() + bare.len() < 21 {
+        let n = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+            .await
+            .expect("a notification within 5 s")
+            .expect("notification");
+        payloads += 1;
+        assert!(n.payload().len() < 8_000, "{} bytes", n.payload().len());
+        for (id, json) in decided_entries(n.payload()) {
+            match json {
+                Some(json) => {
+                    carried.insert(id.to_string(), decided_reservation(json).expect("parse"));
+                }
+                None => bare.push(id.to_string()),
+            }
+        }
+    }
+    assert!(payloads >= 2, "20 placements do not fit one payload");
+    assert_eq!(
+        bare,
+        vec!["rsv-d21".to_string()],
+        "the long failure comes as its id"
+    );
+    assert_eq!(carried.len(), 20);
+    for (id, r) in &carried {
+        let read = store
+            .reservation(&rsv(id))
+            .await
+            .expect("read")
+            .expect("row");
+        assert_eq!(r, &read, "{id}: carried and read differ");
+        assert_eq!(r.state, ReservationState::Placed);
+        assert_eq!(r.gpus.len(), 1);
+        assert!(r.placed_at_ms.is_some() && r.expires_at_ms.is_some());
+    }
+    let failed = store
+        .reservation(&rsv("rsv-d21"))
+        .await
+        .expect("read")
+        .expect("row");
+    assert_eq!(failed.error.as_deref(), Some(long_reason.as_str()));
+    // An older scheduler's payload: ids separated by commas, each to be read.
+    assert_eq!(
+        decided_entries("rsv-1,rsv-2").collect::<Vec<_>>(),
+        vec![("rsv-1", None), ("rsv-2", None)]
+    );
+    assert!(
+        decided_reservation("{\"id\": \"rsv-1\"}").is_err(),
+        "an incomplete row is refused, not guessed"
+    );
+}

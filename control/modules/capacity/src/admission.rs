@@ -70,8 +70,9 @@ pub fn register(module: Module) -> Module {
 /// How long `create` waits for the placer before answering with the still-pending reservation.
 const DECISION_WAIT: Duration = Duration::from_secs(5);
 
-/// API calls waiting for the placer's decision, woken by the `bc_reservation_decided` notification. One read of
-/// the store per notification serves every waiter it names.
+/// API calls waiting for the placer's decision, woken by the `bc_reservation_decided` notification, which carries
+/// the decided reservations: a waiter is answered from it, and only one the payload names by id alone is read (one
+/// read per notification for all such).
 #[derive(Default)]
 pub struct Decisions {
     waiting: Mutex<HashMap<String, Vec<oneshot::Sender<Reservation>>>>,
@@ -92,22 +93,37 @@ impl Decisions {
         }
     }
 
-    /// Handles one notification payload (comma-separated reservation ids).
+    /// Handles one notification payload ([`bc_store::reservations::decided_entries`]): a waited-for reservation the
+    /// payload carries is answered from it; one named only by its id (or carried in a form this build cannot read)
+    /// is read, all such in one statement.
     pub async fn decided(&self, store: &bc_store::Store, payload: &str) {
-        let ids: Vec<String> = {
-            let Ok(w) = self.waiting.lock() else {
+        let mut read: Vec<String> = Vec::new();
+        {
+            let Ok(mut w) = self.waiting.lock() else {
                 return;
             };
-            payload
-                .split(',')
-                .filter(|id| w.contains_key(*id))
-                .map(str::to_string)
-                .collect()
-        };
-        if ids.is_empty() {
+            for (id, carried) in bc_store::reservations::decided_entries(payload) {
+                if !w.contains_key(id) {
+                    continue;
+                }
+                match carried.map(bc_store::reservations::decided_reservation) {
+                    Some(Ok(r)) if r.id.as_str() == id => {
+                        for tx in w.remove(id).unwrap_or_default() {
+                            let _ = tx.send(r.clone());
+                        }
+                    }
+                    Some(Ok(_)) | None => read.push(id.to_string()),
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, id, "a decision's notification was unreadable; reading it");
+                        read.push(id.to_string());
+                    }
+                }
+            }
+        }
+        if read.is_empty() {
             return;
         }
-        match store.reservations(&ids).await {
+        match store.reservations(&read).await {
             Ok(rows) => {
                 let Ok(mut w) = self.waiting.lock() else {
                     return;
