@@ -520,11 +520,11 @@ impl Store {
                 ON CONFLICT (kind, subject) DO UPDATE SET run_at = EXCLUDED.run_at), \
              f AS (UPDATE reservations r SET state = 'failed', error = f.error, ended_at = now() \
                 FROM unnest($5::text[], $6::text[]) AS f(id, error) WHERE r.id = f.id RETURNING r.id, {DECIDED_JSON} AS j), \
-             e AS (SELECT id, CASE WHEN octet_length(j) <= 3000 THEN id || E'\\t' || j ELSE id END AS e \
+             entries AS (SELECT id, CASE WHEN octet_length(j) <= 3000 THEN id || E'\\t' || j ELSE id END AS entry \
                 FROM (SELECT id, j FROM placed UNION ALL SELECT id, j FROM f) x), \
-             d AS (SELECT pg_notify($9, string_agg(e, E'\\n')) FROM \
-                (SELECT e, sum(octet_length(e) + 1) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING) / 4000 AS g FROM e) y \
-                GROUP BY g) \
+             d AS (SELECT pg_notify($9, string_agg(entry, E'\\n')) FROM \
+                (SELECT entry, sum(octet_length(entry) + 1) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING) / 4000 AS g \
+                 FROM entries) y GROUP BY g) \
              SELECT (SELECT count(*) FROM placed), (SELECT count(*) FROM f), (SELECT count(*) FROM w), \
                     (SELECT count(*) FROM d)",
             publish = publish_ctes(7, 8)

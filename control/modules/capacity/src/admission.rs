@@ -97,44 +97,49 @@ impl Decisions {
     /// payload carries is answered from it; one named only by its id (or carried in a form this build cannot read)
     /// is read, all such in one statement.
     pub async fn decided(&self, store: &bc_store::Store, payload: &str) {
-        let mut read: Vec<String> = Vec::new();
-        {
-            let Ok(mut w) = self.waiting.lock() else {
+        // The entries this process waits for; parsed outside the lock that every admission takes.
+        let waited: Vec<(&str, Option<&str>)> = {
+            let Ok(w) = self.waiting.lock() else {
                 return;
             };
-            for (id, carried) in bc_store::reservations::decided_entries(payload) {
-                if !w.contains_key(id) {
-                    continue;
-                }
-                match carried.map(bc_store::reservations::decided_reservation) {
-                    Some(Ok(r)) if r.id.as_str() == id => {
-                        for tx in w.remove(id).unwrap_or_default() {
-                            let _ = tx.send(r.clone());
-                        }
-                    }
-                    Some(Ok(_)) | None => read.push(id.to_string()),
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, id, "a decision's notification was unreadable; reading it");
-                        read.push(id.to_string());
-                    }
+            bc_store::reservations::decided_entries(payload)
+                .filter(|(id, _)| w.contains_key(*id))
+                .collect()
+        };
+        let mut carried = Vec::new();
+        let mut read: Vec<String> = Vec::new();
+        for (id, json) in waited {
+            match json.map(bc_store::reservations::decided_reservation) {
+                Some(Ok(r)) if r.id.as_str() == id => carried.push(r),
+                Some(Ok(_)) | None => read.push(id.to_string()),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, id, "a decision's notification was unreadable; reading it");
+                    read.push(id.to_string());
                 }
             }
         }
+        self.answer(carried);
         if read.is_empty() {
             return;
         }
         match store.reservations(&read).await {
-            Ok(rows) => {
-                let Ok(mut w) = self.waiting.lock() else {
-                    return;
-                };
-                for r in rows {
-                    for tx in w.remove(r.id.as_str()).unwrap_or_default() {
-                        let _ = tx.send(r.clone());
-                    }
-                }
-            }
+            Ok(rows) => self.answer(rows),
             Err(e) => tracing::warn!(error = %e, "reading decided reservations failed"),
+        }
+    }
+
+    /// Hands each reservation to the calls waiting for it.
+    fn answer(&self, decided: Vec<Reservation>) {
+        if decided.is_empty() {
+            return;
+        }
+        let Ok(mut w) = self.waiting.lock() else {
+            return;
+        };
+        for r in decided {
+            for tx in w.remove(r.id.as_str()).unwrap_or_default() {
+                let _ = tx.send(r.clone());
+            }
         }
     }
 }
