@@ -593,3 +593,79 @@ async fn nothing_is_sent_that_the_system_does_not_advertise() -> Result<()> {
     bmc.close().await?;
     Ok(())
 }
+
+/// A read answered 500 is repeated within the retry budget. The metal lab met one: sushy's libvirt driver answers
+/// 500 ("domain is not running") when the domain powers itself off between two of its libvirt calls. With the budget
+/// spent, the 500 comes back as it is, with what the BMC said. An action answered 500 is not repeated: it may have
+/// been applied.
+#[tokio::test]
+async fn a_read_answered_500_is_repeated_within_the_budget_and_an_action_is_not() -> Result<()> {
+    const GET_SYSTEM: &str = "GET /redfish/v1/Systems/1";
+    let (srv, state) = fake_bmc(FakeState {
+        system_get_errors_left: 3,
+        ..FakeState::default()
+    })
+    .await?;
+    let bmc = Bmc::connect(&srv.url, creds(), opts()).await?;
+    let (sys, _) = bmc
+        .get::<bcd_site::redfish::models::ComputerSystem>("/redfish/v1/Systems/1")
+        .await?;
+    assert_eq!(sys.power_state.as_deref(), Some("Off"));
+    let gets = |state: &common::Shared| -> Result<usize> {
+        Ok(count(
+            &state.lock().map_err(|_| anyhow::anyhow!("lock"))?.log,
+            GET_SYSTEM,
+        ))
+    };
+    assert_eq!(gets(&state)?, 4, "three 500s, then the answer");
+
+    // A budget of two attempts runs out on the third 500 in a row: the 500 as it is, with the BMC's message.
+    // (The log is not cleared: the fake names sessions by its length.)
+    state
+        .lock()
+        .map_err(|_| anyhow::anyhow!("lock"))?
+        .system_get_errors_left = 3;
+    let tight = BmcOptions {
+        retry: RetryPolicy {
+            attempts: 2,
+            ..opts().retry
+        },
+        ..opts()
+    };
+    let bmc2 = Bmc::connect(&srv.url, creds(), tight).await?;
+    let err = bmc2
+        .get::<bcd_site::redfish::models::ComputerSystem>("/redfish/v1/Systems/1")
+        .await
+        .err()
+        .context("must run out")?;
+    let text = err.to_string();
+    assert!(
+        matches!(err, RedfishError::Status { status: 500, .. }),
+        "{text}"
+    );
+    assert!(text.contains("domain is not running"), "{text}");
+    assert_eq!(gets(&state)?, 4 + 2);
+
+    // An action answered 500 is sent once.
+    {
+        let mut st = state.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+        st.system_get_errors_left = 0;
+        st.reset_errors_left = 1;
+    }
+    let err = bmc
+        .power("/redfish/v1/Systems/1", PowerAction::On)
+        .await
+        .err()
+        .context("the 500 comes back")?;
+    assert!(err.to_string().contains("HTTP 500"), "{err}");
+    assert_eq!(
+        count(
+            &state.lock().map_err(|_| anyhow::anyhow!("lock"))?.log,
+            RESET
+        ),
+        1
+    );
+    bmc.close().await?;
+    bmc2.close().await?;
+    Ok(())
+}

@@ -1,6 +1,7 @@
 //! The connection to one BMC: TLS, authentication (a Redfish session with logout, or Basic when the BMC has no
 //! session to give), the per-BMC concurrency limit, and the retry budget for "busy" answers (409, 429, 503 and
-//! busy message ids) with capped exponential backoff and jitter, honouring `Retry-After`. Documents are decoded
+//! busy message ids) and for reads answered with a server error, with capped exponential backoff and jitter,
+//! honouring `Retry-After`. Documents are decoded
 //! leniently ([`super::decode`]); collections are read to their last page ([`super::listing`]), with `$expand`
 //! where the service advertises it.
 
@@ -639,6 +640,25 @@ impl Bmc {
             {
                 relogged = true;
                 self.relogin().await?;
+                continue;
+            }
+            // A read answered with a server error is repeated within the same budget: it is safe to repeat, and
+            // a BMC's 500 on a read is usually a passing state (sushy's libvirt driver answers 500 when the domain
+            // stops between two of its libvirt calls; Ironic's sushy retries server errors on GETs as well). 501 is
+            // an answer, not a state. When the budget is spent the answer comes back as it is. An action answered
+            // 500 is never repeated: it may have been applied.
+            if method == Method::GET
+                && status >= 500
+                && !matches!(status, 501 | 503)
+                && attempt < policy.attempts
+            {
+                let delay = reply.retry_after.map_or_else(
+                    || policy.delay(attempt, rand::random()),
+                    |d| d.min(policy.backoff.cap()),
+                );
+                debug!(bmc = %self.base, path, status, attempt, ?delay, "server error on a read, retrying");
+                tokio::time::sleep(delay).await;
+                attempt += 1;
                 continue;
             }
             let busy = !reply.has_message_id(success_ids)

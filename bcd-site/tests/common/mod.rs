@@ -92,6 +92,11 @@ pub struct FakeState {
     pub allowed_resets: Vec<String>,
     /// Reset answers 409 this many times first.
     pub reset_conflicts_left: u32,
+    /// GET of the system answers 500 this many times first (sushy's libvirt driver does when the domain stops
+    /// between two of its libvirt calls).
+    pub system_get_errors_left: u32,
+    /// Reset answers 500 this many times first.
+    pub reset_errors_left: u32,
     /// Reset On answers 409 with iDRAC's PSU501 ("already powered on").
     pub psu501: bool,
     /// Apply accepted resets (false: 204 and PowerState never changes).
@@ -137,6 +142,8 @@ impl Default for FakeState {
                 .map(String::from)
                 .to_vec(),
             reset_conflicts_left: 0,
+            system_get_errors_left: 0,
+            reset_errors_left: 0,
             psu501: false,
             apply_power: true,
             boot_target: "Hdd".into(),
@@ -318,6 +325,14 @@ async fn fake_handler(
             tokio::time::sleep(delay).await;
             let mut st = lock(&s);
             st.in_flight -= 1;
+            if st.system_get_errors_left > 0 {
+                st.system_get_errors_left -= 1;
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "Base.1.0.GeneralError",
+                    "Requested operation is not valid: domain is not running",
+                );
+            }
             let mut body = json!({
                 "@odata.id": "/redfish/v1/Systems/1", "Id": "1", "Manufacturer": st.vendor,
                 "PowerState": st.reported_power.clone().unwrap_or_else(|| st.power.clone()),
@@ -409,6 +424,14 @@ async fn fake_handler(
                     StatusCode::CONFLICT,
                     "IDRAC.2.8.PSU501",
                     "Unable to perform the operation because the server is already powered ON.",
+                );
+            }
+            if st.reset_errors_left > 0 {
+                st.reset_errors_left -= 1;
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "Base.1.0.InternalError",
+                    "The request failed due to an internal service error.",
                 );
             }
             if st.reset_conflicts_left > 0 {
