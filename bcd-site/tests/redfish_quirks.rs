@@ -30,6 +30,17 @@ fn opts() -> BmcOptions {
     }
 }
 
+/// [`opts`] with a budget of two attempts.
+fn two_attempts() -> BmcOptions {
+    BmcOptions {
+        retry: RetryPolicy {
+            attempts: 2,
+            ..opts().retry
+        },
+        ..opts()
+    }
+}
+
 fn count(log: &[String], prefix: &str) -> usize {
     log.iter().filter(|l| l.starts_with(prefix)).count()
 }
@@ -66,13 +77,7 @@ async fn conflict_twice_then_success_within_the_budget() -> Result<()> {
         let mut st = state.lock().map_err(|_| anyhow::anyhow!("lock"))?;
         st.reset_conflicts_left = 5;
     }
-    let tight = BmcOptions {
-        retry: RetryPolicy {
-            attempts: 2,
-            ..opts().retry
-        },
-        ..opts()
-    };
+    let tight = two_attempts();
     let bmc2 = Bmc::connect(&srv.url, creds(), tight).await?;
     let err = bmc2
         .power("/redfish/v1/Systems/1", PowerAction::Off)
@@ -625,13 +630,7 @@ async fn a_read_answered_500_is_repeated_within_the_budget_and_an_action_is_not(
         .lock()
         .map_err(|_| anyhow::anyhow!("lock"))?
         .system_get_errors_left = 3;
-    let tight = BmcOptions {
-        retry: RetryPolicy {
-            attempts: 2,
-            ..opts().retry
-        },
-        ..opts()
-    };
+    let tight = two_attempts();
     let bmc2 = Bmc::connect(&srv.url, creds(), tight).await?;
     let err = bmc2
         .get::<bcd_site::redfish::models::ComputerSystem>("/redfish/v1/Systems/1")

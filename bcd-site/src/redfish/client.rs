@@ -642,34 +642,24 @@ impl Bmc {
                 self.relogin().await?;
                 continue;
             }
-            // A read answered with a server error is repeated within the same budget: it is safe to repeat, and
-            // a BMC's 500 on a read is usually a passing state (sushy's libvirt driver answers 500 when the domain
-            // stops between two of its libvirt calls; Ironic's sushy retries server errors on GETs as well). 501 is
-            // an answer, not a state. When the budget is spent the answer comes back as it is. An action answered
-            // 500 is never repeated: it may have been applied.
-            if method == Method::GET
-                && status >= 500
-                && !matches!(status, 501 | 503)
-                && attempt < policy.attempts
-            {
-                let delay = reply.retry_after.map_or_else(
-                    || policy.delay(attempt, rand::random()),
-                    |d| d.min(policy.backoff.cap()),
-                );
-                debug!(bmc = %self.base, path, status, attempt, ?delay, "server error on a read, retrying");
-                tokio::time::sleep(delay).await;
-                attempt += 1;
-                continue;
-            }
             let busy = !reply.has_message_id(success_ids)
                 && (matches!(status, 409 | 429 | 503)
                     || (status >= 400
                         && (reply.has_message_id(BASE_BUSY_IDS)
                             || reply.has_message_id(self.quirks.busy_message_ids))));
-            if !busy {
+            // A read answered with a server error is repeated within the same budget: it is safe to repeat, and
+            // a BMC's 500 on a read is usually a passing state (sushy's libvirt driver answers 500 when the domain
+            // stops between two of its libvirt calls; Ironic's sushy retries server errors on GETs as well). 501 is
+            // an answer, not a state. When the budget is spent the answer comes back as it is. An action answered
+            // 500 is never repeated: it may have been applied.
+            let failed_read = !busy && method == Method::GET && status >= 500 && status != 501;
+            if !busy && !failed_read {
                 return Ok(reply);
             }
             if attempt >= policy.attempts {
+                if failed_read {
+                    return Ok(reply);
+                }
                 return Err(RedfishError::Busy {
                     method: method.to_string(),
                     url: self.url(path),
@@ -682,7 +672,7 @@ impl Bmc {
                 || policy.delay(attempt, rand::random()),
                 |d| d.min(policy.backoff.cap()),
             );
-            debug!(bmc = %self.base, path, status, attempt, ?delay, "BMC busy, retrying");
+            debug!(bmc = %self.base, path, status, attempt, ?delay, busy, "retrying");
             tokio::time::sleep(delay).await;
             attempt += 1;
         }
