@@ -3,8 +3,10 @@
 
 mod common;
 
+use bc_core::node::NodeVerb;
 use bc_proto::spiffe::Role;
 use bc_proto::v1;
+use bc_store::reservations::NodeStateChange;
 use common::*;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -620,11 +622,12 @@ async fn a_revoked_node_is_refused_in_the_tls_handshake_and_its_session_closed()
     tls_probe(&p, cert.clone(), &key).await?;
     spawn_run(&p, &mut elsewhere, "elsewhere");
     wait_node(&p, &elsewhere.id, 30, "session", |n| n.online).await;
-    assert!(
+    assert!(matches!(
         p.store
-            .set_node_state(&elsewhere.id, "revoked", "test/other-process")
-            .await?
-    );
+            .set_node_schedulable(&elsewhere.id, NodeVerb::Revoke, "test/other-process")
+            .await?,
+        NodeStateChange::Changed { .. }
+    ));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let e = loop {
         match tls_probe(&p, cert.clone(), &key).await {

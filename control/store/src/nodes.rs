@@ -566,6 +566,9 @@ impl Store {
         let Some(state) = state else {
             return Ok(NodeDeletion::NotFound);
         };
+        let state: NodeState = state
+            .parse()
+            .map_err(|e: UnknownState| StoreError::Corrupt(format!("nodes row {id:?}: {e}")))?;
         let booked: Vec<String> = sqlx::query_scalar(
             "SELECT DISTINCT reservation_id FROM devices WHERE node_id = $1 AND reservation_id IS NOT NULL \
              ORDER BY 1",
@@ -579,7 +582,7 @@ impl Store {
                 booked.join(", ")
             )
         };
-        if state != "revoked" {
+        if state != NodeState::Revoked {
             let why = if booked.is_empty() {
                 String::new()
             } else {

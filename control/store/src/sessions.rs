@@ -159,7 +159,9 @@ impl Store {
         .await?;
         Ok(match found {
             None => OpenRefusal::Unknown,
-            Some((state, _)) if state == "revoked" => OpenRefusal::Revoked,
+            Some((state, _)) if matches!(state.parse(), Ok(NodeState::Revoked)) => {
+                OpenRefusal::Revoked
+            }
             Some(_) => OpenRefusal::KeySuperseded,
         })
     }
@@ -728,40 +730,6 @@ impl Store {
                 serde_json::json!({"from": expected_state, "conditions": conditions, "command": command_id}),
             )
             .await?;
-        }
-        tx.commit().await?;
-        Ok(n == 1)
-    }
-
-    /// Sets a node's state by operator action (drain, revoke), recording who did it.
-    pub async fn set_node_state(
-        &self,
-        node_id: &str,
-        state: &str,
-        actor: &str,
-    ) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let n = sqlx::query(
-            "UPDATE nodes SET state = $2, updated_at = now() WHERE id = $1 AND state <> 'revoked'",
-        )
-        .bind(node_id)
-        .bind(state)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if n == 1 {
-            audit(
-                &mut tx,
-                actor,
-                &format!("node.{state}"),
-                &format!("node/{node_id}"),
-                serde_json::json!({}),
-            )
-            .await?;
-            if state == "revoked" {
-                // A revoked node holds no GPU: each goes to a node that reported it meanwhile.
-                crate::devices::release_all_in(&mut tx, node_id).await?;
-            }
         }
         tx.commit().await?;
         Ok(n == 1)

@@ -2,9 +2,11 @@
 //! replay window, a reclaim superseding the node's key, and a GPU UUID belonging to one node at a time.
 
 use bc_core::join::{Expectations, REPLAY_WINDOW_MS};
+use bc_core::node::NodeVerb;
 use bc_store::Store;
 use bc_store::join_tokens::NewJoinToken;
 use bc_store::nodes::{JoinCandidate, JoinCommit};
+use bc_store::reservations::NodeStateChange;
 use bc_store::sessions::OpenRefusal;
 use bc_store::sqlx;
 use bc_store::testing::test_db;
@@ -253,12 +255,13 @@ async fn a_reclaim_supersedes_the_old_key_which_then_opens_no_session() {
             .err(),
         Some(OpenRefusal::Unknown)
     );
-    assert!(
+    assert!(matches!(
         store
-            .set_node_state("n1", "revoked", "test")
+            .set_node_schedulable("n1", NodeVerb::Revoke, "test")
             .await
-            .expect("revoke")
-    );
+            .expect("revoke"),
+        NodeStateChange::Changed { .. }
+    ));
     assert_eq!(
         store
             .open_session("n1", &point("new"))

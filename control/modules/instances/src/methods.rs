@@ -438,7 +438,7 @@ async fn change(cx: Cx, req: InstanceById, change: Change) -> Result<InstanceAns
     };
     if let Some(node) = &changed.node {
         let generation = queries::publish(&mut tx, node).await?;
-        if changed.state == "deleting" {
+        if changed.state == InstanceState::Deleting {
             queries::set_removal_generation(&mut tx, &i.id, generation).await?;
         }
     }

@@ -452,8 +452,8 @@ pub enum Change {
 pub struct Changed {
     /// The node whose desired state must be published (a placed hosted instance's).
     pub node: Option<String>,
-    /// Its state after the change (`deleting` for a delete that its node or provider must confirm).
-    pub state: String,
+    /// Its state after the change (`Deleting` for a delete that its node or provider must confirm).
+    pub state: InstanceState,
 }
 
 /// Applies `change` to instance `id` if it is live (not deleting or deleted), raising its generation; None when it
@@ -488,7 +488,10 @@ pub async fn change(
     let Some((node, state)) = q.fetch_optional(&mut *conn).await? else {
         return Ok(None);
     };
-    let placed_on_node = matches!(state.as_str(), "placed" | "deleting");
+    let state = InstanceState::parse(&state).ok_or_else(|| {
+        StoreError::Corrupt(format!("instance {id:?}: state: unknown state {state:?}"))
+    })?;
+    let placed_on_node = matches!(state, InstanceState::Placed | InstanceState::Deleting);
     Ok(Some(Changed {
         node: node.filter(|_| placed_on_node),
         state,

@@ -1,7 +1,7 @@
 //! The provider workflow's rows (`instance_provider`, migration 1301): which instances are due, the fence and row
 //! lock of a pass, and what a pass stores — its record, or the end of the instance's story.
 
-use bc_core::api::instances::{InstanceRequest, ObservedInstance, Power};
+use bc_core::api::instances::{InstanceRequest, InstanceState, ObservedInstance, Power};
 use bc_core::provider::ProviderPool;
 use bc_core::provider::workflow::{Desired, Outcome, Record, Step};
 use bc_core::shards::ShardLease;
@@ -15,7 +15,7 @@ pub const POKE: &str = "bc_instances";
 #[derive(Debug, Clone)]
 pub struct Due {
     pub instance_id: String,
-    pub state: String,
+    pub state: InstanceState,
     pub power: Power,
     pub reboots: i64,
     pub generation: i64,
@@ -29,7 +29,10 @@ impl Due {
     /// What the control plane wants: a deleted or failed instance is cleaned up at the provider.
     pub fn desired(&self) -> Desired {
         Desired {
-            deleted: matches!(self.state.as_str(), "deleting" | "deleted" | "failed"),
+            deleted: matches!(
+                self.state,
+                InstanceState::Deleting | InstanceState::Deleted | InstanceState::Failed
+            ),
             power: self.power,
             reboots: self.reboots,
         }
@@ -99,6 +102,7 @@ pub async fn lock_due(tx: &mut PgConnection, id: &str) -> Result<Option<Due>, St
     let Some(r) = row else {
         return Ok(None);
     };
+    let state: String = r.get(1);
     let power: String = r.get(2);
     let provider: Option<serde_json::Value> = r.get(7);
     let mut record: Record =
@@ -107,7 +111,7 @@ pub async fn lock_due(tx: &mut PgConnection, id: &str) -> Result<Option<Due>, St
     Ok(Some(Due {
         instance_id: id.to_owned(),
         record,
-        state: r.get(1),
+        state: InstanceState::parse(&state).ok_or_else(|| corrupt(id, "state", &state))?,
         power: Power::parse(&power).ok_or_else(|| corrupt(id, "power", &power))?,
         reboots: r.get(3),
         generation: r.get(4),
