@@ -20,6 +20,10 @@ use bcd_site::redfish::{
 struct Emulator {
     child: Child,
     url: String,
+    /// The emulator's TMPDIR: the fake driver keeps its machines' state in SQLite files under
+    /// `<TMPDIR>/sushy-emulator/`. A directory of this test's own starts it from its defaults and is removed after
+    /// the emulator is stopped (fields drop after `drop`).
+    _state: tempfile::TempDir,
 }
 
 impl Drop for Emulator {
@@ -48,8 +52,10 @@ async fn start() -> Result<Option<Emulator>> {
         );
     };
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let state = tempfile::tempdir()?;
     let child = Command::new(&bin)
         .args(["--fake", "-i", "127.0.0.1", "-p", &port.to_string()])
+        .env("TMPDIR", state.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -57,6 +63,7 @@ async fn start() -> Result<Option<Emulator>> {
     let emu = Emulator {
         child,
         url: format!("http://127.0.0.1:{port}"),
+        _state: state,
     };
     let _ = rustls::crypto::ring::default_provider().install_default();
     let probe = reqwest::Client::new();
@@ -106,9 +113,9 @@ async fn sushy_fake_power_and_boot_override_are_read_back() -> Result<()> {
     assert_eq!(inv.systems.len(), 1);
 
     // The fake driver applies a power change 1-11 s after the 204 (fakedriver.py: "hardware actions are not
-    // immediate"), and keeps its state across runs. Asking for the state it is in sends nothing. Asking for the
-    // other one and reading back at once finds the old state: an error naming what was read (LAB-NOTES' "stays
-    // Off" is this read-back done too early).
+    // immediate"), and keeps its state in SQLite (here one directory per test). Asking for the state it is in sends
+    // nothing. Asking for the other one and reading back at once finds the old state: an error naming what was read
+    // (LAB-NOTES' "stays Off" is this read-back done too early).
     let quick = BmcOptions {
         power_apply_time: Some(Duration::ZERO),
         ..opts()

@@ -21,6 +21,18 @@ pub fn labs_root() -> PathBuf {
     std::env::temp_dir().join("bcd-metal-lab")
 }
 
+/// Creates a lab's folder under [`labs_root`]. A lab torn down meanwhile may remove the root, once empty, between
+/// `create_dir_all`'s creating it and creating the lab's folder in it: that NotFound is tried again.
+pub fn create_lab_dir(dir: &Path) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        match fs::create_dir_all(dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 3 => tries += 1,
+            r => return r.with_context(|| format!("creating {}", dir.display())),
+        }
+    }
+}
+
 /// Appends lines to a lab's manifest.
 pub struct Manifest {
     path: PathBuf,
@@ -153,6 +165,8 @@ pub fn tear_down(dir: &Path, keep: bool) {
     }
     if !keep {
         let _ = fs::remove_dir_all(dir);
+        // The root too, once no lab is left in it (fails while one is: another test's, or a kept one).
+        let _ = fs::remove_dir(labs_root());
     }
 }
 

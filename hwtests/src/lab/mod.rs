@@ -132,7 +132,7 @@ impl MetalLab {
         if dir.exists() {
             fs::remove_dir_all(&dir)?;
         }
-        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        manifest::create_lab_dir(&dir)?;
         let manifest = manifest::Manifest::create(&dir)?;
         let seg_name = format!("bcdml{pid}x{n}s");
         let site_name = format!("bcdml{pid}x{n}b");
