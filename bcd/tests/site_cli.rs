@@ -40,9 +40,13 @@ fn inspect_and_an_unapplied_boot_override_through_the_cli() {
         .and_then(|l| l.local_addr())
         .expect("port")
         .port();
+    // The fake driver keeps its state in SQLite under `<TMPDIR>/sushy-emulator/`: a directory of this test's own,
+    // removed after the emulator (locals drop in reverse order).
+    let state = tempfile::tempdir().expect("state directory");
     let _emu = Kill(
         Command::new(bin)
             .args(["--fake", "-i", "127.0.0.1", "-p", &port.to_string()])
+            .env("TMPDIR", state.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -87,6 +87,8 @@ pub async fn start_emulator() -> anyhow::Result<Result<Emulator, String>> {
         .arg("--config")
         .arg(&config)
         .args(["--fake", "-i", "127.0.0.1", "-p", &port.to_string()])
+        // The fake driver's SQLite state goes under `<TMPDIR>/sushy-emulator/`: here, removed with the emulator.
+        .env("TMPDIR", dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
