@@ -1,9 +1,8 @@
 //! The connection to one BMC: TLS, authentication (a Redfish session with logout, or Basic when the BMC has no
 //! session to give), the per-BMC concurrency limit, and the retry budget for "busy" answers (409, 429, 503 and
 //! busy message ids) and for reads answered with a server error, with capped exponential backoff and jitter,
-//! honouring `Retry-After`. Documents are decoded
-//! leniently ([`super::decode`]); collections are read to their last page ([`super::listing`]), with `$expand`
-//! where the service advertises it.
+//! honouring `Retry-After`. Documents are decoded leniently ([`super::decode`]); collections are read to their last
+//! page ([`super::listing`]), with `$expand` where the service advertises it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -117,13 +117,15 @@ fn row_to_reservation(r: &sqlx::postgres::PgRow, at: usize) -> Result<Reservatio
 /// was the ids separated by commas): read that one. Entries are cheap to skip: the JSON is parsed only by
 /// [`decided_reservation`].
 pub fn decided_entries(payload: &str) -> impl Iterator<Item = (&str, Option<&str>)> {
+    // An id holds no comma (bc_core's ids), so splitting a carried entry's id at commas leaves it whole.
     payload
         .split('\n')
-        .flat_map(|entry| -> Box<dyn Iterator<Item = (&str, Option<&str>)>> {
-            match entry.split_once('\t') {
-                Some((id, json)) => Box::new(std::iter::once((id, Some(json)))),
-                None => Box::new(entry.split(',').map(|id| (id, None))),
-            }
+        .flat_map(|entry| {
+            let (ids, json) = match entry.split_once('\t') {
+                Some((id, json)) => (id, Some(json)),
+                None => (entry, None),
+            };
+            ids.split(',').map(move |id| (id, json))
         })
         .filter(|(id, _)| !id.is_empty())
 }
