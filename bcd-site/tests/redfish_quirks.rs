@@ -503,6 +503,79 @@ async fn at_most_max_concurrent_requests_reach_one_bmc() -> Result<()> {
     Ok(())
 }
 
+/// A request waiting to retry holds none of the BMC's in-flight permits: with one permit, a read of another
+/// resource goes through while a read answered 500 waits out its backoff. Found by the metal bench's fleet: 20
+/// machines behind one sushy, whose fake driver answers every `Storage` read 500, waited behind each other's
+/// backoffs until their inspections ran out of time. The permits still bound what is in flight.
+#[tokio::test]
+async fn a_retry_waits_without_holding_an_in_flight_permit() -> Result<()> {
+    const GET_SYSTEM: &str = "GET /redfish/v1/Systems/1";
+    let (srv, state) = fake_bmc(FakeState {
+        system_get_errors_left: 2,
+        ..FakeState::default()
+    })
+    .await?;
+    let bmc = std::sync::Arc::new(
+        Bmc::connect(
+            &srv.url,
+            creds(),
+            BmcOptions {
+                max_concurrent: 1,
+                // Each wait is 0.5 to 1.5 s (the backoff's jitter is half the delay either way).
+                retry: RetryPolicy::new(3, Duration::from_secs(1), Duration::from_secs(1))
+                    .expect("a valid retry policy"),
+                ..opts()
+            },
+        )
+        .await?,
+    );
+    let failing = {
+        let bmc = bmc.clone();
+        tokio::spawn(async move {
+            bmc.get::<serde_json::Value>("/redfish/v1/Systems/1")
+                .await
+                .map(|_| std::time::Instant::now())
+        })
+    };
+    let first_500 = tokio::time::Instant::now() + Duration::from_secs(10);
+    while count(
+        &state.lock().map_err(|_| anyhow::anyhow!("lock"))?.log,
+        GET_SYSTEM,
+    ) == 0
+    {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < first_500,
+            "the first read never reached the BMC"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let other = tokio::time::timeout(
+        Duration::from_secs(10),
+        bmc.get::<serde_json::Value>("/redfish/v1/Managers/1"),
+    )
+    .await
+    .context("the other read's deadline")??;
+    let other_done = std::time::Instant::now();
+    assert_eq!(other.0["Id"], "1", "{:?}", other.0);
+    let failing_done = tokio::time::timeout(Duration::from_secs(10), failing)
+        .await
+        .context("the retried read's deadline")???;
+    assert!(
+        other_done < failing_done,
+        "the other read waited for the retried read's backoff"
+    );
+    assert_eq!(
+        count(
+            &state.lock().map_err(|_| anyhow::anyhow!("lock"))?.log,
+            GET_SYSTEM
+        ),
+        3,
+        "two 500s, then the answer"
+    );
+    bmc.close().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn accepted_but_not_applied_power_change_is_an_error() -> Result<()> {
     let (srv, _state) = fake_bmc(FakeState {

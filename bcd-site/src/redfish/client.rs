@@ -599,7 +599,9 @@ impl Bmc {
 
     /// A request with the retry budget for busy answers and one re-login on an expired session. Non-2xx answers
     /// that are not busy come back as they are; `success_ids` are message ids that end the retries (a 409 that
-    /// means "already in that state").
+    /// means "already in that state"). Each attempt holds one of the BMC's in-flight permits while it is sent; the
+    /// wait before the next attempt holds none, so one resource's retries do not stall every other request to
+    /// the same BMC.
     pub(crate) async fn send(
         &self,
         method: Method,
@@ -608,11 +610,11 @@ impl Bmc {
         if_match: Option<&str>,
         success_ids: &[&str],
     ) -> Result<Reply, RedfishError> {
-        let _permit = self.limiter.acquire().await;
         let policy = self.opts.retry;
         let mut relogged = false;
         let mut attempt = 1;
         loop {
+            let permit = self.limiter.acquire().await;
             let reply = match self
                 .send_raw(method.clone(), path, body, if_match, true)
                 .await
@@ -622,6 +624,7 @@ impl Bmc {
                 Err(e @ RedfishError::Transport { .. })
                     if method == Method::GET && attempt < policy.attempts =>
                 {
+                    drop(permit);
                     debug!(error = %bc_error_chain::InlineErrorChain::new(&e), attempt, "retrying GET");
                     tokio::time::sleep(policy.delay(attempt, rand::random())).await;
                     attempt += 1;
@@ -672,6 +675,7 @@ impl Bmc {
                 |d| d.min(policy.backoff.cap()),
             );
             debug!(bmc = %self.base, path, status, attempt, ?delay, busy, "retrying");
+            drop(permit);
             tokio::time::sleep(delay).await;
             attempt += 1;
         }
