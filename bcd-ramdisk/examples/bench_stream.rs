@@ -128,7 +128,7 @@ fn orchestrate(args: &[String]) -> Result<()> {
         server: None,
         loop_dev: None,
     };
-    let port = free_port()?;
+    let port = bc_testkit::free_port()?;
     guard.server = Some(
         Command::new("python3")
             .args([
@@ -290,12 +290,6 @@ fn build_image(raw: &Path, zst: &Path, size: u64) -> Result<(String, String)> {
         hex::encode(hasher.finalize()),
         hex::encode(zst_hasher.finalize()),
     ))
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 fn wait_for_port(port: u16) -> Result<()> {

@@ -27,12 +27,6 @@ fn flag(args: &[String], name: &str, default: &str) -> String {
         .unwrap_or_else(|| default.to_owned())
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let size_mib: u64 = flag(&args, "--size-mib", "50").parse()?;
@@ -87,7 +81,7 @@ fn main() -> Result<()> {
     // Warm the page cache for both servers alike.
     let _ = fs::read(&file)?;
 
-    let nginx_port = free_port()?;
+    let nginx_port = bc_testkit::free_port()?;
     let conf = fs::read_to_string(&conf_src).with_context(|| format!("reading {conf_src}"))?;
     if !conf.contains("127.0.0.1:8080") {
         bail!("{conf_src}: expected `listen 127.0.0.1:8080`");

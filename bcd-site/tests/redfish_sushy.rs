@@ -4,78 +4,27 @@
 //! "stay Off": a read-back done too early). The client must report the override as not applied, report a power
 //! change read back before it shows as not applied, and see it applied when it waits long enough.
 //!
-//! The emulator is found through `BC_SUSHY_EMULATOR` (path to `sushy-emulator`) or on the PATH; without it the test
-//! prints `SKIP: <test>: <reason>` and returns. Install: `python3 -m venv V && V/bin/pip install sushy-tools`.
+//! The emulator is found through `BC_SUSHY_EMULATOR`, the checkout's `.venv-sushy` or the PATH
+//! (`bc_testkit::sushy::fake_emulator`); without it the test prints `SKIP: <test>: <reason>` and returns.
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use bc_testkit::sushy::{FakeBmc, FakeOptions, fake_emulator};
 use bcd_site::redfish::{
     Bmc, BmcOptions, BootTarget, Credentials, PowerAction, PowerOutcome, RedfishError, RetryPolicy,
 };
 
-struct Emulator {
-    child: Child,
-    url: String,
-    /// The emulator's TMPDIR: the fake driver keeps its machines' state in SQLite files under
-    /// `<TMPDIR>/sushy-emulator/`. A directory of this test's own starts it from its defaults and is removed after
-    /// the emulator is stopped (fields drop after `drop`).
-    _state: tempfile::TempDir,
-}
-
-impl Drop for Emulator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn find_emulator() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("BC_SUSHY_EMULATOR") {
-        let p = PathBuf::from(p);
-        return p.is_file().then_some(p);
-    }
-    std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|d| d.join("sushy-emulator"))
-            .find(|p| p.is_file())
-    })
-}
-
-async fn start() -> Result<Option<Emulator>> {
-    let Some(bin) = find_emulator() else {
-        bc_testkit::skip!(
-            "sushy-emulator not found (set BC_SUSHY_EMULATOR or put it on PATH; pip install sushy-tools)"
-        );
-    };
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let state = tempfile::tempdir()?;
-    let child = Command::new(&bin)
-        .args(["--fake", "-i", "127.0.0.1", "-p", &port.to_string()])
-        .env("TMPDIR", state.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let emu = Emulator {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-        _state: state,
+/// The fake driver on a free port, in a directory of its own (bc_testkit::sushy), or a skip.
+fn start() -> Result<Option<FakeBmc>> {
+    let bin = match fake_emulator() {
+        Ok(bin) => bin,
+        Err(why) => bc_testkit::skip!("{why}"),
     };
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let probe = reqwest::Client::new();
-    for _ in 0..100 {
-        if let Ok(resp) = probe.get(format!("{}/redfish/v1/", emu.url)).send().await
-            && resp.status().is_success()
-        {
-            return Ok(Some(emu));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    bail!("sushy-emulator at {} did not answer within 20 s", emu.url)
+    Ok(Some(
+        FakeBmc::start(&bin, &FakeOptions::default()).map_err(anyhow::Error::msg)?,
+    ))
 }
 
 fn opts() -> BmcOptions {
@@ -98,10 +47,10 @@ fn creds() -> Credentials {
 
 #[tokio::test]
 async fn sushy_fake_power_and_boot_override_are_read_back() -> Result<()> {
-    let Some(emu) = start().await? else {
+    let Some(emu) = start()? else {
         return Ok(());
     };
-    let bmc = Bmc::connect(&emu.url, creds(), opts()).await?;
+    let bmc = Bmc::connect(&emu.url(), creds(), opts()).await?;
     // No SessionService on the fake driver: Basic, with the reason kept.
     assert_eq!(bmc.auth_kind(), "basic");
     assert_eq!(bmc.basic_reason(), Some("the BMC has no SessionService"));
@@ -120,7 +69,7 @@ async fn sushy_fake_power_and_boot_override_are_read_back() -> Result<()> {
         power_apply_time: Some(Duration::ZERO),
         ..opts()
     };
-    let quick_bmc = Bmc::connect(&emu.url, creds(), quick).await?;
+    let quick_bmc = Bmc::connect(&emu.url(), creds(), quick).await?;
     let mut not_applied = None;
     for _ in 0..3 {
         let (sys, _) = bmc
@@ -165,7 +114,7 @@ async fn sushy_fake_power_and_boot_override_are_read_back() -> Result<()> {
         power_apply_time: Some(Duration::from_secs(15)),
         ..opts()
     };
-    let patient_bmc = Bmc::connect(&emu.url, creds(), patient).await?;
+    let patient_bmc = Bmc::connect(&emu.url(), creds(), patient).await?;
     let started = std::time::Instant::now();
     match patient_bmc.power(&system, wanted).await? {
         PowerOutcome::Applied { power_state, .. } => assert_ne!(power_state, state),
@@ -200,7 +149,7 @@ async fn sushy_fake_power_and_boot_override_are_read_back() -> Result<()> {
 
     // The one-call operator form gives the same answer.
     let one_call =
-        bcd_site::redfish::boot_once(&emu.url, creds(), opts(), None, BootTarget::Pxe).await;
+        bcd_site::redfish::boot_once(&emu.url(), creds(), opts(), None, BootTarget::Pxe).await;
     assert!(matches!(
         one_call,
         Err(RedfishError::BootOverrideNotApplied { .. })

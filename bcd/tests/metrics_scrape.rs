@@ -8,7 +8,8 @@
 
 mod common;
 
-use bc_testkit::prometheus::{Prometheus, free_port};
+use bc_testkit::free_port;
+use bc_testkit::prometheus::Prometheus;
 use common::*;
 use serde_json::json;
 use std::net::SocketAddr;

@@ -131,7 +131,7 @@ async fn netboot_token(p: &Plane) -> anyhow::Result<Option<String>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provide_drives_a_real_redfish_emulator_through_the_site_agent() -> TestResult {
     bc_proto::install_crypto_provider();
-    let emu = match start_emulator().await? {
+    let emu = match start_emulator()? {
         Ok(emu) => emu,
         Err(why) => bc_testkit::skip!("{why}"),
     };
@@ -169,7 +169,7 @@ async fn provide_drives_a_real_redfish_emulator_through_the_site_agent() -> Test
         .call(
             "metal",
             "enroll",
-            json!({"site": "rack-1", "mac": MAC, "bmc": {"address": emu.url, "credentials": "bmc/m7"}}),
+            json!({"site": "rack-1", "mac": MAC, "bmc": {"address": emu.url(), "credentials": "bmc/m7"}}),
         )
         .await?;
     let v = p
@@ -216,7 +216,7 @@ async fn provide_drives_a_real_redfish_emulator_through_the_site_agent() -> Test
         json!({"outcome": "boot-once-set", "persistent": true}),
         "the fake driver keeps Once as Continuous: {v}"
     );
-    let sys = system(&emu.url).await?;
+    let sys = system(&emu.url()).await?;
     assert_eq!(sys["PowerState"], "On", "{sys}");
     assert_eq!(sys["Boot"]["BootSourceOverrideTarget"], "Pxe", "{sys}");
     let delivered: i64 = bc_store::sqlx::query_scalar(
@@ -280,7 +280,7 @@ async fn provide_drives_a_real_redfish_emulator_through_the_site_agent() -> Test
     .await?;
     let restore = step(&v, "restore-disk-boot").expect("restore step");
     assert_eq!(restore["state"], "done", "disk boot not restored: {v}");
-    let sys = system(&emu.url).await?;
+    let sys = system(&emu.url()).await?;
     assert_eq!(
         (
             &sys["Boot"]["BootSourceOverrideTarget"],

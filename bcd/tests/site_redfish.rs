@@ -104,7 +104,7 @@ fn state_arg(p: &Plane, name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn brokered_credentials_drive_the_redfish_emulator() -> TestResult {
     bc_proto::install_crypto_provider();
-    let emu = match start_emulator().await? {
+    let emu = match start_emulator()? {
         Ok(emu) => emu,
         Err(why) => bc_testkit::skip!("{why}"),
     };
@@ -121,7 +121,7 @@ async fn brokered_credentials_drive_the_redfish_emulator() -> TestResult {
 
     // Inspect with the brokered credentials.
     let out = bcd(
-        &emu.url,
+        &emu.url(),
         &["--state-dir", &site1, "--secret", "bmc/node-1", "inspect"],
     );
     let text = String::from_utf8_lossy(&out.stdout);
@@ -142,7 +142,7 @@ async fn brokered_credentials_drive_the_redfish_emulator() -> TestResult {
     // Boot-once to Pxe: the PATCH is authenticated and read back. sushy's fake driver sets the target but keeps
     // Enabled=Continuous (hard-coded in its template), so the read-back reports the override as not applied.
     let out = bcd(
-        &emu.url,
+        &emu.url(),
         &[
             "--state-dir",
             &site1,
@@ -163,7 +163,7 @@ async fn brokered_credentials_drive_the_redfish_emulator() -> TestResult {
     // Read back by hand, with the credentials the test knows.
     let http = reqwest::Client::new();
     let systems: serde_json::Value = http
-        .get(format!("{}/redfish/v1/Systems", emu.url))
+        .get(format!("{}/redfish/v1/Systems", emu.url()))
         .basic_auth(USER, Some(PASSWORD))
         .send()
         .await?
@@ -174,7 +174,7 @@ async fn brokered_credentials_drive_the_redfish_emulator() -> TestResult {
         .ok_or("no system")?
         .to_string();
     let sys: serde_json::Value = http
-        .get(format!("{}{system}", emu.url))
+        .get(format!("{}{system}", emu.url()))
         .basic_auth(USER, Some(PASSWORD))
         .send()
         .await?
@@ -184,7 +184,7 @@ async fn brokered_credentials_drive_the_redfish_emulator() -> TestResult {
 
     // A wrong password in the secret: the emulator's 401, said as such, with the secret to fix.
     let out = bcd(
-        &emu.url,
+        &emu.url(),
         &["--state-dir", &site1, "--secret", "bmc/wrong", "inspect"],
     );
     let err = String::from_utf8_lossy(&out.stderr);
@@ -198,7 +198,7 @@ async fn brokered_credentials_drive_the_redfish_emulator() -> TestResult {
 
     // Another site's secret: the broker refuses it (NOT_FOUND for this site), the BMC is never asked.
     let out = bcd(
-        &emu.url,
+        &emu.url(),
         &[
             "--state-dir",
             &site1,
@@ -214,7 +214,7 @@ async fn brokered_credentials_drive_the_redfish_emulator() -> TestResult {
     assert!(err.contains("rack-1"), "{err}");
     // ... while its own site's agent gets it.
     let out = bcd(
-        &emu.url,
+        &emu.url(),
         &[
             "--state-dir",
             &site2,
@@ -231,7 +231,7 @@ async fn brokered_credentials_drive_the_redfish_emulator() -> TestResult {
 
     // Not BMC credentials: refused with the format to use, without quoting it.
     let out = bcd(
-        &emu.url,
+        &emu.url(),
         &["--state-dir", &site1, "--secret", "bmc/garbled", "inspect"],
     );
     let err = String::from_utf8_lossy(&out.stderr);
@@ -244,7 +244,7 @@ async fn brokered_credentials_drive_the_redfish_emulator() -> TestResult {
 
     // Without an enrolled agent: said so.
     let out = bcd(
-        &emu.url,
+        &emu.url(),
         &[
             "--state-dir",
             &state_arg(&p, "nobody"),

@@ -7,7 +7,8 @@
 
 use anyhow::{Context as _, Result, bail};
 use bc_telemetry::{Registry, Telemetry, TelemetryWire};
-use bc_testkit::prometheus::{PROMETHEUS, Prometheus, free_port};
+use bc_testkit::free_port;
+use bc_testkit::prometheus::{PROMETHEUS, Prometheus};
 use bcd::gpu::fixture::{self, FixtureFile};
 use bcd::gpu::{GpuBackend, GpuSample, Reading};
 use serde_json::Value;

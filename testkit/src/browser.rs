@@ -54,7 +54,7 @@ pub fn missing() -> Option<String> {
 impl Browser {
     /// Starts chromedriver and a headless chromium `width`×`height`.
     pub async fn start(width: u32, height: u32) -> Result<Browser> {
-        let port = crate::prometheus::free_port()?;
+        let port = crate::free_port()?;
         let profile = tempfile::tempdir()?;
         // Before the driver starts: nothing between its spawn and `Browser`'s drop may fail or panic.
         let http = reqwest::Client::new();

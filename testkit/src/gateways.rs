@@ -239,12 +239,9 @@ fn parse_serving(line: &str) -> Option<Serving> {
     Some(s)
 }
 
-/// A free loopback port (bound, then released for the process that takes it).
-pub fn free_port() -> Result<u16, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("binding a free port: {e}"))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| format!("reading a free port: {e}"))
+/// [`crate::free_port`], its error as this module's strings.
+pub(crate) fn free_port() -> Result<u16, String> {
+    crate::free_port().map_err(|e| format!("finding a free loopback port: {e}"))
 }
 
 impl GatewayLab {
@@ -610,7 +607,7 @@ fn spawn(name: &str, cmd: &mut Command) -> Result<Proc, String> {
 
 /// A loopback port where nothing listens, and where no test of this machine will start to listen while it runs: one
 /// below the kernel's ephemeral range (`ip_local_port_range`), from which every `bind(…:0)` takes its port. A port
-/// bound and released from that range ([`free_port`]) is soon handed to another test's listener: a tunnel test's
+/// bound and released from that range ([`crate::free_port`]) is soon handed to another test's listener: a tunnel test's
 /// "refused dial" once reached another test's echo server that way (scripts/test, 2026-12-03).
 pub fn dead_port() -> Result<u16, String> {
     let range =

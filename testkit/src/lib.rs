@@ -11,7 +11,8 @@
 //! [`browser`], Debian's headless chromium driven over WebDriver (the fleet page's test); behind `cli`, [`help`]
 //! (every command's `--help` of a binary, for its golden test); [`unit`], a systemd unit's sandbox reproduced for a
 //! daemon a test starts; and [`gateways`], the two-gateway lab (control-plane processes behind a real HAProxy, every
-//! process killed by its PID), std only as well.
+//! process killed by its PID), and [`sushy`], sushy-tools' Redfish emulator (its fake driver on a free port, the
+//! Basic-auth file, a status probe), std only as well.
 
 #[cfg(feature = "browser")]
 pub mod browser;
@@ -20,10 +21,19 @@ pub mod gateways;
 pub mod help;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
+pub mod sushy;
 pub mod unit;
 
 use std::fmt::Write as _;
 use std::path::Path;
+
+/// A free loopback TCP port: bound, then released for the process that takes it. The one helper for this in the
+/// workspace's tests and benches (the embedded PostgreSQL, product code, keeps its own).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
 
 /// The environment variable that makes [`assert_golden`] write the golden files instead of comparing.
 pub const UPDATE_GOLDEN: &str = "BC_UPDATE_GOLDEN";

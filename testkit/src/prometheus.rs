@@ -9,15 +9,10 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::free_port;
+
 /// Where scripts/setup's Debian package puts it.
 pub const PROMETHEUS: &str = "/usr/bin/prometheus";
-
-/// A free loopback TCP port (bound and released).
-pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
 
 /// A Prometheus child process, killed on drop.
 pub struct Prometheus {

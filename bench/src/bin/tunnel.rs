@@ -236,7 +236,7 @@ fn cli(
     node: &str,
     port: u16,
 ) -> anyhow::Result<(SocketAddr, Kill)> {
-    let local: SocketAddr = format!("127.0.0.1:{}", bc_testkit_free_port()?).parse()?;
+    let local: SocketAddr = format!("127.0.0.1:{}", bc_testkit::free_port()?).parse()?;
     let child = Command::new(bin.join("better-compute"))
         .args([
             "tunnel",
@@ -253,12 +253,6 @@ fn cli(
     let child = Kill(child);
     wait_listening(local, Duration::from_secs(10))?;
     Ok((local, child))
-}
-
-fn bc_testkit_free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// Throughput of each named path, `rounds` rounds alternating: medians in MB/s.
@@ -372,7 +366,7 @@ async fn main() -> anyhow::Result<()> {
     let admin = bc_control::client::ApiClient::new(&api, &key);
     let me = std::env::current_exe()?;
     // The node-side services: here on loopback, there in the namespace.
-    let lo_port = bc_testkit_free_port()?;
+    let lo_port = bc_testkit::free_port()?;
     let lo_service = Kill(
         Command::new(&me)
             .args(["--serve", &format!("127.0.0.1:{lo_port}")])
@@ -423,17 +417,17 @@ async fn main() -> anyhow::Result<()> {
     let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
     let sshd_lo = Sshd::start(
         &dir.join("ssh-lo"),
-        format!("127.0.0.1:{}", bc_testkit_free_port()?).parse()?,
+        format!("127.0.0.1:{}", bc_testkit::free_port()?).parse()?,
         &[],
     )?;
-    let ssh_lo_local: SocketAddr = format!("127.0.0.1:{}", bc_testkit_free_port()?).parse()?;
+    let ssh_lo_local: SocketAddr = format!("127.0.0.1:{}", bc_testkit::free_port()?).parse()?;
     let _ssh_lo = sshd_lo.forward(ssh_lo_local, lo_addr)?;
     let sshd_wan = Sshd::start(
         &dir.join("ssh-wan"),
         SocketAddr::new(wan.there.into(), WAN_SSH_PORT),
         &prefix,
     )?;
-    let ssh_wan_local: SocketAddr = format!("127.0.0.1:{}", bc_testkit_free_port()?).parse()?;
+    let ssh_wan_local: SocketAddr = format!("127.0.0.1:{}", bc_testkit::free_port()?).parse()?;
     let _ssh_wan = sshd_wan.forward(
         ssh_wan_local,
         format!("127.0.0.1:{WAN_SERVICE_PORT}").parse()?,

@@ -5,15 +5,10 @@
 //! namespace hides. It needs python3-libvirt: the venv is made with Debian's python3 and
 //! `--system-site-packages` (scripts/setup: `.venv-sushy-libvirt`).
 
-use std::io::{Read as _, Write as _};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-
-use crate::proc::run;
+use anyhow::Result;
 
 /// The port sushy listens on in the site namespace (a fresh namespace: nothing else holds it).
 pub const PORT: u16 = 8000;
@@ -65,29 +60,15 @@ pub fn config(libvirt_uri: &str, state_dir: &Path, auth_file: Option<&Path>) -> 
     c
 }
 
-/// One htpasswd line, `user:<bcrypt>`, hashed at cost 4 (cost 10 adds ≈ 0.1 s to every request) by the venv's
-/// own bcrypt, the module sushy checks it with.
+/// One htpasswd line with its newline, `user:<bcrypt>`, hashed by the venv's own bcrypt (bc_testkit::sushy).
 pub fn htpasswd_line(user: &str, password: &str) -> Result<String> {
-    if user.contains(':') || user.contains('\n') {
-        bail!("a BMC user name may not contain ':' or a newline");
-    }
     let python = emulator().with_file_name("python3");
-    let hash = run(Command::new(python).args([
-        "-c",
-        "import bcrypt, sys; print(bcrypt.hashpw(sys.argv[1].encode(), bcrypt.gensalt(4)).decode())",
-        password,
-    ]))
-    .context("hashing the BMC password with bcrypt")?;
-    Ok(format!("{user}:{}\n", hash.trim()))
+    bc_testkit::sushy::htpasswd_line(&python, user, password)
+        .map(|line| line + "\n")
+        .map_err(anyhow::Error::msg)
 }
 
 /// `GET /redfish/v1/` on 127.0.0.1:[`PORT`] of the calling thread's namespace: the HTTP status, if it answered.
 pub fn probe() -> Option<u16> {
-    let mut s = TcpStream::connect(("127.0.0.1", PORT)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(b"GET /redfish/v1/ HTTP/1.0\r\nHost: bmc\r\n\r\n")
-        .ok()?;
-    let mut head = [0u8; 12];
-    s.read_exact(&mut head).ok()?;
-    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+    bc_testkit::sushy::http_status(PORT, "/redfish/v1/")
 }

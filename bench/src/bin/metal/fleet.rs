@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use bc_bench::{Dev, cpu_ticks};
 use bc_proto::v1;
+use bc_testkit::sushy::{FakeBmc, FakeOptions, fake_emulator};
 use bcd::session::{CommandHook, CommandOutput, ProgressReporter};
 use serde_json::{Value, json};
 
@@ -61,12 +62,11 @@ pub fn run(bin: &Path, machines: usize) -> anyhow::Result<Figures> {
         env: dev.env.clone(),
     };
     let mut children = Children(Vec::new());
-    let http_port = free_port()?;
+    let http_port = bc_testkit::free_port()?;
     children
         .0
         .push(start_site(bin, dir.path(), &cli, http_port)?);
     let site_pid = children.0[0].id();
-    let sushy_port = free_port()?;
     let systems: Vec<FakeSystem> = (1..=machines).map(FakeSystem::new).collect();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -80,11 +80,8 @@ pub fn run(bin: &Path, machines: usize) -> anyhow::Result<Figures> {
         inboxes.push(rx);
     }
     let notify = rt.block_on(notifications(events))?;
-    children
-        .0
-        .push(start_sushy(dir.path(), sushy_port, &systems, &notify)?);
-    let sushy = format!("http://127.0.0.1:{sushy_port}");
-    wait_http(&format!("{sushy}/redfish/v1/Systems"))?;
+    let bmc = start_sushy(&systems, &notify)?;
+    let sushy = bmc.url();
     cli.run_env(
         &["secrets", "put", "bmc/fleet", "--site", SITE],
         &[(
@@ -195,6 +192,7 @@ pub fn run(bin: &Path, machines: usize) -> anyhow::Result<Figures> {
     }
     ready_s.sort_by(f64::total_cmp);
     drop(children);
+    drop(bmc);
     dev.stop()?;
     let per = |ticks: u64| ticks as f64 / 100.0 / machines as f64;
     Ok(Figures {
@@ -315,12 +313,6 @@ impl Cli {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 fn wait_http(url: &str) -> anyhow::Result<()> {
     let until = Instant::now() + Duration::from_secs(60);
     loop {
@@ -402,18 +394,10 @@ fn start_site(bin: &Path, dir: &Path, cli: &Cli, http_port: u16) -> anyhow::Resu
     Ok(child)
 }
 
-/// sushy-tools' fake driver with `systems` powered off.
-fn start_sushy(
-    dir: &Path,
-    port: u16,
-    systems: &[FakeSystem],
-    notify: &str,
-) -> anyhow::Result<Child> {
-    let emulator = std::env::var_os("BC_SUSHY_EMULATOR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv-sushy/bin/sushy-emulator")
-        });
+/// sushy-tools' fake driver with `systems` powered off, telling `notify` of each change (bc_testkit::sushy: a free
+/// port, a directory of its own, removed when it is dropped).
+fn start_sushy(systems: &[FakeSystem], notify: &str) -> anyhow::Result<FakeBmc> {
+    let emulator = fake_emulator().map_err(anyhow::Error::msg)?;
     let list: Vec<String> = systems
         .iter()
         .map(|s| {
@@ -424,31 +408,14 @@ fn start_sushy(
             )
         })
         .collect();
-    let state = dir.join("sushy-state");
-    std::fs::create_dir_all(&state)?;
-    let conf = dir.join("sushy.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = {port}\n\
-             SUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_STATE_DIR = '{}'\n\
-             EXTERNAL_NOTIFICATION_URL = '{notify}'\nSUSHY_EMULATOR_FAKE_SYSTEMS = [{}]\n",
-            state.display(),
+    let opts = FakeOptions {
+        basic_auth: None,
+        config: format!(
+            "EXTERNAL_NOTIFICATION_URL = '{notify}'\nSUSHY_EMULATOR_FAKE_SYSTEMS = [{}]\n",
             list.join(", ")
         ),
-    )?;
-    Command::new(&emulator)
-        .arg("--config")
-        .arg(&conf)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("sushy.log"))?)
-        .spawn()
-        .with_context(|| {
-            format!(
-                "starting {} (scripts/setup makes the venv)",
-                emulator.display()
-            )
-        })
+    };
+    FakeBmc::start(&emulator, &opts).map_err(anyhow::Error::msg)
 }
 
 /// One of sushy's fake systems and the machine it stands for.
