@@ -40,6 +40,13 @@ pub const BMC_RETRY: ExponentialBackoff = ExponentialBackoff::new(
     Jitter::Fraction(0.5),
 );
 
+/// Attempts at most, within a [`RetryPolicy`]'s, for a read answered with a server error. A passing state clears
+/// in that time (sushy's libvirt driver answers 500 while a domain stops: 0.25–0.75 s and 0.5–1 s of waiting with
+/// [`BMC_RETRY`]), and a resource that always fails costs no more. With the whole default budget (6 attempts, about
+/// 15 s of waiting), an inspection of sushy's fake driver, which answers every `Storage` read 500, took 14.0 s
+/// instead of half a second, and a fleet of 20 machines behind one emulator ran out of its inspection deadline.
+pub const SERVER_ERROR_ATTEMPTS: u32 = 3;
+
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
@@ -649,19 +656,19 @@ impl Bmc {
                     || (status >= 400
                         && (reply.has_message_id(BASE_BUSY_IDS)
                             || reply.has_message_id(self.quirks.busy_message_ids))));
-            // A read answered with a server error is repeated within the same budget: it is safe to repeat, and
-            // a BMC's 500 on a read is usually a passing state (sushy's libvirt driver answers 500 when the domain
-            // stops between two of its libvirt calls; Ironic's sushy retries server errors on GETs as well). 501 is
-            // an answer, not a state. When the budget is spent the answer comes back as it is. An action answered
-            // 500 is never repeated: it may have been applied.
+            // A read answered with a server error is repeated, up to SERVER_ERROR_ATTEMPTS within the same budget:
+            // it is safe to repeat, and a BMC's 500 on a read is often a passing state (sushy's libvirt driver
+            // answers 500 when the domain stops between two of its libvirt calls; Ironic's sushy retries server
+            // errors on GETs as well). 501 is an answer, not a state. When those attempts are spent the answer comes
+            // back as it is. An action answered 500 is never repeated: it may have been applied.
             let failed_read = !busy && method == Method::GET && status >= 500 && status != 501;
             if !busy && !failed_read {
                 return Ok(reply);
             }
+            if failed_read && attempt >= policy.attempts.min(SERVER_ERROR_ATTEMPTS) {
+                return Ok(reply);
+            }
             if attempt >= policy.attempts {
-                if failed_read {
-                    return Ok(reply);
-                }
                 return Err(RedfishError::Busy {
                     method: method.to_string(),
                     url: self.url(path),

@@ -22,7 +22,7 @@ pub mod quirks;
 mod summary;
 pub mod tls;
 
-pub use client::{BMC_RETRY, Bmc, BmcOptions, Fetched, RetryPolicy};
+pub use client::{BMC_RETRY, Bmc, BmcOptions, Fetched, RetryPolicy, SERVER_ERROR_ATTEMPTS};
 pub use credentials::{Credentials, CredentialsFormatError, SECRET_FORMAT};
 pub use error::{ObservedBoot, RedfishError};
 pub use inventory::{Gpu, Inventory, OtherInterface, SystemInventory, valid_mac};
