@@ -662,6 +662,51 @@ async fn not_available_is_not_a_mac_and_host_interfaces_are_not_nics() -> Result
     Ok(())
 }
 
+/// Inspecting one machine reads its system alone (`Bmc::inventory_of`), and finds in it what the whole inventory
+/// finds: the same system, field for field, in every tree, for every system, at a fraction of the requests where a
+/// BMC holds several systems. The site agent inspects a machine this way; a BMC with N machines behind it was read
+/// whole N times before (the metal bench's fleet: 20 systems behind one sushy).
+#[tokio::test]
+async fn one_system_reads_as_it_does_in_the_whole_inventory() -> Result<()> {
+    let mut diffs = Vec::new();
+    let mut several = 0;
+    for tree in &trees()? {
+        let srv = serve(tree, CorpusOptions::default()).await?;
+        let (whole, _, n_whole) = inspect(&srv, false).await?;
+        let bmc = Bmc::connect(&srv.url, creds(), opts(false)).await?;
+        let mut n_one = Vec::new();
+        for s in &whole.systems {
+            srv.reset_requests();
+            let one = bmc.inventory_of(&s.path).await?;
+            n_one.push(srv.requests());
+            match one.systems.as_slice() {
+                [only] if format!("{only:?}") == format!("{s:?}") => {}
+                [only] => diffs.push(format!("{tree} {}: {only:?}\nwhole: {s:?}", s.path)),
+                other => diffs.push(format!("{tree} {}: {} systems", s.path, other.len())),
+            }
+        }
+        bmc.close().await?;
+        println!(
+            "{tree}: {} system(s); the whole inventory {n_whole} requests, one system {:?}",
+            whole.systems.len(),
+            n_one
+        );
+        if whole.systems.len() > 1 {
+            several += 1;
+            let most = n_one.iter().copied().max().unwrap_or(0);
+            if most * 2 > n_whole {
+                diffs.push(format!(
+                    "{tree}: one of {} systems took {most} requests, the whole inventory {n_whole}",
+                    whole.systems.len()
+                ));
+            }
+        }
+    }
+    ensure!(several >= 1, "no tree holds several systems");
+    ensure!(diffs.is_empty(), "{}", diffs.join("\n"));
+    Ok(())
+}
+
 // === 9: $expand ===
 
 #[tokio::test]

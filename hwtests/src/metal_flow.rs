@@ -359,6 +359,20 @@ pub fn enroll(lab: &MetalLab, plane: &Plane, d: &Domain, bmc: &str) -> Result<()
     Ok(())
 }
 
+/// The most the lab's inspection of one machine may take (see [`check_ready`]).
+pub const INSPECTION_BUDGET_S: f64 = 15.0;
+
+/// The seconds a machine's timeline spent in `phase`, over every attempt that ended.
+pub fn phase_seconds(v: &Value, phase: &str) -> f64 {
+    v["timeline"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|row| row["phase"] == phase)
+        .filter_map(|row| Some((row["end"].as_i64()? - row["start"].as_i64()?) as f64 / 1000.0))
+        .sum()
+}
+
 pub fn check_ready(v: &Value, d: &Domain) -> Result<()> {
     let inspected = v["inspection"]["macs"]
         .as_array()
@@ -388,6 +402,16 @@ pub fn check_ready(v: &Value, d: &Domain) -> Result<()> {
         bail!(
             "(a) the wipe evidence does not say wiped: {}",
             v["evidence"]
+        );
+    }
+    // The inspection reads one system's inventory from sushy: 0.3 s here. It took about 35 s once, unnoticed while the
+    // test passed: every read sushy answers 500 (its Storage) used the whole retry budget, and the three systems
+    // behind the lab's BMC were each read whole.
+    let inspecting = phase_seconds(v, "inspecting");
+    if inspecting > INSPECTION_BUDGET_S {
+        bail!(
+            "(a) inspecting took {inspecting:.1} s (at most {INSPECTION_BUDGET_S} s; 0.3 s is usual): {}",
+            v["timeline"]
         );
     }
     // `-o json` prints the API's `last_dhcp_ms` instant as `last_dhcp`, RFC 3339 (docs/cli.md).

@@ -329,7 +329,7 @@ async fn run_op(bmc: &Bmc, op: &BmcOp, wanted: Option<&str>) -> Result<Outcome, 
     let path = bmc.system_path(wanted).await?;
     if let BmcOp::Inspect = op {
         return Ok(Outcome::Inspected(summary(
-            &bmc.inventory().await?,
+            &bmc.inventory_of(&path).await?,
             Some(path.as_str()),
         )));
     }
