@@ -115,6 +115,28 @@ impl Dev {
     }
 }
 
+impl Drop for Dev {
+    /// A bench that fails on its way does not leave `dev` running, holding its ports (/metrics on 9404 among them)
+    /// and its PostgreSQL for the next run: SIGTERM, and SIGKILL if it has not stopped within 30 s.
+    fn drop(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let until = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < until {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A PostgreSQL client tool (psql, pgbench) from Debian's server packages.
 /// A fresh database `bench` on an embedded PostgreSQL under `dir`: migrated (modules included), with the root
 /// tenant, the `default` pool and an administrator. Keep `pg` alive as long as the database is used.

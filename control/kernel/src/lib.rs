@@ -32,7 +32,7 @@ pub use method::{ApiMethod, BoxFuture, Caller, Cx, Method, Permission, Scope, Sc
 pub use module::{HotTables, IntoModule, Migration, Module, Route, StartCx};
 pub use plane::{
     ControlPlane, ControlPlaneBuilder, DEFAULT_SHARD_LEASE, Initialized, OpenApiDocument, Options,
-    RoleSet, Running,
+    RoleSet, Running, STOP_GRACE,
 };
 pub use reconcile::{ROLES, ReconcileCx, Reconciler, StepCx, Stop, Tick, Worker};
 pub use registry::{ApiDocument, Empty, ListMethods, MethodEntry};

@@ -62,6 +62,67 @@ fn dev_once(dir: &std::path::Path) -> (Vec<String>, Duration) {
     (lines, ready)
 }
 
+/// A control plane whose database is gone still stops on SIGTERM within its grace period (bc_kernel::STOP_GRACE,
+/// 10 s), aborting the roles still waiting on the pool. Before the grace period, `dev` took 57 s: two pool timeouts
+/// of 30 s in a row (a step waiting on the pool, then the role's farewell write).
+#[test]
+fn dev_stops_within_the_grace_period_when_its_database_is_gone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(BIN)
+        .args([
+            "dev",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--gateway-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn dev");
+    let stdout = child.stdout.take().expect("stdout");
+    for line in BufReader::new(stdout).lines() {
+        if line.expect("read").contains("environment:") {
+            break;
+        }
+    }
+    // The postmaster's pid is the first line of its pid file.
+    let pid_file = dir.path().join("pg/data/postmaster.pid");
+    let text = std::fs::read_to_string(&pid_file)
+        .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
+    let pg = text.lines().next().expect("a pid line").trim().to_string();
+    let killed = Command::new("kill")
+        .args(["-9", &pg])
+        .status()
+        .expect("kill");
+    assert!(killed.success(), "kill -9 {pg}");
+    // Long enough for the roles' next steps to wait on the pool.
+    std::thread::sleep(Duration::from_secs(3));
+    let t0 = Instant::now();
+    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    let deadline = t0 + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("dev did not stop within 60 s of SIGTERM with its database gone");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let took = t0.elapsed();
+    // The grace period and the rest of the stop (the pool closed, PostgreSQL's keeper joined), with room for a
+    // loaded machine; 57 s before.
+    assert!(
+        took < Duration::from_secs(25),
+        "dev took {took:?} to stop ({status})"
+    );
+}
+
 fn field<'a>(lines: &'a [String], name: &str) -> &'a str {
     lines
         .iter()
