@@ -45,6 +45,12 @@ fn count(log: &[String], prefix: &str) -> usize {
     log.iter().filter(|l| l.starts_with(prefix)).count()
 }
 
+/// The requests the fake BMC has logged that start with `prefix`.
+fn logged(state: &common::Shared, prefix: &str) -> Result<usize> {
+    let st = state.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+    Ok(count(&st.log, prefix))
+}
+
 const RESET: &str = "POST /redfish/v1/Systems/1/Actions/ComputerSystem.Reset";
 
 #[tokio::test]
@@ -64,13 +70,7 @@ async fn conflict_twice_then_success_within_the_budget() -> Result<()> {
             power_state: "On".into()
         }
     );
-    assert_eq!(
-        count(
-            &state.lock().map_err(|_| anyhow::anyhow!("lock"))?.log,
-            RESET
-        ),
-        3
-    );
+    assert_eq!(logged(&state, RESET)?, 3);
 
     // A budget of two attempts runs out: the error says busy, how often, and what the BMC said.
     {
@@ -375,14 +375,7 @@ async fn vendor_quirks_shape_payloads_and_answers() -> Result<()> {
         bmc.power("/redfish/v1/Systems/1", PowerAction::On).await?,
         PowerOutcome::AlreadyInState(_)
     ));
-    assert_eq!(
-        count(
-            &state.lock().map_err(|_| anyhow::anyhow!("lock"))?.log,
-            RESET
-        ),
-        1,
-        "no retries of PSU501"
-    );
+    assert_eq!(logged(&state, RESET)?, 1, "no retries of PSU501");
     bmc.close().await?;
     // The same 409 from a BMC without that entry is just busy.
     let (srv, _) = fake_bmc(FakeState {
@@ -538,11 +531,7 @@ async fn a_retry_waits_without_holding_an_in_flight_permit() -> Result<()> {
         })
     };
     let first_500 = tokio::time::Instant::now() + Duration::from_secs(10);
-    while count(
-        &state.lock().map_err(|_| anyhow::anyhow!("lock"))?.log,
-        GET_SYSTEM,
-    ) == 0
-    {
+    while logged(&state, GET_SYSTEM)? == 0 {
         anyhow::ensure!(
             tokio::time::Instant::now() < first_500,
             "the first read never reached the BMC"
@@ -564,14 +553,7 @@ async fn a_retry_waits_without_holding_an_in_flight_permit() -> Result<()> {
         other_done < failing_done,
         "the other read waited for the retried read's backoff"
     );
-    assert_eq!(
-        count(
-            &state.lock().map_err(|_| anyhow::anyhow!("lock"))?.log,
-            GET_SYSTEM
-        ),
-        3,
-        "two 500s, then the answer"
-    );
+    assert_eq!(logged(&state, GET_SYSTEM)?, 3, "two 500s, then the answer");
     bmc.close().await?;
     Ok(())
 }
@@ -691,13 +673,7 @@ async fn a_read_answered_500_is_repeated_within_the_budget_and_an_action_is_not(
         .get::<bcd_site::redfish::models::ComputerSystem>("/redfish/v1/Systems/1")
         .await?;
     assert_eq!(sys.power_state.as_deref(), Some("Off"));
-    let gets = |state: &common::Shared| -> Result<usize> {
-        Ok(count(
-            &state.lock().map_err(|_| anyhow::anyhow!("lock"))?.log,
-            GET_SYSTEM,
-        ))
-    };
-    assert_eq!(gets(&state)?, 3, "two 500s, then the answer");
+    assert_eq!(logged(&state, GET_SYSTEM)?, 3, "two 500s, then the answer");
 
     // A budget of four attempts stops at the third 500 in a row: the 500 as it is, with the BMC's message.
     // (The log is not cleared: the fake names sessions by its length.)
@@ -714,7 +690,11 @@ async fn a_read_answered_500_is_repeated_within_the_budget_and_an_action_is_not(
         matches!(err, RedfishError::Status { status: 500, .. }),
         "{err}"
     );
-    assert_eq!(gets(&state)?, 3 + 3, "three attempts of the four");
+    assert_eq!(
+        logged(&state, GET_SYSTEM)?,
+        3 + 3,
+        "three attempts of the four"
+    );
 
     // A budget of two attempts runs out on the second 500 in a row.
     state
@@ -734,7 +714,7 @@ async fn a_read_answered_500_is_repeated_within_the_budget_and_an_action_is_not(
         "{text}"
     );
     assert!(text.contains("domain is not running"), "{text}");
-    assert_eq!(gets(&state)?, 6 + 2);
+    assert_eq!(logged(&state, GET_SYSTEM)?, 6 + 2);
 
     // An action answered 500 is sent once.
     {
@@ -748,13 +728,7 @@ async fn a_read_answered_500_is_repeated_within_the_budget_and_an_action_is_not(
         .err()
         .context("the 500 comes back")?;
     assert!(err.to_string().contains("HTTP 500"), "{err}");
-    assert_eq!(
-        count(
-            &state.lock().map_err(|_| anyhow::anyhow!("lock"))?.log,
-            RESET
-        ),
-        1
-    );
+    assert_eq!(logged(&state, RESET)?, 1);
     bmc.close().await?;
     bmc2.close().await?;
     Ok(())

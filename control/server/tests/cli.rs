@@ -27,9 +27,8 @@ fn serve_refuses_bad_configuration_naming_the_field() {
     );
 }
 
-/// Starts `dev`, waits for its ready block, returns (lines, ready time) and stops it.
-fn dev_once(dir: &std::path::Path) -> (Vec<String>, Duration) {
-    let t0 = Instant::now();
+/// Starts `dev` on `dir` and reads its ready block: the child and the block's lines.
+fn start_dev(dir: &std::path::Path) -> (std::process::Child, Vec<String>) {
     let mut child = Command::new(BIN)
         .args([
             "dev",
@@ -46,6 +45,7 @@ fn dev_once(dir: &std::path::Path) -> (Vec<String>, Duration) {
         .expect("spawn dev");
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = Vec::new();
+    // Bounded by dev itself: it prints its ready block or exits.
     for line in BufReader::new(stdout).lines() {
         let line = line.expect("read");
         let done = line.contains("environment:");
@@ -54,6 +54,13 @@ fn dev_once(dir: &std::path::Path) -> (Vec<String>, Duration) {
             break;
         }
     }
+    (child, lines)
+}
+
+/// Starts `dev`, waits for its ready block, returns (lines, ready time) and stops it.
+fn dev_once(dir: &std::path::Path) -> (Vec<String>, Duration) {
+    let t0 = Instant::now();
+    let (mut child, lines) = start_dev(dir);
     let ready = t0.elapsed();
     // SIGTERM: dev shuts the roles and PostgreSQL down cleanly.
     let _ = Command::new("kill").arg(child.id().to_string()).status();
@@ -68,26 +75,7 @@ fn dev_once(dir: &std::path::Path) -> (Vec<String>, Duration) {
 #[test]
 fn dev_stops_within_the_grace_period_when_its_database_is_gone() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut child = Command::new(BIN)
-        .args([
-            "dev",
-            "--api-listen",
-            "127.0.0.1:0",
-            "--gateway-listen",
-            "127.0.0.1:0",
-            "--data-dir",
-        ])
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn dev");
-    let stdout = child.stdout.take().expect("stdout");
-    for line in BufReader::new(stdout).lines() {
-        if line.expect("read").contains("environment:") {
-            break;
-        }
-    }
+    let (mut child, _) = start_dev(dir.path());
     // The postmaster's pid is the first line of its pid file.
     let pid_file = dir.path().join("pg/data/postmaster.pid");
     let text = std::fs::read_to_string(&pid_file)
