@@ -497,9 +497,9 @@ async fn at_most_max_concurrent_requests_reach_one_bmc() -> Result<()> {
 }
 
 /// A request waiting to retry holds none of the BMC's in-flight permits: with one permit, a read of another
-/// resource goes through while a read answered 500 waits out its backoff. Found by the metal bench's fleet: 20
-/// machines behind one sushy, whose fake driver answers every `Storage` read 500, waited behind each other's
-/// backoffs until their inspections ran out of time. The permits still bound what is in flight.
+/// resource goes through while a read answered 500 waits out its backoff. Before, the wait held its permit, so one
+/// resource's backoff stalled every other request of that `Bmc` (and of those sharing its `limiter`). The permits
+/// still bound what is in flight.
 #[tokio::test]
 async fn a_retry_waits_without_holding_an_in_flight_permit() -> Result<()> {
     const GET_SYSTEM: &str = "GET /redfish/v1/Systems/1";
@@ -514,7 +514,7 @@ async fn a_retry_waits_without_holding_an_in_flight_permit() -> Result<()> {
             creds(),
             BmcOptions {
                 max_concurrent: 1,
-                // Each wait is 0.5 to 1.5 s (the backoff's jitter is half the delay either way).
+                // Each wait is 0.5 to 1 s (the backoff's equal jitter: 50–100 % of the step).
                 retry: RetryPolicy::new(3, Duration::from_secs(1), Duration::from_secs(1))
                     .expect("a valid retry policy"),
                 ..opts()
