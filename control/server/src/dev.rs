@@ -39,6 +39,9 @@ pub struct DevReady {
     pub ready_ms: u128,
 }
 
+/// How long `dev` waits for its database pool to close once the roles have stopped.
+const POOL_CLOSE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Runs dev mode until `shutdown` resolves; `on_ready` is called once everything listens.
 pub async fn run(
     opts: DevOptions,
@@ -151,9 +154,29 @@ pub async fn run(
     )?;
     on_ready(&ready);
     shutdown.await;
+    let stopping = std::time::Instant::now();
     running.shutdown().await;
-    store.pool().close().await;
+    let roles = stopping.elapsed();
+    // Closing the pool waits for every connection, and a task the roles left behind (a join's commit loop, a
+    // session's open batches) may still wait on the pool for a database that is gone: 30 s, its acquire timeout.
+    // Stopping PostgreSQL next ends every connection anyway.
+    if tokio::time::timeout(POOL_CLOSE, store.pool().close())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            waited_s = POOL_CLOSE.as_secs(),
+            "the database pool did not close in time; stopping PostgreSQL"
+        );
+    }
+    let pool = stopping.elapsed();
     tokio::task::spawn_blocking(move || pg.stop()).await?;
+    tracing::info!(
+        roles_ms = roles.as_millis(),
+        pool_ms = pool.as_millis(),
+        postgres_ms = stopping.elapsed().as_millis(),
+        "dev stopped"
+    );
     Ok(())
 }
 

@@ -27,8 +27,9 @@ fn serve_refuses_bad_configuration_naming_the_field() {
     );
 }
 
-/// Starts `dev` on `dir` and reads its ready block: the child and the block's lines.
+/// Starts `dev` on `dir` and reads its ready block: the child and the block's lines. Its log goes to `dir/dev.log`.
 fn start_dev(dir: &std::path::Path) -> (std::process::Child, Vec<String>) {
+    let log = std::fs::File::create(dir.join("dev.log")).expect("dev.log");
     let mut child = Command::new(BIN)
         .args([
             "dev",
@@ -38,9 +39,9 @@ fn start_dev(dir: &std::path::Path) -> (std::process::Child, Vec<String>) {
             "127.0.0.1:0",
             "--data-dir",
         ])
-        .arg(dir)
+        .arg(dir.join("data"))
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .expect("spawn dev");
     let stdout = child.stdout.take().expect("stdout");
@@ -77,7 +78,7 @@ fn dev_stops_within_the_grace_period_when_its_database_is_gone() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut child, _) = start_dev(dir.path());
     // The postmaster's pid is the first line of its pid file.
-    let pid_file = dir.path().join("pg/data/postmaster.pid");
+    let pid_file = dir.path().join("data/pg/data/postmaster.pid");
     let text = std::fs::read_to_string(&pid_file)
         .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
     let pg = text.lines().next().expect("a pid line").trim().to_string();
@@ -105,6 +106,13 @@ fn dev_stops_within_the_grace_period_when_its_database_is_gone() {
     let took = t0.elapsed();
     // The grace period and the rest of the stop (the pool closed, PostgreSQL's keeper joined), with room for a
     // loaded machine; 57 s before.
+    let log = std::fs::read_to_string(dir.path().join("dev.log")).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(15).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    println!(
+        "dev stopped in {took:?} ({status}); its log ends:\n{}",
+        tail.join("\n")
+    );
     assert!(
         took < Duration::from_secs(25),
         "dev took {took:?} to stop ({status})"
