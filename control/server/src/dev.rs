@@ -154,7 +154,12 @@ pub async fn run(
     )?;
     on_ready(&ready);
     shutdown.await;
-    let stopping = std::time::Instant::now();
+    stop(running, &store, pg).await
+}
+
+/// Stops the roles, then the pool (within [`POOL_CLOSE`]), then PostgreSQL, and logs each step's time.
+async fn stop(running: crate::Running, store: &Store, pg: EmbeddedPostgres) -> anyhow::Result<()> {
+    let stopping = Instant::now();
     running.shutdown().await;
     let roles = stopping.elapsed();
     // Closing the pool waits for every connection, and a task the roles left behind (a join's commit loop, a
