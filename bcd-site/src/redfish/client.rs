@@ -43,8 +43,8 @@ pub const BMC_RETRY: ExponentialBackoff = ExponentialBackoff::new(
 /// Attempts at most, within a [`RetryPolicy`]'s, for a read answered with a server error. A passing state clears
 /// in that time (sushy's libvirt driver answers 500 while a domain stops: 0.25–0.5 s, then 0.5–1 s of waiting with
 /// [`BMC_RETRY`]), and a resource that always fails costs no more. With the whole default budget (6 attempts, about
-/// 15 s of waiting), an inspection of sushy's fake driver, which answers every `Storage` read 500, took 14.0 s
-/// instead of half a second, and a fleet of 20 machines behind one emulator ran out of its inspection deadline.
+/// 15 s of waiting), an inspection of sushy's fake driver, which answers every `Storage` read 500, took 14.0 s (1.5 s
+/// with this cap), and a fleet of 20 machines behind one emulator ran out of its inspection deadline.
 pub const SERVER_ERROR_ATTEMPTS: u32 = 3;
 
 impl Default for RetryPolicy {
