@@ -71,13 +71,13 @@ pub fn start_plane(lab: &mut MetalLab, bin: &Path, data: &Path, config: &Path) -
         if let Some(status) = lab.process(handle).child.try_wait()? {
             bail!(
                 "better-compute dev exited ({status}):\n{}",
-                crate::watch::tail(&log, 30)
+                bc_testkit::log_tail(&log, 30)
             );
         }
         if Instant::now() > until {
             bail!(
                 "better-compute dev not ready in 120 s:\n{}",
-                crate::watch::tail(&log, 30)
+                bc_testkit::log_tail(&log, 30)
             );
         }
         std::thread::sleep(Duration::from_millis(200));

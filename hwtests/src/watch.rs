@@ -53,11 +53,3 @@ impl Watcher {
         String::from_utf8_lossy(text.get(self.from..).unwrap_or_default()).into_owned()
     }
 }
-
-/// The last `n` lines of a file, for error reports.
-pub fn tail(path: &std::path::Path, n: usize) -> String {
-    let text = fs::read(path).unwrap_or_default();
-    let text = String::from_utf8_lossy(&text);
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}

@@ -102,12 +102,12 @@ fn a_machine_goes_from_pxe_to_ready_and_deployed_through_the_real_parts() -> Res
         for f in ["control.log", "site.log"] {
             logs.push_str(&format!(
                 "--- {f}:\n{}\n",
-                bc_hwtests::watch::tail(&lab.dir.join(f), 40)
+                bc_testkit::log_tail(&lab.dir.join(f), 40)
             ));
         }
         logs.push_str(&format!(
             "--- m1 serial:\n{}\n",
-            bc_hwtests::watch::tail(&m1.serial, 60)
+            bc_testkit::log_tail(&m1.serial, 60)
         ));
         return Err(e.context(logs));
     }

@@ -407,7 +407,7 @@ async fn flow(
     if !console.has("disk") {
         bail!(
             "bios: after restoring the disk boot, no {DISK_MARKER:?} on the serial console within 60 s:\n{}",
-            bc_hwtests::watch::tail(&bios.serial, 15)
+            bc_testkit::log_tail(&bios.serial, 15)
         );
     }
     if site.has("script") || console.text().contains("iPXE initialising") {
@@ -449,7 +449,7 @@ async fn flow(
     if !iconsole.has(asked) {
         bail!(
             "isolated: its iPXE never tried DHCP:\n{}",
-            bc_hwtests::watch::tail(&isolated.serial, 15)
+            bc_testkit::log_tail(&isolated.serial, 15)
         );
     }
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -606,7 +606,7 @@ fn bmc_powers_and_pxe_boots_libvirt_domains() -> Result<()> {
         rt.block_on(flow(&url, &bios, &uefi, &isolated, &views))
     })?;
     if let Err(e) = result {
-        let log = bc_hwtests::watch::tail(&bcd_log, 30);
+        let log = bc_testkit::log_tail(&bcd_log, 30);
         return Err(e.context(format!("{}--- bcd site:\n{log}", lab.logs())));
     }
     println!("metal_lab: total {:.1} s", started.elapsed().as_secs_f64());

@@ -376,13 +376,10 @@ impl GatewayLab {
             Ok(s) => Ok((proc, s)),
             Err(_) => {
                 let exited = proc.exited();
-                let log = std::fs::read_to_string(self.dir.join(format!("{name}.log")))
-                    .unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(20).collect();
                 Err(format!(
                     "{name} did not say it serves within {} s (exited: {exited}); the end of its log:\n{}",
                     spec.start_deadline.as_secs(),
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    crate::log_tail(&self.dir.join(format!("{name}.log")), 20)
                 ))
             }
         }

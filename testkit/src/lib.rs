@@ -35,6 +35,15 @@ pub fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
+/// The last `n` lines of a file, oldest first, for a failure's report: the one helper for this in the workspace's
+/// tests and benches. A file that cannot be read gives an empty string; bytes that are not UTF-8 are replaced.
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// The environment variable that makes [`assert_golden`] write the golden files instead of comparing.
 pub const UPDATE_GOLDEN: &str = "BC_UPDATE_GOLDEN";
 

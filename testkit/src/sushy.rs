@@ -184,13 +184,10 @@ impl FakeBmc {
     }
 
     fn failed(&self, what: &str) -> String {
-        let log = std::fs::read_to_string(self.dir.join("sushy.log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(20).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
         format!(
             "sushy-emulator on 127.0.0.1:{} {what}; the end of its log:\n{}",
             self.port,
-            tail.join("\n")
+            crate::log_tail(&self.dir.join("sushy.log"), 20)
         )
     }
 

@@ -106,12 +106,9 @@ fn dev_stops_within_the_grace_period_when_its_database_is_gone() {
     let took = t0.elapsed();
     // The grace period and the rest of the stop (the pool closed, PostgreSQL's keeper joined), with room for a
     // loaded machine; 57 s before.
-    let log = std::fs::read_to_string(dir.path().join("dev.log")).unwrap_or_default();
-    let tail: Vec<&str> = log.lines().rev().take(15).collect();
-    let tail: Vec<&str> = tail.into_iter().rev().collect();
     println!(
         "dev stopped in {took:?} ({status}); its log ends:\n{}",
-        tail.join("\n")
+        bc_testkit::log_tail(&dir.path().join("dev.log"), 15)
     );
     assert!(
         took < Duration::from_secs(25),

@@ -257,7 +257,7 @@ impl MetalLab {
                 "{} exited ({status}); {}:\n{}",
                 p.name,
                 log.display(),
-                crate::watch::tail(log, 30)
+                bc_testkit::log_tail(log, 30)
             );
         }
         Ok(())
@@ -371,7 +371,7 @@ impl MetalLab {
                 bail!(
                     "libvirtd did not answer on {} within 30 s:\n{}",
                     self.libvirt_uri,
-                    crate::watch::tail(&self.dir.join("libvirtd.log"), 30)
+                    bc_testkit::log_tail(&self.dir.join("libvirtd.log"), 30)
                 );
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -425,7 +425,7 @@ impl MetalLab {
             if Instant::now() > deadline {
                 bail!(
                     "sushy-emulator did not answer within 60 s:\n{}",
-                    crate::watch::tail(&log, 30)
+                    bc_testkit::log_tail(&log, 30)
                 );
             }
             std::thread::sleep(Duration::from_millis(200));
@@ -484,7 +484,7 @@ impl MetalLab {
             out.push_str(&format!(
                 "--- {name} ({}):\n{}\n",
                 path.display(),
-                crate::watch::tail(&path, 25)
+                bc_testkit::log_tail(&path, 25)
             ));
         }
         for d in &self.domains {
@@ -492,7 +492,7 @@ impl MetalLab {
                 "--- serial of {} ({}):\n{}\n",
                 d.name,
                 d.serial.display(),
-                crate::watch::tail(&d.serial, 15)
+                bc_testkit::log_tail(&d.serial, 15)
             ));
         }
         out
