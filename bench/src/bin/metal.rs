@@ -93,8 +93,9 @@ fn main() -> anyhow::Result<()> {
         for p in names {
             let v: Vec<f64> = f.phases.iter().filter_map(|m| m.get(p).copied()).collect();
             println!(
-                "    {p:<16} median {:>6.1} s over {} machines",
+                "    {p:<16} median {:>6.1} s, max {:>6.1} s over {} machines",
                 median(v.clone()),
+                v.iter().copied().fold(f64::NAN, f64::max),
                 v.len()
             );
         }
