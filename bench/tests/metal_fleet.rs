@@ -10,14 +10,55 @@
 //! `BC_CONTROL_BIN` and `BCD_BIN` (as scripts/test sets them), else the ones beside that binary.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Instant;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 const MACHINES: usize = 6;
 
 /// The most seconds one machine may spend inspecting: four times the usual 1.4–1.6 s. With stop 43's retry (every
 /// `Storage` 500 tried 6 times) a machine took 13.0–14.0 s here, under the lab's 15 s budget.
 const INSPECTION_BUDGET_S: f64 = 6.0;
+
+/// How long the whole run may take: about 25 s is usual; the fleet's own deadline for all machines ready is 600 s.
+const DEADLINE: Duration = Duration::from_secs(240);
+
+/// Runs `cmd` in a process group of its own, its output in files under `dir`; past `deadline` the whole group (the
+/// bench, its control plane with PostgreSQL, its site agent and emulator) is killed and the test fails with what the
+/// bench had printed.
+fn run_within(cmd: &mut Command, dir: &Path, deadline: Duration) -> Output {
+    use std::os::unix::process::CommandExt as _;
+    let (out, err) = (dir.join("metal.out"), dir.join("metal.err"));
+    let mut child = cmd
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).expect("the bench's stdout file"))
+        .stderr(std::fs::File::create(&err).expect("the bench's stderr file"))
+        .spawn()
+        .expect("start the metal bench");
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the metal bench") {
+            break status;
+        }
+        if t0.elapsed() > deadline {
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", child.id())])
+                .status();
+            let _ = child.wait();
+            panic!(
+                "the fleet did not finish within {deadline:?}; the bench printed:\n{}\n{}",
+                bc_testkit::log_tail(&out, 40),
+                bc_testkit::log_tail(&err, 40)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    Output {
+        status,
+        stdout: std::fs::read(&out).unwrap_or_default(),
+        stderr: std::fs::read(&err).unwrap_or_default(),
+    }
+}
 
 fn binary(var: &str, name: &str) -> PathBuf {
     match std::env::var_os(var) {
@@ -60,15 +101,19 @@ fn a_fleet_behind_one_bmc_is_inspected_within_the_budget() {
         std::os::unix::fs::symlink(&bin, bins.path().join(name)).expect("a link to the binary");
     }
     let t0 = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_metal"))
-        .env("BC_BIN_DIR", bins.path())
-        .env("BC_SUSHY_EMULATOR", &emulator)
-        .env("BC_METAL_RUNS", "0")
-        .env("BC_METAL_FLEET", MACHINES.to_string())
-        .output()
-        .expect("run the metal bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let out = run_within(
+        Command::new(env!("CARGO_BIN_EXE_metal"))
+            .env("BC_BIN_DIR", bins.path())
+            .env("BC_SUSHY_EMULATOR", &emulator)
+            .env("BC_METAL_RUNS", "0")
+            .env("BC_METAL_FLEET", MACHINES.to_string()),
+        bins.path(),
+        DEADLINE,
+    );
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
     println!("{stdout}");
     println!("the fleet ran {:.1} s", t0.elapsed().as_secs_f64());
     assert!(
