@@ -105,35 +105,47 @@ impl Dev {
         })
     }
 
-    /// SIGTERM and wait: dev stops its roles and PostgreSQL.
+    /// SIGTERM and wait: dev stops its roles and PostgreSQL. An error when it had to be killed.
     pub fn stop(mut self) -> anyhow::Result<()> {
+        match self.terminate()? {
+            true => Ok(()),
+            false => bail!(
+                "better-compute dev did not stop within {} s of SIGTERM; killed",
+                DEV_STOP.as_secs()
+            ),
+        }
+    }
+
+    /// SIGTERM, then SIGKILL if dev has not exited within [`DEV_STOP`]; whether it exited by itself (or had already).
+    fn terminate(&mut self) -> std::io::Result<bool> {
+        if self.child.try_wait()?.is_some() {
+            return Ok(true);
+        }
         Command::new("kill")
             .arg(self.child.id().to_string())
             .status()?;
-        self.child.wait()?;
-        Ok(())
-    }
-}
-
-impl Drop for Dev {
-    /// A bench that fails on its way does not leave `dev` running, holding its ports (/metrics on 9404 among them)
-    /// and its PostgreSQL for the next run: SIGTERM, and SIGKILL if it has not stopped within 30 s.
-    fn drop(&mut self) {
-        if !matches!(self.child.try_wait(), Ok(None)) {
-            return;
-        }
-        let _ = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status();
-        let until = Instant::now() + Duration::from_secs(30);
+        let until = Instant::now() + DEV_STOP;
         while Instant::now() < until {
-            if !matches!(self.child.try_wait(), Ok(None)) {
-                return;
+            if self.child.try_wait()?.is_some() {
+                return Ok(true);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(false)
+    }
+}
+
+/// How long dev has to stop on SIGTERM: its roles' grace period (10 s) and the rest of its stop (PostgreSQL's
+/// shutdown after a 50,000-session run among it), with room.
+const DEV_STOP: Duration = Duration::from_secs(60);
+
+impl Drop for Dev {
+    /// A bench that fails on its way does not leave `dev` running, holding its ports (/metrics on 9404 among them)
+    /// and its PostgreSQL for the next run.
+    fn drop(&mut self) {
+        let _ = self.terminate();
     }
 }
 
