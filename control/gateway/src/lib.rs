@@ -108,11 +108,17 @@ impl v1::join_service_server::JoinService for JoinSvc {
     }
 }
 
-/// Sessions are long-lived streams: a graceful shutdown first closes them (daemons reconnect elsewhere or later),
-/// then gives in-flight calls a bounded grace period (whose start the receiver says).
+/// Sessions are long-lived streams: a graceful shutdown first stops accepting (`accepting`: the accept loop) and
+/// closes them (daemons reconnect elsewhere or later), then gives in-flight calls a bounded grace period (whose
+/// start the receiver says).
+///
+/// A draining gateway takes no new connection. It did until stop 46: a daemon whose session was closed reconnected
+/// to it within milliseconds and opened a session there, so the wait for the sessions to leave ran its whole 5 s and
+/// the grace period its 5 s more, and the control plane's stop ran out of its 10 s (`bc_kernel::STOP_GRACE`).
 fn graceful(
     shutdown: impl Future<Output = ()> + Send + 'static,
     registry: Option<session::Registry>,
+    accepting: tokio::task::AbortHandle,
 ) -> (
     impl Future<Output = ()> + Send + 'static,
     tokio::sync::watch::Receiver<bool>,
@@ -120,17 +126,36 @@ fn graceful(
     let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
     let shutdown = async move {
         shutdown.await;
+        accepting.abort();
         if let Some(r) = registry {
-            r.close_all("gateway shutting down");
             // Let the sessions record that they went offline (bounded: the grace period below still applies).
+            // Closed again each round: a handshake under way when the listener closed may still open one.
             let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            while !r.is_empty() && tokio::time::Instant::now() < deadline {
+            loop {
+                r.close_all("gateway shutting down");
+                if r.is_empty() || tokio::time::Instant::now() >= deadline {
+                    break;
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
         let _ = stopping_tx.send(true);
     };
     (shutdown, stopping_rx)
+}
+
+/// Aborts the gateway's own tasks (the accept loop, which holds the listener, the sweeper, the housekeeping) when
+/// [`serve`] ends or is dropped. Dropped: the control plane's stop aborts a gateway still draining after its
+/// grace period, and a `JoinHandle` dropped does not abort its task; the accept loop went on holding the port, and
+/// a gateway started again on it failed with "Address already in use" (seen in CI, stop 46).
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
 }
 
 /// Serves the gateway on an already-bound listener until `shutdown` resolves.
@@ -167,6 +192,7 @@ pub async fn serve(
         },
     ));
     let sweeper = tokio::spawn(accept::sweep(gate.clone()));
+    let mut own_tasks = AbortOnDrop(vec![accept_loop.abort_handle(), sweeper.abort_handle()]);
     let join = v1::join_service_server::JoinServiceServer::new(JoinSvc(services.join))
         .max_decoding_message_size(limits.max_message_bytes);
     let mut builder = tonic::transport::Server::builder();
@@ -181,16 +207,16 @@ pub async fn serve(
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .layer(accept::CountRequests { gate })
         .add_service(join);
-    let mut housekeeping = None;
     let mut registry_for_shutdown = None;
     if let Some((backend, config, registry)) = services.session {
         registry_for_shutdown = Some(registry.clone());
-        housekeeping = Some(tokio::spawn(session::housekeeping(
+        let housekeeping = tokio::spawn(session::housekeeping(
             backend.clone(),
             registry.clone(),
             config.clone(),
             revocation_watermark,
-        )));
+        ));
+        own_tasks.0.push(housekeeping.abort_handle());
         if let Some(tunnels) = services.tunnels {
             let relay = relay::RelaySvc {
                 tunnels: tunnels.clone(),
@@ -235,7 +261,8 @@ pub async fn serve(
                     .max_decoding_message_size(limits.max_message_bytes),
             );
     }
-    let (shutdown, mut stopping_rx) = graceful(shutdown, registry_for_shutdown);
+    let (shutdown, mut stopping_rx) =
+        graceful(shutdown, registry_for_shutdown, accept_loop.abort_handle());
     let serve = router.serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown);
     let result = tokio::select! {
         r = serve => r.map_err(GatewayError::Serve),
@@ -247,10 +274,6 @@ pub async fn serve(
             Ok(())
         }
     };
-    accept_loop.abort();
-    sweeper.abort();
-    if let Some(h) = housekeeping {
-        h.abort();
-    }
+    drop(own_tasks);
     result
 }

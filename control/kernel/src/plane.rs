@@ -457,8 +457,9 @@ async fn fan_out(mut notices: mpsc::Receiver<Notice>, mut subscribers: Vec<Subsc
     }
 }
 
-/// How long [`Running::stop`] lets the tasks finish what they are doing: the gateway's in-flight calls have 5 s of
-/// it, a role's farewell (leaving its shards) what is left. Then the rest are aborted: a transaction in flight rolls
+/// How long [`Running::stop`] lets the tasks finish what they are doing, side by side: the gateway's sessions up to
+/// 5 s to record that they went offline, then its in-flight calls up to 5 s (milliseconds each with a database
+/// that answers); a role's farewell (leaving its shards). Then the rest are aborted: a transaction in flight rolls
 /// back, and shards not left expire with their leases, as after a crash. Without it, a control plane whose database
 /// was down took 57 s to stop on SIGTERM (`better-compute dev`: two pool timeouts of 30 s, one after the other).
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
