@@ -1,8 +1,9 @@
 //! The site agent's BMC worker: it long-polls the control plane for the metal flow's BMC commands
 //! (`SiteService.BmcCommands`, over the agent's own mTLS identity), carries each out against the machine's BMC
 //! with credentials fetched from the broker for that command only (wiped when dropped), reads the effect back, and
-//! reports the outcome signed by the agent's key (`BmcResult`). At most `per_bmc` commands run against one BMC at
-//! once; a command already running is not started again when it is handed out again.
+//! reports the outcome signed by the agent's key (`BmcResult`). At most `per_address` commands run against one BMC
+//! address at once (a machine: a BMC's only system, or one system of a BMC that serves several), `max_in_flight` in
+//! all; a command already running is not started again when it is handed out again.
 //!
 //! Read-backs: `boot-once-pxe` must read back Target=Pxe (Enabled=Once, or Continuous on a BMC that keeps every
 //! override, as sushy-tools' libvirt driver does: reported `persistent` so the flow restores the disk boot once the
@@ -20,15 +21,16 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The payload type of a signed BMC outcome (the control plane's `bc_mod_metal::gateway::OUTCOME_PAYLOAD_TYPE`).
 pub const OUTCOME_PAYLOAD_TYPE: &str = "application/vnd.bettercompute.bmc-outcome+json";
 
 #[derive(Debug, Clone)]
 pub struct BmcWorkerOptions {
-    /// Commands against one BMC at once.
-    pub per_bmc: usize,
+    /// Commands against one BMC address at once: a BMC's only system, or one system of a BMC that serves several
+    /// (a chassis manager, an emulator), each address its own.
+    pub per_address: usize,
     /// Commands in flight in all.
     pub max_in_flight: usize,
     /// How long one `BmcCommands` call waits for work.
@@ -39,7 +41,7 @@ pub struct BmcWorkerOptions {
 impl Default for BmcWorkerOptions {
     fn default() -> Self {
         BmcWorkerOptions {
-            per_bmc: 1,
+            per_address: 1,
             max_in_flight: 32,
             poll_wait: Duration::from_secs(20),
             bmc: BmcOptions::default(),
@@ -118,8 +120,17 @@ impl BmcWorker {
     fn limit(&self, address: &str) -> Arc<Semaphore> {
         let mut l = self.limits.lock().unwrap_or_else(|p| p.into_inner());
         l.entry(address.to_owned())
-            .or_insert_with(|| Arc::new(Semaphore::new(self.options.per_bmc.max(1))))
+            .or_insert_with(|| Arc::new(Semaphore::new(self.options.per_address.max(1))))
             .clone()
+    }
+
+    /// The slots a command holds while it runs: its address's first (`per_address`: BMCs fall over under parallel
+    /// work), then one of the `max_in_flight`. In that order, so that commands queued behind a busy address hold
+    /// none of the shared slots and commands for other BMCs go on.
+    async fn slots(&self, address: &str) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+        let own = self.limit(address).acquire_owned().await.ok()?;
+        let shared = self.in_flight.clone().acquire_owned().await.ok()?;
+        Some((own, shared))
     }
 
     /// Carries out one operation against the BMC at `address` and reads it back (the caller holds the BMC's slot).
@@ -240,11 +251,7 @@ impl BmcWorker {
             }
         }
         tokio::spawn(async move {
-            let Ok(_slot) = self.in_flight.clone().acquire_owned().await else {
-                return;
-            };
-            // One command at a time against one BMC (`per_bmc`): BMCs fall over under parallel work.
-            let Ok(_bmc) = self.limit(&c.bmc_address).acquire_owned().await else {
+            let Some(_slots) = self.slots(&c.bmc_address).await else {
                 return;
             };
             let now = crate::session::now_ms();
@@ -386,7 +393,46 @@ async fn run_op(bmc: &Bmc, op: &BmcOp, wanted: Option<&str>) -> Result<Outcome, 
 
 #[cfg(test)]
 mod tests {
-    use super::system_of;
+    use super::{BmcWorker, BmcWorkerOptions, system_of};
+    use std::time::Duration;
+
+    /// Before the order was the address's slot first, a command queued behind a busy address held a shared slot
+    /// while it waited: with `max_in_flight` commands queued so, no other BMC got any.
+    #[tokio::test]
+    async fn commands_queued_behind_a_busy_address_hold_no_shared_slot() {
+        let worker = BmcWorker::new(
+            "/nonexistent".into(),
+            BmcWorkerOptions {
+                per_address: 1,
+                max_in_flight: 2,
+                ..BmcWorkerOptions::default()
+            },
+        );
+        let running = worker
+            .slots("https://a")
+            .await
+            .expect("the first command's slots");
+        let queued = tokio::spawn({
+            let worker = worker.clone();
+            async move { worker.slots("https://a").await.map(drop) }
+        });
+        // Let the second command for `a` queue.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !queued.is_finished(),
+            "a second command for a busy address waits"
+        );
+        let other = tokio::time::timeout(Duration::from_secs(5), worker.slots("https://b"))
+            .await
+            .expect("a command for another BMC is not held up by one queued behind a busy address");
+        assert!(other.is_some());
+        drop(running);
+        tokio::time::timeout(Duration::from_secs(5), queued)
+            .await
+            .expect("the queued command runs once the first is done")
+            .expect("join")
+            .expect("its slots");
+    }
 
     #[test]
     fn an_address_may_name_one_system_of_several() {
