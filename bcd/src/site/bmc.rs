@@ -3,7 +3,8 @@
 //! with credentials fetched from the broker for that command only (wiped when dropped), reads the effect back, and
 //! reports the outcome signed by the agent's key (`BmcResult`). At most `per_address` commands run against one BMC
 //! address at once (a machine: a BMC's only system, or one system of a BMC that serves several), `max_in_flight` in
-//! all; a command already running is not started again when it is handed out again.
+//! all, and the commands against one BMC endpoint share its `bmc.max_concurrent` requests in flight; a command
+//! already running is not started again when it is handed out again.
 //!
 //! Read-backs: `boot-once-pxe` must read back Target=Pxe (Enabled=Once, or Continuous on a BMC that keeps every
 //! override, as sushy-tools' libvirt driver does: reported `persistent` so the flow restores the disk boot once the
@@ -54,6 +55,10 @@ pub struct BmcWorker {
     state_dir: PathBuf,
     options: BmcWorkerOptions,
     limits: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// The Redfish requests in flight to each BMC endpoint (`bmc.max_concurrent`), shared by every command against
+    /// it: each command opens its own `Bmc`, whose permits were its own, so a BMC serving several systems saw one
+    /// set per command running against it.
+    endpoints: Mutex<HashMap<String, Arc<Semaphore>>>,
     running: Mutex<BTreeSet<String>>,
     in_flight: Arc<Semaphore>,
 }
@@ -79,6 +84,16 @@ pub fn system_of(address: &str) -> Option<&str> {
         .or_else(|| address.strip_prefix("http://"))?;
     let path = rest[rest.find('/')?..].trim_end_matches('/');
     (!path.is_empty()).then_some(path)
+}
+
+/// The BMC endpoint an address names (`https://bmc:8443` of `https://bmc:8443/redfish/v1/Systems/2`): what its
+/// systems share. The host is compared without regard to case.
+fn endpoint_of(address: &str) -> String {
+    let scheme = address.find("://").map_or(0, |i| i + 3);
+    let end = address[scheme..]
+        .find('/')
+        .map_or(address.len(), |i| scheme + i);
+    address[..end].to_ascii_lowercase()
 }
 
 fn summary(inv: &bcd_site::redfish::Inventory, wanted: Option<&str>) -> HardwareSummary {
@@ -112,6 +127,7 @@ impl BmcWorker {
             state_dir,
             options,
             limits: Mutex::default(),
+            endpoints: Mutex::default(),
             running: Mutex::default(),
             in_flight,
         })
@@ -122,6 +138,22 @@ impl BmcWorker {
         l.entry(address.to_owned())
             .or_insert_with(|| Arc::new(Semaphore::new(self.options.per_address.max(1))))
             .clone()
+    }
+
+    /// The options for a `Bmc` of `address`: the worker's, with the in-flight permits of the address's endpoint
+    /// (unless the options bring a limiter of their own).
+    fn bmc_options(&self, address: &str) -> BmcOptions {
+        let mut options = self.options.bmc.clone();
+        if options.limiter.is_none() {
+            let mut e = self.endpoints.lock().unwrap_or_else(|p| p.into_inner());
+            let permits = options.max_concurrent.max(1);
+            options.limiter = Some(
+                e.entry(endpoint_of(address))
+                    .or_insert_with(|| Arc::new(Semaphore::new(permits)))
+                    .clone(),
+            );
+        }
+        options
     }
 
     /// The slots a command holds while it runs: its address's first (`per_address`: BMCs fall over under parallel
@@ -140,7 +172,7 @@ impl BmcWorker {
                 Ok(c) => c,
                 Err(e) => return failed(bc_error_chain::chain(&e), true),
             };
-        let bmc = match Bmc::connect(address, creds, self.options.bmc.clone()).await {
+        let bmc = match Bmc::connect(address, creds, self.bmc_options(address)).await {
             Ok(b) => b,
             Err(e) => {
                 return failed(
@@ -393,8 +425,50 @@ async fn run_op(bmc: &Bmc, op: &BmcOp, wanted: Option<&str>) -> Result<Outcome, 
 
 #[cfg(test)]
 mod tests {
-    use super::{BmcWorker, BmcWorkerOptions, system_of};
+    use super::{BmcWorker, BmcWorkerOptions, endpoint_of, system_of};
+    use std::sync::Arc;
     use std::time::Duration;
+
+    #[test]
+    fn the_systems_of_one_bmc_share_its_endpoint() {
+        assert_eq!(
+            endpoint_of("http://127.0.0.1:8000/redfish/v1/Systems/6b0f-01"),
+            "http://127.0.0.1:8000"
+        );
+        assert_eq!(endpoint_of("https://BMC.example"), "https://bmc.example");
+        assert_eq!(endpoint_of("https://bmc.example/"), "https://bmc.example");
+        assert_eq!(
+            endpoint_of("https://bmc:8443/redfish/v1/Systems/2"),
+            "https://bmc:8443"
+        );
+    }
+
+    /// Every command against one BMC endpoint shares its in-flight permits (`bmc.max_concurrent`): two systems of
+    /// one chassis manager, or of one emulator, are two addresses but one BMC. Before, each command's `Bmc` had
+    /// permits of its own. (That a shared limiter bounds the requests in flight is the Redfish client's test
+    /// `redfish_quirks.rs::at_most_max_concurrent_requests_reach_one_bmc`.)
+    #[test]
+    fn commands_against_one_bmc_share_its_in_flight_permits() {
+        let worker = BmcWorker::new("/nonexistent".into(), BmcWorkerOptions::default());
+        let limiter = |address: &str| {
+            worker
+                .bmc_options(address)
+                .limiter
+                .expect("the worker gives every Bmc a limiter")
+        };
+        let a1 = limiter("http://127.0.0.1:8000/redfish/v1/Systems/1");
+        let a2 = limiter("http://127.0.0.1:8000/redfish/v1/Systems/2");
+        let b = limiter("http://127.0.0.1:8001/redfish/v1/Systems/1");
+        assert!(
+            Arc::ptr_eq(&a1, &a2),
+            "two systems of one BMC share its permits"
+        );
+        assert!(!Arc::ptr_eq(&a1, &b), "another BMC has its own");
+        assert_eq!(
+            a1.available_permits(),
+            BmcWorkerOptions::default().bmc.max_concurrent
+        );
+    }
 
     /// Before the order was the address's slot first, a command queued behind a busy address held a shared slot
     /// while it waited: with `max_in_flight` commands queued so, no other BMC got any.
