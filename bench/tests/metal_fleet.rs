@@ -63,9 +63,7 @@ fn run_within(cmd: &mut Command, dir: &Path, deadline: Duration) -> Output {
 fn binary(var: &str, name: &str) -> PathBuf {
     match std::env::var_os(var) {
         Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_BIN_EXE_metal"))
-            .with_file_name(name)
-            .to_path_buf(),
+        None => Path::new(env!("CARGO_BIN_EXE_metal")).with_file_name(name),
     }
 }
 

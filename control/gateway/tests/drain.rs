@@ -115,6 +115,29 @@ async fn join_in_flight(
     Ok(call)
 }
 
+/// A gateway serving, with a Join in flight through it: the setup of both tests.
+struct Serving {
+    addr: SocketAddr,
+    served: tokio::task::JoinHandle<Result<(), bc_gateway::GatewayError>>,
+    /// Begins the shutdown.
+    stop: tokio::sync::oneshot::Sender<()>,
+    _call: tokio::task::JoinHandle<()>,
+}
+
+async fn serving_with_a_stuck_join() -> Result<Serving, Error> {
+    bc_proto::install_crypto_provider();
+    let pki = pki()?;
+    let (stop, shutdown) = tokio::sync::oneshot::channel();
+    let (addr, served, mut started) = gateway(&pki, shutdown).await?;
+    let _call = join_in_flight(&pki, addr, &mut started).await?;
+    Ok(Serving {
+        addr,
+        served,
+        stop,
+        _call,
+    })
+}
+
 /// Whether a listener can be bound on `addr` as the gateway binds it (SO_REUSEADDR: a listener still open is in
 /// the way, connections in TIME_WAIT are not).
 fn bindable(addr: SocketAddr) -> bool {
@@ -126,11 +149,12 @@ fn bindable(addr: SocketAddr) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_gateway_accepts_no_new_connection() -> Result<(), Error> {
-    bc_proto::install_crypto_provider();
-    let pki = pki()?;
-    let (stop, shutdown) = tokio::sync::oneshot::channel();
-    let (addr, served, mut started) = gateway(&pki, shutdown).await?;
-    let _call = join_in_flight(&pki, addr, &mut started).await?;
+    let Serving {
+        addr,
+        served,
+        stop,
+        _call,
+    } = serving_with_a_stuck_join().await?;
     let t0 = Instant::now();
     let _ = stop.send(());
     // The call in flight holds the drain open for the grace period (5 s); new connections must be refused well
@@ -165,11 +189,12 @@ async fn a_draining_gateway_accepts_no_new_connection() -> Result<(), Error> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_aborted_while_serving_lets_its_port_go() -> Result<(), Error> {
-    bc_proto::install_crypto_provider();
-    let pki = pki()?;
-    let (_stop, shutdown) = tokio::sync::oneshot::channel();
-    let (addr, served, mut started) = gateway(&pki, shutdown).await?;
-    let _call = join_in_flight(&pki, addr, &mut started).await?;
+    let Serving {
+        addr,
+        served,
+        stop: _stop,
+        _call,
+    } = serving_with_a_stuck_join().await?;
     assert!(!bindable(addr), "the serving gateway holds its port");
     // As the control plane's stop aborts a gateway still running after its grace period.
     served.abort();
