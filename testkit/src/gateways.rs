@@ -11,7 +11,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -174,6 +174,35 @@ impl Proc {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// SIGTERM, as a service manager stops it, and waits up to `limit` for it to exit: how it exited and how long
+    /// it took. Past `limit` it is killed (SIGKILL) and Err says so.
+    pub fn terminate(&mut self, limit: Duration) -> Result<(ExitStatus, Duration), String> {
+        let t0 = Instant::now();
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Ok((status, Duration::ZERO));
+        }
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .map_err(|e| format!("kill -TERM {} ({}): {e}", self.pid(), self.name))?;
+        if !sent.success() {
+            return Err(format!("kill -TERM {} ({}): {sent}", self.pid(), self.name));
+        }
+        while t0.elapsed() < limit {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Ok((status, t0.elapsed())),
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) => return Err(format!("{}: {e}", self.name)),
+            }
+        }
+        self.kill();
+        Err(format!(
+            "{} did not exit within {:.1} s of SIGTERM; killed",
+            self.name,
+            limit.as_secs_f64()
+        ))
     }
 }
 
@@ -483,7 +512,25 @@ impl GatewayLab {
         }
     }
 
-    /// Starts gateway `i` again (after [`GatewayLab::kill_gateway`]) on the address it had, so the balancer's
+    /// Stops gateway `i` as a service manager does (SIGTERM: it closes its sessions, then its calls in flight) and
+    /// waits up to `limit` for it to exit: how it exited and how long it took. Past `limit` it is killed and Err
+    /// says so. [`GatewayLab::restart_gateway`] starts it again.
+    pub fn stop_gateway(
+        &mut self,
+        i: usize,
+        limit: Duration,
+    ) -> Result<(ExitStatus, Duration), String> {
+        let stopped = match self.procs.get_mut(i) {
+            Some(Some(p)) => p.terminate(limit),
+            _ => Err(format!("gateway {i} is not running")),
+        };
+        if let Some(g) = self.gateways.get_mut(i) {
+            g.alive = false;
+        }
+        stopped
+    }
+
+    /// Starts gateway `i` again (after [`GatewayLab::kill_gateway`] or [`GatewayLab::stop_gateway`]) on the address it had, so the balancer's
     /// configuration still names it; returns once it serves.
     pub fn restart_gateway(&mut self, bins: &Binaries, i: usize) -> Result<(), String> {
         self.restart_gateways(bins, &[i])
@@ -503,18 +550,21 @@ impl GatewayLab {
                 return Err(format!("gateway {} is running: kill it first", g.id));
             }
             let config = self.config(&g.id, "gateway", Some((&g.id, Some(g.addr))));
-            todo.push((i, g.id, config));
+            // Each start its own log: `gw0-restarted.log`, then `gw0-restarted-2.log`, …
+            let mut name = format!("{}-restarted", g.id);
+            for k in 2.. {
+                if !self.dir.join(format!("{name}.log")).exists() {
+                    break;
+                }
+                name = format!("{}-restarted-{k}", g.id);
+            }
+            todo.push((i, name, config));
         }
         let lab = &*self;
         let started: Vec<(usize, Started)> = std::thread::scope(|s| {
             let handles: Vec<_> = todo
                 .iter()
-                .map(|(i, id, config)| {
-                    (
-                        *i,
-                        s.spawn(move || lab.serve(bins, &format!("{id}-restarted"), config)),
-                    )
-                })
+                .map(|(i, name, config)| (*i, s.spawn(move || lab.serve(bins, name, config))))
                 .collect();
             handles
                 .into_iter()

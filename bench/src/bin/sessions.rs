@@ -715,11 +715,77 @@ impl Fleet {
         (back, p99, all)
     }
 
+    /// Counts events while `job` runs (a gateway stopped and started again) and after, until every session is up
+    /// again and `job` ended at least [`SETTLE`] ago (the ends of a stopped gateway's sessions reach this process a
+    /// moment after it exits), or `limit` from `t0` passes once `job` ended.
+    async fn while_moving<T>(
+        &mut self,
+        job: impl std::future::Future<Output = T>,
+        t0: Instant,
+        limit: Duration,
+    ) -> Moved<T> {
+        let n = self.spawned;
+        tokio::pin!(job);
+        let (mut out, mut ended) = (None, None::<Instant>);
+        let (mut downs, mut all_back) = (0, None);
+        loop {
+            if let Some(e) = ended {
+                if (self.live >= n && e.elapsed() >= SETTLE) || t0.elapsed() >= limit {
+                    break;
+                }
+            }
+            tokio::select! {
+                o = &mut job, if out.is_none() => {
+                    out = Some(o);
+                    ended = Some(Instant::now());
+                }
+                e = self.events.recv() => match e {
+                    Some(Event::Up) => {
+                        self.live += 1;
+                        if self.live >= n {
+                            all_back = Some(t0.elapsed());
+                        }
+                    }
+                    Some(e @ Event::Down(_)) => {
+                        downs += 1;
+                        all_back = None;
+                        self.count(e);
+                    }
+                    Some(e) => self.count(e),
+                    None => break,
+                },
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+        let out = match out {
+            Some(o) => o,
+            None => job.await,
+        };
+        Moved {
+            out,
+            downs,
+            all_back: all_back.filter(|_| self.live >= n),
+        }
+    }
+
     /// Every daemon stops (a worker's with the worker).
     fn stop(&mut self) {
         let _ = self.stop_tx.send(true);
         self.workers.clear();
     }
+}
+
+/// How long after a gateway stopped [`Fleet::while_moving`] goes on counting before it trusts that every session
+/// is up: its sessions' ends reach this process (through a worker's pipe) a moment after it exits.
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// What [`Fleet::while_moving`] saw.
+struct Moved<T> {
+    out: T,
+    /// Sessions that ended.
+    downs: usize,
+    /// When (from its `t0`) every session was up again for the last time; None if they were not all up at the end.
+    all_back: Option<Duration>,
 }
 
 /// A load-tool worker ([`Fleet::in_processes`]): the daemons of the credentials in `BC_SESSIONS_WORKER`, whose

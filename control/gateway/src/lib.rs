@@ -115,10 +115,11 @@ impl v1::join_service_server::JoinService for JoinSvc {
 /// A draining gateway takes no new connection. It did until stop 46: a daemon whose session was closed reconnected
 /// to it within milliseconds and opened a session there, so the wait for the sessions to leave ran its whole 5 s and
 /// the grace period its 5 s more, and the control plane's stop ran out of its 10 s (`bc_kernel::STOP_GRACE`).
-fn graceful(
+fn graceful<T: Send + 'static>(
     shutdown: impl Future<Output = ()> + Send + 'static,
     registry: Option<session::Registry>,
     accepting: tokio::task::AbortHandle,
+    incoming_open: tokio::sync::mpsc::Sender<T>,
 ) -> (
     impl Future<Output = ()> + Send + 'static,
     tokio::sync::watch::Receiver<bool>,
@@ -126,6 +127,12 @@ fn graceful(
     let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
     let shutdown = async move {
         shutdown.await;
+        // The accept loop ends here, and with it its end of the connection stream; tonic takes the end of that
+        // stream for the end of serving and returns once its connections close, without waiting for this future.
+        // The sessions' closes were still being written (a gateway of `better-compute serve` holding 1,500
+        // sessions exited 0.55 s after SIGTERM with 315 of them recorded offline). This sender keeps the stream
+        // open until the drain is over.
+        let _incoming_open = incoming_open;
         accepting.abort();
         if let Some(r) = registry {
             // Let the sessions record that they went offline (bounded: the grace period below still applies).
@@ -181,6 +188,7 @@ pub async fn serve(
     );
     let gate = accept::Gate::new(c.clone());
     let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    let incoming_open = tx.clone();
     let accept_loop = tokio::spawn(accept::accept(
         listener,
         gate.clone(),
@@ -261,8 +269,12 @@ pub async fn serve(
                     .max_decoding_message_size(limits.max_message_bytes),
             );
     }
-    let (shutdown, mut stopping_rx) =
-        graceful(shutdown, registry_for_shutdown, accept_loop.abort_handle());
+    let (shutdown, mut stopping_rx) = graceful(
+        shutdown,
+        registry_for_shutdown,
+        accept_loop.abort_handle(),
+        incoming_open,
+    );
     let serve = router.serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown);
     let result = tokio::select! {
         r = serve => r.map_err(GatewayError::Serve),

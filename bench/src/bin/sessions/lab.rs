@@ -12,6 +12,9 @@
 //! (flat in the number of sessions: liveness is batched per gateway), how the balancer spread the sessions, and a
 //! reconnect storm: both gateways killed (SIGKILL) and started again on their addresses, the time until 99% and 100%
 //! of the sessions are back, and a check that every node holds one session (online once, one reconnect each).
+//! Then, where the other gateways can hold every session (`BC_SESSIONS=50000 BC_SESSIONS_GATEWAYS=4` here), a
+//! rolling restart as an upgrade does it: each gateway in turn stopped with SIGTERM and started again, how long it
+//! took to exit and when its sessions were all up again on the others.
 
 use super::{Fleet, join_all, xact_commits};
 use anyhow::{Context as _, bail};
@@ -453,6 +456,21 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
         spread(&url)?,
         epochs_after - epochs_before,
     );
+    let rolled = match gateways {
+        1 => Err("one gateway: nowhere for its sessions to go".to_string()),
+        g => spread_for(n, g - 1, limit).map(|_| ()),
+    };
+    let rolled = match rolled {
+        Ok(()) => {
+            let (back, worst) = rolling_restart(lab, &mut fleet, &bins, &url).await?;
+            lab = back;
+            Some(worst)
+        }
+        Err(why) => {
+            println!("rolling restart: not run: while one gateway is down, {why}");
+            None
+        }
+    };
     fleet.stop();
     drop(lab);
     if std::env::var_os("BC_SESSIONS_KEEP").is_some() {
@@ -466,8 +484,84 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
     let (up, per, _) = figures.last().copied().unwrap_or((0, 0.0, 0.0));
     println!("sessions-storm: 99% back at {} of {n}", fmt(p99));
     println!("sessions-rss: {per:.1} KiB/session at {up} sessions over {gateways} gateways");
+    if let Some((exit, back)) = rolled {
+        println!(
+            "sessions-rolling: each gateway exited within {:.1} s of SIGTERM, every session back within {} of it",
+            exit.as_secs_f64(),
+            fmt(back)
+        );
+    }
     Ok(())
 }
+
+/// How long a stopped gateway may take to exit: the control plane's stop grace (10 s) with room.
+const GATEWAY_STOP: Duration = Duration::from_secs(30);
+
+/// How long the sessions of a stopped gateway may take to be up again on the others.
+const MOVED_BACK: Duration = Duration::from_secs(120);
+
+/// A rolling restart, as an upgrade does it: each gateway in turn stopped (SIGTERM) and started again at once, its
+/// sessions moving to the others through the balancer. Prints, per gateway, how long it took to exit, how many
+/// sessions it held and when every session was up again, and what the database did meanwhile. Returns the lab and
+/// the slowest exit and return (None: not every session came back).
+async fn rolling_restart(
+    mut lab: GatewayLab,
+    fleet: &mut Fleet,
+    bins: &Binaries,
+    url: &str,
+) -> anyhow::Result<(GatewayLab, (Duration, Option<Duration>))> {
+    let (mut slowest_exit, mut slowest_back) = (Duration::ZERO, Some(Duration::ZERO));
+    for i in 0..lab.gateways.len() {
+        let id = lab.gateways[i].id.clone();
+        let held = query_i64(
+            url,
+            &format!("SELECT count(*) FROM nodes WHERE online AND gateway_id = '{id}'"),
+        )?;
+        let epochs0 = query_i64(url, "SELECT coalesce(sum(session_epoch), 0) FROM nodes")?;
+        let offline0 = query_i64(url, OFFLINE_RECORDED)?;
+        let statements0 = storm_statements_reset(url);
+        let t0 = Instant::now();
+        let bins = bins.clone();
+        let job = tokio::task::spawn_blocking(move || {
+            let stopped = lab.stop_gateway(i, GATEWAY_STOP);
+            let restarted = lab.restart_gateway(&bins, i);
+            (lab, stopped, restarted)
+        });
+        let moved = fleet.while_moving(job, t0, MOVED_BACK).await;
+        let (back, stopped, restarted) = moved.out?;
+        lab = back;
+        restarted.map_err(anyhow::Error::msg)?;
+        let (exit, took) = match stopped {
+            Ok((status, took)) => (status.to_string(), took),
+            Err(killed) => (killed, GATEWAY_STOP),
+        };
+        slowest_exit = slowest_exit.max(took);
+        slowest_back = slowest_back.zip(moved.all_back).map(|(a, b)| a.max(b));
+        println!(
+            "rolling restart, {id} (held {held} sessions): exited ({exit}) {:.2} s after SIGTERM; {} sessions ended; \
+             every session up again {} after the SIGTERM; node.offline recorded {}; session epochs +{}; online by \
+             gateway: {}; {}",
+            took.as_secs_f64(),
+            moved.downs,
+            moved
+                .all_back
+                .map_or("never".into(), |d| format!("{:.2} s", d.as_secs_f64())),
+            query_i64(url, OFFLINE_RECORDED)? - offline0,
+            query_i64(url, "SELECT coalesce(sum(session_epoch), 0) FROM nodes")? - epochs0,
+            spread(url)?,
+            fleet.reasons(),
+        );
+        match statements0.and_then(|u0| storm_statements(url, u0)) {
+            Ok(lines) => lines.iter().for_each(|l| println!("  {l}")),
+            Err(e) => println!("  the database meanwhile, by statement: not measured ({e:#})"),
+        }
+    }
+    Ok((lab, (slowest_exit, slowest_back)))
+}
+
+/// The `node.offline` audit rows: a session's close as its gateway recorded it.
+const OFFLINE_RECORDED: &str =
+    "SELECT count(*) FROM audit_events WHERE action = 'node.offline' AND actor = 'gateway'";
 
 #[cfg(test)]
 mod tests {
