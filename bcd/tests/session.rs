@@ -392,6 +392,14 @@ async fn gateway_restart_daemons_reconnect_by_themselves() -> TestResult {
         took < Duration::from_secs(4),
         "the stop took {took:?}: does the draining gateway take new sessions?"
     );
+    // The stop returns once the sessions recorded their close. (With one session the write wins its race with the
+    // connection's end even when the gateway does not wait for it; `control/gateway/tests/drain.rs` slows the close
+    // down to test that it does.)
+    let row = node_row(&p, &node.id).await;
+    assert!(
+        !row.online && row.session_epoch == 1,
+        "after the stop the node is offline at epoch 1: {row:?}"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let again = serve_config(
         p.dir.path(),

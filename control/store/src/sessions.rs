@@ -280,15 +280,29 @@ impl Store {
 
     /// Marks the node offline if `epoch` is still its session, recording the transition.
     pub async fn close_session(&self, node_id: &str, epoch: i64) -> Result<(), StoreError> {
-        // One statement (one round trip, one implicit transaction), as the open.
+        self.close_sessions(&[(node_id, epoch)]).await
+    }
+
+    /// [`Store::close_session`] for many sessions at once, in one statement (one round trip, one implicit
+    /// transaction): each node whose session is still `epoch` goes offline, with a `node.offline` audit row; a node
+    /// that opened a newer session meanwhile, on this gateway or another, is left as it is. A gateway that stops
+    /// closes every session it holds at once, and one statement per close recorded about 1,000 a second in
+    /// `scripts/bench sessions`' rolling restart, fewer than a gateway of 8,000 sessions has in its 5 s drain.
+    /// The rows are locked in id order first, as the opens lock theirs, so a round of opens and a round of closes
+    /// that share nodes cannot deadlock.
+    pub async fn close_sessions(&self, closes: &[(&str, i64)]) -> Result<(), StoreError> {
+        let ids: Vec<&str> = closes.iter().map(|c| c.0).collect();
+        let epochs: Vec<i64> = closes.iter().map(|c| c.1).collect();
         sqlx::query(
-            "WITH u AS (UPDATE nodes SET online = false WHERE id = $1 AND session_epoch = $2 AND online \
-             RETURNING id) \
+            "WITH x AS (SELECT * FROM unnest($1::text[], $2::bigint[]) AS x(id, epoch)), \
+             l AS (SELECT n.id FROM nodes n JOIN x ON n.id = x.id AND n.session_epoch = x.epoch \
+             WHERE n.online ORDER BY n.id FOR UPDATE OF n), \
+             u AS (UPDATE nodes n SET online = false FROM l WHERE n.id = l.id RETURNING n.id, n.session_epoch) \
              INSERT INTO audit_events (actor, action, subject, detail) \
-             SELECT 'gateway', 'node.offline', 'node/' || u.id, jsonb_build_object('epoch', $2::bigint) FROM u",
+             SELECT 'gateway', 'node.offline', 'node/' || u.id, jsonb_build_object('epoch', u.session_epoch) FROM u",
         )
-        .bind(node_id)
-        .bind(epoch)
+        .bind(&ids)
+        .bind(&epochs)
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -633,6 +633,88 @@ async fn opening_and_closing_a_session_audit_only_the_transitions_and_return_the
     );
 }
 
+/// Closes grouped into one statement take only the sessions that are still current: of three nodes, the one whose
+/// epoch is current goes offline (one `node.offline`), the one that reconnected meanwhile stays online, and one
+/// named twice (its stale epoch and its current one) goes offline once.
+#[tokio::test]
+async fn grouped_closes_take_only_current_sessions() {
+    let store = seeded(3).await;
+    store
+        .commit_joins(
+            "0123456789abcdef",
+            "p1",
+            &[
+                candidate(1, "hk-1"),
+                candidate(2, "hk-2"),
+                candidate(3, "hk-3"),
+            ],
+            now_ms(),
+        )
+        .await
+        .expect("commit");
+    let mut epochs = Vec::new();
+    for n in 1..=3 {
+        let opened = store
+            .open_session(&format!("node-{n}"), &KEY)
+            .await
+            .expect("open")
+            .expect("opened");
+        epochs.push(opened.epoch);
+    }
+    // node-2 reconnected (elsewhere) before its old session's close; node-3's old and new sessions both close.
+    let reopened = store
+        .open_session("node-2", &KEY)
+        .await
+        .expect("open")
+        .expect("opened");
+    let newer = store
+        .open_session("node-3", &KEY)
+        .await
+        .expect("open")
+        .expect("opened");
+    store
+        .close_sessions(&[
+            ("node-1", epochs[0]),
+            ("node-2", epochs[1]),
+            ("node-3", epochs[2]),
+            ("node-3", newer.epoch),
+        ])
+        .await
+        .expect("close");
+    let rows = sqlx::query_as::<_, (String, bool)>("SELECT id, online FROM nodes ORDER BY id")
+        .fetch_all(store.pool())
+        .await
+        .expect("nodes");
+    assert_eq!(
+        rows,
+        [
+            ("node-1".to_string(), false),
+            ("node-2".to_string(), true),
+            ("node-3".to_string(), false)
+        ]
+    );
+    let offline = sqlx::query_as::<_, (String, serde_json::Value)>(
+        "SELECT subject, detail FROM audit_events WHERE action = 'node.offline' ORDER BY subject",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("audit");
+    assert_eq!(
+        offline,
+        [
+            (
+                "node/node-1".to_string(),
+                serde_json::json!({"epoch": epochs[0]})
+            ),
+            (
+                "node/node-3".to_string(),
+                serde_json::json!({"epoch": newer.epoch})
+            )
+        ]
+    );
+    assert_eq!(reopened.epoch, epochs[1] + 1);
+}
+
 /// Opens grouped into one statement answer each open as opening it alone would, in the order asked: a node named
 /// twice opens twice (epochs 1 and 2), an unknown node and a key that is not the node's are refused without
 /// failing the others, and an offline node's open is recorded once as a transition.

@@ -29,51 +29,116 @@ pub struct ControlSessions {
     delivered: Mutex<HashMap<String, (u64, i64)>>,
     /// The gateway these sessions are held by, recorded on each session row (the tunnel relay finds nodes by it).
     gateway_id: Option<String>,
-    /// Where opens wait to be grouped ([`open_groups`]), started at the first open.
-    opens: std::sync::OnceLock<mpsc::Sender<OpenRequest>>,
+    /// Opens, grouped into one statement each.
+    opens: OpenGroups,
+    /// Closes, grouped into one statement each.
+    closes: Grouped<(String, i64), ()>,
 }
 
-/// The most opens one statement takes.
-const OPEN_GROUP: usize = 256;
+/// The most opens, or closes, one statement takes.
+const GROUP: usize = 256;
 
-/// One session open waiting for its group's statement.
-struct OpenRequest {
-    node_id: String,
-    public_key: Vec<u8>,
-    answer: oneshot::Sender<Result<Result<OpenedSession, OpenRefusal>, Status>>,
+/// One group's statement: one answer per request, in the order of the requests.
+type RunGroup<R, A> =
+    Arc<dyn Fn(Vec<R>) -> BoxFuture<'static, Result<Vec<A>, bc_store::StoreError>> + Send + Sync>;
+
+/// A request waiting for its group's statement, and where its answer goes.
+type Waiting<R, A> = (R, oneshot::Sender<Result<A, Status>>);
+
+/// Calls of one kind carried out in groups, one statement for all the calls that waited while the previous one ran
+/// (group commit): a call that finds none running goes at once, alone, and in a reconnect storm (opens) or a
+/// gateway's stop (closes) the calls that arrive while one statement runs share the next one instead of each taking
+/// a connection, a statement and a commit of its own. The task that runs the groups starts at the first call and
+/// ends when the sessions' backend is dropped.
+struct Grouped<R, A> {
+    /// What runs the groups, for the error when it is gone ("session opener").
+    what: &'static str,
+    run: RunGroup<R, A>,
+    queue: std::sync::OnceLock<mpsc::Sender<Waiting<R, A>>>,
 }
 
-/// Opens sessions in groups, one statement for all the opens that waited while the previous one ran (group commit):
-/// an open that finds none running goes at once, alone, and in a reconnect storm, the opens that arrive while one
-/// statement runs share the next one instead of each taking a connection, a statement and a commit of its own. The
-/// task ends when the sessions' backend is dropped.
-async fn open_groups(
-    store: Store,
-    gateway_id: Option<String>,
-    mut rx: mpsc::Receiver<OpenRequest>,
-) {
-    let mut group = Vec::with_capacity(OPEN_GROUP);
-    while rx.recv_many(&mut group, OPEN_GROUP).await > 0 {
-        let opens: Vec<(&str, &[u8])> = group
-            .iter()
-            .map(|r| (r.node_id.as_str(), r.public_key.as_slice()))
-            .collect();
-        let answers = store.open_sessions_on(&opens, gateway_id.as_deref()).await;
-        drop(opens);
-        match answers {
-            Ok(answers) => {
-                for (r, a) in group.drain(..).zip(answers) {
-                    let _ = r.answer.send(Ok(a));
+impl<R: Send + 'static, A: Send + 'static> Grouped<R, A> {
+    fn new(what: &'static str, run: RunGroup<R, A>) -> Grouped<R, A> {
+        Grouped {
+            what,
+            run,
+            queue: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Waits for the group that takes `request`, and its answer.
+    async fn call(&self, request: R) -> Result<A, Status> {
+        let queue = self.queue.get_or_init(|| {
+            let (tx, rx) = mpsc::channel(4 * GROUP);
+            tokio::spawn(run_groups(rx, self.run.clone()));
+            tx
+        });
+        let lost =
+            || Status::unavailable(format!("the control plane's {} stopped; retry", self.what));
+        let (answer, answered) = oneshot::channel();
+        queue.send((request, answer)).await.map_err(|_| lost())?;
+        answered.await.map_err(|_| lost())?
+    }
+}
+
+async fn run_groups<R, A>(mut rx: mpsc::Receiver<Waiting<R, A>>, run: RunGroup<R, A>) {
+    let mut group = Vec::with_capacity(GROUP);
+    while rx.recv_many(&mut group, GROUP).await > 0 {
+        let (requests, answers): (Vec<R>, Vec<_>) = group.drain(..).unzip();
+        match run(requests).await {
+            Ok(results) => {
+                for (answer, result) in answers.into_iter().zip(results) {
+                    let _ = answer.send(Ok(result));
                 }
             }
             Err(e) => {
                 let status = unavailable(e);
-                for r in group.drain(..) {
-                    let _ = r.answer.send(Err(status.clone()));
+                for answer in answers {
+                    let _ = answer.send(Err(status.clone()));
                 }
             }
         }
     }
+}
+
+/// Session opens, grouped: each answered with the session opened or why not.
+type OpenGroups = Grouped<(String, Vec<u8>), Result<OpenedSession, OpenRefusal>>;
+
+/// The grouped opens and closes: [`Store::open_sessions_on`] (on `gateway`) and [`Store::close_sessions`].
+fn group_statements(
+    store: &Store,
+    gateway: Option<String>,
+) -> (OpenGroups, Grouped<(String, i64), ()>) {
+    let on = store.clone();
+    let opens = Grouped::new(
+        "session opener",
+        Arc::new(move |opens: Vec<(String, Vec<u8>)>| {
+            let (store, gateway) = (on.clone(), gateway.clone());
+            Box::pin(async move {
+                let opens: Vec<(&str, &[u8])> = opens
+                    .iter()
+                    .map(|(id, key)| (id.as_str(), key.as_slice()))
+                    .collect();
+                store.open_sessions_on(&opens, gateway.as_deref()).await
+            })
+        }),
+    );
+    let off = store.clone();
+    let closes = Grouped::new(
+        "session closer",
+        Arc::new(move |closes: Vec<(String, i64)>| {
+            let store = off.clone();
+            Box::pin(async move {
+                let n = closes.len();
+                let closes: Vec<(&str, i64)> = closes
+                    .iter()
+                    .map(|(id, epoch)| (id.as_str(), *epoch))
+                    .collect();
+                store.close_sessions(&closes).await.map(|()| vec![(); n])
+            })
+        }),
+    );
+    (opens, closes)
 }
 
 fn unavailable(e: bc_store::StoreError) -> Status {
@@ -109,6 +174,7 @@ impl ControlSessions {
         ca: Arc<Ca>,
         inventory: Arc<dyn bc_core::api::inventory::InventorySink>,
     ) -> ControlSessions {
+        let (opens, closes) = group_statements(&store, None);
         ControlSessions {
             store,
             inventory,
@@ -116,13 +182,15 @@ impl ControlSessions {
             ca,
             delivered: Mutex::new(HashMap::new()),
             gateway_id: None,
-            opens: std::sync::OnceLock::new(),
+            opens,
+            closes,
         }
     }
 
     /// Sessions held by gateway `id` (each session row names it).
     pub fn on_gateway(mut self, id: &str) -> ControlSessions {
         self.gateway_id = Some(id.to_string());
+        (self.opens, self.closes) = group_statements(&self.store, self.gateway_id.clone());
         self
     }
 
@@ -132,20 +200,11 @@ impl ControlSessions {
         public_key: &[u8],
         hello: &v1::Hello,
     ) -> Result<SessionGrant, Status> {
-        let (answer, answered) = oneshot::channel();
-        let request = OpenRequest {
-            node_id: node_id.to_string(),
-            public_key: public_key.to_vec(),
-            answer,
-        };
-        let opens = self.opens.get_or_init(|| {
-            let (tx, rx) = mpsc::channel(4 * OPEN_GROUP);
-            tokio::spawn(open_groups(self.store.clone(), self.gateway_id.clone(), rx));
-            tx
-        });
-        let lost = || Status::unavailable("the control plane's session opener stopped; retry");
-        opens.send(request).await.map_err(|_| lost())?;
-        let opened = match answered.await.map_err(|_| lost())?? {
+        let opened = match self
+            .opens
+            .call((node_id.to_string(), public_key.to_vec()))
+            .await?
+        {
             Ok(o) => o,
             Err(OpenRefusal::Unknown) => {
                 return Err(Status::permission_denied(format!(
@@ -515,8 +574,12 @@ impl SessionBackend for ControlSessions {
     fn closed(&self, s: &SessionRef) -> BoxFuture<'_, ()> {
         let s = s.clone();
         Box::pin(async move {
-            if let Err(e) = self.store.close_session(&s.node_id, epoch(&s)).await {
-                tracing::warn!(error = %e, node_id = s.node_id, "recording session close");
+            if let Err(e) = self.closes.call((s.node_id.clone(), epoch(&s))).await {
+                tracing::warn!(
+                    error = e.message(),
+                    node_id = s.node_id,
+                    "recording session close"
+                );
             }
             if let Ok(mut d) = self.delivered.lock()
                 && d.get(&s.node_id).is_some_and(|(e, _)| *e == s.epoch)
