@@ -729,10 +729,10 @@ impl Fleet {
         let (mut out, mut ended) = (None, None::<Instant>);
         let (mut downs, mut all_back) = (0, None);
         loop {
-            if let Some(e) = ended {
-                if (self.live >= n && e.elapsed() >= SETTLE) || t0.elapsed() >= limit {
-                    break;
-                }
+            if let Some(e) = ended
+                && ((self.live >= n && e.elapsed() >= SETTLE) || t0.elapsed() >= limit)
+            {
+                break;
             }
             tokio::select! {
                 o = &mut job, if out.is_none() => {
