@@ -165,19 +165,23 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Serves the gateway on an already-bound listener until `shutdown` resolves.
-pub async fn serve(
+/// The gateway's accept side, running: its TLS connections as tonic takes them, and what its stop needs.
+struct Accepting {
+    incoming: ReceiverStream<std::io::Result<accept::TlsConn>>,
+    /// Holds `incoming` open while the stop drains the sessions ([`graceful`]).
+    incoming_open: tokio::sync::mpsc::Sender<std::io::Result<accept::TlsConn>>,
+    gate: accept::Gate,
+    accept_loop: tokio::task::JoinHandle<()>,
+    /// The accept loop and the sweeper of stalled connections, aborted when `serve` ends or is dropped.
+    own_tasks: AbortOnDrop,
+}
+
+/// Starts the accept loop (the connection policy, PROXY headers, TLS handshakes) and its sweeper on `listener`.
+fn start_accepting(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
-    services: Services,
-    limits: Limits,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), GatewayError> {
-    // Revoked identities are refused from the first handshake on (Hello refuses them too, should this read fail).
-    let mut revocation_watermark = None;
-    if let Some((backend, _, registry)) = &services.session {
-        revocation_watermark = session::refresh_revocations(backend.as_ref(), registry, None).await;
-    }
+    limits: &Limits,
+) -> Accepting {
     let c = &limits.connections;
     tracing::info!(
         max_connections = c.max_connections,
@@ -200,7 +204,36 @@ pub async fn serve(
         },
     ));
     let sweeper = tokio::spawn(accept::sweep(gate.clone()));
-    let mut own_tasks = AbortOnDrop(vec![accept_loop.abort_handle(), sweeper.abort_handle()]);
+    let own_tasks = AbortOnDrop(vec![accept_loop.abort_handle(), sweeper.abort_handle()]);
+    Accepting {
+        incoming: ReceiverStream::new(rx),
+        incoming_open,
+        gate,
+        accept_loop,
+        own_tasks,
+    }
+}
+
+/// Serves the gateway on an already-bound listener until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    services: Services,
+    limits: Limits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), GatewayError> {
+    // Revoked identities are refused from the first handshake on (Hello refuses them too, should this read fail).
+    let mut revocation_watermark = None;
+    if let Some((backend, _, registry)) = &services.session {
+        revocation_watermark = session::refresh_revocations(backend.as_ref(), registry, None).await;
+    }
+    let Accepting {
+        incoming,
+        incoming_open,
+        gate,
+        accept_loop,
+        mut own_tasks,
+    } = start_accepting(listener, tls, &limits);
     let join = v1::join_service_server::JoinServiceServer::new(JoinSvc(services.join))
         .max_decoding_message_size(limits.max_message_bytes);
     let mut builder = tonic::transport::Server::builder();
@@ -275,7 +308,7 @@ pub async fn serve(
         accept_loop.abort_handle(),
         incoming_open,
     );
-    let serve = router.serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown);
+    let serve = router.serve_with_incoming_shutdown(incoming, shutdown);
     let result = tokio::select! {
         r = serve => r.map_err(GatewayError::Serve),
         _ = async {

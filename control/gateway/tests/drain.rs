@@ -239,6 +239,13 @@ struct SlowClose {
     closed: Arc<std::sync::atomic::AtomicUsize>,
 }
 
+/// An answer at once.
+fn ready<'a, T: Send + 'a>(
+    value: Result<T, tonic::Status>,
+) -> BoxFuture<'a, Result<T, tonic::Status>> {
+    Box::pin(async move { value })
+}
+
 impl bc_gateway::session::SessionBackend for SlowClose {
     fn open(
         &self,
@@ -246,48 +253,46 @@ impl bc_gateway::session::SessionBackend for SlowClose {
         _public_key: &[u8],
         _hello: &v1::Hello,
     ) -> BoxFuture<'_, Result<bc_gateway::session::SessionGrant, tonic::Status>> {
-        Box::pin(async {
-            Ok(bc_gateway::session::SessionGrant {
-                epoch: 1,
-                want_sections: Vec::new(),
-            })
-        })
+        ready(Ok(bc_gateway::session::SessionGrant {
+            epoch: 1,
+            want_sections: Vec::new(),
+        }))
     }
     fn inventory(
         &self,
-        _s: &SessionRef,
-        _section: v1::InventorySection,
+        _: &SessionRef,
+        _: v1::InventorySection,
     ) -> BoxFuture<'_, Result<(), tonic::Status>> {
-        Box::pin(async { Ok(()) })
+        ready(Ok(()))
     }
     fn ack(
         &self,
-        _s: &SessionRef,
-        _ack: v1::DesiredStateAck,
+        _: &SessionRef,
+        _: v1::DesiredStateAck,
     ) -> BoxFuture<'_, Result<(), tonic::Status>> {
-        Box::pin(async { Ok(()) })
+        ready(Ok(()))
     }
     fn result(
         &self,
-        _s: &SessionRef,
-        _r: v1::CommandResult,
+        _: &SessionRef,
+        _: v1::CommandResult,
     ) -> BoxFuture<'_, Result<(), tonic::Status>> {
-        Box::pin(async { Ok(()) })
+        ready(Ok(()))
     }
     fn progress(
         &self,
-        _s: &SessionRef,
-        _p: v1::CommandProgress,
+        _: &SessionRef,
+        _: v1::CommandProgress,
     ) -> BoxFuture<'_, Result<(), tonic::Status>> {
-        Box::pin(async { Ok(()) })
+        ready(Ok(()))
     }
     fn renew(
         &self,
-        _s: &SessionRef,
-        _csr_der: Vec<u8>,
-        _session_key: Vec<u8>,
+        _: &SessionRef,
+        _: Vec<u8>,
+        _: Vec<u8>,
     ) -> BoxFuture<'_, Result<v1::RenewResponse, tonic::Status>> {
-        Box::pin(async { Err(tonic::Status::unimplemented("not in this test")) })
+        ready(Err(tonic::Status::unimplemented("not in this test")))
     }
     fn closed(&self, _s: &SessionRef) -> BoxFuture<'_, ()> {
         let closed = self.closed.clone();
@@ -298,21 +303,21 @@ impl bc_gateway::session::SessionBackend for SlowClose {
     }
     fn liveness(
         &self,
-        _seen: &[bc_gateway::session::Seen],
+        _: &[bc_gateway::session::Seen],
     ) -> BoxFuture<'_, Result<Vec<String>, tonic::Status>> {
-        Box::pin(async { Ok(Vec::new()) })
+        ready(Ok(Vec::new()))
     }
     fn pending(
         &self,
-        _sessions: &[SessionRef],
+        _: &[SessionRef],
     ) -> BoxFuture<'_, Result<Vec<(String, v1::GatewayMessage)>, tonic::Status>> {
-        Box::pin(async { Ok(Vec::new()) })
+        ready(Ok(Vec::new()))
     }
     fn revoked_since(
         &self,
-        _since: Option<i64>,
+        _: Option<i64>,
     ) -> BoxFuture<'_, Result<bc_gateway::session::RevokedSince, tonic::Status>> {
-        Box::pin(async { Ok(bc_gateway::session::RevokedSince::default()) })
+        ready(Ok(bc_gateway::session::RevokedSince::default()))
     }
 }
 

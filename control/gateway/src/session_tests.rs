@@ -1,0 +1,66 @@
+use super::*;
+
+/// An entry as a session's task registers it; the receiver sees the status the session is asked to end with.
+fn entry(epoch: u64) -> (Entry, watch::Receiver<Option<Status>>) {
+    let (tx, _rx) = mpsc::channel(1);
+    let (close, closed) = watch::channel(None);
+    let e = Entry {
+        epoch,
+        last_seen_ms: Arc::new(AtomicI64::new(0)),
+        tx,
+        close,
+    };
+    (e, closed)
+}
+
+/// A stopping gateway's repeated close leaves a session already told to close as it was told: a revoked node's
+/// PERMISSION_DENIED (it stops) is not turned into the stop's ABORTED (it would reconnect).
+#[test]
+fn closing_every_session_keeps_a_close_already_given() {
+    let registry = Registry::default();
+    let (revoked, revoked_closed) = entry(1);
+    registry.insert("revoked", revoked);
+    let (other, other_closed) = entry(1);
+    registry.insert("other", other);
+    registry.close_with("revoked", Status::permission_denied("revoked"));
+    for _ in 0..2 {
+        registry.close_all("gateway shutting down");
+    }
+    let code = |c: &watch::Receiver<Option<Status>>| c.borrow().as_ref().map(Status::code);
+    assert_eq!(code(&revoked_closed), Some(tonic::Code::PermissionDenied));
+    assert_eq!(code(&other_closed), Some(tonic::Code::Aborted));
+}
+
+/// The store judges the sessions of one snapshot; a node that reconnected while it did keeps its new session.
+#[test]
+fn a_verdict_on_a_superseded_session_spares_the_nodes_newer_one() {
+    let registry = Registry::default();
+    let (first, first_closed) = entry(1);
+    registry.insert("n", first);
+    let seen = registry.snapshot();
+    // The node reconnects while the liveness statement runs: epoch 2 replaces epoch 1 here.
+    let (second, second_closed) = entry(2);
+    registry.insert("n", second);
+    assert!(
+        first_closed.borrow().is_some(),
+        "the first session was superseded"
+    );
+    // The store answers for the snapshot: epoch 1 must end.
+    close_judged(&registry, &seen, &["n".to_string()]);
+    assert!(
+        second_closed.borrow().is_none(),
+        "the verdict on epoch 1 closed epoch 2"
+    );
+    // A verdict on the current session closes it.
+    close_judged(&registry, &registry.snapshot(), &["n".to_string()]);
+    let status = second_closed.borrow().clone();
+    assert_eq!(
+        status.map(|s| s.message().to_string()).as_deref(),
+        Some("revoked or superseded")
+    );
+    // A node the snapshot did not hold is not touched.
+    let (other, other_closed) = entry(1);
+    registry.insert("m", other);
+    close_judged(&registry, &seen, &["m".to_string()]);
+    assert!(other_closed.borrow().is_none());
+}
