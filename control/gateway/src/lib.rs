@@ -92,6 +92,10 @@ impl Default for Limits {
 pub enum GatewayError {
     #[error("gateway server failed")]
     Serve(#[source] tonic::transport::Error),
+    #[error(
+        "the gateway's accept loop ended ({0}): it would accept no connection; restart the process"
+    )]
+    AcceptLoop(String),
 }
 
 struct JoinSvc(Arc<dyn JoinHandler>);
@@ -214,6 +218,19 @@ fn start_accepting(
     }
 }
 
+/// Resolves only if the accept loop ends by itself, which it does only by panicking (it loops until it is aborted).
+/// The connection stream is held open for the drain ([`graceful`]) and no longer ends with the loop, so without this
+/// a gateway whose accept loop died would go on serving the connections it has and accept none; with it, `serve`
+/// fails and the control plane's process stops (a role that ends on its own ends the process, and its service
+/// manager starts it again).
+async fn ended_by_itself(accept_loop: tokio::task::JoinHandle<()>) -> String {
+    match accept_loop.await {
+        Err(e) if e.is_cancelled() => std::future::pending().await,
+        Err(e) => e.to_string(),
+        Ok(()) => "it returned".to_string(),
+    }
+}
+
 /// Serves the gateway on an already-bound listener until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
@@ -311,6 +328,7 @@ pub async fn serve(
     let serve = router.serve_with_incoming_shutdown(incoming, shutdown);
     let result = tokio::select! {
         r = serve => r.map_err(GatewayError::Serve),
+        why = ended_by_itself(accept_loop) => Err(GatewayError::AcceptLoop(why)),
         _ = async {
             let _ = stopping_rx.wait_for(|s| *s).await;
             tokio::time::sleep(limits.shutdown_grace).await;
@@ -321,4 +339,25 @@ pub async fn serve(
     };
     drop(own_tasks);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An accept loop that panics fails the gateway; one aborted by the stop does not.
+    #[tokio::test]
+    async fn only_an_accept_loop_that_ends_by_itself_fails_the_gateway() {
+        let panicked = tokio::spawn(async { panic!("accept loop bug") });
+        let why = ended_by_itself(panicked).await;
+        assert!(why.contains("panicked"), "{why}");
+        let aborted = tokio::spawn(std::future::pending::<()>());
+        aborted.abort();
+        let waited =
+            tokio::time::timeout(Duration::from_millis(200), ended_by_itself(aborted)).await;
+        assert!(
+            waited.is_err(),
+            "an aborted accept loop failed the gateway: {waited:?}"
+        );
+    }
 }
