@@ -530,8 +530,8 @@ impl GatewayLab {
         stopped
     }
 
-    /// Starts gateway `i` again (after [`GatewayLab::kill_gateway`] or [`GatewayLab::stop_gateway`]) on the address it had, so the balancer's
-    /// configuration still names it; returns once it serves.
+    /// Starts gateway `i` again (after [`GatewayLab::kill_gateway`] or [`GatewayLab::stop_gateway`]) on the
+    /// address it had, so the balancer's configuration still names it; returns once it serves.
     pub fn restart_gateway(&mut self, bins: &Binaries, i: usize) -> Result<(), String> {
         self.restart_gateways(bins, &[i])
     }
