@@ -118,22 +118,10 @@ impl Dev {
 
     /// SIGTERM, then SIGKILL if dev has not exited within [`DEV_STOP`]; whether it exited by itself (or had already).
     fn terminate(&mut self) -> std::io::Result<bool> {
-        if self.child.try_wait()?.is_some() {
-            return Ok(true);
-        }
-        Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status()?;
-        let until = Instant::now() + DEV_STOP;
-        while Instant::now() < until {
-            if self.child.try_wait()?.is_some() {
-                return Ok(true);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        self.child.kill()?;
-        self.child.wait()?;
-        Ok(false)
+        Ok(matches!(
+            bc_testkit::terminate(&mut self.child, DEV_STOP)?,
+            bc_testkit::Stopped::Exited(..)
+        ))
     }
 }
 

@@ -179,30 +179,15 @@ impl Proc {
     /// SIGTERM, as a service manager stops it, and waits up to `limit` for it to exit: how it exited and how long
     /// it took. Past `limit` it is killed (SIGKILL) and Err says so.
     pub fn terminate(&mut self, limit: Duration) -> Result<(ExitStatus, Duration), String> {
-        let t0 = Instant::now();
-        if let Ok(Some(status)) = self.child.try_wait() {
-            return Ok((status, Duration::ZERO));
+        match crate::terminate(&mut self.child, limit) {
+            Ok(crate::Stopped::Exited(status, took)) => Ok((status, took)),
+            Ok(crate::Stopped::Killed) => Err(format!(
+                "{} did not exit within {:.1} s of SIGTERM; killed",
+                self.name,
+                limit.as_secs_f64()
+            )),
+            Err(e) => Err(format!("stopping {} (pid {}): {e}", self.name, self.pid())),
         }
-        let sent = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .map_err(|e| format!("kill -TERM {} ({}): {e}", self.pid(), self.name))?;
-        if !sent.success() {
-            return Err(format!("kill -TERM {} ({}): {sent}", self.pid(), self.name));
-        }
-        while t0.elapsed() < limit {
-            match self.child.try_wait() {
-                Ok(Some(status)) => return Ok((status, t0.elapsed())),
-                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                Err(e) => return Err(format!("{}: {e}", self.name)),
-            }
-        }
-        self.kill();
-        Err(format!(
-            "{} did not exit within {:.1} s of SIGTERM; killed",
-            self.name,
-            limit.as_secs_f64()
-        ))
     }
 }
 

@@ -35,6 +35,39 @@ pub fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
+/// How a child stopped on SIGTERM ([`terminate`]).
+#[derive(Debug)]
+pub enum Stopped {
+    /// It exited by itself (or had already): how, and how long after the SIGTERM.
+    Exited(std::process::ExitStatus, std::time::Duration),
+    /// It was still running at the limit and was killed (SIGKILL).
+    Killed,
+}
+
+/// Stops `child` as a service manager does: SIGTERM, then waits up to `limit` for it to exit, then SIGKILL.
+pub fn terminate(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+) -> std::io::Result<Stopped> {
+    let t0 = std::time::Instant::now();
+    if let Some(status) = child.try_wait()? {
+        return Ok(Stopped::Exited(status, std::time::Duration::ZERO));
+    }
+    // A failed `kill` is a child that exited meanwhile: the wait below sees it.
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    while t0.elapsed() < limit {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Stopped::Exited(status, t0.elapsed()));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill()?;
+    child.wait()?;
+    Ok(Stopped::Killed)
+}
+
 /// The last `n` lines of a file, oldest first, for a failure's report: the one helper for this in the workspace's
 /// tests and benches. A file that cannot be read gives an empty string; bytes that are not UTF-8 are replaced.
 pub fn log_tail(path: &Path, n: usize) -> String {
