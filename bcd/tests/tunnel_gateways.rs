@@ -53,10 +53,17 @@ struct Lab {
     dead: u16,
     /// Allowed by the pool, not by the nodes.
     node_refuses: u16,
+    /// Each node's `bcd run`, by node id.
+    pids: std::collections::BTreeMap<String, u32>,
 }
 
-/// The lab of `spec_edit`, its pool allowing the echo service, a dead port and one the nodes refuse.
+/// The lab, its pool allowing the echo service, a dead port and one the nodes refuse.
 async fn lab(balancer: bool, gateways: usize) -> Option<Lab> {
+    lab_with(balancer, gateways, "").await
+}
+
+/// [`lab`] with `extra` appended to every process's configuration.
+async fn lab_with(balancer: bool, gateways: usize, extra: &str) -> Option<Lab> {
     bc_proto::install_crypto_provider();
     let bins =
         match Binaries::beside_with(std::path::Path::new(env!("CARGO_BIN_EXE_bcd")), balancer) {
@@ -81,7 +88,7 @@ async fn lab(balancer: bool, gateways: usize) -> Option<Lab> {
     spec.gateways = gateways;
     // Every process re-issues its gateway and relay certificates each second (a day by default): tunnels keep
     // working across renewals.
-    spec.extra_config = "certificate_renewal_s = 1".into();
+    spec.extra_config = format!("certificate_renewal_s = 1\n{extra}");
     let lab = tokio::task::spawn_blocking({
         let (bins, spec) = (bins.clone(), spec.clone());
         move || GatewayLab::start(&bins, &spec)
@@ -114,6 +121,7 @@ async fn lab(balancer: bool, gateways: usize) -> Option<Lab> {
         echo,
         dead,
         node_refuses,
+        pids: Default::default(),
     })
 }
 
@@ -181,10 +189,56 @@ impl Lab {
             .env_remove("BCD_JOIN_TOKEN_FILE")
             .stdout(std::process::Stdio::null())
             .stderr(log);
-        self.lab.spawn(name, &mut cmd).expect("bcd run");
+        let pid = self.lab.spawn(name, &mut cmd).expect("bcd run");
+        self.pids.insert(node.clone(), pid);
         self.until(60, &format!("{name} online"), |r| r.online)
             .await;
         node
+    }
+
+    /// Waits until `node`'s route satisfies `f`.
+    async fn until_node(
+        &self,
+        node: &str,
+        secs: u64,
+        what: &str,
+        f: impl Fn(&bc_store::gateways::NodeRoute) -> bool,
+    ) -> Duration {
+        let started = Instant::now();
+        loop {
+            let r = self.store.node_route(node).await.expect("route");
+            if r.as_ref().is_some_and(&f) {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(secs),
+                "timed out after {secs} s waiting for {node} {what} ({r:?}); logs in {}",
+                self.lab.dir().display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The nodes each gateway holds a session of, by gateway.
+    async fn by_gateway(&self) -> std::collections::BTreeMap<String, Vec<String>> {
+        let mut by = std::collections::BTreeMap::<String, Vec<String>>::new();
+        for n in self.pids.keys() {
+            by.entry(self.gateway_of(n).await)
+                .or_default()
+                .push(n.clone());
+        }
+        by
+    }
+
+    /// `node`'s `node.offline` rows: (actor, detail).
+    async fn offline_rows(&self, node: &str) -> Vec<(String, serde_json::Value)> {
+        bc_store::sqlx::query_as(
+            "SELECT actor, detail FROM audit_events WHERE action = 'node.offline' AND subject = $1 ORDER BY id",
+        )
+        .bind(format!("node/{node}"))
+        .fetch_all(self.store.pool())
+        .await
+        .expect("audit")
     }
 
     /// Waits until every node's route satisfies `f`.
@@ -588,5 +642,94 @@ async fn two_gateways_behind_haproxy_carry_tunnels_and_one_killed_hands_its_node
         }
     }
     assert_eq!(joined, nodes.len(), "joins logged by the gateways");
+    Ok(())
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{signal} {pid} failed");
+}
+
+/// A gateway killed with SIGKILL closes none of its sessions: its nodes that live reconnect elsewhere, but one that
+/// died with it must not stay online for ever. Restarted, the gateway takes its previous run's sessions offline as
+/// it starts (the API process, which runs the `controllers` role, is stopped meanwhile, so nothing else could);
+/// never restarted, the `controllers` role takes its nodes offline once its row stays unchanged past its lease
+/// (three shard leases: 6 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_died_with_its_gateway_goes_offline_whether_the_gateway_restarts_or_not()
+-> TestResult {
+    let Some(mut lab) = lab_with(true, 2, "shard_lease_ms = 2000").await else {
+        return Ok(());
+    };
+    for i in 0..4 {
+        lab.node(&format!("h{i}")).await;
+    }
+    let by_gateway = lab.by_gateway().await;
+    println!("nodes by gateway: {by_gateway:?}");
+    let (Some(on0), Some(on1)) = (by_gateway.get("gw0"), by_gateway.get("gw1")) else {
+        panic!("the balancer did not spread the nodes: {by_gateway:?}");
+    };
+    let (dead0, dead1) = (on0[0].clone(), on1[0].clone());
+
+    // 1. gw0 and one of its nodes die together; gw0 starts again at once.
+    let api = lab.lab.api_pid;
+    signal(api, "STOP");
+    signal(lab.pids[&dead0], "STOP");
+    lab.lab.kill_gateway(0);
+    lab.lab.kill(lab.pids[&dead0]);
+    let restarted = Instant::now();
+    lab.lab.restart_gateway(&lab.bins, 0)?;
+    let took = lab
+        .until_node(&dead0, 10, "offline after gw0's restart", |r| !r.online)
+        .await;
+    println!(
+        "gw0 restarted in {:.1} s; {dead0} offline {:.2} s later",
+        restarted.elapsed().as_secs_f64() - took.as_secs_f64(),
+        took.as_secs_f64()
+    );
+    let rows = lab.offline_rows(&dead0).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (rows[0].0.as_str(), &rows[0].1["gateway"]),
+        ("gateway", &json!("gw0")),
+        "{rows:?}"
+    );
+    for n in lab.pids.keys().filter(|n| **n != dead0) {
+        lab.until_node(n, 30, "back online", |r| r.online).await;
+    }
+    signal(api, "CONT");
+
+    // 2. gw1 and one of its nodes die together, and gw1 stays dead.
+    signal(lab.pids[&dead1], "STOP");
+    lab.lab.kill_gateway(1);
+    lab.lab.kill(lab.pids[&dead1]);
+    let took = lab
+        .until_node(&dead1, 30, "offline after gw1's death", |r| !r.online)
+        .await;
+    println!(
+        "{dead1} offline {:.1} s after gw1 was killed (its lease: 6 s)",
+        took.as_secs_f64()
+    );
+    let rows = lab.offline_rows(&dead1).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(
+        rows[0].0.starts_with("controller/") && rows[0].1["gateway"] == "gw1",
+        "{rows:?}"
+    );
+    assert!(
+        rows[0].1["silent_ms"].as_i64().is_some_and(|ms| ms > 6_000),
+        "{rows:?}"
+    );
+    // Every other node is held by gw0, the one gateway left.
+    for n in lab.pids.keys().filter(|n| **n != dead0 && **n != dead1) {
+        lab.until_node(n, 30, "online on gw0", |r| {
+            r.online && r.gateway_id.as_deref() == Some("gw0")
+        })
+        .await;
+    }
     Ok(())
 }

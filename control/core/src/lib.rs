@@ -1,7 +1,7 @@
 //! bc-core: Better Compute's domain types and pure decisions.
 //!
 //! It owns what the control plane decides: join-token rules ([`join`]) and the join commit ([`join_commit`]), the
-//! hardware key ([`hardware`]), which node a GPU belongs to ([`devices`]), the lean IAM check ([`iam`]), node
+//! hardware key ([`hardware`]), which gateways went silent ([`gateways`]), which node a GPU belongs to ([`devices`]), the lean IAM check ([`iam`]), node
 //! lifecycle states ([`node`]), the bare-metal machine state machine ([`metal`]), reservation admission
 //! ([`reservation`]), GPU placement ([`placer`]), the provider pools' workflow and EC2 codec ([`provider`]) and shard ownership
 //! ([`shards`]). It must not import tokio, sqlx,
@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod devices;
+pub mod gateways;
 pub mod hardware;
 pub mod iam;
 pub mod ids;

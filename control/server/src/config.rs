@@ -70,7 +70,8 @@ pub struct ServeConfigWire {
     /// The gateway URL nodes are told to use (defaults to https://<first host>:<gateway port>).
     pub gateway_url: Option<String>,
     /// How long a process's role membership and shard leases last without renewal (milliseconds; default
-    /// 10000). A dead process's shards move to the others within this.
+    /// 10000). A dead process's shards move to the others within this, and the nodes of a dead gateway go offline
+    /// within three of these (a gateway publishes three as its lease).
     pub shard_lease_ms: Option<u64>,
     /// How often the process re-issues its own certificates from the CA: the gateway role's serving certificate and
     /// the tunnel relay's client certificate, each valid 30 days (seconds; default 86400, at least 1).

@@ -389,7 +389,7 @@ pub async fn start_with(
     let every = config.cert_renewal.unwrap_or(renew::RENEW_EVERY);
     plane.spawn(renew::run(ca.clone(), renewals, every, plane.stop_signal()));
     if let Some(g) = gateway {
-        start_gateway(g, &store, &mut plane).await?;
+        start_gateway(g, &store, &mut plane, GatewayLease::of(lease)).await?;
     }
     let mut api_addr = None;
     if let Some((listener, addr)) = api {
@@ -466,19 +466,29 @@ fn with_tunnels(
     ))
 }
 
-/// Publishes the gateway role's relay URL (and keeps it fresh), then serves it until the plane stops.
+/// Publishes the gateway role's relay URL and lease (taking offline the sessions its previous run left open) and
+/// keeps them fresh, then serves it until the plane stops.
 async fn start_gateway(
     g: Gateway,
     store: &Store,
     plane: &mut bc_kernel::Running,
+    lease: GatewayLease,
 ) -> Result<(), StartError> {
     let (addr, stop) = (g.addr, plane.stop_signal());
-    store.publish_gateway(&g.id, &g.relay_url).await?;
+    let orphans = store.start_gateway(&g.id, &g.relay_url, lease.ms()).await?;
+    if !orphans.is_empty() {
+        tracing::warn!(
+            gateway_id = g.id,
+            nodes = orphans.len(),
+            first = orphans.first().map(String::as_str),
+            "nodes whose sessions this gateway's previous run held are offline until they reconnect (it closed none)"
+        );
+    }
     let publish = plane.stop_signal();
     plane.spawn(publish_gateway(
         store.clone(),
-        g.id.clone(),
-        g.relay_url.clone(),
+        (g.id.clone(), g.relay_url.clone()),
+        lease,
         publish,
     ));
     tracing::info!(%addr, gateway_id = g.id, relay_url = g.relay_url, "gateway role listening");
@@ -533,17 +543,39 @@ fn relay_peers(
     Ok((bc_gateway::relay::Peers::new(Arc::new(tls)), renewal))
 }
 
-/// How often a gateway refreshes its published row.
-const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a gateway's row promises it is alive: three shard leases (30 s by default; a dead process's shards move
+/// within one). The gateway refreshes its row every third of it, and the `controllers` role takes the sessions of a
+/// gateway whose row stayed unchanged past it for dead ([`bc_core::gateways`]).
+#[derive(Debug, Clone, Copy)]
+struct GatewayLease(std::time::Duration);
 
-/// Keeps gateway `id`'s row (its relay URL) fresh until the plane stops.
-async fn publish_gateway(store: Store, id: String, relay_url: String, mut stop: bc_kernel::Stop) {
+impl GatewayLease {
+    fn of(shard_lease: std::time::Duration) -> GatewayLease {
+        GatewayLease(shard_lease.saturating_mul(3))
+    }
+
+    fn ms(self) -> i64 {
+        i64::try_from(self.0.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    fn refresh_every(self) -> std::time::Duration {
+        self.0 / 3
+    }
+}
+
+/// Keeps gateway `id`'s row (its relay URL and lease) fresh until the plane stops.
+async fn publish_gateway(
+    store: Store,
+    (id, relay_url): (String, String),
+    lease: GatewayLease,
+    mut stop: bc_kernel::Stop,
+) {
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(PUBLISH_EVERY) => {}
+            _ = tokio::time::sleep(lease.refresh_every()) => {}
             _ = stop.stopped() => return,
         }
-        if let Err(e) = store.publish_gateway(&id, &relay_url).await {
+        if let Err(e) = store.publish_gateway(&id, &relay_url, lease.ms()).await {
             tracing::warn!(error = %bc_error_chain::chain(&e), gateway_id = id, "refreshing the gateway's row failed");
         }
     }

@@ -5,6 +5,15 @@
 use crate::{Store, StoreError};
 use sqlx::Row;
 
+/// A gateway row's refresh time as the watch compares it (the row aliased `g`): microseconds, exact (`seen_at`
+/// holds microseconds). A macro, for `concat!`: statements are static text.
+macro_rules! refreshed_us {
+    () => {
+        "(extract(epoch FROM g.seen_at) * 1000000)::bigint"
+    };
+}
+pub(crate) use refreshed_us;
+
 /// Where a node's session is held, as the store knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeRoute {
@@ -18,17 +27,73 @@ pub struct NodeRoute {
 }
 
 impl Store {
-    /// Publishes (or refreshes) gateway `id` as reachable on `relay_url`.
-    pub async fn publish_gateway(&self, id: &str, relay_url: &str) -> Result<(), StoreError> {
+    /// Refreshes gateway `id`'s row while it runs: reachable on `relay_url`, and alive for `lease_ms` more (it
+    /// refreshes within a third of that; see [`bc_core::gateways`]).
+    pub async fn publish_gateway(
+        &self,
+        id: &str,
+        relay_url: &str,
+        lease_ms: i64,
+    ) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO gateways (id, relay_url) VALUES ($1, $2) \
-             ON CONFLICT (id) DO UPDATE SET relay_url = $2, seen_at = now()",
+            "INSERT INTO gateways (id, relay_url, lease_ms) VALUES ($1, $2, $3) \
+             ON CONFLICT (id) DO UPDATE SET relay_url = $2, lease_ms = $3, seen_at = now()",
         )
         .bind(id)
         .bind(relay_url)
+        .bind(lease_ms)
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    /// Publishes gateway `id` as it starts, before it serves, and takes offline the nodes whose sessions its
+    /// previous run held (ids are unique among the gateways sharing a database, so no session is held under `id`
+    /// before it serves): a gateway killed or crashed closed none of them, and a restart refreshes the row the
+    /// `controllers` role watches, so nothing else would. Each gets a `node.offline` row saying why. Returns those
+    /// nodes, by id.
+    pub async fn start_gateway(
+        &self,
+        id: &str,
+        relay_url: &str,
+        lease_ms: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query_scalar(
+            "WITH g AS (INSERT INTO gateways (id, relay_url, lease_ms) VALUES ($1, $2, $3) \
+               ON CONFLICT (id) DO UPDATE SET relay_url = $2, lease_ms = $3, seen_at = now(), started_at = now()), \
+             l AS (SELECT id FROM nodes WHERE gateway_id = $1 AND online ORDER BY id FOR UPDATE), \
+             u AS (UPDATE nodes n SET online = false FROM l WHERE n.id = l.id RETURNING n.id, n.session_epoch), \
+             a AS (INSERT INTO audit_events (actor, action, subject, detail) \
+               SELECT 'gateway', 'node.offline', 'node/' || u.id, jsonb_build_object('epoch', u.session_epoch, \
+                 'gateway', $1::text, 'reason', 'its gateway restarted: the session ended with the previous run') \
+               FROM u) \
+             SELECT id FROM u ORDER BY id",
+        )
+        .bind(id)
+        .bind(relay_url)
+        .bind(lease_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
+    /// Every gateway's row as the `controllers` role's watch reads it ([`bc_core::gateways::GatewayWatch`]).
+    pub async fn gateway_rows(&self) -> Result<Vec<bc_core::gateways::GatewayRow>, StoreError> {
+        let rows = sqlx::query(concat!(
+            "SELECT g.id, ",
+            refreshed_us!(),
+            ", g.lease_ms FROM gateways g ORDER BY g.id"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| bc_core::gateways::GatewayRow {
+                id: r.get(0),
+                refreshed_us: r.get(1),
+                lease_ms: r.get(2),
+            })
+            .collect())
     }
 
     /// The published gateways: (id, relay URL), by id.

@@ -103,6 +103,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "written_shards",
         sql: include_str!("../migrations/0018_written_shards.sql"),
     },
+    Migration {
+        version: 19,
+        name: "gateway_lease",
+        sql: include_str!("../migrations/0019_gateway_lease.sql"),
+    },
 ];
 
 /// Arbitrary constant naming our advisory lock.

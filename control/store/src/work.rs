@@ -223,6 +223,57 @@ impl Store {
         Ok(n)
     }
 
+    /// Takes offline, fenced like the work queue, up to `limit` online nodes of the valid leased shards whose
+    /// session is held by a gateway in `silent` ([`bc_core::gateways::GatewayWatch`]), each with a `node.offline`
+    /// row saying which gateway went silent and for how long. A gateway's nodes are taken only while its row still
+    /// carries the refresh the watch saw unchanged: the row is locked first, so a gateway that came back (its
+    /// restart takes its old sessions offline itself) is left alone, and its refresh waits for this statement. A
+    /// node that reconnected elsewhere meanwhile names that gateway and is left too. Returns (node, gateway), by
+    /// node.
+    pub async fn offline_on_silent_gateways(
+        &self,
+        role: &str,
+        me: &str,
+        leases: &[ShardLease],
+        silent: &[bc_core::gateways::Silent],
+        limit: i64,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let valid = lock_valid_leases(&mut tx, role, me, leases).await?;
+        if valid.is_empty() || silent.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<&str> = silent.iter().map(|s| s.id.as_str()).collect();
+        let refreshed: Vec<i64> = silent.iter().map(|s| s.refreshed_us).collect();
+        let silent_ms: Vec<i64> = silent.iter().map(|s| s.silent_ms).collect();
+        let rows = sqlx::query(concat!(
+            "WITH s AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS s(id, refreshed_us, ms)), \
+             g AS (SELECT g.id, s.ms FROM gateways g JOIN s ON g.id = s.id AND ",
+            crate::gateways::refreshed_us!(),
+            " = s.refreshed_us FOR UPDATE OF g), \
+             l AS (SELECT n.id, g.id AS gateway, g.ms FROM nodes n JOIN g ON n.gateway_id = g.id \
+                   WHERE n.online AND n.shard = ANY($4) ORDER BY n.id LIMIT $5 FOR UPDATE OF n), \
+             u AS (UPDATE nodes n SET online = false FROM l WHERE n.id = l.id \
+                   RETURNING n.id, n.session_epoch, l.gateway, l.ms), \
+             a AS (INSERT INTO audit_events (actor, action, subject, detail) \
+                   SELECT $6, 'node.offline', 'node/' || u.id, jsonb_build_object('epoch', u.session_epoch, \
+                     'gateway', u.gateway, 'silent_ms', u.ms, \
+                     'reason', 'its gateway went silent: no refresh of its row for longer than its lease') \
+                   FROM u) \
+             SELECT id, gateway FROM u ORDER BY id",
+        ))
+        .bind(&ids)
+        .bind(&refreshed)
+        .bind(&silent_ms)
+        .bind(&valid)
+        .bind(limit)
+        .bind(format!("controller/{me}"))
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
     /// The shard leases of `role` as stored: (shard, owner, fence, still valid).
     pub async fn shard_leases(
         &self,

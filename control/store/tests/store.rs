@@ -487,11 +487,11 @@ async fn a_session_row_names_its_gateway_and_the_route_follows_the_newest_sessio
     assert_eq!((before.gateway_id, before.online), (None, false));
     assert_eq!(store.node_route("nobody").await.expect("route"), None);
     store
-        .publish_gateway("gw-a", "https://10.0.0.5:7443")
+        .publish_gateway("gw-a", "https://10.0.0.5:7443", 30_000)
         .await
         .expect("publish");
     store
-        .publish_gateway("gw-b", "https://10.0.0.6:7443")
+        .publish_gateway("gw-b", "https://10.0.0.6:7443", 30_000)
         .await
         .expect("publish");
     let first = store
@@ -531,7 +531,7 @@ async fn a_session_row_names_its_gateway_and_the_route_follows_the_newest_sessio
     );
     // A gateway republishing (a restart on another address) moves its URL.
     store
-        .publish_gateway("gw-b", "https://10.0.0.7:7443")
+        .publish_gateway("gw-b", "https://10.0.0.7:7443", 30_000)
         .await
         .expect("publish");
     assert_eq!(

@@ -1,7 +1,9 @@
-//! The `controllers` role's shard work: reservation expiry from the work queue and the outbox sink, on the shards
-//! this process leases (the kernel keeps the role's membership and fenced leases; see [`bc_kernel::Reconciler`]).
-//! It converges on its tick; the outbox notification only makes delivery sooner.
+//! The `controllers` role's shard work: reservation expiry from the work queue, the outbox sink, and the sessions
+//! of gateways gone silent, on the shards this process leases (the kernel keeps the role's membership and fenced
+//! leases; see [`bc_kernel::Reconciler`]). It converges on its tick; the outbox notification only makes delivery
+//! sooner.
 
+use bc_core::gateways::GatewayWatch;
 use bc_kernel::{Notice, ReconcileCx};
 use bc_store::Store;
 use bc_store::work::ShardLease;
@@ -22,7 +24,53 @@ pub(crate) fn store_leases(cx: &ReconcileCx) -> Vec<ShardLease> {
         .collect()
 }
 
-/// Runs expiry and the outbox sink on every tick and change of leases, and the outbox sink alone when poked.
+/// At most this many nodes of silent gateways are taken offline per statement (the rest by the next, at once).
+const SILENT_BATCH: i64 = 2_000;
+
+/// Takes offline the nodes of the leased shards whose gateway went silent ([`bc_core::gateways`]): reads every
+/// gateway's row into `watch` at `now_ms` (this process's monotonic clock) and writes what it decides. A failed
+/// read or write makes the watch start again, so the process's own outage is never taken for a gateway's.
+async fn silent_gateways(
+    store: &Store,
+    watch: &mut GatewayWatch,
+    (worker, leases): (&str, &[ShardLease]),
+    now_ms: i64,
+) {
+    let silent = match store.gateway_rows().await {
+        Ok(rows) => watch.observe(now_ms, &rows),
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the gateways' rows failed; their silence is timed again");
+            return watch.forget();
+        }
+    };
+    if silent.is_empty() {
+        return;
+    }
+    loop {
+        match store
+            .offline_on_silent_gateways(ROLE, worker, leases, &silent, SILENT_BATCH)
+            .await
+        {
+            Ok(taken) => {
+                for (node, gateway) in &taken {
+                    let s = silent.iter().find(|s| &s.id == gateway);
+                    let secs = s.map_or(0.0, |s| s.silent_ms as f64 / 1000.0);
+                    tracing::warn!(%node, %gateway, "node offline: its gateway has not refreshed its row for {secs:.1} s");
+                }
+                if (taken.len() as i64) < SILENT_BATCH {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "taking silent gateways' nodes offline failed; their silence is timed again");
+                return watch.forget();
+            }
+        }
+    }
+}
+
+/// Runs expiry, the outbox sink and the silent gateways' sweep on every tick and change of leases, and the outbox
+/// sink alone when poked.
 pub async fn run(mut cx: ReconcileCx) {
     let Ok(store) = cx.resources.require::<Store>().cloned() else {
         tracing::error!("controllers: no store; the role cannot run");
@@ -32,6 +80,7 @@ pub async fn run(mut cx: ReconcileCx) {
     let mut tick = tokio::time::interval(cx.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut listening = true;
+    let (mut watch, clock) = (GatewayWatch::new(), tokio::time::Instant::now());
     loop {
         let mut outbox_only = false;
         tokio::select! {
@@ -61,6 +110,8 @@ pub async fn run(mut cx: ReconcileCx) {
                 }
                 Err(e) => tracing::warn!(error = %e, "expiry round failed"),
             }
+            let now_ms = i64::try_from(clock.elapsed().as_millis()).unwrap_or(i64::MAX);
+            silent_gateways(&store, &mut watch, (&worker, &leases), now_ms).await;
         }
         loop {
             match store.drain_outbox(ROLE, &worker, &leases, 1000).await {

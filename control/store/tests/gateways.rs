@@ -1,0 +1,223 @@
+//! Sessions whose gateway died, against a real PostgreSQL: a restarted gateway takes its previous run's sessions
+//! offline; the `controllers` role takes offline the nodes of a gateway silent past its lease, on its leased shards
+//! only, once, and never those of a gateway that refreshed its row since the watch looked; a gateway heard from
+//! again brings its nodes back online.
+
+use bc_core::gateways::GatewayWatch;
+use bc_store::Store;
+use bc_store::sqlx;
+use bc_store::testing::{seed_gpu_nodes, test_db};
+
+/// Marks `nodes` online in a session of epoch 1 held by `gateway`.
+async fn held(store: &Store, gateway: &str, nodes: &[&str]) {
+    sqlx::query(
+        "UPDATE nodes SET online = true, gateway_id = $2, session_epoch = 1, last_seen_at = now() \
+         WHERE id = ANY($1)",
+    )
+    .bind(nodes)
+    .bind(gateway)
+    .execute(store.pool())
+    .await
+    .expect("sessions");
+}
+
+async fn online(store: &Store) -> Vec<String> {
+    sqlx::query_scalar("SELECT id FROM nodes WHERE online ORDER BY id")
+        .fetch_all(store.pool())
+        .await
+        .expect("online")
+}
+
+/// (subject, action, actor, detail's gateway) of the session transitions, in order.
+async fn transitions(store: &Store) -> Vec<(String, String, String, Option<String>)> {
+    sqlx::query_as(
+        "SELECT subject, action, actor, detail ->> 'gateway' FROM audit_events \
+         WHERE action IN ('node.online', 'node.offline') ORDER BY id",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("audit")
+}
+
+#[tokio::test]
+async fn a_restarted_gateway_takes_the_sessions_of_its_previous_run_offline() {
+    let db = test_db().await;
+    let store = Store::new(db.pool.clone());
+    seed_gpu_nodes(&db.pool, "p", "n", 4, 1, "m")
+        .await
+        .expect("seed");
+    store
+        .publish_gateway("gw-a", "https://10.0.0.5:7443", 30_000)
+        .await
+        .expect("publish");
+    held(&store, "gw-a", &["n-1", "n-2", "n-3"]).await;
+    held(&store, "gw-b", &["n-4"]).await;
+    // gw-a was killed and starts again: its old sessions end; gw-b's node is not its to touch.
+    let taken = store
+        .start_gateway("gw-a", "https://10.0.0.5:7443", 30_000)
+        .await
+        .expect("start");
+    assert_eq!(taken, ["n-1", "n-2", "n-3"]);
+    assert_eq!(online(&store).await, ["n-4"]);
+    let t = transitions(&store).await;
+    assert_eq!(t.len(), 3, "{t:?}");
+    assert!(
+        t.iter()
+            .all(|(_, action, actor, gw)| action == "node.offline"
+                && actor == "gateway"
+                && gw.as_deref() == Some("gw-a")),
+        "{t:?}"
+    );
+    // Starting again takes nothing more, and the row carries the new lease.
+    assert!(
+        store
+            .start_gateway("gw-a", "https://10.0.0.5:7443", 6_000)
+            .await
+            .expect("start")
+            .is_empty()
+    );
+    let rows = store.gateway_rows().await.expect("rows");
+    assert_eq!(
+        rows.iter()
+            .map(|r| (r.id.as_str(), r.lease_ms))
+            .collect::<Vec<_>>(),
+        [("gw-a", 6_000)]
+    );
+}
+
+#[tokio::test]
+async fn a_silent_gateways_nodes_go_offline_on_the_leased_shards_once_and_come_back_when_it_is_heard_again()
+ {
+    let db = test_db().await;
+    let store = Store::new(db.pool.clone());
+    seed_gpu_nodes(&db.pool, "p", "n", 6, 1, "m")
+        .await
+        .expect("seed");
+    for gw in ["gw-a", "gw-b"] {
+        store
+            .publish_gateway(gw, &format!("https://{gw}:7443"), 1_000)
+            .await
+            .expect("publish");
+    }
+    held(&store, "gw-a", &["n-1", "n-2", "n-3", "n-4"]).await;
+    held(&store, "gw-b", &["n-5"]).await;
+    // The controller leases every shard but n-4's (and whatever other node shares it).
+    let n4: i16 = sqlx::query_scalar("SELECT shard FROM nodes WHERE id = 'n-4'")
+        .fetch_one(&db.pool)
+        .await
+        .expect("shard");
+    let shards: Vec<i16> = (0..256).filter(|s| *s != n4).collect();
+    let leased_gw_a: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM nodes WHERE gateway_id = 'gw-a' AND shard <> $1 ORDER BY id",
+    )
+    .bind(n4)
+    .fetch_all(&db.pool)
+    .await
+    .expect("nodes");
+    assert!(leased_gw_a.len() >= 2, "{leased_gw_a:?}");
+
+    let mut watch = GatewayWatch::new();
+    assert!(
+        watch
+            .observe(0, &store.gateway_rows().await.expect("rows"))
+            .is_empty()
+    );
+    let silent = watch.observe(1_001, &store.gateway_rows().await.expect("rows"));
+    assert_eq!(silent.len(), 2, "{silent:?}");
+    // gw-b refreshes its row after the watch looked: the decision about it is stale and changes nothing.
+    store
+        .publish_gateway("gw-b", "https://gw-b:7443", 1_000)
+        .await
+        .expect("refresh");
+
+    // A lease that ran out writes nothing.
+    let expired = store
+        .sync_leases("controllers", "c", &shards, 100)
+        .await
+        .expect("leases");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let none = store
+        .offline_on_silent_gateways("controllers", "c", &expired, &silent, 100)
+        .await
+        .expect("fenced");
+    assert!(none.is_empty(), "an expired lease wrote {none:?}");
+    assert_eq!(online(&store).await.len(), 5);
+
+    let leases = store
+        .sync_leases("controllers", "c", &shards, 30_000)
+        .await
+        .expect("leases");
+    // One node per statement: the caller repeats until a statement takes fewer than the limit.
+    let mut taken = Vec::new();
+    loop {
+        let got = store
+            .offline_on_silent_gateways("controllers", "c", &leases, &silent, 1)
+            .await
+            .expect("sweep");
+        let done = got.is_empty();
+        taken.extend(got);
+        if done {
+            break;
+        }
+    }
+    assert_eq!(
+        taken,
+        leased_gw_a
+            .iter()
+            .map(|n| (n.clone(), "gw-a".to_string()))
+            .collect::<Vec<_>>()
+    );
+    let still: Vec<String> = online(&store).await;
+    assert!(
+        still.contains(&"n-4".to_string()) && still.contains(&"n-5".to_string()),
+        "{still:?}"
+    );
+    let t = transitions(&store).await;
+    assert_eq!(t.len(), leased_gw_a.len(), "{t:?}");
+    assert!(
+        t.iter()
+            .all(|(_, action, actor, gw)| action == "node.offline"
+                && actor == "controller/c"
+                && gw.as_deref() == Some("gw-a")),
+        "{t:?}"
+    );
+
+    // gw-a was only cut off from the database: its liveness round brings its nodes back, each with a row saying so.
+    let now_ms = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis(),
+    )
+    .expect("ms");
+    let seen: Vec<(String, i64, i64)> = leased_gw_a
+        .iter()
+        .map(|n| (n.clone(), 1, now_ms + 5_000))
+        .collect();
+    assert!(
+        store
+            .record_liveness(&seen)
+            .await
+            .expect("liveness")
+            .is_empty()
+    );
+    assert_eq!(online(&store).await.len(), 5);
+    let back: Vec<_> = transitions(&store)
+        .await
+        .into_iter()
+        .skip(leased_gw_a.len())
+        .collect();
+    assert_eq!(back.len(), leased_gw_a.len(), "{back:?}");
+    assert!(
+        back.iter()
+            .all(|(_, action, actor, _)| action == "node.online" && actor == "gateway"),
+        "{back:?}"
+    );
+    // A liveness round of nodes already online writes no transition.
+    let later: Vec<(String, i64, i64)> = leased_gw_a
+        .iter()
+        .map(|n| (n.clone(), 1, now_ms + 10_000))
+        .collect();
+    store.record_liveness(&later).await.expect("liveness");
+    assert_eq!(transitions(&store).await.len(), 2 * leased_gw_a.len());
+}
