@@ -466,8 +466,8 @@ fn with_tunnels(
     ))
 }
 
-/// Publishes the gateway role's relay URL and lease (taking offline the sessions its previous run left open) and
-/// keeps them fresh, then serves it until the plane stops.
+/// Publishes the gateway role's relay URL and lease and keeps them fresh (closing, a lease later, the sessions its
+/// previous run left open whose node has not reconnected), then serves it until the plane stops.
 async fn start_gateway(
     g: Gateway,
     store: &Store,
@@ -475,14 +475,21 @@ async fn start_gateway(
     lease: GatewayLease,
 ) -> Result<(), StartError> {
     let (addr, stop) = (g.addr, plane.stop_signal());
-    let orphans = store.start_gateway(&g.id, &g.relay_url, lease.ms()).await?;
-    if !orphans.is_empty() {
+    let previous = store.start_gateway(&g.id, &g.relay_url, lease.ms()).await?;
+    if !previous.is_empty() {
         tracing::warn!(
             gateway_id = g.id,
-            nodes = orphans.len(),
-            first = orphans.first().map(String::as_str),
-            "nodes whose sessions this gateway's previous run held are offline until they reconnect (it closed none)"
+            sessions = previous.len(),
+            "this gateway's previous run ended without closing its sessions; those whose node has not reconnected \
+             within {:?} will be closed",
+            lease.0
         );
+        plane.spawn(end_previous_run(
+            store.clone(),
+            previous,
+            lease.0,
+            plane.stop_signal(),
+        ));
     }
     let publish = plane.stop_signal();
     plane.spawn(publish_gateway(
@@ -561,6 +568,47 @@ impl GatewayLease {
     fn refresh_every(self) -> std::time::Duration {
         self.0 / 3
     }
+}
+
+/// The reason the `node.offline` rows of [`end_previous_run`] give.
+const PREVIOUS_RUN_ENDED: &str = "its gateway restarted without closing the session, and the node did not reconnect within the gateway's lease";
+
+/// Closes, `after` the gateway started, the sessions its previous run left online whose node has not reconnected
+/// since (a node that did has a newer epoch, which the close leaves as it is): a node that died with the gateway
+/// goes offline within a lease, as one whose gateway stays dead does, and a fleet reconnecting after a crash is not
+/// written twice.
+async fn end_previous_run(
+    store: Store,
+    previous: Vec<(String, i64)>,
+    after: std::time::Duration,
+    mut stop: bc_kernel::Stop,
+) {
+    tokio::select! {
+        _ = tokio::time::sleep(after) => {}
+        _ = stop.stopped() => return,
+    }
+    let mut closed = 0;
+    for chunk in previous.chunks(1_000) {
+        let closes: Vec<(&str, i64)> = chunk.iter().map(|(n, e)| (n.as_str(), *e)).collect();
+        match store
+            .close_sessions_because(&closes, Some(PREVIOUS_RUN_ENDED))
+            .await
+        {
+            Ok(n) => closed += n,
+            Err(e) => {
+                // Those nodes stay online in their rows until they reconnect or the gateway restarts again.
+                tracing::warn!(error = %bc_error_chain::chain(&e), "closing the previous run's sessions failed");
+                return stop.stopped().await;
+            }
+        }
+    }
+    tracing::info!(
+        sessions = previous.len(),
+        closed,
+        "the previous run's sessions whose node did not reconnect are closed"
+    );
+    // A task of the plane that ends is taken for a role that failed: this one waits for the stop.
+    stop.stopped().await
 }
 
 /// Keeps gateway `id`'s row (its relay URL and lease) fresh until the plane stops.

@@ -47,27 +47,22 @@ impl Store {
         Ok(())
     }
 
-    /// Publishes gateway `id` as it starts, before it serves, and takes offline the nodes whose sessions its
-    /// previous run held (ids are unique among the gateways sharing a database, so no session is held under `id`
-    /// before it serves): a gateway killed or crashed closed none of them, and a restart refreshes the row the
-    /// `controllers` role watches, so nothing else would. Each gets a `node.offline` row saying why. Returns those
-    /// nodes, by id.
+    /// Publishes gateway `id` as it starts, before it serves, and returns the sessions its previous run left
+    /// online: (node, epoch), by node. Ids are unique among the gateways sharing a database, so no session is held
+    /// under `id` before it serves; a gateway killed or crashed closed none of them, and its restart refreshes the
+    /// row the `controllers` role watches, so nothing else will. The gateway closes those whose node has not
+    /// reconnected within its lease ([`Store::close_sessions_because`]: a node that reconnected has a newer epoch
+    /// and is left as it is).
     pub async fn start_gateway(
         &self,
         id: &str,
         relay_url: &str,
         lease_ms: i64,
-    ) -> Result<Vec<String>, StoreError> {
-        let rows = sqlx::query_scalar(
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let rows = sqlx::query_as(
             "WITH g AS (INSERT INTO gateways (id, relay_url, lease_ms) VALUES ($1, $2, $3) \
-               ON CONFLICT (id) DO UPDATE SET relay_url = $2, lease_ms = $3, seen_at = now(), started_at = now()), \
-             l AS (SELECT id FROM nodes WHERE gateway_id = $1 AND online ORDER BY id FOR UPDATE), \
-             u AS (UPDATE nodes n SET online = false FROM l WHERE n.id = l.id RETURNING n.id, n.session_epoch), \
-             a AS (INSERT INTO audit_events (actor, action, subject, detail) \
-               SELECT 'gateway', 'node.offline', 'node/' || u.id, jsonb_build_object('epoch', u.session_epoch, \
-                 'gateway', $1::text, 'reason', 'its gateway restarted: the session ended with the previous run') \
-               FROM u) \
-             SELECT id FROM u ORDER BY id",
+               ON CONFLICT (id) DO UPDATE SET relay_url = $2, lease_ms = $3, seen_at = now(), started_at = now()) \
+             SELECT id, session_epoch FROM nodes WHERE gateway_id = $1 AND online ORDER BY id",
         )
         .bind(id)
         .bind(relay_url)

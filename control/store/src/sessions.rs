@@ -297,21 +297,34 @@ impl Store {
     /// The rows are locked in id order first, as the opens lock theirs, so a round of opens and a round of closes
     /// that share nodes cannot deadlock.
     pub async fn close_sessions(&self, closes: &[(&str, i64)]) -> Result<(), StoreError> {
+        self.close_sessions_because(closes, None).await.map(drop)
+    }
+
+    /// [`Store::close_sessions`] with the `reason` each `node.offline` row gives (none: the session ended as
+    /// sessions end); returns how many nodes went offline.
+    pub async fn close_sessions_because(
+        &self,
+        closes: &[(&str, i64)],
+        reason: Option<&str>,
+    ) -> Result<u64, StoreError> {
         let ids: Vec<&str> = closes.iter().map(|c| c.0).collect();
         let epochs: Vec<i64> = closes.iter().map(|c| c.1).collect();
-        sqlx::query(
+        let written = sqlx::query(
             "WITH x AS (SELECT * FROM unnest($1::text[], $2::bigint[]) AS x(id, epoch)), \
              l AS (SELECT n.id FROM nodes n JOIN x ON n.id = x.id AND n.session_epoch = x.epoch \
              WHERE n.online ORDER BY n.id FOR UPDATE OF n), \
              u AS (UPDATE nodes n SET online = false FROM l WHERE n.id = l.id RETURNING n.id, n.session_epoch) \
              INSERT INTO audit_events (actor, action, subject, detail) \
-             SELECT 'gateway', 'node.offline', 'node/' || u.id, jsonb_build_object('epoch', u.session_epoch) FROM u",
+             SELECT 'gateway', 'node.offline', 'node/' || u.id, \
+               jsonb_strip_nulls(jsonb_build_object('epoch', u.session_epoch, 'reason', $3::text)) FROM u",
         )
         .bind(&ids)
         .bind(&epochs)
+        .bind(reason)
         .execute(&self.pool)
-        .await?;
-        Ok(())
+        .await?
+        .rows_affected();
+        Ok(written)
     }
 
     /// Claims commands for the given live sessions (marking them sent on that epoch) and lists desired state newer

@@ -1,5 +1,5 @@
-//! Sessions whose gateway died, against a real PostgreSQL: a restarted gateway takes its previous run's sessions
-//! offline; the `controllers` role takes offline the nodes of a gateway silent past its lease, on its leased shards
+//! Sessions whose gateway died, against a real PostgreSQL: a restarted gateway is given its previous run's
+//! sessions and closes those whose node did not reconnect; the `controllers` role takes offline the nodes of a gateway silent past its lease, on its leased shards
 //! only, once, and never those of a gateway that refreshed its row since the watch looked; a gateway heard from
 //! again brings its nodes back online.
 
@@ -40,7 +40,8 @@ async fn transitions(store: &Store) -> Vec<(String, String, String, Option<Strin
 }
 
 #[tokio::test]
-async fn a_restarted_gateway_takes_the_sessions_of_its_previous_run_offline() {
+async fn a_restarted_gateway_closes_the_sessions_of_its_previous_run_whose_node_did_not_reconnect()
+{
     let db = test_db().await;
     let store = Store::new(db.pool.clone());
     seed_gpu_nodes(&db.pool, "p", "n", 4, 1, "m")
@@ -52,23 +53,52 @@ async fn a_restarted_gateway_takes_the_sessions_of_its_previous_run_offline() {
         .expect("publish");
     held(&store, "gw-a", &["n-1", "n-2", "n-3"]).await;
     held(&store, "gw-b", &["n-4"]).await;
-    // gw-a was killed and starts again: its old sessions end; gw-b's node is not its to touch.
-    let taken = store
+    // gw-a was killed and starts again: it is given its previous run's sessions; gw-b's is not its own.
+    let previous = store
         .start_gateway("gw-a", "https://10.0.0.5:7443", 30_000)
         .await
         .expect("start");
-    assert_eq!(taken, ["n-1", "n-2", "n-3"]);
-    assert_eq!(online(&store).await, ["n-4"]);
-    let t = transitions(&store).await;
-    assert_eq!(t.len(), 3, "{t:?}");
-    assert!(
-        t.iter()
-            .all(|(_, action, actor, gw)| action == "node.offline"
-                && actor == "gateway"
-                && gw.as_deref() == Some("gw-a")),
-        "{t:?}"
+    assert_eq!(
+        previous,
+        [
+            ("n-1".to_string(), 1),
+            ("n-2".to_string(), 1),
+            ("n-3".to_string(), 1)
+        ]
     );
-    // Starting again takes nothing more, and the row carries the new lease.
+    assert_eq!(online(&store).await.len(), 4, "starting closes nothing");
+    // n-1 reconnects (through gw-b) before the lease is over: its newer session is left as it is.
+    sqlx::query("UPDATE nodes SET session_epoch = 2, gateway_id = 'gw-b' WHERE id = 'n-1'")
+        .execute(store.pool())
+        .await
+        .expect("reconnect");
+    let closes: Vec<(&str, i64)> = previous.iter().map(|(n, e)| (n.as_str(), *e)).collect();
+    let closed = store
+        .close_sessions_because(&closes, Some("its gateway restarted"))
+        .await
+        .expect("close");
+    assert_eq!(closed, 2);
+    assert_eq!(online(&store).await, ["n-1", "n-4"]);
+    let reasons: Vec<(String, serde_json::Value)> = sqlx::query_as(
+        "SELECT subject, detail FROM audit_events WHERE action = 'node.offline' ORDER BY subject",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("audit");
+    assert_eq!(
+        reasons,
+        [
+            (
+                "node/n-2".to_string(),
+                serde_json::json!({"epoch": 1, "reason": "its gateway restarted"})
+            ),
+            (
+                "node/n-3".to_string(),
+                serde_json::json!({"epoch": 1, "reason": "its gateway restarted"})
+            )
+        ]
+    );
+    // Starting again finds nothing of its own online, and the row carries the new lease.
     assert!(
         store
             .start_gateway("gw-a", "https://10.0.0.5:7443", 6_000)
