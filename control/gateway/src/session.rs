@@ -79,8 +79,8 @@ pub trait SessionBackend: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<v1::RenewResponse, Status>>;
     /// The session ended (only acts if `s` is still the node's current epoch).
     fn closed(&self, s: &SessionRef) -> BoxFuture<'_, ()>;
-    /// One statement for all live sessions; returns node ids whose sessions must close (revoked, or superseded
-    /// by a session on another gateway).
+    /// One statement for all live sessions; returns node ids whose sessions must close (revoked, superseded by a
+    /// session on another gateway, or closed by the control plane, which took the node offline).
     fn liveness(&self, seen: &[Seen]) -> BoxFuture<'_, Result<Vec<String>, Status>>;
     /// Messages waiting for these sessions (commands, new desired state): one statement per call.
     fn pending(
@@ -701,7 +701,10 @@ fn close_judged(registry: &Registry, seen: &[Seen], to_close: &[String]) {
                 node_id: node.clone(),
                 epoch,
             };
-            registry.close_session(&judged, "revoked or superseded");
+            registry.close_session(
+                &judged,
+                "revoked, superseded or closed by the control plane",
+            );
         }
     }
 }

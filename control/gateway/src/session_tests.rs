@@ -56,7 +56,7 @@ fn a_verdict_on_a_superseded_session_spares_the_nodes_newer_one() {
     let status = second_closed.borrow().clone();
     assert_eq!(
         status.map(|s| s.message().to_string()).as_deref(),
-        Some("revoked or superseded")
+        Some("revoked, superseded or closed by the control plane")
     );
     // A node the snapshot did not hold is not touched.
     let (other, other_closed) = entry(1);

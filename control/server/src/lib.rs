@@ -481,11 +481,12 @@ async fn start_gateway(
             gateway_id = g.id,
             sessions = previous.len(),
             "this gateway's previous run ended without closing its sessions; those whose node has not reconnected \
-             within {:?} will be closed",
+             will be closed once {:?} have passed and the reconnects are over",
             lease.0
         );
         plane.spawn(end_previous_run(
             store.clone(),
+            g.registry.clone(),
             previous,
             lease.0,
             plane.stop_signal(),
@@ -571,21 +572,40 @@ impl GatewayLease {
 }
 
 /// The reason the `node.offline` rows of [`end_previous_run`] give.
-const PREVIOUS_RUN_ENDED: &str = "its gateway restarted without closing the session, and the node did not reconnect within the gateway's lease";
+const PREVIOUS_RUN_ENDED: &str =
+    "its gateway restarted without closing the session, and the node did not reconnect";
 
-/// Closes, `after` the gateway started, the sessions its previous run left online whose node has not reconnected
-/// since (a node that did has a newer epoch, which the close leaves as it is): a node that died with the gateway
-/// goes offline within a lease, as one whose gateway stays dead does, and a fleet reconnecting after a crash is not
+/// Closes the sessions the gateway's previous run left online whose node has not reconnected since (a node that did
+/// has a newer epoch, which the close leaves as it is), when [`bc_core::gateways::close_previous_run_now`] says: a
+/// lease after the start once the reconnects to this gateway are over. A node that died with the gateway goes
+/// offline about a lease later, as one whose gateway stays dead does, and a fleet reconnecting after a crash is not
 /// written twice.
 async fn end_previous_run(
     store: Store,
+    registry: bc_gateway::session::Registry,
     previous: Vec<(String, i64)>,
-    after: std::time::Duration,
+    lease: std::time::Duration,
     mut stop: bc_kernel::Stop,
 ) {
-    tokio::select! {
-        _ = tokio::time::sleep(after) => {}
-        _ = stop.stopped() => return,
+    let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    let started = tokio::time::Instant::now();
+    let mut last_open = (registry.opened(), started);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep((lease / 12).max(std::time::Duration::from_millis(100))) => {}
+            _ = stop.stopped() => return,
+        }
+        let now = tokio::time::Instant::now();
+        if registry.opened() != last_open.0 {
+            last_open = (registry.opened(), now);
+        }
+        if bc_core::gateways::close_previous_run_now(
+            ms(now - started),
+            ms(now - last_open.1),
+            ms(lease),
+        ) {
+            break;
+        }
     }
     let mut closed = 0;
     for chunk in previous.chunks(1_000) {

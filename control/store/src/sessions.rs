@@ -247,11 +247,13 @@ impl Store {
     }
 
     /// One statement for every live session of a gateway: records last-seen where the epoch is current and
-    /// returns the nodes whose sessions must close (revoked, or a newer epoch elsewhere). A node the `controllers`
-    /// role took offline while its gateway was silent ([`Store::offline_on_silent_gateways`]) comes back online with
-    /// a `node.online` row when its gateway is heard from again with the same session. A row is rewritten only
-    /// when its last-seen moved forward (a message arrived since the previous interval): with 15 s heartbeats and a
-    /// 5 s interval that is a third of the row versions (and of the vacuum work) of rewriting every row every time.
+    /// returns the nodes whose sessions must close: revoked, a newer epoch elsewhere, or offline, which a session
+    /// the store has closed is (its close was written while this round was under way, or the `controllers` role took
+    /// it for dead while its gateway was cut off from the database: [`Store::offline_on_silent_gateways`]). The
+    /// node then reconnects, and its open records it online again; liveness never marks a node online. A row is
+    /// rewritten only when its last-seen moved forward (a message arrived since the previous interval): with 15 s
+    /// heartbeats and a 5 s interval that is a third of the row versions (and of the vacuum work) of rewriting every
+    /// row every time.
     /// A session's first last-seen is its Hello, before the open stored the database's time, so a session just
     /// opened is not written again. (A data-modifying WITH runs to completion whether or not the outer query reads
     /// it.)
@@ -264,16 +266,12 @@ impl Store {
         let at: Vec<i64> = seen.iter().map(|s| s.2).collect();
         let rows = sqlx::query(
             "WITH x AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS x(id, epoch, ms)), \
-             live AS (SELECT n.id, n.online FROM nodes n JOIN x ON n.id = x.id AND n.session_epoch = x.epoch \
-                      WHERE n.state <> 'revoked'), \
-             u AS (UPDATE nodes n SET last_seen_at = to_timestamp(x.ms / 1000.0), online = true FROM x \
-                   WHERE n.id = x.id AND n.session_epoch = x.epoch AND n.state <> 'revoked' \
-                   AND (NOT n.online OR n.last_seen_at IS NULL OR n.last_seen_at < to_timestamp(x.ms / 1000.0)) \
-                   RETURNING n.id, n.session_epoch), \
-             back AS (INSERT INTO audit_events (actor, action, subject, detail) \
-                      SELECT 'gateway', 'node.online', 'node/' || u.id, jsonb_build_object('epoch', u.session_epoch, \
-                        'reason', 'its gateway was heard from again') \
-                      FROM u JOIN live ON live.id = u.id WHERE NOT live.online) \
+             live AS (SELECT n.id FROM nodes n JOIN x ON n.id = x.id AND n.session_epoch = x.epoch \
+                      WHERE n.state <> 'revoked' AND n.online), \
+             u AS (UPDATE nodes n SET last_seen_at = to_timestamp(x.ms / 1000.0) FROM x \
+                   WHERE n.id = x.id AND n.session_epoch = x.epoch AND n.state <> 'revoked' AND n.online \
+                   AND (n.last_seen_at IS NULL OR n.last_seen_at < to_timestamp(x.ms / 1000.0)) \
+                   RETURNING n.id) \
              SELECT x.id FROM x WHERE x.id NOT IN (SELECT id FROM live)",
         )
         .bind(&ids)

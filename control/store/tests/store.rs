@@ -164,11 +164,15 @@ async fn two_joined_nodes() -> Store {
 #[tokio::test]
 async fn liveness_rewrites_a_row_only_when_last_seen_moved_and_names_sessions_to_close() {
     let store = two_joined_nodes().await;
+    for node in ["node-1", "node-2"] {
+        let opened = store.open_session(node, &KEY).await.expect("open");
+        assert_eq!(opened.expect("opened").epoch, 1);
+    }
     let t = 1_800_000_000_000i64;
     let seen = |ms: i64| {
         vec![
-            ("node-1".to_string(), 0i64, ms),
-            ("node-2".to_string(), 0, ms),
+            ("node-1".to_string(), 1i64, ms),
+            ("node-2".to_string(), 1, ms),
         ]
     };
     assert!(
@@ -232,11 +236,24 @@ async fn liveness_rewrites_a_row_only_when_last_seen_moved_and_names_sessions_to
     let close = store
         .record_liveness(&[
             ("node-1".into(), 7, t + 15_000),
-            ("node-2".into(), 0, t + 15_000),
+            ("node-2".into(), 1, t + 15_000),
         ])
         .await
         .expect("liveness");
     assert_eq!(close.len(), 2, "{close:?}");
+    // A session whose close the store holds (written while the round was under way, or the node taken for dead
+    // while its gateway was cut off) must close too, and liveness does not mark its node online again.
+    store.close_session("node-1", 1).await.expect("close");
+    let close = store
+        .record_liveness(&[("node-1".into(), 1, t + 30_000)])
+        .await
+        .expect("liveness");
+    assert_eq!(close, ["node-1"]);
+    let row = store.node("node-1").await.expect("read").expect("node");
+    assert!(
+        !row.online && row.last_seen_ms == Some(t + 15_000),
+        "{row:?}"
+    );
     // The revocation reaches a reader once, by watermark.
     let revoked = store.revoked_identities_since(None).await.expect("revoked");
     assert_eq!(revoked.nodes, vec!["node-2".to_string()]);
@@ -828,15 +845,23 @@ async fn a_nodes_frequent_writes_touch_no_index_and_a_revocation_still_reaches_t
             .expect("reloptions");
     assert_eq!(options, Some(vec!["fillfactor=80".to_string()]));
 
+    // node-2 in a session (liveness writes only a node online in that session).
+    assert!(
+        store
+            .open_session("node-2", &KEY)
+            .await
+            .expect("open")
+            .is_ok()
+    );
     let (upd0, hot0) = node_updates(&store).await;
-    let t = now_ms();
+    let t = now_ms() + 1_000;
     for i in 0..3 {
         store
             .record_node_cert("node-1", &format!("serial-{i}"), t + 86_400_000)
             .await
             .expect("renewal");
         store
-            .record_liveness(&[("node-2".to_string(), 0, t + i * 1000)])
+            .record_liveness(&[("node-2".to_string(), 1, t + i * 1000)])
             .await
             .expect("liveness");
     }

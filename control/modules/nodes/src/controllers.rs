@@ -46,25 +46,40 @@ async fn silent_gateways(
     if silent.is_empty() {
         return;
     }
+    let mut taken = Vec::new();
     loop {
         match store
             .offline_on_silent_gateways(ROLE, worker, leases, &silent, SILENT_BATCH)
             .await
         {
-            Ok(taken) => {
-                for (node, gateway) in &taken {
-                    let s = silent.iter().find(|s| &s.id == gateway);
-                    let secs = s.map_or(0.0, |s| s.silent_ms as f64 / 1000.0);
-                    tracing::warn!(%node, %gateway, "node offline: its gateway has not refreshed its row for {secs:.1} s");
-                }
-                if (taken.len() as i64) < SILENT_BATCH {
-                    return;
+            Ok(batch) => {
+                let done = (batch.len() as i64) < SILENT_BATCH;
+                taken.extend(batch);
+                if done {
+                    break;
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "taking silent gateways' nodes offline failed; their silence is timed again");
                 return watch.forget();
             }
+        }
+    }
+    for s in &silent {
+        watch.swept(&s.id);
+        let nodes: Vec<&str> = taken
+            .iter()
+            .filter(|(_, g)| *g == s.id)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        if let Some(first) = nodes.first() {
+            tracing::warn!(
+                gateway = s.id,
+                nodes = nodes.len(),
+                first,
+                "nodes offline: their gateway has not refreshed its row for {:.1} s, past its lease",
+                s.silent_ms as f64 / 1000.0
+            );
         }
     }
 }
@@ -81,6 +96,7 @@ pub async fn run(mut cx: ReconcileCx) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut listening = true;
     let (mut watch, clock) = (GatewayWatch::new(), tokio::time::Instant::now());
+    let mut swept_with = Vec::new();
     loop {
         let mut outbox_only = false;
         tokio::select! {
@@ -109,6 +125,10 @@ pub async fn run(mut cx: ReconcileCx) {
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "expiry round failed"),
+            }
+            if leases != swept_with {
+                watch.sweep_again();
+                swept_with.clone_from(&leases);
             }
             let now_ms = i64::try_from(clock.elapsed().as_millis()).unwrap_or(i64::MAX);
             silent_gateways(&store, &mut watch, (&worker, &leases), now_ms).await;
