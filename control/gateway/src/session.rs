@@ -210,6 +210,13 @@ impl Registry {
             .map(|e| e.last_seen_ms.load(Ordering::Relaxed))
     }
 
+    /// Whether this gateway holds `node_id`'s session of `epoch`.
+    pub fn holds(&self, node_id: &str, epoch: u64) -> bool {
+        self.inner
+            .lock()
+            .is_ok_and(|m| m.get(node_id).is_some_and(|e| e.epoch == epoch))
+    }
+
     /// Closes a node's session with a reason (the node reconnects).
     pub fn close(&self, node_id: &str, reason: &str) {
         self.close_with(node_id, Status::aborted(reason));

@@ -475,23 +475,15 @@ async fn start_gateway(
     lease: GatewayLease,
 ) -> Result<(), StartError> {
     let (addr, stop) = (g.addr, plane.stop_signal());
-    let previous = store.start_gateway(&g.id, &g.relay_url, lease.ms()).await?;
-    if !previous.is_empty() {
-        tracing::warn!(
-            gateway_id = g.id,
-            sessions = previous.len(),
-            "this gateway's previous run ended without closing its sessions; those whose node has not reconnected \
-             will be closed once {:?} have passed and the reconnects are over",
-            lease.0
-        );
-        plane.spawn(end_previous_run(
-            store.clone(),
-            g.registry.clone(),
-            previous,
-            lease.0,
-            plane.stop_signal(),
-        ));
-    }
+    store
+        .publish_gateway(&g.id, &g.relay_url, lease.ms())
+        .await?;
+    plane.spawn(end_previous_run(
+        store.clone(),
+        (g.id.clone(), g.registry.clone()),
+        lease.0,
+        plane.stop_signal(),
+    ));
     let publish = plane.stop_signal();
     plane.spawn(publish_gateway(
         store.clone(),
@@ -579,16 +571,31 @@ const PREVIOUS_RUN_ENDED: &str =
 /// has a newer epoch, which the close leaves as it is), when [`bc_core::gateways::close_previous_run_now`] says: a
 /// lease after the start once the reconnects to this gateway are over. A node that died with the gateway goes
 /// offline about a lease later, as one whose gateway stays dead does, and a fleet reconnecting after a crash is not
-/// written twice.
+/// written twice. The sessions are read as the gateway starts serving, not before (a full read of the nodes, which
+/// would hold up every reconnect of a storm): those of the new run the read saw are the ones the gateway holds.
 async fn end_previous_run(
     store: Store,
-    registry: bc_gateway::session::Registry,
-    previous: Vec<(String, i64)>,
+    (id, registry): (String, bc_gateway::session::Registry),
     lease: std::time::Duration,
     mut stop: bc_kernel::Stop,
 ) {
-    let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
     let started = tokio::time::Instant::now();
+    let previous = match store.sessions_on_gateway(&id).await {
+        Ok(p) if p.is_empty() => return stop.stopped().await,
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %bc_error_chain::chain(&e), "reading the previous run's sessions failed; they stay \
+                 online until their nodes reconnect or the gateway restarts again");
+            return stop.stopped().await;
+        }
+    };
+    tracing::info!(
+        gateway_id = id,
+        sessions = previous.len(),
+        "sessions online on this gateway as it starts; those of its previous run whose node has not reconnected \
+         will be closed once {lease:?} have passed and the reconnects are over"
+    );
+    let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
     let mut last_open = (registry.opened(), started);
     loop {
         tokio::select! {
@@ -607,6 +614,10 @@ async fn end_previous_run(
             break;
         }
     }
+    let previous: Vec<(String, i64)> = previous
+        .into_iter()
+        .filter(|(n, e)| !u64::try_from(*e).is_ok_and(|e| registry.holds(n, e)))
+        .collect();
     let mut closed = 0;
     for chunk in previous.chunks(1_000) {
         let closes: Vec<(&str, i64)> = chunk.iter().map(|(n, e)| (n.as_str(), *e)).collect();

@@ -47,26 +47,15 @@ impl Store {
         Ok(())
     }
 
-    /// Publishes gateway `id` as it starts, before it serves, and returns the sessions its previous run left
-    /// online: (node, epoch), by node. Ids are unique among the gateways sharing a database, so no session is held
-    /// under `id` before it serves; a gateway killed or crashed closed none of them, and its restart refreshes the
-    /// row the `controllers` role watches, so nothing else will. The gateway closes those whose node has not
-    /// reconnected within its lease ([`Store::close_sessions_because`]: a node that reconnected has a newer epoch
-    /// and is left as it is).
-    pub async fn start_gateway(
-        &self,
-        id: &str,
-        relay_url: &str,
-        lease_ms: i64,
-    ) -> Result<Vec<(String, i64)>, StoreError> {
+    /// The sessions whose row names gateway `id` and that are online: (node, epoch), by node. A gateway reads
+    /// them as it starts, to close later those of its previous run whose node has not reconnected (a killed or
+    /// crashed gateway closed none, and its restart refreshes the row the `controllers` role watches, so nothing else
+    /// will); the read may also see sessions its new run opened meanwhile, which it holds and leaves.
+    pub async fn sessions_on_gateway(&self, id: &str) -> Result<Vec<(String, i64)>, StoreError> {
         let rows = sqlx::query_as(
-            "WITH g AS (INSERT INTO gateways (id, relay_url, lease_ms) VALUES ($1, $2, $3) \
-               ON CONFLICT (id) DO UPDATE SET relay_url = $2, lease_ms = $3, seen_at = now(), started_at = now()) \
-             SELECT id, session_epoch FROM nodes WHERE gateway_id = $1 AND online ORDER BY id",
+            "SELECT id, session_epoch FROM nodes WHERE gateway_id = $1 AND online ORDER BY id",
         )
         .bind(id)
-        .bind(relay_url)
-        .bind(lease_ms)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows)

@@ -53,11 +53,12 @@ async fn a_restarted_gateway_closes_the_sessions_of_its_previous_run_whose_node_
         .expect("publish");
     held(&store, "gw-a", &["n-1", "n-2", "n-3"]).await;
     held(&store, "gw-b", &["n-4"]).await;
-    // gw-a was killed and starts again: it is given its previous run's sessions; gw-b's is not its own.
-    let previous = store
-        .start_gateway("gw-a", "https://10.0.0.5:7443", 30_000)
+    // gw-a was killed and starts again: it reads its previous run's sessions; gw-b's is not its own.
+    store
+        .publish_gateway("gw-a", "https://10.0.0.5:7443", 30_000)
         .await
         .expect("start");
+    let previous = store.sessions_on_gateway("gw-a").await.expect("read");
     assert_eq!(
         previous,
         [
@@ -66,7 +67,7 @@ async fn a_restarted_gateway_closes_the_sessions_of_its_previous_run_whose_node_
             ("n-3".to_string(), 1)
         ]
     );
-    assert_eq!(online(&store).await.len(), 4, "starting closes nothing");
+    assert_eq!(online(&store).await.len(), 4, "reading closes nothing");
     // n-1 reconnects (through gw-b) before the lease is over: its newer session is left as it is.
     sqlx::query("UPDATE nodes SET session_epoch = 2, gateway_id = 'gw-b' WHERE id = 'n-1'")
         .execute(store.pool())
@@ -99,11 +100,15 @@ async fn a_restarted_gateway_closes_the_sessions_of_its_previous_run_whose_node_
         ]
     );
     // Starting again finds nothing of its own online, and the row carries the new lease.
+    store
+        .publish_gateway("gw-a", "https://10.0.0.5:7443", 6_000)
+        .await
+        .expect("start");
     assert!(
         store
-            .start_gateway("gw-a", "https://10.0.0.5:7443", 6_000)
+            .sessions_on_gateway("gw-a")
             .await
-            .expect("start")
+            .expect("read")
             .is_empty()
     );
     let rows = store.gateway_rows().await.expect("rows");
