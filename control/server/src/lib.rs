@@ -14,6 +14,7 @@ pub mod client;
 pub mod config;
 pub mod dev;
 pub mod fleet;
+mod gateway_row;
 pub mod iam_api;
 pub mod iam_cli;
 pub mod instances_cli;
@@ -389,7 +390,7 @@ pub async fn start_with(
     let every = config.cert_renewal.unwrap_or(renew::RENEW_EVERY);
     plane.spawn(renew::run(ca.clone(), renewals, every, plane.stop_signal()));
     if let Some(g) = gateway {
-        start_gateway(g, &store, &mut plane, GatewayLease::of(lease)).await?;
+        start_gateway(g, &store, &mut plane, gateway_row::GatewayLease::of(lease)).await?;
     }
     let mut api_addr = None;
     if let Some((listener, addr)) = api {
@@ -472,20 +473,20 @@ async fn start_gateway(
     g: Gateway,
     store: &Store,
     plane: &mut bc_kernel::Running,
-    lease: GatewayLease,
+    lease: gateway_row::GatewayLease,
 ) -> Result<(), StartError> {
     let (addr, stop) = (g.addr, plane.stop_signal());
     store
         .publish_gateway(&g.id, &g.relay_url, lease.ms())
         .await?;
-    plane.spawn(end_previous_run(
+    plane.spawn(gateway_row::end_previous_run(
         store.clone(),
         (g.id.clone(), g.registry.clone()),
         lease.0,
         plane.stop_signal(),
     ));
     let publish = plane.stop_signal();
-    plane.spawn(publish_gateway(
+    plane.spawn(gateway_row::publish_gateway(
         store.clone(),
         (g.id.clone(), g.relay_url.clone()),
         lease,
@@ -541,123 +542,6 @@ fn relay_peers(
     let mut tls = (*tls).clone();
     tls.client_auth_cert_resolver = renewal.current.clone();
     Ok((bc_gateway::relay::Peers::new(Arc::new(tls)), renewal))
-}
-
-/// How long a gateway's row promises it is alive: three shard leases (30 s by default; a dead process's shards move
-/// within one). The gateway refreshes its row every third of it, and the `controllers` role takes the sessions of a
-/// gateway whose row stayed unchanged past it for dead ([`bc_core::gateways`]).
-#[derive(Debug, Clone, Copy)]
-struct GatewayLease(std::time::Duration);
-
-impl GatewayLease {
-    fn of(shard_lease: std::time::Duration) -> GatewayLease {
-        GatewayLease(shard_lease.saturating_mul(3))
-    }
-
-    fn ms(self) -> i64 {
-        i64::try_from(self.0.as_millis()).unwrap_or(i64::MAX)
-    }
-
-    fn refresh_every(self) -> std::time::Duration {
-        self.0 / 3
-    }
-}
-
-/// The reason the `node.offline` rows of [`end_previous_run`] give.
-const PREVIOUS_RUN_ENDED: &str =
-    "its gateway restarted without closing the session, and the node did not reconnect";
-
-/// Closes the sessions the gateway's previous run left online whose node has not reconnected since (a node that did
-/// has a newer epoch, which the close leaves as it is), when [`bc_core::gateways::close_previous_run_now`] says: a
-/// lease after the start once the reconnects to this gateway are over. A node that died with the gateway goes
-/// offline about a lease later, as one whose gateway stays dead does, and a fleet reconnecting after a crash is not
-/// written twice. The sessions are read as the gateway starts serving, not before (a full read of the nodes, which
-/// would hold up every reconnect of a storm): those of the new run the read saw are the ones the gateway holds.
-async fn end_previous_run(
-    store: Store,
-    (id, registry): (String, bc_gateway::session::Registry),
-    lease: std::time::Duration,
-    mut stop: bc_kernel::Stop,
-) {
-    let started = tokio::time::Instant::now();
-    let previous = match store.sessions_on_gateway(&id).await {
-        Ok(p) if p.is_empty() => return stop.stopped().await,
-        Ok(p) => p,
-        Err(e) => {
-            tracing::warn!(error = %bc_error_chain::chain(&e), "reading the previous run's sessions failed; they stay \
-                 online until their nodes reconnect or the gateway restarts again");
-            return stop.stopped().await;
-        }
-    };
-    tracing::info!(
-        gateway_id = id,
-        sessions = previous.len(),
-        "sessions online on this gateway as it starts; those of its previous run whose node has not reconnected \
-         will be closed once {lease:?} have passed and the reconnects are over"
-    );
-    let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-    let mut last_open = (registry.opened(), started);
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep((lease / 12).max(std::time::Duration::from_millis(100))) => {}
-            _ = stop.stopped() => return,
-        }
-        let now = tokio::time::Instant::now();
-        if registry.opened() != last_open.0 {
-            last_open = (registry.opened(), now);
-        }
-        if bc_core::gateways::close_previous_run_now(
-            ms(now - started),
-            ms(now - last_open.1),
-            ms(lease),
-        ) {
-            break;
-        }
-    }
-    let previous: Vec<(String, i64)> = previous
-        .into_iter()
-        .filter(|(n, e)| !u64::try_from(*e).is_ok_and(|e| registry.holds(n, e)))
-        .collect();
-    let mut closed = 0;
-    for chunk in previous.chunks(1_000) {
-        let closes: Vec<(&str, i64)> = chunk.iter().map(|(n, e)| (n.as_str(), *e)).collect();
-        match store
-            .close_sessions_because(&closes, Some(PREVIOUS_RUN_ENDED))
-            .await
-        {
-            Ok(n) => closed += n,
-            Err(e) => {
-                // Those nodes stay online in their rows until they reconnect or the gateway restarts again.
-                tracing::warn!(error = %bc_error_chain::chain(&e), "closing the previous run's sessions failed");
-                return stop.stopped().await;
-            }
-        }
-    }
-    tracing::info!(
-        sessions = previous.len(),
-        closed,
-        "the previous run's sessions whose node did not reconnect are closed"
-    );
-    // A task of the plane that ends is taken for a role that failed: this one waits for the stop.
-    stop.stopped().await
-}
-
-/// Keeps gateway `id`'s row (its relay URL and lease) fresh until the plane stops.
-async fn publish_gateway(
-    store: Store,
-    (id, relay_url): (String, String),
-    lease: GatewayLease,
-    mut stop: bc_kernel::Stop,
-) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(lease.refresh_every()) => {}
-            _ = stop.stopped() => return,
-        }
-        if let Err(e) = store.publish_gateway(&id, &relay_url, lease.ms()).await {
-            tracing::warn!(error = %bc_error_chain::chain(&e), gateway_id = id, "refreshing the gateway's row failed");
-        }
-    }
 }
 
 /// The metal module's configuration: the ramdisk's command line names this control plane (gateway URL, CA pin,
