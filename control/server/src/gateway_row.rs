@@ -28,12 +28,13 @@ impl GatewayLease {
 const PREVIOUS_RUN_ENDED: &str =
     "its gateway restarted without closing the session, and the node did not reconnect";
 
-/// Closes the sessions the gateway's previous run left online whose node has not reconnected since (a node that did
-/// has a newer epoch, which the close leaves as it is), when [`bc_core::gateways::close_previous_run_now`] says: a
-/// lease after the start once the reconnects to this gateway are over. A node that died with the gateway goes
-/// offline about a lease later, as one whose gateway stays dead does, and a fleet reconnecting after a crash is not
-/// written twice. The sessions are read as the gateway starts serving, not before (a full read of the nodes, which
-/// would hold up every reconnect of a storm): those of the new run the read saw are the ones the gateway holds.
+/// Closes the sessions the gateway's previous run left online whose node has not reconnected since, when
+/// [`bc_core::gateways::close_previous_run_now`] says: a lease after the start once the reconnects to this gateway
+/// are over. Then it reads the sessions online under its id and closes those it does not hold (a node that
+/// reconnected has a newer epoch, which the close leaves as it is). A node that died with the gateway goes offline
+/// about a lease later, as one whose gateway stays dead does; a fleet reconnecting after a crash is not written twice,
+/// and nothing is read while it reconnects (a full read of the nodes took 0.3–0.6 s of the database in the 50,000
+/// sessions' storm).
 pub(crate) async fn end_previous_run(
     store: Store,
     (id, registry): (String, bc_gateway::session::Registry),
@@ -41,21 +42,6 @@ pub(crate) async fn end_previous_run(
     mut stop: bc_kernel::Stop,
 ) {
     let started = tokio::time::Instant::now();
-    let previous = match store.sessions_on_gateway(&id).await {
-        Ok(p) if p.is_empty() => return stop.stopped().await,
-        Ok(p) => p,
-        Err(e) => {
-            tracing::warn!(error = %bc_error_chain::chain(&e), "reading the previous run's sessions failed; they stay \
-                 online until their nodes reconnect or the gateway restarts again");
-            return stop.stopped().await;
-        }
-    };
-    tracing::info!(
-        gateway_id = id,
-        sessions = previous.len(),
-        "sessions online on this gateway as it starts; those of its previous run whose node has not reconnected \
-         will be closed once {lease:?} have passed and the reconnects are over"
-    );
     let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
     let mut last_open = (registry.opened(), started);
     loop {
@@ -75,10 +61,17 @@ pub(crate) async fn end_previous_run(
             break;
         }
     }
-    let previous: Vec<(String, i64)> = previous
-        .into_iter()
-        .filter(|(n, e)| !u64::try_from(*e).is_ok_and(|e| registry.holds(n, e)))
-        .collect();
+    let previous: Vec<(String, i64)> = match store.sessions_on_gateway(&id).await {
+        Ok(online) => online
+            .into_iter()
+            .filter(|(n, e)| !u64::try_from(*e).is_ok_and(|e| registry.holds(n, e)))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %bc_error_chain::chain(&e), "reading the previous run's sessions failed; they stay \
+                 online until their nodes reconnect or the gateway restarts again");
+            return stop.stopped().await;
+        }
+    };
     let mut closed = 0;
     for chunk in previous.chunks(1_000) {
         let closes: Vec<(&str, i64)> = chunk.iter().map(|(n, e)| (n.as_str(), *e)).collect();
