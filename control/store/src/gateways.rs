@@ -47,10 +47,10 @@ impl Store {
         Ok(())
     }
 
-    /// The sessions whose row names gateway `id` and that are online: (node, epoch), by node. A gateway reads
-    /// them as it starts, to close later those of its previous run whose node has not reconnected (a killed or
-    /// crashed gateway closed none, and its restart refreshes the row the `controllers` role watches, so nothing else
-    /// will); the read may also see sessions its new run opened meanwhile, which it holds and leaves.
+    /// The sessions whose row names gateway `id` and that are online: (node, epoch), by node. A restarted gateway
+    /// reads them once its reconnects are over and closes those it does not hold: its previous run's, whose node has
+    /// not reconnected (a killed or crashed gateway closed none, and its restart refreshes the row the `controllers`
+    /// role watches, so nothing else will).
     pub async fn sessions_on_gateway(&self, id: &str) -> Result<Vec<(String, i64)>, StoreError> {
         let rows = sqlx::query_as(
             "SELECT id, session_epoch FROM nodes WHERE gateway_id = $1 AND online ORDER BY id",
