@@ -204,19 +204,8 @@ impl Lab {
         what: &str,
         f: impl Fn(&bc_store::gateways::NodeRoute) -> bool,
     ) -> Duration {
-        let started = Instant::now();
-        loop {
-            let r = self.store.node_route(node).await.expect("route");
-            if r.as_ref().is_some_and(&f) {
-                return started.elapsed();
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(secs),
-                "timed out after {secs} s waiting for {node} {what} ({r:?}); logs in {}",
-                self.lab.dir().display()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        self.until_of(Some(node), secs, &format!("{node} {what}"), f)
+            .await
     }
 
     /// The nodes each gateway holds a session of, by gateway.
@@ -248,23 +237,39 @@ impl Lab {
         what: &str,
         f: impl Fn(&bc_store::gateways::NodeRoute) -> bool,
     ) -> Duration {
+        self.until_of(None, secs, what, f).await
+    }
+
+    /// Waits until the route of `node` (None: of every node) satisfies `f`.
+    async fn until_of(
+        &self,
+        node: Option<&str>,
+        secs: u64,
+        what: &str,
+        f: impl Fn(&bc_store::gateways::NodeRoute) -> bool,
+    ) -> Duration {
         let started = Instant::now();
         loop {
-            let ids: Vec<String> = bc_store::sqlx::query_scalar("SELECT id FROM nodes")
-                .fetch_all(self.store.pool())
-                .await
-                .expect("nodes");
+            let ids: Vec<String> = match node {
+                Some(n) => vec![n.to_string()],
+                None => bc_store::sqlx::query_scalar("SELECT id FROM nodes")
+                    .fetch_all(self.store.pool())
+                    .await
+                    .expect("nodes"),
+            };
             let mut all = !ids.is_empty();
+            let mut last = None;
             for id in &ids {
                 let r = self.store.node_route(id).await.expect("route");
                 all &= r.as_ref().is_some_and(&f);
+                last = r;
             }
             if all {
                 return started.elapsed();
             }
             assert!(
                 started.elapsed() < Duration::from_secs(secs),
-                "timed out after {secs} s waiting for {what}; logs in {}",
+                "timed out after {secs} s waiting for {what} (last route read: {last:?}); logs in {}",
                 self.lab.dir().display()
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
