@@ -8,7 +8,7 @@ use bc_store::Store;
 /// within one). The gateway refreshes its row every third of it, and the `controllers` role takes the sessions of a
 /// gateway whose row stayed unchanged past it for dead ([`bc_core::gateways`]).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct GatewayLease(pub(crate) std::time::Duration);
+pub(crate) struct GatewayLease(std::time::Duration);
 
 impl GatewayLease {
     pub(crate) fn of(shard_lease: std::time::Duration) -> GatewayLease {
@@ -38,7 +38,7 @@ const PREVIOUS_RUN_ENDED: &str =
 pub(crate) async fn end_previous_run(
     store: Store,
     (id, registry): (String, bc_gateway::session::Registry),
-    lease: std::time::Duration,
+    lease: GatewayLease,
     mut stop: bc_kernel::Stop,
 ) {
     let started = tokio::time::Instant::now();
@@ -46,7 +46,7 @@ pub(crate) async fn end_previous_run(
     let mut last_open = (registry.opened(), started);
     loop {
         tokio::select! {
-            _ = tokio::time::sleep((lease / 12).max(std::time::Duration::from_millis(100))) => {}
+            _ = tokio::time::sleep((lease.0 / 12).max(std::time::Duration::from_millis(100))) => {}
             _ = stop.stopped() => return,
         }
         let now = tokio::time::Instant::now();
@@ -56,7 +56,7 @@ pub(crate) async fn end_previous_run(
         if bc_core::gateways::close_previous_run_now(
             ms(now - started),
             ms(now - last_open.1),
-            ms(lease),
+            lease.ms(),
         ) {
             break;
         }

@@ -482,7 +482,7 @@ async fn start_gateway(
     plane.spawn(gateway_row::end_previous_run(
         store.clone(),
         (g.id.clone(), g.registry.clone()),
-        lease.0,
+        lease,
         plane.stop_signal(),
     ));
     let publish = plane.stop_signal();

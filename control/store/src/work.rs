@@ -227,7 +227,7 @@ impl Store {
     /// session is held by a gateway in `silent` ([`bc_core::gateways::GatewayWatch`]), each with a `node.offline`
     /// row saying which gateway went silent and for how long. A gateway's nodes are taken only while its row still
     /// carries the refresh the watch saw unchanged: the row is locked first, so a gateway that came back (its
-    /// restart takes its old sessions offline itself) is left alone, and its refresh waits for this statement. A
+    /// restart closes its previous run's sessions itself) is left alone, and its refresh waits for this statement. A
     /// node that reconnected elsewhere meanwhile names that gateway and is left too. Returns (node, gateway), by
     /// node.
     pub async fn offline_on_silent_gateways(
