@@ -77,8 +77,8 @@ pub trait SessionBackend: Send + Sync + 'static {
         csr_der: Vec<u8>,
         session_key: Vec<u8>,
     ) -> BoxFuture<'_, Result<v1::RenewResponse, Status>>;
-    /// The session ended (only acts if `s` is still the node's current epoch).
-    fn closed(&self, s: &SessionRef) -> BoxFuture<'_, ()>;
+    /// The session ended (only acts if `s` is still the node's current epoch), last heard from at `s.at_ms`.
+    fn closed(&self, s: &Seen) -> BoxFuture<'_, ()>;
     /// One statement for all live sessions; returns node ids whose sessions must close (revoked, superseded by a
     /// session on another gateway, or closed by the control plane, which took the node offline).
     fn liveness(&self, seen: &[Seen]) -> BoxFuture<'_, Result<Vec<String>, Status>>;
@@ -619,7 +619,11 @@ async fn drive(
         }
     };
     // Record the close before leaving the registry: a shutdown waits for the registry to empty.
-    backend.closed(&session).await;
+    let ended = Seen {
+        session: session.clone(),
+        at_ms: last_seen.load(Ordering::Relaxed),
+    };
+    backend.closed(&ended).await;
     registry.remove(&session);
     tracing::info!(
         node_id = session.node_id,

@@ -294,7 +294,7 @@ impl bc_gateway::session::SessionBackend for SlowClose {
     ) -> BoxFuture<'_, Result<v1::RenewResponse, tonic::Status>> {
         ready(Err(tonic::Status::unimplemented("not in this test")))
     }
-    fn closed(&self, _s: &SessionRef) -> BoxFuture<'_, ()> {
+    fn closed(&self, _s: &bc_gateway::session::Seen) -> BoxFuture<'_, ()> {
         let closed = self.closed.clone();
         Box::pin(async move {
             tokio::time::sleep(CLOSE_TAKES).await;

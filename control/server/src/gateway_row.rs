@@ -74,7 +74,8 @@ pub(crate) async fn end_previous_run(
     };
     let mut closed = 0;
     for chunk in previous.chunks(1_000) {
-        let closes: Vec<(&str, i64)> = chunk.iter().map(|(n, e)| (n.as_str(), *e)).collect();
+        let closes: Vec<(&str, i64, Option<i64>)> =
+            chunk.iter().map(|(n, e)| (n.as_str(), *e, None)).collect();
         match store
             .close_sessions_because(&closes, Some(PREVIOUS_RUN_ENDED))
             .await

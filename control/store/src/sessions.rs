@@ -251,32 +251,47 @@ impl Store {
     /// the store has closed is (its close was written while this round was under way, or the `controllers` role took
     /// it for dead while its gateway was cut off from the database: [`Store::offline_on_silent_gateways`]). The
     /// node then reconnects, and its open records it online again; liveness never marks a node online. A row is
-    /// rewritten only when its last-seen moved forward (a message arrived since the previous interval): with 15 s
-    /// heartbeats and a 5 s interval that is a third of the row versions (and of the vacuum work) of rewriting every
-    /// row every time.
+    /// rewritten only when the session's last-seen is more than `resolution_ms` ahead of the stored one, so an online
+    /// node's `last_seen_at` is at most that (and one interval) behind; the close writes the exact one
+    /// ([`Store::close_sessions`]). At 0 every message moves it: with 15 s heartbeats and a 5 s interval a third of
+    /// the row versions of rewriting every row every time; at 60 s, one row version per node every 75 s.
     /// A session's first last-seen is its Hello, before the open stored the database's time, so a session just
     /// opened is not written again. (A data-modifying WITH runs to completion whether or not the outer query reads
     /// it.)
+    ///
+    /// Each session is one index lookup (the `LATERAL … LIMIT 1` cannot be planned as anything else) and each row
+    /// written one fetch by its `ctid`, whatever the statistics say. Written as a join, the plan followed them: after
+    /// a fleet had been analyzed offline and then came online, PostgreSQL estimated one online node and joined a
+    /// sequential scan of `nodes` to every session of the round, 11.4 s for 2,500 sessions of 50,000 nodes where
+    /// this takes 39 ms (`scripts/bench sessions` saw it: 12.3 s per liveness statement at 10,000 sessions). A row
+    /// that another statement updated since this one's snapshot is left to the next round (its new version has
+    /// another `ctid`).
     pub async fn record_liveness(
         &self,
         seen: &[(String, i64, i64)],
+        resolution_ms: i64,
     ) -> Result<Vec<String>, StoreError> {
         let ids: Vec<&str> = seen.iter().map(|s| s.0.as_str()).collect();
         let epochs: Vec<i64> = seen.iter().map(|s| s.1).collect();
         let at: Vec<i64> = seen.iter().map(|s| s.2).collect();
         let rows = sqlx::query(
             "WITH x AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS x(id, epoch, ms)), \
-             live AS (SELECT n.id FROM nodes n JOIN x ON n.id = x.id AND n.session_epoch = x.epoch \
-                      WHERE n.state <> 'revoked' AND n.online), \
-             u AS (UPDATE nodes n SET last_seen_at = to_timestamp(x.ms / 1000.0) FROM x \
-                   WHERE n.id = x.id AND n.session_epoch = x.epoch AND n.state <> 'revoked' AND n.online \
-                   AND (n.last_seen_at IS NULL OR n.last_seen_at < to_timestamp(x.ms / 1000.0)) \
+             live AS (SELECT x.id, x.epoch, x.ms, n.at, n.due FROM x CROSS JOIN LATERAL ( \
+                        SELECT n.ctid AS at, \
+                          (n.last_seen_at IS NULL OR n.last_seen_at < to_timestamp((x.ms - $4) / 1000.0)) AS due \
+                        FROM nodes n WHERE n.id = x.id AND n.session_epoch = x.epoch \
+                        AND n.state <> 'revoked' AND n.online LIMIT 1) n), \
+             u AS (UPDATE nodes n SET last_seen_at = to_timestamp(l.ms / 1000.0) FROM live l \
+                   WHERE l.due AND n.ctid = l.at AND n.id = l.id AND n.session_epoch = l.epoch \
+                   AND n.state <> 'revoked' AND n.online \
+                   AND (n.last_seen_at IS NULL OR n.last_seen_at < to_timestamp((l.ms - $4) / 1000.0)) \
                    RETURNING n.id) \
              SELECT x.id FROM x WHERE x.id NOT IN (SELECT id FROM live)",
         )
         .bind(&ids)
         .bind(&epochs)
         .bind(&at)
+        .bind(resolution_ms.max(0))
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
@@ -284,7 +299,7 @@ impl Store {
 
     /// Marks the node offline if `epoch` is still its session, recording the transition.
     pub async fn close_session(&self, node_id: &str, epoch: i64) -> Result<(), StoreError> {
-        self.close_sessions(&[(node_id, epoch)]).await
+        self.close_sessions(&[(node_id, epoch, None)]).await
     }
 
     /// [`Store::close_session`] for many sessions at once, in one statement (one round trip, one implicit
@@ -293,8 +308,13 @@ impl Store {
     /// closes every session it holds at once, and one statement per close recorded about 1,000 a second in
     /// `scripts/bench sessions`' rolling restart, fewer than a gateway of 8,000 sessions has in its 5 s drain.
     /// The rows are locked in id order first, as the opens lock theirs, so a round of opens and a round of closes
-    /// that share nodes cannot deadlock.
-    pub async fn close_sessions(&self, closes: &[(&str, i64)]) -> Result<(), StoreError> {
+    /// that share nodes cannot deadlock. Each close may carry when the gateway last heard from the session
+    /// (milliseconds since the epoch): the node's `last_seen_at` moves to it (never back), exact where liveness
+    /// writes it only coarsely ([`Store::record_liveness`]).
+    pub async fn close_sessions(
+        &self,
+        closes: &[(&str, i64, Option<i64>)],
+    ) -> Result<(), StoreError> {
         self.close_sessions_because(closes, None).await.map(drop)
     }
 
@@ -302,16 +322,19 @@ impl Store {
     /// sessions end); returns how many nodes went offline.
     pub async fn close_sessions_because(
         &self,
-        closes: &[(&str, i64)],
+        closes: &[(&str, i64, Option<i64>)],
         reason: Option<&str>,
     ) -> Result<u64, StoreError> {
         let ids: Vec<&str> = closes.iter().map(|c| c.0).collect();
         let epochs: Vec<i64> = closes.iter().map(|c| c.1).collect();
+        let seen: Vec<Option<i64>> = closes.iter().map(|c| c.2).collect();
         let written = sqlx::query(
-            "WITH x AS (SELECT * FROM unnest($1::text[], $2::bigint[]) AS x(id, epoch)), \
-             l AS (SELECT n.id FROM nodes n JOIN x ON n.id = x.id AND n.session_epoch = x.epoch \
+            "WITH x AS (SELECT * FROM unnest($1::text[], $2::bigint[], $4::bigint[]) AS x(id, epoch, ms)), \
+             l AS (SELECT n.id, x.ms FROM nodes n JOIN x ON n.id = x.id AND n.session_epoch = x.epoch \
              WHERE n.online ORDER BY n.id FOR UPDATE OF n), \
-             u AS (UPDATE nodes n SET online = false FROM l WHERE n.id = l.id RETURNING n.id, n.session_epoch) \
+             u AS (UPDATE nodes n SET online = false, \
+                   last_seen_at = GREATEST(n.last_seen_at, to_timestamp(l.ms / 1000.0)) \
+                   FROM l WHERE n.id = l.id RETURNING n.id, n.session_epoch) \
              INSERT INTO audit_events (actor, action, subject, detail) \
              SELECT 'gateway', 'node.offline', 'node/' || u.id, \
                jsonb_strip_nulls(jsonb_build_object('epoch', u.session_epoch, 'reason', $3::text)) FROM u",
@@ -319,6 +342,7 @@ impl Store {
         .bind(&ids)
         .bind(&epochs)
         .bind(reason)
+        .bind(&seen)
         .execute(&self.pool)
         .await?
         .rows_affected();

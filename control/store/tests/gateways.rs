@@ -73,7 +73,10 @@ async fn a_restarted_gateway_closes_the_sessions_of_its_previous_run_whose_node_
         .execute(store.pool())
         .await
         .expect("reconnect");
-    let closes: Vec<(&str, i64)> = previous.iter().map(|(n, e)| (n.as_str(), *e)).collect();
+    let closes: Vec<(&str, i64, Option<i64>)> = previous
+        .iter()
+        .map(|(n, e)| (n.as_str(), *e, None))
+        .collect();
     let closed = store
         .close_sessions_because(&closes, Some("its gateway restarted"))
         .await
@@ -231,7 +234,7 @@ async fn a_silent_gateways_nodes_go_offline_on_the_leased_shards_once_and_its_se
         .map(|n| (n.clone(), 1, now_ms + 5_000))
         .collect();
     assert_eq!(
-        store.record_liveness(&seen).await.expect("liveness"),
+        store.record_liveness(&seen, 0).await.expect("liveness"),
         leased_gw_a
     );
     assert_eq!(online(&store).await.len(), 5 - leased_gw_a.len());

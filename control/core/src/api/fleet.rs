@@ -64,6 +64,8 @@ pub struct FleetNode {
     pub pool: PoolId,
     pub state: NodeState,
     pub online: bool,
+    /// When a gateway last heard from the node: exact once its session closed, up to a minute old while it is online
+    /// (`online` says whether it is up).
     #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub last_seen_ms: Option<i64>,
     pub gpus_total: u64,

@@ -184,6 +184,8 @@ pub struct Node {
     pub join_token_id: Option<String>,
     pub session_epoch: i64,
     pub online: bool,
+    /// When a gateway last heard from the node: exact once its session closed, up to a minute old while it is online
+    /// (`online` says whether it is up).
     #[cfg_attr(feature = "schema", schemars(with = "Option<crate::api::EpochMs>"))]
     pub last_seen_ms: Option<i64>,
     pub desired_generation: i64,
