@@ -127,7 +127,7 @@ fn psql(url: &str, args: &[&str]) -> anyhow::Result<String> {
 
 /// Zeroes pg_stat_statements (when the database loaded it: `BC_PG_STAT_STATEMENTS=1`, as `scripts/bench` runs
 /// this) and returns the row versions written to `nodes` so far.
-fn storm_statements_reset(url: &str) -> anyhow::Result<i64> {
+fn statements_reset(url: &str) -> anyhow::Result<i64> {
     psql(
         url,
         &[
@@ -143,9 +143,9 @@ fn storm_statements_reset(url: &str) -> anyhow::Result<i64> {
     query_i64(url, NODES_WRITTEN)
 }
 
-/// Since [`storm_statements_reset`]: one line per statement that took more than 1% of the database's execution
+/// Since [`statements_reset`]: one line per statement that took more than 1% of the database's execution
 /// time (calls, rows, total and mean time, its text shortened), then the row versions written to `nodes`.
-fn storm_statements(url: &str, nodes_written_before: i64) -> anyhow::Result<Vec<String>> {
+fn statements_since(url: &str, nodes_written_before: i64) -> anyhow::Result<Vec<String>> {
     let out = psql(
         url,
         &[
@@ -364,12 +364,23 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
         let rss = gateways_rss(&lab);
         let per = rss.saturating_sub(base) as f64 / up.max(1) as f64;
         let cpu0 = Cpu::now(&lab, &fleet.pids());
+        let statements0 = statements_reset(&url);
         let rate = commit_rate(&url, 20).await?;
+        let statements = statements0.and_then(|w0| statements_since(&url, w0));
         let cpu1 = Cpu::now(&lab, &fleet.pids());
         println!(
             "{up} idle sessions, CPU per session and second over 20 s: {}",
-            cpu0.per(&cpu1, up * 20)
+            cpu0.per(&cpu1, up * 20),
         );
+        match statements {
+            Ok(lines) => {
+                println!("the database over those 20 s, by statement (most time first):");
+                for l in lines {
+                    println!("  {l}");
+                }
+            }
+            Err(e) => println!("the database over those 20 s, by statement: not measured ({e:#})"),
+        }
         println!(
             "{up} sessions up in {:.1} s: gateways' RSS {:.1} MiB ({}), {per:.1} KiB per session; database commits/s, \
              every process and autovacuum: {rate:.1}; online by gateway: {}",
@@ -396,7 +407,7 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
         gateways: 0.0,
         ..Cpu::now(&lab, &fleet.pids())
     };
-    let statements0 = storm_statements_reset(&url);
+    let statements0 = statements_reset(&url);
     let t0 = Instant::now();
     for i in 0..lab.gateways.len() {
         lab.kill_gateway(i);
@@ -424,7 +435,7 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
         "storm CPU per reconnect, from the kill until the last came back: {}",
         storm_cpu0.per(&Cpu::now(&lab, &fleet.pids()), back)
     );
-    match statements0.and_then(|u0| storm_statements(&url, u0)) {
+    match statements0.and_then(|u0| statements_since(&url, u0)) {
         Ok(lines) => {
             println!(
                 "the database over the storm, by statement (pg_stat_statements; most time first):"
@@ -456,9 +467,15 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
         spread(&url)?,
         epochs_after - epochs_before,
     );
+    // BC_SESSIONS_ROLLING=0: stop after the storm (an A/B of the storm alone).
     let rolled = match gateways {
+        _ if std::env::var("BC_SESSIONS_ROLLING").is_ok_and(|v| v == "0") => {
+            Err("BC_SESSIONS_ROLLING=0".to_string())
+        }
         1 => Err("one gateway: nowhere for its sessions to go".to_string()),
-        g => spread_for(n, g - 1, limit).map(|_| ()),
+        g => spread_for(n, g - 1, limit)
+            .map(|_| ())
+            .map_err(|why| format!("while one gateway is down, {why}")),
     };
     let rolled = match rolled {
         Ok(()) => {
@@ -467,7 +484,7 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
             Some(worst)
         }
         Err(why) => {
-            println!("rolling restart: not run: while one gateway is down, {why}");
+            println!("rolling restart: not run: {why}");
             None
         }
     };
@@ -519,7 +536,7 @@ async fn rolling_restart(
         )?;
         let epochs0 = query_i64(url, "SELECT coalesce(sum(session_epoch), 0) FROM nodes")?;
         let offline0 = query_i64(url, OFFLINE_RECORDED)?;
-        let statements0 = storm_statements_reset(url);
+        let statements0 = statements_reset(url);
         let t0 = Instant::now();
         let bins = bins.clone();
         let job = tokio::task::spawn_blocking(move || {
@@ -551,7 +568,7 @@ async fn rolling_restart(
             spread(url)?,
             fleet.reasons(),
         );
-        match statements0.and_then(|u0| storm_statements(url, u0)) {
+        match statements0.and_then(|u0| statements_since(url, u0)) {
             Ok(lines) => lines.iter().for_each(|l| println!("  {l}")),
             Err(e) => println!("  the database meanwhile, by statement: not measured ({e:#})"),
         }
