@@ -16,6 +16,7 @@ pub mod gateways;
 pub mod gauges;
 pub mod iam;
 pub mod join_tokens;
+pub mod lifecycle;
 pub mod migrate;
 pub mod multihost;
 pub mod nodes;

@@ -150,6 +150,11 @@ async fn xmin(store: &Store, id: &str) -> String {
         .expect("xmin")
 }
 
+/// The sessions a liveness round of `seen` (at resolution `r`) names to close.
+async fn liveness(store: &Store, seen: &[(String, i64, i64)], r: i64) -> Vec<String> {
+    store.record_liveness(seen, r).await.expect("liveness")
+}
+
 /// A store with node-1 and node-2 joined (key [`KEY`]), no session opened yet.
 async fn two_joined_nodes() -> Store {
     let store = seeded(3).await;
@@ -175,35 +180,17 @@ async fn liveness_rewrites_a_row_only_when_last_seen_moved_and_names_sessions_to
             ("node-2".to_string(), 1, ms),
         ]
     };
-    assert!(
-        store
-            .record_liveness(&seen(t), 0)
-            .await
-            .expect("liveness")
-            .is_empty()
-    );
+    assert!(liveness(&store, &seen(t), 0).await.is_empty());
     let v1 = xmin(&store, "node-1").await;
     // Nothing new from the node: the row is not rewritten.
-    assert!(
-        store
-            .record_liveness(&seen(t), 0)
-            .await
-            .expect("liveness")
-            .is_empty()
-    );
+    assert!(liveness(&store, &seen(t), 0).await.is_empty());
     assert_eq!(
         xmin(&store, "node-1").await,
         v1,
         "an unchanged last-seen rewrote the row"
     );
     // A message arrived: last-seen moves.
-    assert!(
-        store
-            .record_liveness(&seen(t + 15_000), 0)
-            .await
-            .expect("liveness")
-            .is_empty()
-    );
+    assert!(liveness(&store, &seen(t + 15_000), 0).await.is_empty());
     assert_ne!(xmin(&store, "node-1").await, v1);
     let row = store.node("node-1").await.expect("read").expect("node");
     assert_eq!(row.last_seen_ms, Some(t + 15_000));
@@ -211,13 +198,7 @@ async fn liveness_rewrites_a_row_only_when_last_seen_moved_and_names_sessions_to
     // An earlier last-seen (a session opened since, whose Hello the open's own time follows) does not move it back
     // and does not rewrite the row.
     let v2 = xmin(&store, "node-1").await;
-    assert!(
-        store
-            .record_liveness(&seen(t + 5_000), 0)
-            .await
-            .expect("liveness")
-            .is_empty()
-    );
+    assert!(liveness(&store, &seen(t + 5_000), 0).await.is_empty());
     assert_eq!(
         xmin(&store, "node-1").await,
         v2,
@@ -233,24 +214,16 @@ async fn liveness_rewrites_a_row_only_when_last_seen_moved_and_names_sessions_to
             .expect("revoke"),
         NodeStateChange::Changed { .. }
     ));
-    let close = store
-        .record_liveness(
-            &[
-                ("node-1".into(), 7, t + 15_000),
-                ("node-2".into(), 1, t + 15_000),
-            ],
-            0,
-        )
-        .await
-        .expect("liveness");
+    let both = [
+        ("node-1".to_string(), 7, t + 15_000),
+        ("node-2".to_string(), 1, t + 15_000),
+    ];
+    let close = liveness(&store, &both, 0).await;
     assert_eq!(close.len(), 2, "{close:?}");
     // A session whose close the store holds (written while the round was under way, or the node taken for dead
     // while its gateway was cut off) must close too, and liveness does not mark its node online again.
     store.close_session("node-1", 1).await.expect("close");
-    let close = store
-        .record_liveness(&[("node-1".into(), 1, t + 30_000)], 0)
-        .await
-        .expect("liveness");
+    let close = liveness(&store, &[("node-1".into(), 1, t + 30_000)], 0).await;
     assert_eq!(close, ["node-1"]);
     let row = store.node("node-1").await.expect("read").expect("node");
     assert!(
@@ -277,23 +250,11 @@ async fn liveness_at_a_resolution_rewrites_a_row_only_once_it_lags_that_far_and_
     let t = 1_800_000_000_000i64;
     let live = |ms: i64| vec![("node-1".to_string(), opened.epoch, ms)];
     // The open stored the database's time, before t: the first round moves it.
-    assert!(
-        store
-            .record_liveness(&live(t), R)
-            .await
-            .expect("liveness")
-            .is_empty()
-    );
+    assert!(liveness(&store, &live(t), R).await.is_empty());
     let v1 = xmin(&store, "node-1").await;
     // Heartbeats within the resolution: the row is not rewritten, the stored last-seen stays.
     for ms in [t + 15_000, t + 45_000, t + R] {
-        assert!(
-            store
-                .record_liveness(&live(ms), R)
-                .await
-                .expect("liveness")
-                .is_empty()
-        );
+        assert!(liveness(&store, &live(ms), R).await.is_empty());
         assert_eq!(
             xmin(&store, "node-1").await,
             v1,
@@ -304,22 +265,14 @@ async fn liveness_at_a_resolution_rewrites_a_row_only_once_it_lags_that_far_and_
     let row = store.node("node-1").await.expect("read").expect("node");
     assert_eq!(row.last_seen_ms, Some(t));
     // Past it: written, once.
-    store
-        .record_liveness(&live(t + 75_000), R)
-        .await
-        .expect("liveness");
+    liveness(&store, &live(t + 75_000), R).await;
     let v2 = xmin(&store, "node-1").await;
     assert_ne!(v2, v1, "a last-seen {R} ms behind was not written");
     let row = store.node("node-1").await.expect("read").expect("node");
     assert_eq!(row.last_seen_ms, Some(t + 75_000));
     // A session that must close is named at any resolution.
-    assert_eq!(
-        store
-            .record_liveness(&[("node-1".into(), opened.epoch + 1, t + 80_000)], R)
-            .await
-            .expect("liveness"),
-        ["node-1"]
-    );
+    let stale = [("node-1".to_string(), opened.epoch + 1, t + 80_000)];
+    assert_eq!(liveness(&store, &stale, R).await, ["node-1"]);
     // The close carries the exact last-seen, which liveness held back.
     store
         .close_sessions(&[("node-1", opened.epoch, Some(t + 100_000))])
@@ -334,10 +287,7 @@ async fn liveness_at_a_resolution_rewrites_a_row_only_once_it_lags_that_far_and_
         .await
         .expect("open")
         .expect("opened");
-    store
-        .record_liveness(&[("node-1".into(), again.epoch, t + 200_000)], 0)
-        .await
-        .expect("liveness");
+    liveness(&store, &[("node-1".into(), again.epoch, t + 200_000)], 0).await;
     store
         .close_sessions(&[("node-1", again.epoch, Some(t + 150_000))])
         .await
@@ -387,7 +337,7 @@ async fn liveness_stays_one_lookup_per_session_when_the_statistics_say_the_fleet
     let mut seen: Vec<(String, i64, i64)> = ids.into_iter().map(|id| (id, 1, at)).collect();
     seen.push(("n-nowhere".into(), 1, at));
     let started = std::time::Instant::now();
-    let close = store.record_liveness(&seen, 0).await.expect("liveness");
+    let close = liveness(&store, &seen, 0).await;
     let took = started.elapsed();
     assert_eq!(close, ["n-nowhere"]);
     let written: i64 =
@@ -1002,10 +952,7 @@ async fn a_nodes_frequent_writes_touch_no_index_and_a_revocation_still_reaches_t
             .record_node_cert("node-1", &format!("serial-{i}"), t + 86_400_000)
             .await
             .expect("renewal");
-        store
-            .record_liveness(&[("node-2".to_string(), 1, t + i * 1000)], 0)
-            .await
-            .expect("liveness");
+        liveness(&store, &[("node-2".to_string(), 1, t + i * 1000)], 0).await;
     }
     assert!(
         store

@@ -10,6 +10,7 @@
 pub mod api;
 pub mod commands;
 pub mod controllers;
+mod grouped;
 pub mod join;
 pub mod lifecycle;
 pub mod methods;

@@ -10,7 +10,7 @@ use bc_core::node::NodeState;
 use bc_kernel::ReconcileCx;
 use bc_proto::payloads::diag::DiagReport;
 use bc_store::Store;
-use bc_store::sessions::DiagResult;
+use bc_store::lifecycle::DiagResult;
 use std::time::Duration;
 
 pub const DIAG_KIND: &str = bc_proto::payloads::diag::KIND;

@@ -2,6 +2,7 @@
 //! inventory sections, desired-state acknowledgements, signed command results, batched liveness and the pull of
 //! waiting messages.
 
+use crate::grouped::Grouped;
 use bc_ca::{Ca, CsrError, VerifiedCsr, verify_csr};
 use bc_gateway::BoxFuture;
 use bc_gateway::session::{RevokedSince, Seen, SessionBackend, SessionGrant, SessionRef};
@@ -11,7 +12,6 @@ use bc_store::Store;
 use bc_store::sessions::{OpenRefusal, OpenedSession, Outgoing};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
 /// Inventory sections a node reports, in the order they are requested.
@@ -41,72 +41,6 @@ pub struct ControlSessions {
 /// instead of 3,300, and none in the first minute after a reconnect storm (`scripts/bench sessions`). Kubernetes
 /// makes the same trade for node status (reported on change or every 5 minutes; the lease says alive).
 pub const LAST_SEEN_RESOLUTION_MS: i64 = 60_000;
-
-/// The most opens, or closes, one statement takes.
-const GROUP: usize = 256;
-
-/// One group's statement: one answer per request, in the order of the requests.
-type RunGroup<R, A> =
-    Arc<dyn Fn(Vec<R>) -> BoxFuture<'static, Result<Vec<A>, bc_store::StoreError>> + Send + Sync>;
-
-/// A request waiting for its group's statement, and where its answer goes.
-type Waiting<R, A> = (R, oneshot::Sender<Result<A, Status>>);
-
-/// Calls of one kind carried out in groups, one statement for all the calls that waited while the previous one ran
-/// (group commit): a call that finds none running goes at once, alone, and in a reconnect storm (opens) or a
-/// gateway's stop (closes) the calls that arrive while one statement runs share the next one instead of each taking
-/// a connection, a statement and a commit of its own. The task that runs the groups starts at the first call and
-/// ends when the sessions' backend is dropped.
-struct Grouped<R, A> {
-    /// What runs the groups, for the error when it is gone ("session opener").
-    what: &'static str,
-    run: RunGroup<R, A>,
-    queue: std::sync::OnceLock<mpsc::Sender<Waiting<R, A>>>,
-}
-
-impl<R: Send + 'static, A: Send + 'static> Grouped<R, A> {
-    fn new(what: &'static str, run: RunGroup<R, A>) -> Grouped<R, A> {
-        Grouped {
-            what,
-            run,
-            queue: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// Waits for the group that takes `request`, and its answer.
-    async fn call(&self, request: R) -> Result<A, Status> {
-        let queue = self.queue.get_or_init(|| {
-            let (tx, rx) = mpsc::channel(4 * GROUP);
-            tokio::spawn(run_groups(rx, self.run.clone()));
-            tx
-        });
-        let lost =
-            || Status::unavailable(format!("the control plane's {} stopped; retry", self.what));
-        let (answer, answered) = oneshot::channel();
-        queue.send((request, answer)).await.map_err(|_| lost())?;
-        answered.await.map_err(|_| lost())?
-    }
-}
-
-async fn run_groups<R, A>(mut rx: mpsc::Receiver<Waiting<R, A>>, run: RunGroup<R, A>) {
-    let mut group = Vec::with_capacity(GROUP);
-    while rx.recv_many(&mut group, GROUP).await > 0 {
-        let (requests, answers): (Vec<R>, Vec<_>) = group.drain(..).unzip();
-        match run(requests).await {
-            Ok(results) => {
-                for (answer, result) in answers.into_iter().zip(results) {
-                    let _ = answer.send(Ok(result));
-                }
-            }
-            Err(e) => {
-                let status = unavailable(e);
-                for answer in answers {
-                    let _ = answer.send(Err(status.clone()));
-                }
-            }
-        }
-    }
-}
 
 /// Session opens, grouped: each answered with the session opened or why not.
 type OpenGroups = Grouped<(String, Vec<u8>), Result<OpenedSession, OpenRefusal>>;
@@ -148,7 +82,7 @@ fn group_statements(
     (opens, closes)
 }
 
-fn unavailable(e: bc_store::StoreError) -> Status {
+pub(crate) fn unavailable(e: bc_store::StoreError) -> Status {
     tracing::error!(error = %e, "store error in session");
     Status::unavailable("the control plane's database is unavailable; retry")
 }
