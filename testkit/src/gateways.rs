@@ -106,6 +106,9 @@ pub struct LabSpec {
     pub proxy_protocol: bool,
     /// How long one process may take to say it serves.
     pub start_deadline: Duration,
+    /// Worker threads of each `serve` process the lab starts (`TOKIO_WORKER_THREADS`); None: the process's default,
+    /// one per core. Several processes on a few cores share them with fewer each.
+    pub worker_threads: Option<usize>,
 }
 
 impl LabSpec {
@@ -123,6 +126,7 @@ impl LabSpec {
             balancer: true,
             proxy_protocol: true,
             start_deadline: Duration::from_secs(60),
+            worker_threads: None,
         }
     }
 }
@@ -373,6 +377,9 @@ impl GatewayLab {
             )
             .stdout(Stdio::piped())
             .stderr(log);
+        if let Some(n) = spec.worker_threads {
+            cmd.env("TOKIO_WORKER_THREADS", n.max(1).to_string());
+        }
         let mut proc = spawn(name, &mut cmd)?;
         let stdout = proc.child.stdout.take().ok_or("no stdout")?;
         let (tx, rx) = mpsc::channel();

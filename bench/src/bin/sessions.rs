@@ -858,8 +858,13 @@ async fn worker_main(creds_path: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> anyhow::Result<()> {
+/// The orchestrator and each load-tool worker run on [`bc_bench::runtime`]: `BC_BENCH_THREADS` worker threads, 2 by
+/// default.
+fn main() -> anyhow::Result<()> {
+    bc_bench::runtime()?.block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     bc_proto::install_crypto_provider();
     if let Ok(creds) = std::env::var("BC_SESSIONS_WORKER") {
         return worker_main(&creds).await;

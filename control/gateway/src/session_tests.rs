@@ -64,3 +64,33 @@ fn a_verdict_on_a_superseded_session_spares_the_nodes_newer_one() {
     close_judged(&registry, &seen, &["m".to_string()]);
     assert!(other_closed.borrow().is_none());
 }
+
+/// What a restarted gateway asks before it takes a node it once held for offline (`Registry::holds`): only the epoch
+/// it holds now counts, and a superseded session's task, ending after its successor registered, does not take the
+/// successor out of the registry.
+#[test]
+fn it_holds_only_the_current_epoch_and_a_superseded_sessions_end_keeps_the_new_one() {
+    let registry = Registry::default();
+    assert!(!registry.holds("n", 1), "nothing is held before a session");
+    let (first, _first_closed) = entry(1);
+    registry.insert("n", first);
+    assert!(registry.holds("n", 1));
+    assert!(!registry.holds("n", 2));
+    assert!(!registry.holds("m", 1));
+    let (second, _second_closed) = entry(2);
+    registry.insert("n", second);
+    assert!(!registry.holds("n", 1), "epoch 1 was superseded");
+    assert!(registry.holds("n", 2));
+    let session = |epoch| SessionRef {
+        node_id: "n".into(),
+        epoch,
+    };
+    registry.remove(&session(1));
+    assert!(
+        registry.holds("n", 2),
+        "the old session's end removed the new one"
+    );
+    registry.remove(&session(2));
+    assert!(!registry.holds("n", 2));
+    assert!(registry.is_empty());
+}

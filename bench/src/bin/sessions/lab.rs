@@ -279,17 +279,35 @@ fn spread_for(n: usize, gateways: usize, limit: usize) -> Result<Spread, String>
     })
 }
 
+/// Worker threads of each `better-compute serve` of the lab: `BC_SESSIONS_SERVE_THREADS`, by default the cores
+/// shared out over the gateways (at least 1: 4 gateways on 2 cores run one each, as an operator running several
+/// gateways on one machine would set them); 0: the product's default, a thread per core in every process (8 gateway
+/// threads on 2 cores with 4 gateways: about 4% more CPU per reconnect in the storm, BENCHMARKS.md, stop 50).
+fn serve_threads(gateways: usize) -> anyhow::Result<Option<usize>> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let shared = (cores / gateways.max(1)).max(1);
+    Ok(
+        match bc_bench::knob("BC_SESSIONS_SERVE_THREADS", shared, 0)? {
+            0 => None,
+            n => Some(n),
+        },
+    )
+}
+
 pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let limit = nofile_limit()?;
     let spread_plan = spread_for(n, gateways, limit).map_err(anyhow::Error::msg)?;
+    let threads = serve_threads(gateways)?;
     println!(
         "sessions over {gateways} gateways behind HAProxy: {n} sessions; load {}; a process may hold {limit} \
-         descriptors: {} HAProxy processes (maxconn {} each), {} load-tool processes",
+         descriptors: {} HAProxy processes (maxconn {} each), {} load-tool processes; worker threads per \
+         better-compute process: {}",
         load.trim(),
         spread_plan.balancers,
         spread_plan.max_connections,
-        spread_plan.load_processes
+        spread_plan.load_processes,
+        threads.map_or("one per core".to_string(), |t| t.to_string()),
     );
     let bins = Binaries::beside(&bin.join("bcd")).map_err(anyhow::Error::msg)?;
     let tmp = tempfile::tempdir()?;
@@ -305,6 +323,7 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
     spec.balancer_ports = BALANCER_PORTS;
     spec.balancers = spread_plan.balancers;
     spec.max_connections = spread_plan.max_connections;
+    spec.worker_threads = threads;
     // BC_SESSIONS_PROXY_PROTOCOL=0: HAProxy sends no header, and the gateways account every node as the balancer.
     spec.proxy_protocol = std::env::var("BC_SESSIONS_PROXY_PROTOCOL").map_or(true, |v| v != "0");
     let mut lab = tokio::task::spawn_blocking({
