@@ -89,6 +89,9 @@ async fn lab_with(balancer: bool, gateways: usize, extra: &str) -> Option<Lab> {
     // Every process re-issues its gateway and relay certificates each second (a day by default): tunnels keep
     // working across renewals.
     spec.extra_config = format!("certificate_renewal_s = 1\n{extra}");
+    // One HAProxy thread, as the sessions bench gives each of its balancers its share of the cores (the test below
+    // checks HAProxy runs as told).
+    spec.balancer_threads = Some(1);
     let lab = tokio::task::spawn_blocking({
         let (bins, spec) = (bins.clone(), spec.clone());
         move || GatewayLab::start(&bins, &spec)
@@ -578,6 +581,13 @@ async fn two_gateways_behind_haproxy_carry_tunnels_and_one_killed_hands_its_node
     let Some(mut lab) = lab(true, 2).await else {
         return Ok(());
     };
+    for pid in &lab.lab.haproxy_pids {
+        let threads = std::fs::read_dir(format!("/proc/{pid}/task"))?.count();
+        assert_eq!(
+            threads, 1,
+            "HAProxy {pid} runs {threads} threads, not its nbthread 1"
+        );
+    }
     let mut nodes = Vec::new();
     for i in 0..4 {
         nodes.push(lab.node(&format!("h{i}")).await);

@@ -109,6 +109,9 @@ pub struct LabSpec {
     /// Worker threads of each `serve` process the lab starts (`TOKIO_WORKER_THREADS`); None: the process's default,
     /// one per core. Several processes on a few cores share them with fewer each.
     pub worker_threads: Option<usize>,
+    /// Threads of each HAProxy process (`nbthread`); None: HAProxy's default, one per core. Several HAProxy processes
+    /// on a few cores share them with fewer each.
+    pub balancer_threads: Option<usize>,
 }
 
 impl LabSpec {
@@ -127,6 +130,7 @@ impl LabSpec {
             proxy_protocol: true,
             start_deadline: Duration::from_secs(60),
             worker_threads: None,
+            balancer_threads: None,
         }
     }
 }
@@ -436,8 +440,11 @@ impl GatewayLab {
             .iter()
             .map(|p| format!("    bind 127.0.0.1:{p}\n"))
             .collect();
+        let threads = spec
+            .balancer_threads
+            .map_or(String::new(), |n| format!("    nbthread {n}\n"));
         let cfg = format!(
-            "global\n    maxconn {max}\n    log stdout format raw local0\n\ndefaults\n    mode tcp\n    log global\n    \
+            "global\n    maxconn {max}\n{threads}    log stdout format raw local0\n\ndefaults\n    mode tcp\n    log global\n    \
              option tcplog\n    option redispatch\n    timeout connect 5s\n    \
              timeout client 2h\n    timeout server 2h\n\nfrontend gateways\n{binds}    maxconn {max}\n    \
              default_backend gateways\n\nbackend gateways\n    balance leastconn\n{servers}",

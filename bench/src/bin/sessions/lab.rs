@@ -294,20 +294,37 @@ fn serve_threads(gateways: usize) -> anyhow::Result<Option<usize>> {
     )
 }
 
+/// Threads of each HAProxy process of the lab (`nbthread`): `BC_SESSIONS_BALANCER_THREADS`, by default the cores
+/// shared out over the HAProxy processes (at least 1: the 7 processes a 50,000-session run needs on 2 cores run one
+/// each); 0: HAProxy's default, a thread per core in every process.
+fn balancer_threads(balancers: usize) -> anyhow::Result<Option<usize>> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let shared = (cores / balancers.max(1)).max(1);
+    Ok(
+        match bc_bench::knob("BC_SESSIONS_BALANCER_THREADS", shared, 0)? {
+            0 => None,
+            n => Some(n),
+        },
+    )
+}
+
 pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let limit = nofile_limit()?;
     let spread_plan = spread_for(n, gateways, limit).map_err(anyhow::Error::msg)?;
     let threads = serve_threads(gateways)?;
+    let balancer_threads = balancer_threads(spread_plan.balancers)?;
+    let per_core = |t: Option<usize>| t.map_or("one per core".to_string(), |t| t.to_string());
     println!(
         "sessions over {gateways} gateways behind HAProxy: {n} sessions; load {}; a process may hold {limit} \
-         descriptors: {} HAProxy processes (maxconn {} each), {} load-tool processes; worker threads per \
+         descriptors: {} HAProxy processes (maxconn {} each, threads {}), {} load-tool processes; worker threads per \
          better-compute process: {}",
         load.trim(),
         spread_plan.balancers,
         spread_plan.max_connections,
+        per_core(balancer_threads),
         spread_plan.load_processes,
-        threads.map_or("one per core".to_string(), |t| t.to_string()),
+        per_core(threads),
     );
     let bins = Binaries::beside(&bin.join("bcd")).map_err(anyhow::Error::msg)?;
     let tmp = tempfile::tempdir()?;
@@ -324,6 +341,7 @@ pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
     spec.balancers = spread_plan.balancers;
     spec.max_connections = spread_plan.max_connections;
     spec.worker_threads = threads;
+    spec.balancer_threads = balancer_threads;
     // BC_SESSIONS_PROXY_PROTOCOL=0: HAProxy sends no header, and the gateways account every node as the balancer.
     spec.proxy_protocol = std::env::var("BC_SESSIONS_PROXY_PROTOCOL").map_or(true, |v| v != "0");
     let mut lab = tokio::task::spawn_blocking({
