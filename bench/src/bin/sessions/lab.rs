@@ -279,33 +279,30 @@ fn spread_for(n: usize, gateways: usize, limit: usize) -> Result<Spread, String>
     })
 }
 
-/// Worker threads of each `better-compute serve` of the lab: `BC_SESSIONS_SERVE_THREADS`, by default the cores
-/// shared out over the gateways (at least 1: 4 gateways on 2 cores run one each, as an operator running several
-/// gateways on one machine would set them); 0: the product's default, a thread per core in every process (8 gateway
-/// threads on 2 cores with 4 gateways: about 4% more CPU per reconnect in the storm, BENCHMARKS.md, stop 50).
-fn serve_threads(gateways: usize) -> anyhow::Result<Option<usize>> {
+/// Threads for each of `processes` processes sharing this machine's cores: the knob `var`, by default the cores
+/// shared out over them (at least 1); 0: the program's own default, a thread per core in every process (None).
+fn cores_share(var: &str, processes: usize) -> anyhow::Result<Option<usize>> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let shared = (cores / gateways.max(1)).max(1);
-    Ok(
-        match bc_bench::knob("BC_SESSIONS_SERVE_THREADS", shared, 0)? {
-            0 => None,
-            n => Some(n),
-        },
-    )
+    let shared = (cores / processes.max(1)).max(1);
+    Ok(match bc_bench::knob(var, shared, 0)? {
+        0 => None,
+        n => Some(n),
+    })
 }
 
-/// Threads of each HAProxy process of the lab (`nbthread`): `BC_SESSIONS_BALANCER_THREADS`, by default the cores
-/// shared out over the HAProxy processes (at least 1: the 7 processes a 50,000-session run needs on 2 cores run one
-/// each); 0: HAProxy's default, a thread per core in every process.
+/// Worker threads of each `better-compute serve` of the lab: `BC_SESSIONS_SERVE_THREADS` ([`cores_share`] over the
+/// gateways: 4 gateways on 2 cores run one each, as an operator running several gateways on one machine would set
+/// them; 0: a thread per core in every process, 8 gateway threads on 2 cores with 4 gateways: about 4% more CPU per
+/// reconnect in the storm, BENCHMARKS.md, stop 50).
+fn serve_threads(gateways: usize) -> anyhow::Result<Option<usize>> {
+    cores_share("BC_SESSIONS_SERVE_THREADS", gateways)
+}
+
+/// Threads of each HAProxy process of the lab (`nbthread`): `BC_SESSIONS_BALANCER_THREADS` ([`cores_share`] over the
+/// HAProxy processes: the 7 a 50,000-session run needs on 2 cores run one each; 0: HAProxy's default, a thread per
+/// core in every process, about 11% more HAProxy CPU per reconnect in the storm, BENCHMARKS.md, stop 51).
 fn balancer_threads(balancers: usize) -> anyhow::Result<Option<usize>> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let shared = (cores / balancers.max(1)).max(1);
-    Ok(
-        match bc_bench::knob("BC_SESSIONS_BALANCER_THREADS", shared, 0)? {
-            0 => None,
-            n => Some(n),
-        },
-    )
+    cores_share("BC_SESSIONS_BALANCER_THREADS", balancers)
 }
 
 pub async fn run(n: usize, gateways: usize, bin: &Path) -> anyhow::Result<()> {
