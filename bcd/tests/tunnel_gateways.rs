@@ -581,6 +581,10 @@ async fn two_gateways_behind_haproxy_carry_tunnels_and_one_killed_hands_its_node
     let Some(mut lab) = lab(true, 2).await else {
         return Ok(());
     };
+    assert!(
+        !lab.lab.haproxy_pids.is_empty(),
+        "the lab started no HAProxy to check"
+    );
     for pid in &lab.lab.haproxy_pids {
         let threads = std::fs::read_dir(format!("/proc/{pid}/task"))?.count();
         assert_eq!(
