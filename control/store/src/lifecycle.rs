@@ -35,9 +35,13 @@ impl Store {
         .rows_affected())
     }
 
-    /// What [`bc_core::lifecycle::needs_check`] decides acceptance checks of `kind` from, for the online adopting
-    /// and failed nodes of `shards` (the caller's leased shards): whether the GPU inventory arrived, whether a
-    /// check is open, when the last one finished. Returns (node id, GPU count claimed at join, the facts).
+    /// What [`bc_core::lifecycle::needs_check`] decides acceptance checks of `kind` from, for the online failed
+    /// nodes of `shards` (the caller's leased shards) and the online adopting ones whose GPU inventory arrived:
+    /// whether the GPU inventory arrived, whether a check is open, when the last one finished. Returns (node id, GPU
+    /// count claimed at join, the facts). An adopting node without its GPU inventory is left out, as `needs_check`
+    /// would leave it: it waits on the node, whose inventory pokes the controller when it comes, and reading every
+    /// such node with its three lookups each tick cost 180 ms a tick with 50,000 of them online (`scripts/bench
+    /// sessions`, whose simulated nodes send no inventory) and 440 ms in its reconnect storm.
     pub async fn check_candidates(
         &self,
         kind: &str,
@@ -50,7 +54,8 @@ impl Store {
                        AND (c.state IN ('pending', 'sent') OR c.consumed_at IS NULL)), \
                (SELECT (extract(epoch FROM max(c.finished_at)) * 1000)::bigint FROM commands c \
                  WHERE c.node_id = n.id AND c.kind = $1) \
-             FROM nodes n WHERE n.online AND n.shard = ANY($2) AND n.state IN ('adopting', 'failed')",
+             FROM nodes n WHERE n.online AND n.shard = ANY($2) AND (n.state = 'failed' OR (n.state = 'adopting' \
+               AND EXISTS (SELECT 1 FROM inventory_sections s WHERE s.node_id = n.id AND s.name = 'gpus')))",
         )
         .bind(kind)
         .bind(shards)

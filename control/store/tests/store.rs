@@ -531,8 +531,16 @@ async fn acceptance_checks_and_command_expiry_are_decided_at_the_given_clock() {
         .expect("open")
         .expect("opened")
         .epoch;
-    // Online, but its GPU inventory has not arrived.
+    // Online, but its GPU inventory has not arrived: not even read (it waits on the node).
     assert!(due(t0).await.is_empty());
+    assert!(
+        store
+            .check_candidates(KIND, &shards)
+            .await
+            .expect("candidates")
+            .is_empty(),
+        "an adopting node without its GPU inventory was read as a candidate"
+    );
     let gpus = serde_json::json!({"gpus": []});
     assert!(
         store
