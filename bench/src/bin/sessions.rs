@@ -77,7 +77,7 @@ async fn statement_rates(
 /// Where a statement comes from, by its text (as pg_stat_statements normalises it: constants become `$n`).
 fn origin(query: &str) -> &'static str {
     let has = |s: &str| query.contains(s);
-    if has("UPDATE nodes n SET last_seen_at") || has("WHERE gateway_id = $1 AND online") {
+    if has("UPDATE nodes n SET last_seen_at") {
         "gateway: batched liveness"
     } else if has("sent_at = now()")
         || has("desired_generation > n.acked_generation")

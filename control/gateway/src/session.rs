@@ -3,8 +3,8 @@
 //! The peer's certificate was verified against the control-plane CA at the handshake; here the SPIFFE ID must name
 //! a node of our trust domain and equal `Hello.node_id`. Opening a session bumps the node's epoch in the store
 //! (through [`SessionBackend`]); a newer session closes the older one, and every write carries its epoch so a stale
-//! session's writes are refused by the store. Liveness stays in memory and reaches the store in one or two statements
-//! per interval, whatever the number of sessions.
+//! session's writes are refused by the store. Liveness stays in memory and reaches the store in one statement per
+//! interval, whatever the number of sessions.
 
 use crate::BoxFuture;
 use crate::tls::Revocations;
@@ -79,9 +79,8 @@ pub trait SessionBackend: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<v1::RenewResponse, Status>>;
     /// The session ended (only acts if `s` is still the node's current epoch), last heard from at `s.at_ms`.
     fn closed(&self, s: &Seen) -> BoxFuture<'_, ()>;
-    /// One round for all live sessions, one or two statements whatever their number; returns node ids whose
-    /// sessions must close (revoked, superseded by a session on another gateway, or closed by the control plane,
-    /// which took the node offline).
+    /// One statement for all live sessions; returns node ids whose sessions must close (revoked, superseded by a
+    /// session on another gateway, or closed by the control plane, which took the node offline).
     fn liveness(&self, seen: &[Seen]) -> BoxFuture<'_, Result<Vec<String>, Status>>;
     /// Messages waiting for these sessions (commands, new desired state): one statement per call.
     fn pending(
@@ -120,7 +119,7 @@ pub(crate) struct Entry {
 pub struct Registry {
     inner: Arc<Mutex<HashMap<String, Entry>>>,
     opened: Arc<AtomicU64>,
-    /// Store calls made by housekeeping: a round each (a liveness round is one or two statements, a pull one).
+    /// Store calls made by housekeeping: one statement each.
     liveness_writes: Arc<AtomicU64>,
     pending_pulls: Arc<AtomicU64>,
     /// Identities refused at the handshake (shared with the TLS verifier).
@@ -136,7 +135,7 @@ pub struct Registry {
 pub struct SessionStats {
     pub sessions: usize,
     pub opened: u64,
-    /// Liveness rounds (one or two statements each, whatever the number of sessions).
+    /// Batched liveness writes (one statement each, whatever the number of sessions).
     pub liveness_writes: u64,
     /// Pulls of waiting commands and desired state (one statement each).
     pub pending_pulls: u64,

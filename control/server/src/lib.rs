@@ -246,12 +246,9 @@ async fn gateway(
         session_config.revocation_interval = t.revocation_interval;
     }
     let inventory = Arc::new(bc_mod_inventory::Inventory::new(store.clone()));
-    let backend = Arc::new(session::ControlSessions::new(
-        store.clone(),
-        ca.clone(),
-        inventory,
-        &gateway_id,
-    ));
+    let backend = Arc::new(
+        session::ControlSessions::new(store.clone(), ca.clone(), inventory).on_gateway(&gateway_id),
+    );
     let site = SiteBackend::new(
         store.clone(),
         ca.clone(),

@@ -245,9 +245,8 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// One statement for the given sessions of a gateway (its liveness round gives those whose stored last-seen
-    /// lags, as [`Store::sessions_on`] read it): records last-seen where the epoch is current and returns the nodes
-    /// among them whose sessions must close: revoked, a newer epoch elsewhere, or offline, which a session
+    /// One statement for every live session of a gateway: records last-seen where the epoch is current and
+    /// returns the nodes whose sessions must close: revoked, a newer epoch elsewhere, or offline, which a session
     /// the store has closed is (its close was written while this round was under way, or the `controllers` role took
     /// it for dead while its gateway was cut off from the database: [`Store::offline_on_silent_gateways`]). The
     /// node then reconnects, and its open records it online again; liveness never marks a node online. A row is
@@ -295,37 +294,6 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
-    }
-
-    /// The sessions the store says gateway `gateway_id` holds: (node, epoch, last-seen in milliseconds since the
-    /// epoch) of each online, unrevoked node whose row names that gateway. A gateway's liveness round compares its
-    /// live sessions with these: one missing here, or here with another epoch, must close (revoked, reconnected
-    /// elsewhere or again, taken offline), and only those whose stored last-seen lags go to
-    /// [`Store::record_liveness`]. One statement, whatever the number of sessions, read but never written.
-    ///
-    /// It reads the whole of `nodes` (no index names a gateway), and that is the cheaper way here: with 50,000 nodes
-    /// over 4 gateways, PostgreSQL 15 on the 2-core machine took 21–24 ms for a gateway's 12,500 rows this way
-    /// against 136–160 ms for the same 12,500 sessions looked up one by one in [`Store::record_liveness`]
-    /// (`EXPLAIN ANALYZE`, timing off). An index on `gateway_id` read them in 12.5–17 ms but made every session
-    /// open that moves a node to another gateway a non-HOT update of all five of the table's indexes: 417 ms against
-    /// 130 ms to move 12,500 nodes, in a reconnect storm where most nodes move. The scan costs each gateway the
-    /// whole fleet's rows, about 0.4 µs each, and the lookups cost about 11 µs per session of its own: the scan is
-    /// the cheaper while a database serves fewer than about 25 gateways.
-    pub async fn sessions_on(
-        &self,
-        gateway_id: &str,
-    ) -> Result<Vec<(String, i64, Option<i64>)>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT id, session_epoch, (extract(epoch FROM last_seen_at) * 1000)::bigint FROM nodes \
-             WHERE gateway_id = $1 AND online AND state <> 'revoked'",
-        )
-        .bind(gateway_id)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
-            .collect())
     }
 
     /// Marks the node offline if `epoch` is still its session, recording the transition.

@@ -237,48 +237,6 @@ async fn liveness_rewrites_a_row_only_when_last_seen_moved_and_names_sessions_to
     assert!(revoked.watermark_ms > 0);
 }
 
-/// What a gateway's liveness round reads: the online, unrevoked nodes whose session row names that gateway, with
-/// their epoch and last-seen; not another gateway's, not one taken offline, not a revoked one.
-#[tokio::test]
-async fn sessions_on_reads_the_online_unrevoked_sessions_a_gateway_holds() {
-    let store = two_joined_nodes().await;
-    for node in ["node-1", "node-2"] {
-        let opened = store
-            .open_session_on(node, &KEY, Some("gw-a"))
-            .await
-            .expect("open");
-        assert_eq!(opened.expect("opened").epoch, 1);
-    }
-    let held = store.sessions_on("gw-a").await.expect("read");
-    let mut ids: Vec<(&str, i64, bool)> = held
-        .iter()
-        .map(|(id, epoch, seen)| (id.as_str(), *epoch, seen.is_some()))
-        .collect();
-    ids.sort();
-    assert_eq!(ids, [("node-1", 1, true), ("node-2", 1, true)]);
-    assert!(store.sessions_on("gw-b").await.expect("read").is_empty());
-    // node-1 reconnects through gw-b; node-2 is revoked: gw-a holds neither any more.
-    let opened = store
-        .open_session_on("node-1", &KEY, Some("gw-b"))
-        .await
-        .expect("open");
-    assert_eq!(opened.expect("opened").epoch, 2);
-    assert!(matches!(
-        store
-            .set_node_schedulable("node-2", NodeVerb::Revoke, "test")
-            .await
-            .expect("revoke"),
-        NodeStateChange::Changed { .. }
-    ));
-    assert!(store.sessions_on("gw-a").await.expect("read").is_empty());
-    let on_b = store.sessions_on("gw-b").await.expect("read");
-    assert_eq!(on_b.len(), 1, "{on_b:?}");
-    assert_eq!((on_b[0].0.as_str(), on_b[0].1), ("node-1", 2));
-    // Its close takes it off gw-b too.
-    store.close_session("node-1", 2).await.expect("close");
-    assert!(store.sessions_on("gw-b").await.expect("read").is_empty());
-}
-
 #[tokio::test]
 async fn liveness_at_a_resolution_rewrites_a_row_only_once_it_lags_that_far_and_a_close_writes_the_exact_last_seen()
  {

@@ -27,9 +27,8 @@ pub struct ControlSessions {
     inventory: Arc<dyn bc_core::api::inventory::InventorySink>,
     /// Desired-state generation already sent to each (node, epoch), so it is not resent every pull.
     delivered: Mutex<HashMap<String, (u64, i64)>>,
-    /// The gateway these sessions are held by, recorded on each session row (the tunnel relay finds nodes by it,
-    /// and liveness reads this gateway's sessions by it: [`Store::sessions_on`]).
-    gateway_id: String,
+    /// The gateway these sessions are held by, recorded on each session row (the tunnel relay finds nodes by it).
+    gateway_id: Option<String>,
     /// Opens, grouped into one statement each.
     opens: OpenGroups,
     /// Closes, grouped into one statement each: (node, epoch, last heard from).
@@ -49,7 +48,7 @@ type OpenGroups = Grouped<(String, Vec<u8>), Result<OpenedSession, OpenRefusal>>
 /// The grouped opens and closes: [`Store::open_sessions_on`] (on `gateway`) and [`Store::close_sessions`].
 fn group_statements(
     store: &Store,
-    gateway: String,
+    gateway: Option<String>,
 ) -> (OpenGroups, Grouped<(String, i64, i64), ()>) {
     let on = store.clone();
     let opens = Grouped::new(
@@ -61,7 +60,7 @@ fn group_statements(
                     .iter()
                     .map(|(id, key)| (id.as_str(), key.as_slice()))
                     .collect();
-                store.open_sessions_on(&opens, Some(&gateway)).await
+                store.open_sessions_on(&opens, gateway.as_deref()).await
             })
         }),
     );
@@ -106,58 +105,34 @@ fn ack_reason(ack: &v1::DesiredStateAck) -> String {
     }
 }
 
-/// A liveness round's verdict from this gateway's live sessions (`seen`) and those the store says it holds
-/// (`held`: [`Store::sessions_on`]): the nodes whose sessions must close (the store holds none of theirs here, or
-/// another epoch), and the sessions whose stored last-seen lags theirs by more than `resolution_ms`, to write
-/// ([`Store::record_liveness`] checks both again as it writes). A session the store holds here and this gateway
-/// does not (one opening as the store was read, or a previous run's, which the start closes) is left alone.
-fn liveness_round(
-    seen: &[Seen],
-    held: Vec<(String, i64, Option<i64>)>,
-    resolution_ms: i64,
-) -> (Vec<String>, Vec<(String, i64, i64)>) {
-    let held: HashMap<String, (i64, Option<i64>)> = held
-        .into_iter()
-        .map(|(id, epoch, last)| (id, (epoch, last)))
-        .collect();
-    let (mut close, mut due) = (Vec::new(), Vec::new());
-    for s in seen {
-        let e = epoch(&s.session);
-        match held.get(&s.session.node_id) {
-            Some(&(stored, last)) if stored == e => {
-                if last.is_none_or(|t| t < s.at_ms.saturating_sub(resolution_ms)) {
-                    due.push((s.session.node_id.clone(), e, s.at_ms));
-                }
-            }
-            _ => close.push(s.session.node_id.clone()),
-        }
-    }
-    (close, due)
-}
-
 fn epoch(s: &SessionRef) -> i64 {
     i64::try_from(s.epoch).unwrap_or(i64::MAX)
 }
 
 impl ControlSessions {
-    /// The sessions gateway `gateway_id` holds (each session row names it).
     pub fn new(
         store: Store,
         ca: Arc<Ca>,
         inventory: Arc<dyn bc_core::api::inventory::InventorySink>,
-        gateway_id: &str,
     ) -> ControlSessions {
-        let (opens, closes) = group_statements(&store, gateway_id.to_string());
+        let (opens, closes) = group_statements(&store, None);
         ControlSessions {
             store,
             inventory,
             trust_domain: ca.trust_domain().to_string(),
             ca,
             delivered: Mutex::new(HashMap::new()),
-            gateway_id: gateway_id.to_string(),
+            gateway_id: None,
             opens,
             closes,
         }
+    }
+
+    /// Sessions held by gateway `id` (each session row names it).
+    pub fn on_gateway(mut self, id: &str) -> ControlSessions {
+        self.gateway_id = Some(id.to_string());
+        (self.opens, self.closes) = group_statements(&self.store, self.gateway_id.clone());
+        self
     }
 
     async fn open_inner(
@@ -560,23 +535,15 @@ impl SessionBackend for ControlSessions {
     }
 
     fn liveness(&self, seen: &[Seen]) -> BoxFuture<'_, Result<Vec<String>, Status>> {
-        let seen = seen.to_vec();
+        let rows: Vec<(String, i64, i64)> = seen
+            .iter()
+            .map(|s| (s.session.node_id.clone(), epoch(&s.session), s.at_ms))
+            .collect();
         Box::pin(async move {
-            let held = self
-                .store
-                .sessions_on(&self.gateway_id)
+            self.store
+                .record_liveness(&rows, LAST_SEEN_RESOLUTION_MS)
                 .await
-                .map_err(unavailable)?;
-            let (mut close, due) = liveness_round(&seen, held, LAST_SEEN_RESOLUTION_MS);
-            if !due.is_empty() {
-                close.extend(
-                    self.store
-                        .record_liveness(&due, LAST_SEEN_RESOLUTION_MS)
-                        .await
-                        .map_err(unavailable)?,
-                );
-            }
-            Ok(close)
+                .map_err(unavailable)
         })
     }
 
@@ -729,12 +696,9 @@ mod tests {
         .await?;
         let dir = tempfile::tempdir()?;
         let ca = Arc::new(Ca::load_or_create(dir.path(), "test.local")?);
-        let sessions = Arc::new(ControlSessions::new(
-            store.clone(),
-            ca,
-            Arc::new(NoInventory),
-            "gw-test",
-        ));
+        let sessions = Arc::new(
+            ControlSessions::new(store.clone(), ca, Arc::new(NoInventory)).on_gateway("gw-test"),
+        );
         let hello = v1::Hello::default();
         let before: i64 = bc_store::sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
             .fetch_one(store.pool())
@@ -770,121 +734,6 @@ mod tests {
             .err()
             .ok_or("a key that is not the node's opened a session")?;
         assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-        Ok(())
-    }
-    fn seen(node: &str, epoch: u64, at_ms: i64) -> Seen {
-        Seen {
-            session: SessionRef {
-                node_id: node.to_string(),
-                epoch,
-            },
-            at_ms,
-        }
-    }
-
-    /// A round's verdict, apart from the database: a session the store holds here with its epoch stays (written
-    /// only once the stored last-seen lags by more than the resolution), one it holds with another epoch or not at
-    /// all closes, and one the store holds here that this gateway does not know is nobody's business here.
-    #[test]
-    fn a_liveness_round_closes_what_the_store_does_not_hold_here_and_writes_only_what_lags() {
-        let held = vec![
-            ("fresh".to_string(), 3, Some(100_000)),
-            ("lagging".to_string(), 1, Some(100_000)),
-            ("never".to_string(), 1, None),
-            ("moved".to_string(), 5, Some(100_000)),
-            ("opening".to_string(), 1, Some(100_000)),
-        ];
-        let live = [
-            seen("fresh", 3, 160_000),
-            seen("lagging", 1, 160_001),
-            seen("never", 1, 1),
-            seen("moved", 4, 160_000),
-            seen("gone", 2, 160_000),
-        ];
-        let (close, due) = liveness_round(&live, held, 60_000);
-        assert_eq!(close, ["moved", "gone"]);
-        assert_eq!(
-            due,
-            [
-                ("lagging".to_string(), 1, 160_001),
-                ("never".to_string(), 1, 1)
-            ]
-        );
-    }
-
-    /// Against PostgreSQL: a round of a gateway closes its sessions of nodes that reconnected to another gateway
-    /// or were taken offline, and writes nothing for sessions whose stored last-seen is recent; a session whose
-    /// last-seen moved past the resolution is written, once.
-    #[tokio::test]
-    async fn a_liveness_round_reads_the_gateways_sessions_and_writes_only_what_lags()
-    -> Result<(), Box<dyn std::error::Error>> {
-        let db = bc_store::testing::test_db().await;
-        let store = Store::new(db.pool.clone());
-        store.ensure_root_tenant().await?;
-        store.ensure_pool("p1", "root", "pool one", true).await?;
-        bc_store::sqlx::query(
-            "INSERT INTO nodes (id, shard, pool_id, state, claims, join_key_hash, joined_at, cert_serial, \
-             cert_not_after, public_key) SELECT 'n' || i, bc_shard('n' || i), 'p1', 'adopting', '{}', 'k' || i, \
-             now(), i::text, now() + interval '1 day', '\\x04ab'::bytea FROM generate_series(1, 4) i",
-        )
-        .execute(store.pool())
-        .await?;
-        let dir = tempfile::tempdir()?;
-        let ca = Arc::new(Ca::load_or_create(dir.path(), "test.local")?);
-        let a = ControlSessions::new(store.clone(), ca.clone(), Arc::new(NoInventory), "gw-a");
-        let b = ControlSessions::new(store.clone(), ca, Arc::new(NoInventory), "gw-b");
-        let hello = v1::Hello::default();
-        for n in ["n1", "n2", "n3", "n4"] {
-            assert_eq!(a.open(n, &[0x04, 0xab], &hello).await?.epoch, 1);
-        }
-        // n2 reconnected through the other gateway; the controllers took n3 offline.
-        assert_eq!(b.open("n2", &[0x04, 0xab], &hello).await?.epoch, 2);
-        bc_store::sqlx::query("UPDATE nodes SET online = false WHERE id = 'n3'")
-            .execute(store.pool())
-            .await?;
-        let stored = |id: &'static str| {
-            let store = store.clone();
-            async move {
-                bc_store::sqlx::query_scalar::<_, i64>(
-                    "SELECT (extract(epoch FROM last_seen_at) * 1000)::bigint FROM nodes WHERE id = $1",
-                )
-                .bind(id)
-                .fetch_one(store.pool())
-                .await
-            }
-        };
-        let opened_at = stored("n1").await?;
-        let live = |at: i64| {
-            ["n1", "n2", "n3", "n4"]
-                .into_iter()
-                .map(|n| seen(n, 1, at))
-                .collect::<Vec<_>>()
-        };
-        let before: i64 = bc_store::sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
-            .fetch_one(store.pool())
-            .await?;
-        let mut close = a.liveness(&live(opened_at + 1_000)).await?;
-        close.sort();
-        assert_eq!(close, ["n2", "n3"]);
-        assert_eq!(
-            writes_since(&store, before).await,
-            0,
-            "a round with nothing lagging wrote"
-        );
-        assert_eq!(stored("n1").await?, opened_at);
-        // A minute and more later the round writes the sessions still held here, and only those.
-        let later = opened_at + LAST_SEEN_RESOLUTION_MS + 5_000;
-        let mut close = a.liveness(&live(later)).await?;
-        close.sort();
-        assert_eq!(close, ["n2", "n3"]);
-        assert_eq!((stored("n1").await?, stored("n4").await?), (later, later));
-        assert_ne!(
-            stored("n2").await?,
-            later,
-            "a session held by gw-b was written by gw-a"
-        );
-        // The other gateway's round keeps n2's session there.
-        assert!(b.liveness(&[seen("n2", 2, later)]).await?.is_empty());
         Ok(())
     }
 }
