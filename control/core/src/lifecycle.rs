@@ -66,7 +66,8 @@ pub struct CheckCandidate {
 
 /// Whether a node needs an acceptance check now: an online adopting node once its GPU inventory has arrived, and
 /// an online failed node whose last check finished at least `recheck_after_ms` before `now_ms` (or never ran);
-/// never while one is open.
+/// never while one is open. The store's read of candidates (`Store::check_candidates`) leaves out the adopting nodes
+/// without GPU inventory, which this turns down: a rule that wanted them must change that read too.
 pub fn needs_check(c: &CheckCandidate, now_ms: i64, recheck_after_ms: i64) -> bool {
     if !c.online || c.check_open {
         return false;
