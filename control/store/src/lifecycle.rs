@@ -41,7 +41,7 @@ impl Store {
     /// count claimed at join, the facts). An adopting node without its GPU inventory is left out, as `needs_check`
     /// would leave it: it waits on the node, whose inventory pokes the controller when it comes. Reading every such
     /// node with its three lookups took 147–242 ms a tick with 50,000 of them online (`scripts/bench sessions`, whose
-    /// simulated nodes send no inventory) and 407–860 ms in its reconnect storm; 27–37 and 177–222 ms now.
+    /// simulated nodes send no inventory) and 407–860 ms in its reconnect storm; 27–55 and 177–297 ms now.
     pub async fn check_candidates(
         &self,
         kind: &str,
