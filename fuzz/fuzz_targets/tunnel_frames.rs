@@ -41,15 +41,21 @@ fuzz_target!(|data: &[u8]| {
     });
     // bcd's relay with those frames as the gateway's: against a local socket that sends a few bytes and closes.
     runtime().block_on(async {
-        let Ok(listener) = tokio::net::TcpListener::bind("127.0.0.1:0").await else {
-            return;
+        // The service connects and closes first, so each run's TIME_WAIT stays on the service's own ephemeral port,
+        // which the next connect may take again on loopback (net.ipv4.tcp_tw_reuse). The other way round (the relay
+        // on the connecting side) left it on the accepted side, where the kernel does not reuse it: after ~28,000
+        // runs every port was held, a SYN met an old TIME_WAIT and was retried for seconds, and libFuzzer reported
+        // a 13 s timeout on an input that replays in 0 ms. The setup has its own deadline: a run whose sockets
+        // cannot be set up tests nothing here.
+        let setup = async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.ok()?;
+            let addr = listener.local_addr().ok()?;
+            let (peer, accepted) =
+                tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+            Some((peer.ok()?, accepted.ok()?.0))
         };
-        let Ok(addr) = listener.local_addr() else {
-            return;
-        };
-        let (local, accepted) =
-            tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
-        let (Ok(local), Ok((mut peer, _))) = (local, accepted) else {
+        let Ok(Some((mut peer, local))) = tokio::time::timeout(Duration::from_secs(5), setup).await
+        else {
             return;
         };
         let _ = peer.write_all(b"service banner").await;
