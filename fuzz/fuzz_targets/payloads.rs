@@ -11,8 +11,8 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(s) = serde_json::from_slice::<GpusSection>(data) {
-        let again: GpusSection = serde_json::from_slice(&serde_json::to_vec(&s).expect("encodes"))
-            .expect("round trip");
+        let again: GpusSection =
+            serde_json::from_slice(&serde_json::to_vec(&s).expect("encodes")).expect("round trip");
         assert_eq!(again, s);
     }
     if let Ok(r) = DiagReport::from_json(data) {

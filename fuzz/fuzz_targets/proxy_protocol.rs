@@ -16,7 +16,9 @@ fuzz_target!(|data: &[u8]| {
         Ok(Parsed::Header { len, source }) => {
             assert!(len <= data.len() && len <= MAX_HEADER);
             assert_eq!(parse(&data[..len]), Ok(Parsed::Header { len, source }));
-            assert!(matches!(parse(&data[..len - 1]), Ok(Parsed::Incomplete { need }) if need <= len));
+            assert!(
+                matches!(parse(&data[..len - 1]), Ok(Parsed::Incomplete { need }) if need <= len)
+            );
             if let Some(src) = source {
                 let h = encode(Some((src, src)));
                 assert_eq!(

@@ -7,7 +7,10 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(params) = bcd_ramdisk::cmdline::parse(s) {
             // Agent mode hands the parsed values to bcd's configuration (gateway URL, pin, JoinService key).
             let _ = format!("{params:?}");
-            let _ = bcd_ramdisk::agent::config_from_params(&params, std::path::Path::new("/nonexistent"));
+            let _ = bcd_ramdisk::agent::config_from_params(
+                &params,
+                std::path::Path::new("/nonexistent"),
+            );
         }
     }
 });

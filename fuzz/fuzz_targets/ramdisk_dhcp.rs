@@ -32,7 +32,10 @@ fuzz_target!(|data: &[u8]| {
     let yiaddr = data
         .get(16..20)
         .and_then(|b| <[u8; 4]>::try_from(b).ok())
-        .map_or(std::net::Ipv4Addr::new(10, 0, 0, 5), std::net::Ipv4Addr::from);
+        .map_or(
+            std::net::Ipv4Addr::new(10, 0, 0, 5),
+            std::net::Ipv4Addr::from,
+        );
     let lease = Lease {
         address: yiaddr,
         prefix_len: 24,

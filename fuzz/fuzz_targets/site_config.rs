@@ -6,8 +6,12 @@ use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(config) = SiteConfig::from_toml(text, Path::new("fuzz.toml")) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(config) = SiteConfig::from_toml(text, Path::new("fuzz.toml")) else {
+        return;
+    };
     let catalog = config.netboot.catalog();
     for mac in config.netboot.dhcp_table_macs() {
         let boot = catalog.get(&mac).expect("table and catalog agree");

@@ -24,7 +24,10 @@ fuzz_target!(|data: &[u8]| {
     };
     assert!(checked.macs.len() <= MAX_SIGHTINGS && checked.macs.len() == checked.seen_ms.len());
     for (mac, at) in checked.macs.iter().zip(&checked.seen_ms) {
-        assert_eq!(site_report::canonical_mac(mac).as_deref(), Some(mac.as_str()));
+        assert_eq!(
+            site_report::canonical_mac(mac).as_deref(),
+            Some(mac.as_str())
+        );
         assert!(*at <= NOW);
     }
     if let Some(url) = &checked.boot_url {

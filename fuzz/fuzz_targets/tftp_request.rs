@@ -6,7 +6,9 @@ use bcd_site::tftp::{Limits, negotiate};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(packet) = Packet::decode(data) else { return };
+    let Ok(packet) = Packet::decode(data) else {
+        return;
+    };
     if let Packet::Rrq(req) | Packet::Wrq(req) = &packet {
         let _ = negotiate(&req.options, data.len() as u64, &Limits::default());
         let mut out = Vec::new();
