@@ -532,7 +532,11 @@ impl Fleet {
                 &path,
                 slice.iter().map(|c| cred_line(c)).collect::<String>(),
             )?;
+            // No backtrace in the workers' errors (their panics keep RUST_BACKTRACE's): a shell with RUST_BACKTRACE=1
+            // made every ended session and failed attempt unwind its stack, 8.8% of the load tool's CPU while the
+            // storm's sessions went down (perf, 2026-12-06), CPU this machine's product processes then lacked.
             let mut child = Command::new(std::env::current_exe()?)
+                .env("RUST_LIB_BACKTRACE", "0")
                 .env("BC_SESSIONS_WORKER", &path)
                 .env("BC_SESSIONS_WORKER_FIRST", (k * per).to_string())
                 .env("BC_SESSIONS_WORKER_CA", &ca_path)
