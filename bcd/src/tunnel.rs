@@ -533,14 +533,6 @@ mod tests {
         (port, task)
     }
 
-    /// The close an operator's leaving sends through the gateway.
-    fn operator_close() -> Frame {
-        Frame::Close(v1::TunnelClose {
-            code: v1::TunnelCloseCode::Aborted as i32,
-            reason: "operator left".into(),
-        })
-    }
-
     async fn send(gw: &Gateway, f: Frame) {
         gw.to_node.send(Ok(frame(f))).await.expect("node reads");
     }
@@ -665,7 +657,14 @@ mod tests {
         let (mut gw, task) = start(Allowlist::new([port]), open("t4", port)).await;
         let (mut local, _) = l.accept().await.expect("accept");
         assert!(matches!(next(&mut gw).await, Some(Frame::Open(_))));
-        send(&gw, operator_close()).await;
+        send(
+            &gw,
+            Frame::Close(v1::TunnelClose {
+                code: v1::TunnelCloseCode::Aborted as i32,
+                reason: "operator left".into(),
+            }),
+        )
+        .await;
         let out = task.await.expect("serve");
         assert_eq!(
             out.refusal.map(|r| r.reason),
@@ -712,7 +711,14 @@ mod tests {
             !task.is_finished(),
             "the write to a port that does not read blocks"
         );
-        send(&gw, operator_close()).await;
+        send(
+            &gw,
+            Frame::Close(v1::TunnelClose {
+                code: v1::TunnelCloseCode::Aborted as i32,
+                reason: "operator left".into(),
+            }),
+        )
+        .await;
         drop(gw.to_node);
         let out = tokio::time::timeout(Duration::from_secs(10), task)
             .await
