@@ -34,8 +34,8 @@ pub const MAX_FRAME: usize = 64 * 1024;
 /// its own count per node at the same number.
 pub const MAX_OPEN: usize = bc_proto::tunnel::MAX_PER_NODE as usize;
 
-/// The node's backstop for a tunnel that moves no byte either way, or whose gateway stopped reading: longer than
-/// the control plane's idle limit (configurable, 1 h by default), which closes idle tunnels first.
+/// The node's backstop for a tunnel that moves no byte either way, or whose gateway or local port stopped reading:
+/// longer than the control plane's idle limit (configurable, 1 h by default), which closes idle tunnels first.
 pub const IDLE_BACKSTOP: Duration = Duration::from_secs(2 * 3600);
 
 /// How long an ended tunnel waits for the gateway to end its stream, so that its last frames are not reset away.
@@ -257,8 +257,22 @@ where
 
 /// Relays bytes between `sock` and the tunnel stream until both sides half-closed, or either side fails or
 /// closes. A local failure or a protocol error is sent to the gateway as `close`; a `close` from the gateway ends
-/// the tunnel without an answer.
+/// the tunnel without an answer, also while a write to a local port that stopped reading is blocked. No wait is
+/// longer than [`IDLE_BACKSTOP`].
 pub async fn relay<S>(sock: TcpStream, tx: mpsc::Sender<v1::TunnelFrame>, inbound: S) -> Outcome
+where
+    S: Stream<Item = Result<v1::TunnelFrame, tonic::Status>> + Unpin,
+{
+    relay_within(sock, tx, inbound, IDLE_BACKSTOP).await
+}
+
+/// [`relay`] with `backstop` for every wait on a peer that moves nothing ([`IDLE_BACKSTOP`] in the daemon).
+async fn relay_within<S>(
+    sock: TcpStream,
+    tx: mpsc::Sender<v1::TunnelFrame>,
+    inbound: S,
+    backstop: Duration,
+) -> Outcome
 where
     S: Stream<Item = Result<v1::TunnelFrame, tonic::Status>> + Unpin,
 {
@@ -287,13 +301,13 @@ where
                 0 => frame(Frame::HalfClose(v1::TunnelHalfClose {})),
                 _ => frame(Frame::Data(buf.split().freeze())),
             };
-            match tokio::time::timeout(IDLE_BACKSTOP, up_tx.send(f)).await {
+            match tokio::time::timeout(backstop, up_tx.send(f)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return Err(None),
                 Err(_) => {
                     return Err(Some(Refusal::new(
                         C::Idle,
-                        format!("the gateway read nothing for {} s", IDLE_BACKSTOP.as_secs()),
+                        format!("the gateway read nothing for {} s", backstop.as_secs()),
                     )));
                 }
             }
@@ -306,15 +320,23 @@ where
     // Gateway → local port. Err(Some(r)): r is sent back when it is the node's refusal (`send` true).
     let mut inbound = inbound;
     let down = async {
+        // A frame read while a write to the local port was blocked, handled next.
+        let mut held = None;
         loop {
-            let Ok(next) = tokio::time::timeout(IDLE_BACKSTOP, inbound.next()).await else {
-                return Err((
-                    Refusal::new(
-                        C::Idle,
-                        format!("nothing from the gateway for {} s", IDLE_BACKSTOP.as_secs()),
-                    ),
-                    true,
-                ));
+            let next = match held.take() {
+                Some(next) => next,
+                None => match tokio::time::timeout(backstop, inbound.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        return Err((
+                            Refusal::new(
+                                C::Idle,
+                                format!("nothing from the gateway for {} s", backstop.as_secs()),
+                            ),
+                            true,
+                        ));
+                    }
+                },
             };
             let f = match next {
                 None => {
@@ -336,13 +358,50 @@ where
             };
             match f.frame {
                 Some(Frame::Data(d)) => {
-                    wr.write_all(&d).await.map_err(|e| {
-                        (
-                            Refusal::new(C::IoError, format!("writing the local port: {e}")),
-                            true,
-                        )
-                    })?;
-                    down_bytes.fetch_add(d.len() as u64, Relaxed);
+                    // A local service that stopped reading blocks this write. Meanwhile the gateway's stream is
+                    // still read, one frame ahead: a close or the stream's end abandons the write (the tunnel
+                    // ends, its slot is freed), and the write has the backstop's deadline.
+                    let write = wr.write_all(&d);
+                    tokio::pin!(write);
+                    let deadline = tokio::time::sleep(backstop);
+                    tokio::pin!(deadline);
+                    let written = loop {
+                        tokio::select! {
+                            r = &mut write => break Some(r),
+                            next = inbound.next(), if held.is_none() => {
+                                let ends = !matches!(
+                                    &next,
+                                    Some(Ok(v1::TunnelFrame { frame: Some(Frame::Data(_) | Frame::HalfClose(_)) }))
+                                );
+                                held = Some(next);
+                                if ends {
+                                    break None;
+                                }
+                            }
+                            () = &mut deadline => {
+                                return Err((
+                                    Refusal::new(
+                                        C::Idle,
+                                        format!(
+                                            "the local port did not take {} bytes in {} s",
+                                            d.len(),
+                                            backstop.as_secs()
+                                        ),
+                                    ),
+                                    true,
+                                ));
+                            }
+                        }
+                    };
+                    if let Some(r) = written {
+                        r.map_err(|e| {
+                            (
+                                Refusal::new(C::IoError, format!("writing the local port: {e}")),
+                                true,
+                            )
+                        })?;
+                        down_bytes.fetch_add(d.len() as u64, Relaxed);
+                    }
                 }
                 Some(Frame::HalfClose(_)) => {
                     let _ = wr.shutdown().await;
@@ -474,6 +533,14 @@ mod tests {
         (port, task)
     }
 
+    /// The close an operator's leaving sends through the gateway.
+    fn operator_close() -> Frame {
+        Frame::Close(v1::TunnelClose {
+            code: v1::TunnelCloseCode::Aborted as i32,
+            reason: "operator left".into(),
+        })
+    }
+
     async fn send(gw: &Gateway, f: Frame) {
         gw.to_node.send(Ok(frame(f))).await.expect("node reads");
     }
@@ -598,14 +665,7 @@ mod tests {
         let (mut gw, task) = start(Allowlist::new([port]), open("t4", port)).await;
         let (mut local, _) = l.accept().await.expect("accept");
         assert!(matches!(next(&mut gw).await, Some(Frame::Open(_))));
-        send(
-            &gw,
-            Frame::Close(v1::TunnelClose {
-                code: v1::TunnelCloseCode::Aborted as i32,
-                reason: "operator left".into(),
-            }),
-        )
-        .await;
+        send(&gw, operator_close()).await;
         let out = task.await.expect("serve");
         assert_eq!(
             out.refusal.map(|r| r.reason),
@@ -617,6 +677,81 @@ mod tests {
             .expect("the local side sees the end within 5 s")
             .unwrap_or(0);
         assert_eq!(n, 0);
+    }
+
+    /// A local service that accepts and never reads, and a gateway end that sends one frame larger than both
+    /// sockets' buffers can take, so the node's write to the local port blocks: the relay's task, the local
+    /// service (held open) and the gateway end.
+    async fn blocked_write(
+        backstop: Duration,
+    ) -> (tokio::task::JoinHandle<Outcome>, TcpStream, Gateway) {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let (node_side, accepted) = tokio::join!(TcpStream::connect(addr), l.accept());
+        let node_side = node_side.expect("connect");
+        let (local, _) = accepted.expect("accept");
+        let (tx, from_node) = mpsc::channel(8);
+        let (to_node, rx) = mpsc::channel(8);
+        let task = tokio::spawn(relay_within(
+            node_side,
+            tx,
+            ReceiverStream::new(rx),
+            backstop,
+        ));
+        let gw = Gateway { from_node, to_node };
+        send(&gw, Frame::Data(vec![7u8; 64 << 20].into())).await;
+        (task, local, gw)
+    }
+
+    #[tokio::test]
+    async fn a_close_while_the_local_port_does_not_read_ends_the_tunnel() {
+        let (task, _local, gw) = blocked_write(IDLE_BACKSTOP).await;
+        // The write is blocked (64 MiB, no reader); the close comes behind it.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !task.is_finished(),
+            "the write to a port that does not read blocks"
+        );
+        send(&gw, operator_close()).await;
+        drop(gw.to_node);
+        let out = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("a close ends the tunnel while its write is blocked")
+            .expect("relay");
+        assert_eq!(
+            out.refusal.map(|r| (r.code, r.reason)),
+            Some((v1::TunnelCloseCode::Aborted, "operator left".to_string()))
+        );
+        assert_eq!(out.down, 0, "the abandoned write is not counted");
+    }
+
+    #[tokio::test]
+    async fn a_local_port_that_stops_reading_is_given_up_at_the_backstop() {
+        let (task, _local, gw) = blocked_write(Duration::from_secs(1)).await;
+        let Gateway {
+            mut from_node,
+            to_node,
+        } = gw;
+        // The gateway is told why, and then ends its stream, as the gateway does on a close.
+        let sent = tokio::time::timeout(Duration::from_secs(10), from_node.recv())
+            .await
+            .expect("the blocked write is given up at the backstop")
+            .and_then(|f| f.frame);
+        let Some(Frame::Close(c)) = sent else {
+            panic!("a close, not {sent:?}");
+        };
+        assert_eq!(c.code, v1::TunnelCloseCode::Idle as i32);
+        assert!(
+            c.reason.contains("did not take 67108864 bytes in 1 s"),
+            "{}",
+            c.reason
+        );
+        drop(to_node);
+        let out = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the relay ends once the gateway ended its stream")
+            .expect("relay");
+        assert_eq!(out.refusal.map(|r| r.code), Some(v1::TunnelCloseCode::Idle));
     }
 
     #[tokio::test]
