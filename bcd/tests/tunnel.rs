@@ -56,6 +56,8 @@ struct Lab {
     echo: Echo,
     /// Allowed by both; nothing listens.
     dead: u16,
+    /// Allowed by the pool and the node: [`big`] bytes both ways at once.
+    duplex: duplex::Duplex,
     /// Allowed by the pool, not by the node.
     node_refuses: Echo,
     /// Allowed by the node, not by the pool.
@@ -78,6 +80,7 @@ async fn lab_with(edit: impl FnOnce(&mut bc_control::config::ServeConfig)) -> La
     )
     .await;
     let (echo, node_refuses, pool_refuses) = (echo().await, echo().await, echo().await);
+    let duplex = duplex::duplex(big()).await;
     let dead = dead_port().await;
     let token = p.token(json!({"pool": "default", "uses": 1})).await;
     let out = join(&p, "tn", &token, claims("tn", 1)).await.expect("join");
@@ -90,8 +93,8 @@ async fn lab_with(edit: impl FnOnce(&mut bc_control::config::ServeConfig)) -> La
     std::fs::write(
         &config,
         format!(
-            "[tunnels]\nallow = [{}, {dead}, {}]\n",
-            echo.port, pool_refuses.port
+            "[tunnels]\nallow = [{}, {dead}, {}, {}]\n",
+            echo.port, pool_refuses.port, duplex.port
         ),
     )
     .expect("bcd.toml");
@@ -118,7 +121,7 @@ async fn lab_with(edit: impl FnOnce(&mut bc_control::config::ServeConfig)) -> La
         .call(
             "tunnels",
             "set-ports",
-            json!({"pool": "default", "ports": [echo.port, dead, node_refuses.port]}),
+            json!({"pool": "default", "ports": [echo.port, dead, node_refuses.port, duplex.port]}),
         )
         .await
         .expect("set-ports");
@@ -133,6 +136,7 @@ async fn lab_with(edit: impl FnOnce(&mut bc_control::config::ServeConfig)) -> La
         api,
         echo,
         dead,
+        duplex,
         node_refuses,
         pool_refuses,
     }
@@ -305,27 +309,35 @@ fn big() -> u64 {
         .unwrap_or(1 << 30)
 }
 
+/// Both ways at once, through the duplex service (an echo can stall loopback TCP on this kernel: `duplex`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_gib_of_random_bytes_goes_through_and_back_hashed_and_the_audit_row_counts_it()
--> TestResult {
-    let lab = lab().await;
-    let addr = lab.forward(&lab.api, lab.echo.port).await;
+async fn a_gib_each_way_at_once_goes_through_hashed_and_the_audit_row_counts_it() -> TestResult {
+    let mut lab = lab().await;
+    let addr = lab.forward(&lab.api, lab.duplex.port).await;
     let n = big();
     let started = std::time::Instant::now();
-    let (sent, back, got) = echo_hashes(addr, n).await;
+    let (sent, got) = duplex::exchange(addr, n).await?;
     let secs = started.elapsed().as_secs_f64();
     println!(
-        "tunnel echo: {n} bytes each way in {secs:.1} s ({:.0} MB/s each way)",
+        "tunnel duplex: {n} bytes each way in {secs:.1} s ({:.0} MB/s each way)",
         n as f64 / secs / 1e6
     );
-    assert_eq!(got, n);
-    assert_eq!(sent, back, "what came back differs from what was sent");
+    let served = lab.duplex.served(Duration::from_secs(10)).await?;
+    assert_eq!(
+        served.read, sent,
+        "what reached the node's port differs from what was sent"
+    );
+    assert_eq!(
+        got, served.wrote,
+        "what came back differs from what the node's port sent"
+    );
+    assert_eq!((sent.bytes, got.bytes), (n, n));
     let row = lab.finished_row().await?;
     assert_eq!(row["outcome"], "OK", "{row}");
     assert_eq!(row["bytes_to_node"], n, "{row}");
     assert_eq!(row["bytes_from_node"], n, "{row}");
     assert_eq!(row["principal"], "admin");
-    assert_eq!(row["port"], lab.echo.port);
+    assert_eq!(row["port"], lab.duplex.port);
     assert!(
         row["stopped_at_ms"].as_i64() >= row["started_at_ms"].as_i64(),
         "{row}"

@@ -36,6 +36,14 @@ async fn echo() -> u16 {
     port
 }
 
+/// Bytes each way of the relayed transfer: 64 MiB unless `BC_TUNNEL_RELAY_BYTES` says otherwise.
+fn relay_bytes() -> u64 {
+    std::env::var("BC_TUNNEL_RELAY_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64 << 20)
+}
+
 async fn dead_port() -> u16 {
     // Outside the ephemeral range: no other test's listener takes it meanwhile.
     bc_testkit::gateways::dead_port().expect("a dead port")
@@ -51,6 +59,8 @@ struct Lab {
     bins: Binaries,
     echo: u16,
     dead: u16,
+    /// Allowed by the pool and the nodes: [`relay_bytes`] each way at once.
+    duplex: common::duplex::Duplex,
     /// Allowed by the pool, not by the nodes.
     node_refuses: u16,
     /// Each node's `bcd run`, by node id.
@@ -101,11 +111,12 @@ async fn lab_with(balancer: bool, gateways: usize, extra: &str) -> Option<Lab> {
     .unwrap_or_else(|e| panic!("{e}"));
     let admin = ApiClient::new(&lab.api_url, &key);
     let (echo, node_refuses, dead) = (echo().await, echo().await, dead_port().await);
+    let duplex = common::duplex::duplex(relay_bytes()).await;
     admin
         .call(
             "tunnels",
             "set-ports",
-            json!({"pool": "default", "ports": [echo, dead, node_refuses]}),
+            json!({"pool": "default", "ports": [echo, dead, node_refuses, duplex.port]}),
         )
         .await
         .expect("set-ports");
@@ -123,6 +134,7 @@ async fn lab_with(balancer: bool, gateways: usize, extra: &str) -> Option<Lab> {
         bins,
         echo,
         dead,
+        duplex,
         node_refuses,
         pids: Default::default(),
     })
@@ -171,7 +183,10 @@ impl Lab {
         let toml = dir.join(format!("{name}-bcd.toml"));
         std::fs::write(
             &toml,
-            format!("[tunnels]\nallow = [{}, {}]\n", self.echo, self.dead),
+            format!(
+                "[tunnels]\nallow = [{}, {}, {}]\n",
+                self.echo, self.dead, self.duplex.port
+            ),
         )
         .expect("bcd.toml");
         let log = std::fs::File::create(dir.join(format!("{name}-bcd.log"))).expect("log");
@@ -449,19 +464,18 @@ async fn an_api_process_relays_tunnels_to_a_node_held_by_another_process() -> Te
         "gw0",
         "the session row names its gateway"
     );
-    // Bytes both ways through API process → relay (mTLS) → gateway process → bcd, hashed.
-    let n: u64 = std::env::var("BC_TUNNEL_RELAY_BYTES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64 << 20);
-    let addr = lab.forward(&node, lab.echo).await;
+    // Bytes both ways at once through API process → relay (mTLS) → gateway process → bcd, hashed.
+    let n = relay_bytes();
+    let addr = lab.forward(&node, lab.duplex.port).await;
     let started = Instant::now();
-    let (sent, back, got) = echo_hashes(addr, n).await;
+    let (sent, got) = common::duplex::exchange(addr, n).await?;
     println!(
-        "relayed echo: {n} bytes each way in {:.1} s",
+        "relayed duplex: {n} bytes each way in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    assert_eq!((got, sent), (n, back));
+    let served = lab.duplex.served(Duration::from_secs(10)).await?;
+    assert_eq!((served.read, got), (sent, served.wrote));
+    assert_eq!((sent.bytes, got.bytes), (n, n));
     let row = lab.finished(&node).await;
     assert_eq!(row["outcome"], "OK", "{row}");
     assert_eq!(
