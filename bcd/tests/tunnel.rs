@@ -223,49 +223,6 @@ impl Lab {
     }
 }
 
-/// `bytes` of random data through `addr` and back (the echo service): the SHA-256 of what was sent and of what
-/// came back, and how many bytes came back.
-async fn echo_hashes(addr: SocketAddr, bytes: u64) -> ([u8; 32], [u8; 32], u64) {
-    let s = TcpStream::connect(addr).await.expect("connect");
-    let _ = s.set_nodelay(true);
-    let (mut r, mut w) = s.into_split();
-    let writer = tokio::spawn(async move {
-        let mut h = ring::digest::Context::new(&ring::digest::SHA256);
-        let mut buf = vec![0u8; 1 << 20];
-        let mut left = bytes;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            getrandom::fill(&mut buf[..n]).expect("random");
-            h.update(&buf[..n]);
-            w.write_all(&buf[..n])
-                .await
-                .expect("write through the tunnel");
-            left -= n as u64;
-        }
-        w.shutdown().await.expect("half-close");
-        h.finish()
-    });
-    let mut h = ring::digest::Context::new(&ring::digest::SHA256);
-    let mut buf = vec![0u8; 1 << 20];
-    let mut got = 0u64;
-    loop {
-        let n = r.read(&mut buf).await.expect("read through the tunnel");
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        got += n as u64;
-    }
-    let sent = writer.await.expect("writer");
-    let digest = |d: ring::digest::Digest| -> [u8; 32] {
-        let mut out = [0u8; 32];
-        out.copy_from_slice(d.as_ref());
-        out
-    };
-    (digest(sent), digest(h.finish()), got)
-}
-
-/// Bytes of the big transfer: 1 GiB unless `BC_TUNNEL_TEST_BYTES` says otherwise.
 /// The node's tunnel audit rows, newest first.
 async fn audit(p: &Plane, node: &str) -> Vec<serde_json::Value> {
     let v = p
@@ -302,6 +259,7 @@ async fn finished_row(p: &Plane, node: &str) -> Result<serde_json::Value, String
         .ok_or_else(|| format!("no audit row for node {node}"))
 }
 
+/// Bytes of the big transfer, each way: 1 GiB unless `BC_TUNNEL_TEST_BYTES` says otherwise.
 fn big() -> u64 {
     std::env::var("BC_TUNNEL_TEST_BYTES")
         .ok()
@@ -350,11 +308,11 @@ async fn a_hundred_concurrent_tunnel_connections_each_carry_their_own_bytes() ->
     let lab = lab().await;
     let addr = lab.forward(&lab.api, lab.echo.port).await;
     let tasks: Vec<_> = (0..100)
-        .map(|_| tokio::spawn(echo_hashes(addr, 1 << 20)))
+        .map(|_| tokio::spawn(duplex::exchange(addr, 1 << 20)))
         .collect();
     for t in tasks {
-        let (sent, back, got) = t.await?;
-        assert_eq!(got, 1 << 20);
+        let (sent, back) = t.await??;
+        assert_eq!(back.bytes, 1 << 20);
         assert_eq!(sent, back);
     }
     assert_eq!(lab.echo.accepted.load(Relaxed), 100);

@@ -391,46 +391,6 @@ impl Lab {
     }
 }
 
-/// `bytes` of random data through `addr` and back: (SHA-256 sent, SHA-256 received, bytes received).
-async fn echo_hashes(addr: SocketAddr, bytes: u64) -> ([u8; 32], [u8; 32], u64) {
-    let s = TcpStream::connect(addr).await.expect("connect");
-    let (mut r, mut w) = s.into_split();
-    let writer = tokio::spawn(async move {
-        let mut h = ring::digest::Context::new(&ring::digest::SHA256);
-        let mut buf = vec![0u8; 1 << 20];
-        let mut left = bytes;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            getrandom::fill(&mut buf[..n]).expect("random");
-            h.update(&buf[..n]);
-            w.write_all(&buf[..n])
-                .await
-                .expect("write through the tunnel");
-            left -= n as u64;
-        }
-        w.shutdown().await.expect("half-close");
-        h.finish()
-    });
-    let mut h = ring::digest::Context::new(&ring::digest::SHA256);
-    let mut buf = vec![0u8; 1 << 20];
-    let mut got = 0u64;
-    loop {
-        let n = r.read(&mut buf).await.expect("read through the tunnel");
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        got += n as u64;
-    }
-    let sent = writer.await.expect("writer");
-    let digest = |d: ring::digest::Digest| -> [u8; 32] {
-        let mut out = [0u8; 32];
-        out.copy_from_slice(d.as_ref());
-        out
-    };
-    (digest(sent), digest(h.finish()), got)
-}
-
 /// A tunnel kept busy: writes without end and reads what comes back, until the tunnel ends; returns how it
 /// ended for the local side (the CLI closes the local connection when the tunnel is closed).
 async fn busy_until_closed(addr: SocketAddr) -> (u64, std::io::Result<()>) {
@@ -627,8 +587,8 @@ async fn two_gateways_behind_haproxy_carry_tunnels_and_one_killed_hands_its_node
     for (gw, held) in &by_gateway {
         let node = &held[0];
         let addr = lab.forward(node, lab.echo).await;
-        let (sent, back, got) = echo_hashes(addr, 8 << 20).await;
-        assert_eq!((got, sent), (8 << 20, back));
+        let (sent, back) = common::duplex::exchange(addr, 8 << 20).await?;
+        assert_eq!((back.bytes, sent), (8 << 20, back));
         let row = lab.finished(node).await;
         assert_eq!(
             (&row["outcome"], &row["gateway"]),
