@@ -3,6 +3,9 @@
 //! loopback.
 
 mod common;
+// Not in common/mod.rs: bcd-ramdisk's tests include that file and have no ring or getrandom.
+#[path = "common/duplex.rs"]
+mod duplex;
 
 use bc_control::tunnel_cli::{self, Api, Forwarded};
 use bc_core::iam::Grant;

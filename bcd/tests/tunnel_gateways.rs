@@ -5,6 +5,9 @@
 //! TLS passthrough ([`bc_testkit::gateways`], the lab issue 18 reuses).
 
 mod common;
+// Not in common/mod.rs: bcd-ramdisk's tests include that file and have no ring or getrandom.
+#[path = "common/duplex.rs"]
+mod duplex;
 
 use bc_control::client::ApiClient;
 use bc_control::tunnel_cli::{self, Api, Forwarded};
@@ -60,7 +63,7 @@ struct Lab {
     echo: u16,
     dead: u16,
     /// Allowed by the pool and the nodes: [`relay_bytes`] each way at once.
-    duplex: common::duplex::Duplex,
+    duplex: duplex::Duplex,
     /// Allowed by the pool, not by the nodes.
     node_refuses: u16,
     /// Each node's `bcd run`, by node id.
@@ -111,7 +114,7 @@ async fn lab_with(balancer: bool, gateways: usize, extra: &str) -> Option<Lab> {
     .unwrap_or_else(|e| panic!("{e}"));
     let admin = ApiClient::new(&lab.api_url, &key);
     let (echo, node_refuses, dead) = (echo().await, echo().await, dead_port().await);
-    let duplex = common::duplex::duplex(relay_bytes()).await;
+    let duplex = duplex::duplex(relay_bytes()).await;
     admin
         .call(
             "tunnels",
@@ -428,7 +431,7 @@ async fn an_api_process_relays_tunnels_to_a_node_held_by_another_process() -> Te
     let n = relay_bytes();
     let addr = lab.forward(&node, lab.duplex.port).await;
     let started = Instant::now();
-    let (sent, got) = common::duplex::exchange(addr, n).await?;
+    let (sent, got) = duplex::exchange(addr, n).await?;
     println!(
         "relayed duplex: {n} bytes each way in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -587,7 +590,7 @@ async fn two_gateways_behind_haproxy_carry_tunnels_and_one_killed_hands_its_node
     for (gw, held) in &by_gateway {
         let node = &held[0];
         let addr = lab.forward(node, lab.echo).await;
-        let (sent, back) = common::duplex::exchange(addr, 8 << 20).await?;
+        let (sent, back) = duplex::exchange(addr, 8 << 20).await?;
         assert_eq!((back.bytes, sent), (8 << 20, back));
         let row = lab.finished(node).await;
         assert_eq!(

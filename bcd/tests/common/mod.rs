@@ -2,7 +2,6 @@
 //! database, TLS on loopback, simulated machines (claims, fake /sys and /proc trees).
 #![allow(dead_code)]
 
-pub mod duplex;
 pub mod sushy;
 
 use bc_control::client::ApiClient;
