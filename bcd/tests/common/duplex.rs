@@ -1,16 +1,16 @@
 //! Bulk bytes both ways through a tunnel at once, hashed, with a local service whose reading never waits on its
 //! writing.
 //!
-//! An echo service (read, then write what was read) stops reading while its write is blocked. On Linux 6.17 and
-//! later (this machine runs 6.18) that can stall a loopback connection until TCP gives up when both directions
-//! carry bulk data: the echo's full receive queue drops an in-window segment for memory (`PROTO_MEM`), each
-//! retransmission of it then ends beyond the window and is dropped whole, its ACK with it
+//! An echo service (read, then write what was read) stops reading while its write is blocked. On Linux since "tcp: do
+//! not accept packets beyond window" (July 2025; this machine runs 6.18) that can stall a loopback connection until TCP
+//! gives up when both directions carry bulk data: the echo's full receive queue drops an in-window segment for memory
+//! (`PROTO_MEM`), each retransmission of it then ends beyond the window and is dropped whole, its ACK with it
 //! (`TCP_INVALID_END_SEQUENCE`, counted as `TcpExtBeyondWindow`), so the echo's own data is never acknowledged, its
 //! write never ends and its queue is never read, until `tcp_retries2` (about 15 minutes) resets the connection. Seen
-//! 2026-12-07 between bcd and the test's echo in 1 of 18 runs of `bcd/tests/tunnel.rs` (the stop 54 note): the
-//! kernel's and the echo's doing, not the relay's, and a test that stalls on it says nothing about bcd. The
-//! [`duplex`] service sends its own bytes and hashes what it reads, each on its own task, as an interactive service
-//! (a shell over ssh, a notebook) does.
+//! 2026-12-07 between bcd and the test's echo in 1 of 18 runs of `bcd/tests/tunnel.rs` (the stop 54 note): the kernel's
+//! and the echo's doing, not the relay's, and a test that stalls on it says nothing about bcd. The [`duplex`] service
+//! sends its own bytes and hashes what it reads, each on its own task, as an interactive service (a shell over ssh, a
+//! notebook) does.
 
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
