@@ -8,6 +8,7 @@
 //! The allowlist is the node's own word: a control plane that asks for another port is refused here whatever it
 //! granted.
 
+use bc_proto::tunnel::Written;
 use bc_proto::tunnel::bytes::{BufMut as _, BytesMut};
 use bc_proto::v1;
 use bc_proto::v1::tunnel_frame::Frame;
@@ -34,9 +35,8 @@ pub const MAX_FRAME: usize = 64 * 1024;
 /// its own count per node at the same number.
 pub const MAX_OPEN: usize = bc_proto::tunnel::MAX_PER_NODE as usize;
 
-/// The node's backstop for a tunnel that moves no byte either way, or whose gateway or local port stopped reading:
-/// longer than the control plane's idle limit (configurable, 1 h by default), which closes idle tunnels first.
-pub const IDLE_BACKSTOP: Duration = Duration::from_secs(2 * 3600);
+/// The node's backstop for a tunnel that moves no byte either way, or whose gateway or local port stopped reading.
+pub use bc_proto::tunnel::IDLE_BACKSTOP;
 
 /// How long an ended tunnel waits for the gateway to end its stream, so that its last frames are not reset away.
 const DRAIN: Duration = Duration::from_secs(10);
@@ -361,46 +361,42 @@ where
                     // A local service that stopped reading blocks this write. Meanwhile the gateway's stream is
                     // still read, one frame ahead: a close or the stream's end abandons the write (the tunnel
                     // ends, its slot is freed), and the write has the backstop's deadline.
-                    let write = wr.write_all(&d);
-                    tokio::pin!(write);
-                    let deadline = tokio::time::sleep(backstop);
-                    tokio::pin!(deadline);
-                    let written = loop {
-                        tokio::select! {
-                            r = &mut write => break Some(r),
-                            next = inbound.next(), if held.is_none() => {
-                                let ends = !matches!(
-                                    &next,
-                                    Some(Ok(v1::TunnelFrame { frame: Some(Frame::Data(_) | Frame::HalfClose(_)) }))
-                                );
-                                held = Some(next);
-                                if ends {
-                                    break None;
-                                }
-                            }
-                            () = &mut deadline => {
-                                return Err((
+                    let (written, read) = bc_proto::tunnel::write_reading_ahead(
+                        &mut wr,
+                        &d,
+                        inbound.next(),
+                        |n| !matches!(n, Some(Ok(f)) if bc_proto::tunnel::carries_on(f)),
+                        backstop,
+                    )
+                    .await;
+                    held = read;
+                    match written {
+                        Written::Done(r) => {
+                            r.map_err(|e| {
+                                (
                                     Refusal::new(
-                                        C::Idle,
-                                        format!(
-                                            "the local port did not take {} bytes in {} s",
-                                            d.len(),
-                                            backstop.as_secs()
-                                        ),
+                                        C::IoError,
+                                        format!("writing the local port: {e}"),
                                     ),
                                     true,
-                                ));
-                            }
+                                )
+                            })?;
+                            down_bytes.fetch_add(d.len() as u64, Relaxed);
                         }
-                    };
-                    if let Some(r) = written {
-                        r.map_err(|e| {
-                            (
-                                Refusal::new(C::IoError, format!("writing the local port: {e}")),
+                        Written::Abandoned => {}
+                        Written::TimedOut => {
+                            return Err((
+                                Refusal::new(
+                                    C::Idle,
+                                    format!(
+                                        "the local port did not take {} bytes in {} s",
+                                        d.len(),
+                                        backstop.as_secs()
+                                    ),
+                                ),
                                 true,
-                            )
-                        })?;
-                        down_bytes.fetch_add(d.len() as u64, Relaxed);
+                            ));
+                        }
                     }
                 }
                 Some(Frame::HalfClose(_)) => {

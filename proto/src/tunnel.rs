@@ -30,6 +30,12 @@ pub const H2_MAX_FRAME: u32 = 128 * 1024;
 /// Tunnels of one node at once, on the node and at a gateway.
 pub const MAX_PER_NODE: u32 = 128;
 
+/// Each end's backstop for a tunnel whose peer takes nothing: the node's for a tunnel that moves no byte either way
+/// or whose gateway or local port stopped reading, `better-compute tunnel`'s for a local connection that stopped
+/// reading. Longer than the control plane's idle limit (configurable, 1 h by default), which closes idle tunnels
+/// first.
+pub const IDLE_BACKSTOP: std::time::Duration = std::time::Duration::from_secs(2 * 3600);
+
 /// HTTP/2 window of a daemon's connection: every tunnel at its full stream window plus one more for the Session
 /// and the rest (HTTP/2's largest window is 2^31-1).
 pub const CONNECTION_WINDOW: u32 = STREAM_WINDOW * (MAX_PER_NODE + 1);
@@ -139,6 +145,59 @@ pub async fn write<W: AsyncWrite + Unpin>(
 }
 
 /// A frame of `f`.
+/// How [`write_reading_ahead`]'s write to a local peer ended.
+#[derive(Debug)]
+pub enum Written {
+    /// The write went through, or failed.
+    Done(std::io::Result<()>),
+    /// What was read ahead ends the tunnel (a close, the link's end or its failure): the write is abandoned.
+    Abandoned,
+    /// The peer took nothing for the backstop.
+    TimedOut,
+}
+
+/// Whether a frame leaves the tunnel open for what follows it: data or a half-close (a close ends it).
+pub fn carries_on(f: &v1::TunnelFrame) -> bool {
+    matches!(
+        f.frame,
+        Some(v1::tunnel_frame::Frame::Data(_) | v1::tunnel_frame::Frame::HalfClose(_))
+    )
+}
+
+/// Writes `data` to `w`, a local peer that may stop reading, while `next` (a cancel-safe read of the link's next
+/// frame) runs beside it: what it reads is returned for the caller to handle next, and when `ends` holds for it the
+/// write is abandoned, so a close behind a blocked write ends the tunnel at once. The write has `backstop` as its
+/// deadline. A tunnel's end relays with this toward its local side: the node toward its local port, the CLI toward
+/// the operator's program.
+pub async fn write_reading_ahead<W, T>(
+    w: &mut W,
+    data: &[u8],
+    next: impl Future<Output = T>,
+    ends: impl Fn(&T) -> bool,
+    backstop: std::time::Duration,
+) -> (Written, Option<T>)
+where
+    W: AsyncWrite + Unpin,
+{
+    let write = w.write_all(data);
+    let deadline = tokio::time::sleep(backstop);
+    tokio::pin!(write, deadline, next);
+    let mut read = None;
+    loop {
+        tokio::select! {
+            r = &mut write => return (Written::Done(r), read),
+            n = &mut next, if read.is_none() => {
+                let end = ends(&n);
+                read = Some(n);
+                if end {
+                    return (Written::Abandoned, read);
+                }
+            }
+            () = &mut deadline => return (Written::TimedOut, read),
+        }
+    }
+}
+
 pub fn frame(f: v1::tunnel_frame::Frame) -> v1::TunnelFrame {
     v1::TunnelFrame { frame: Some(f) }
 }

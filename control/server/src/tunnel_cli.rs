@@ -89,8 +89,18 @@ pub async fn connect(
 }
 
 /// Relays `local` through the tunnel `link` until both sides half-closed and the API ended the link, or either side
-/// closed.
+/// closed. A local connection that stops reading does not hold the tunnel past a close or the link's end that
+/// comes right behind the blocked frame, nor past [`wire::IDLE_BACKSTOP`].
 pub async fn forward<L, T>(local: L, link: T) -> Forwarded
+where
+    L: AsyncRead + AsyncWrite,
+    T: AsyncRead + AsyncWrite,
+{
+    forward_within(local, link, wire::IDLE_BACKSTOP).await
+}
+
+/// [`forward`] with `backstop` for a write to a local connection that takes nothing.
+async fn forward_within<L, T>(local: L, link: T, backstop: std::time::Duration) -> Forwarded
 where
     L: AsyncRead + AsyncWrite,
     T: AsyncRead + AsyncWrite,
@@ -132,8 +142,14 @@ where
     // why the tunnel ended early (the node's session ended while the operator still wrote).
     let down = async {
         let mut half_closed = false;
+        // A frame read while a write to the local connection was blocked, handled next.
+        let mut held = None;
         loop {
-            let f = match tr.next().await {
+            let next = match held.take() {
+                Some(next) => next,
+                None => tr.next().await,
+            };
+            let f = match next {
                 Ok(Some(f)) => f,
                 Ok(None) if half_closed => return Ok(()),
                 Ok(None) => {
@@ -152,13 +168,40 @@ where
                     ));
                 }
                 Some(Frame::Data(d)) => {
-                    if let Err(e) = lw.write_all(&d).await {
-                        return Err((
-                            "ABORTED".into(),
-                            format!("writing the local connection: {e}"),
-                        ));
+                    // The operator's program may stop reading and block this write. Meanwhile the link is read
+                    // one frame ahead (`FrameReader::next` is cancel-safe): a close or the link's end abandons
+                    // the write; the write has the backstop's deadline.
+                    let (written, read) = wire::write_reading_ahead(
+                        &mut lw,
+                        &d,
+                        tr.next(),
+                        |n| !matches!(n, Ok(Some(f)) if wire::carries_on(f)),
+                        backstop,
+                    )
+                    .await;
+                    held = read;
+                    match written {
+                        wire::Written::Done(Ok(())) => {
+                            from_node.fetch_add(d.len() as u64, Relaxed);
+                        }
+                        wire::Written::Done(Err(e)) => {
+                            return Err((
+                                "ABORTED".into(),
+                                format!("writing the local connection: {e}"),
+                            ));
+                        }
+                        wire::Written::Abandoned => {}
+                        wire::Written::TimedOut => {
+                            return Err((
+                                bc_mod_tunnels::relay::code_name(v1::TunnelCloseCode::Idle),
+                                format!(
+                                    "the local connection did not take {} bytes in {} s",
+                                    d.len(),
+                                    backstop.as_secs()
+                                ),
+                            ));
+                        }
                     }
-                    from_node.fetch_add(d.len() as u64, Relaxed);
                 }
                 Some(Frame::HalfClose(_)) if !half_closed => {
                     let _ = lw.shutdown().await;
@@ -351,4 +394,116 @@ fn print_ports(out: Format, v: &PoolPorts) -> anyhow::Result<()> {
         t.row(vec![v.pool.clone(), ports.join(",")]);
         t
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::DuplexStream;
+    use tokio::task::JoinHandle;
+
+    fn data(byte: u8) -> v1::TunnelFrame {
+        wire::frame(Frame::Data(vec![byte; wire::MAX_DATA].into()))
+    }
+
+    /// `forward` between a local program that reads nothing yet (a 1 KiB pipe) and the API's end of the link,
+    /// which sends one full data frame the pipe cannot take: the task, the program's end and the API's end.
+    async fn blocked_write(
+        backstop: Duration,
+    ) -> (JoinHandle<Forwarded>, DuplexStream, DuplexStream) {
+        let (local, program) = tokio::io::duplex(1024);
+        let (link, mut api) = tokio::io::duplex(1 << 20);
+        let task = tokio::spawn(forward_within(local, link, backstop));
+        wire::write(&mut api, &data(1))
+            .await
+            .expect("the link takes a frame");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !task.is_finished(),
+            "a write to a program that does not read blocks"
+        );
+        (task, program, api)
+    }
+
+    async fn ended(task: JoinHandle<Forwarded>) -> Forwarded {
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the tunnel ends while its write is blocked")
+            .expect("forward")
+    }
+
+    #[tokio::test]
+    async fn a_close_while_the_local_program_does_not_read_ends_the_tunnel() {
+        let (task, _program, mut api) = blocked_write(wire::IDLE_BACKSTOP).await;
+        let close = wire::close(v1::TunnelCloseCode::Aborted, "the node's service closed");
+        wire::write(&mut api, &close).await.expect("write");
+        let out = ended(task).await;
+        assert_eq!(
+            out.closed,
+            Some(("ABORTED".into(), "the node's service closed".into()))
+        );
+        assert_eq!(out.from_node, 0, "the abandoned write is not counted");
+    }
+
+    #[tokio::test]
+    async fn the_link_ending_while_the_local_program_does_not_read_ends_the_tunnel() {
+        let (task, _program, api) = blocked_write(wire::IDLE_BACKSTOP).await;
+        drop(api);
+        let out = ended(task).await;
+        assert_eq!(
+            out.closed,
+            Some((
+                "ABORTED".into(),
+                "the API ended the tunnel before a half-close".into()
+            ))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_local_program_that_stops_reading_is_given_up_at_the_backstop() {
+        let (task, _program, mut api) = blocked_write(Duration::from_secs(1)).await;
+        // Held behind the blocked write, and no close comes.
+        wire::write(&mut api, &data(2)).await.expect("write");
+        let out = ended(task).await;
+        assert_eq!(
+            out.closed,
+            Some((
+                "IDLE".into(),
+                format!(
+                    "the local connection did not take {} bytes in 1 s",
+                    wire::MAX_DATA
+                )
+            ))
+        );
+    }
+
+    /// A frame read ahead while the write was blocked is written next, in order, once the program reads again.
+    #[tokio::test]
+    async fn a_slow_program_gets_every_frame_in_order() {
+        let (task, mut program, mut api) = blocked_write(wire::IDLE_BACKSTOP).await;
+        wire::write(&mut api, &data(2)).await.expect("write");
+        wire::write(
+            &mut api,
+            &wire::frame(Frame::HalfClose(v1::TunnelHalfClose {})),
+        )
+        .await
+        .expect("write");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut got = Vec::new();
+        program.read_to_end(&mut got).await.expect("read");
+        let mut want = vec![1u8; wire::MAX_DATA];
+        want.extend(vec![2u8; wire::MAX_DATA]);
+        assert!(got == want, "{} bytes, not both frames in order", got.len());
+        // The program half-closes; the API ends the link once both sides did.
+        program.shutdown().await.expect("shutdown");
+        let mut link = wire::FrameReader::new(&mut api);
+        let f = link.next().await.expect("read").expect("a frame");
+        assert!(matches!(f.frame, Some(Frame::HalfClose(_))), "{f:?}");
+        drop(link);
+        drop(api);
+        let out = ended(task).await;
+        assert_eq!(out.closed, None);
+        assert_eq!(out.from_node, 2 * wire::MAX_DATA as u64);
+    }
 }
