@@ -122,6 +122,8 @@ struct Node {
     config: PathBuf,
     fixture: PathBuf,
     log: PathBuf,
+    /// The VMM's state directory, where each instance's serial console is kept.
+    vmm: Option<PathBuf>,
 }
 
 async fn vps_node(p: &Plane, dir: &Path, name: &str, vmm: Option<&Path>) -> Node {
@@ -148,6 +150,7 @@ async fn vps_node(p: &Plane, dir: &Path, name: &str, vmm: Option<&Path>) -> Node
         dir: dir.to_path_buf(),
         config,
         fixture,
+        vmm: vmm.map(Path::to_path_buf),
     }
 }
 
@@ -224,10 +227,21 @@ async fn wait_instance(
         if Instant::now() >= end {
             let log = std::fs::read_to_string(&node.log).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            // The guest's own account: where a boot stopped (a TCG boot once never finished cloud-init).
+            let console = node
+                .vmm
+                .as_ref()
+                .and_then(|v| {
+                    std::fs::read_to_string(v.join("instances").join(id).join("console.log")).ok()
+                })
+                .unwrap_or_default();
+            let screen: Vec<&str> = console.lines().rev().take(40).collect();
             panic!(
-                "{id}: not {what} within {} s; last answer {v}\nbcd log (newest first):\n{}",
+                "{id}: not {what} within {} s; last answer {v}\nbcd log (newest first):\n{}\nserial console ({} bytes, newest first):\n{}",
                 deadline.as_secs(),
-                tail.join("\n")
+                tail.join("\n"),
+                console.len(),
+                screen.join("\n")
             );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
