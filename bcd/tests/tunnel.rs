@@ -13,36 +13,12 @@ use bc_proto::token::{Token, TokenKind};
 use common::*;
 use serde_json::json;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Child;
 
-/// A local service: echoes what it reads, then half-closes after the peer's EOF; counts its connections.
-struct Echo {
-    port: u16,
-    accepted: Arc<AtomicU64>,
-}
-
-async fn echo() -> Echo {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind echo");
-    let port = l.local_addr().expect("addr").port();
-    let accepted = Arc::new(AtomicU64::new(0));
-    let count = accepted.clone();
-    tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            count.fetch_add(1, Relaxed);
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.into_split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    Echo { port, accepted }
-}
+use duplex::{Echo, echo};
 
 /// A port nothing listens on.
 async fn dead_port() -> u16 {
@@ -318,7 +294,7 @@ async fn a_hundred_concurrent_tunnel_connections_each_carry_their_own_bytes() ->
         assert_eq!(back.bytes, 1 << 20);
         assert_eq!(sent, back);
     }
-    assert_eq!(lab.echo.accepted.load(Relaxed), 100);
+    assert_eq!(lab.echo.accepted(), 100);
     Ok(())
 }
 
@@ -341,7 +317,7 @@ async fn refusals_close_only_their_own_tunnel_and_say_why() -> TestResult {
     let (code, reason) = f.closed.expect("refused by the node");
     assert_eq!(code, "PORT_NOT_ALLOWED", "{reason}");
     assert!(reason.contains("bcd.toml"), "{reason}");
-    assert_eq!(lab.node_refuses.accepted.load(Relaxed), 0);
+    assert_eq!(lab.node_refuses.accepted(), 0);
     // The pool's allowlist refuses a port the node allows: the node is never asked.
     let before = lab.opens_sent();
     let (f, _) = lab.once(&lab.api, lab.pool_refuses.port, b"x").await;
@@ -352,7 +328,7 @@ async fn refusals_close_only_their_own_tunnel_and_say_why() -> TestResult {
     );
     assert!(reason.contains("tunnel allowlist"), "{reason}");
     assert_eq!(lab.opens_sent(), before, "the node was asked");
-    assert_eq!(lab.pool_refuses.accepted.load(Relaxed), 0);
+    assert_eq!(lab.pool_refuses.accepted(), 0);
     // No grant: ACCESS_DENIED, nothing sent to the node.
     let nogrant = lab
         .principal("viewer", &[("compute:nodes:list", "pool/default")])

@@ -23,22 +23,6 @@ use tokio::net::{TcpListener, TcpStream};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-/// A local service that echoes what it reads and half-closes after the peer's EOF.
-async fn echo() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind echo");
-    let port = l.local_addr().expect("addr").port();
-    tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.into_split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    port
-}
-
 /// Bytes each way of the relayed transfer: 64 MiB unless `BC_TUNNEL_RELAY_BYTES` says otherwise.
 fn relay_bytes() -> u64 {
     std::env::var("BC_TUNNEL_RELAY_BYTES")
@@ -65,7 +49,7 @@ struct Lab {
     /// Allowed by the pool and the nodes: [`relay_bytes`] each way at once.
     duplex: duplex::Duplex,
     /// Allowed by the pool, not by the nodes.
-    node_refuses: u16,
+    node_refuses: duplex::Echo,
     /// Each node's `bcd run`, by node id.
     pids: std::collections::BTreeMap<String, u32>,
 }
@@ -113,13 +97,17 @@ async fn lab_with(balancer: bool, gateways: usize, extra: &str) -> Option<Lab> {
     .expect("task")
     .unwrap_or_else(|e| panic!("{e}"));
     let admin = ApiClient::new(&lab.api_url, &key);
-    let (echo, node_refuses, dead) = (echo().await, echo().await, dead_port().await);
+    let (echo, node_refuses, dead) = (
+        duplex::echo().await.port,
+        duplex::echo().await,
+        dead_port().await,
+    );
     let duplex = duplex::duplex(relay_bytes()).await;
     admin
         .call(
             "tunnels",
             "set-ports",
-            json!({"pool": "default", "ports": [echo, dead, node_refuses, duplex.port]}),
+            json!({"pool": "default", "ports": [echo, dead, node_refuses.port, duplex.port]}),
         )
         .await
         .expect("set-ports");
@@ -456,12 +444,13 @@ async fn an_api_process_relays_tunnels_to_a_node_held_by_another_process() -> Te
         Some("DIAL_REFUSED"),
         "{f:?}"
     );
-    let (f, _) = lab.once(&node, lab.node_refuses, b"x").await;
+    let (f, _) = lab.once(&node, lab.node_refuses.port, b"x").await;
     assert_eq!(
         f.closed.as_ref().map(|c| c.0.as_str()),
         Some("PORT_NOT_ALLOWED"),
         "{f:?}"
     );
+    assert_eq!(lab.node_refuses.accepted(), 0, "refused without a dial");
     assert_eq!(lab.finished(&node).await["outcome"], "PORT_NOT_ALLOWED");
     // A small echo after them: the relay's connection is unharmed.
     let (f, back) = lab.once(&node, lab.echo, b"after").await;

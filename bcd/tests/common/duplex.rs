@@ -10,8 +10,10 @@
 //! 2026-12-07 between bcd and the test's echo in 1 of 18 runs of `bcd/tests/tunnel.rs` (the stop 54 note): the kernel's
 //! and the echo's doing, not the relay's, and a test that stalls on it says nothing about bcd. The [`duplex`] service
 //! sends its own bytes and hashes what it reads, each on its own task, as an interactive service (a shell over ssh, a
-//! notebook) does.
+//! notebook) does. The [`echo`] service is kept for tunnels too small to fill a socket's queue.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -122,4 +124,35 @@ pub async fn exchange(addr: std::net::SocketAddr, bytes: u64) -> std::io::Result
     let (r, w) = s.into_split();
     let (sent, got) = tokio::join!(send_random(w, bytes), read_hashed(r));
     Ok((sent?, got?))
+}
+
+/// A local service that echoes what it reads and half-closes after the peer's EOF; counts its connections.
+pub struct Echo {
+    pub port: u16,
+    accepted: Arc<AtomicU64>,
+}
+
+impl Echo {
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Relaxed)
+    }
+}
+
+pub async fn echo() -> Echo {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind echo");
+    let port = l.local_addr().expect("addr").port();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            count.fetch_add(1, Relaxed);
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    Echo { port, accepted }
 }
