@@ -13,6 +13,7 @@ use bc_proto::v1;
 use bc_proto::v1::tunnel_frame::Frame;
 use clap::Subcommand;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -108,7 +109,6 @@ where
     let (mut lr, mut lw) = tokio::io::split(local);
     let (tr, mut tw) = tokio::io::split(link);
     let mut tr = wire::FrameReader::new(tr);
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     let to_node = AtomicU64::new(0);
     let from_node = AtomicU64::new(0);
     let up = async {
@@ -140,88 +140,7 @@ where
     };
     // After the node's half-close the link is still read: the API ends it once both sides half-closed, or sends
     // why the tunnel ended early (the node's session ended while the operator still wrote).
-    let down = async {
-        let mut half_closed = false;
-        // A frame read while a write to the local connection was blocked, handled next.
-        let mut held = None;
-        loop {
-            let next = match held.take() {
-                Some(next) => next,
-                None => tr.next().await,
-            };
-            let f = match next {
-                Ok(Some(f)) => f,
-                Ok(None) if half_closed => return Ok(()),
-                Ok(None) => {
-                    return Err((
-                        "ABORTED".to_string(),
-                        "the API ended the tunnel before a half-close".to_string(),
-                    ));
-                }
-                Err(e) => return Err(("PROTOCOL".to_string(), e.to_string())),
-            };
-            match f.frame {
-                Some(Frame::Data(_)) if half_closed => {
-                    return Err((
-                        "PROTOCOL".into(),
-                        "the API sent data after the node's half-close".into(),
-                    ));
-                }
-                Some(Frame::Data(d)) => {
-                    // The operator's program may stop reading and block this write. Meanwhile the link is read
-                    // one frame ahead (`FrameReader::next` is cancel-safe): a close or the link's end abandons
-                    // the write; the write has the backstop's deadline.
-                    let (written, read) = wire::write_reading_ahead(
-                        &mut lw,
-                        &d,
-                        tr.next(),
-                        |n| !matches!(n, Ok(Some(f)) if wire::carries_on(f)),
-                        backstop,
-                    )
-                    .await;
-                    held = read;
-                    match written {
-                        wire::Written::Done(Ok(())) => {
-                            from_node.fetch_add(d.len() as u64, Relaxed);
-                        }
-                        wire::Written::Done(Err(e)) => {
-                            return Err((
-                                "ABORTED".into(),
-                                format!("writing the local connection: {e}"),
-                            ));
-                        }
-                        wire::Written::Abandoned => {}
-                        wire::Written::TimedOut => {
-                            return Err((
-                                bc_mod_tunnels::relay::code_name(v1::TunnelCloseCode::Idle),
-                                format!(
-                                    "the local connection did not take {} bytes in {} s",
-                                    d.len(),
-                                    backstop.as_secs()
-                                ),
-                            ));
-                        }
-                    }
-                }
-                Some(Frame::HalfClose(_)) if !half_closed => {
-                    let _ = lw.shutdown().await;
-                    half_closed = true;
-                }
-                Some(Frame::Close(c)) => {
-                    let code = v1::TunnelCloseCode::try_from(c.code)
-                        .map(bc_mod_tunnels::relay::code_name)
-                        .unwrap_or_else(|_| format!("code {}", c.code));
-                    return Err((code, c.reason));
-                }
-                _ => {
-                    return Err((
-                        "PROTOCOL".into(),
-                        "the API sent a frame other than data, half_close or close".into(),
-                    ));
-                }
-            }
-        }
-    };
+    let down = to_local(&mut tr, &mut lw, &from_node, backstop);
     tokio::pin!(up, down);
     let (mut up_done, mut down_done) = (false, false);
     let mut link_lost = None;
@@ -248,6 +167,99 @@ where
         to_node: to_node.load(Relaxed),
         from_node: from_node.load(Relaxed),
         closed,
+    }
+}
+
+/// The API → local half of [`forward_within`]. Ok: the node half-closed and the API then ended the link.
+async fn to_local<R, W>(
+    tr: &mut wire::FrameReader<R>,
+    lw: &mut W,
+    from_node: &AtomicU64,
+    backstop: std::time::Duration,
+) -> Result<(), (String, String)>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut half_closed = false;
+    // A frame read while a write to the local connection was blocked, handled next.
+    let mut held = None;
+    loop {
+        let next = match held.take() {
+            Some(next) => next,
+            None => tr.next().await,
+        };
+        let f = match next {
+            Ok(Some(f)) => f,
+            Ok(None) if half_closed => return Ok(()),
+            Ok(None) => {
+                return Err((
+                    "ABORTED".to_string(),
+                    "the API ended the tunnel before a half-close".to_string(),
+                ));
+            }
+            Err(e) => return Err(("PROTOCOL".to_string(), e.to_string())),
+        };
+        match f.frame {
+            Some(Frame::Data(_)) if half_closed => {
+                return Err((
+                    "PROTOCOL".into(),
+                    "the API sent data after the node's half-close".into(),
+                ));
+            }
+            Some(Frame::Data(d)) => {
+                // The operator's program may stop reading and block this write. Meanwhile the link is read
+                // one frame ahead (`FrameReader::next` is cancel-safe): a close or the link's end abandons
+                // the write; the write has the backstop's deadline.
+                let (written, read) = wire::write_reading_ahead(
+                    lw,
+                    &d,
+                    tr.next(),
+                    |n| !matches!(n, Ok(Some(f)) if wire::carries_on(f)),
+                    backstop,
+                )
+                .await;
+                held = read;
+                match written {
+                    wire::Written::Done(Ok(())) => {
+                        from_node.fetch_add(d.len() as u64, Relaxed);
+                    }
+                    wire::Written::Done(Err(e)) => {
+                        return Err((
+                            "ABORTED".into(),
+                            format!("writing the local connection: {e}"),
+                        ));
+                    }
+                    wire::Written::Abandoned => {}
+                    wire::Written::TimedOut => {
+                        return Err((
+                            bc_mod_tunnels::relay::code_name(v1::TunnelCloseCode::Idle),
+                            format!(
+                                "the local connection did not take {} bytes in {} s",
+                                d.len(),
+                                backstop.as_secs()
+                            ),
+                        ));
+                    }
+                }
+            }
+            Some(Frame::HalfClose(_)) if !half_closed => {
+                let _ = lw.shutdown().await;
+                half_closed = true;
+            }
+            Some(Frame::Close(c)) => {
+                let code = v1::TunnelCloseCode::try_from(c.code)
+                    .map(bc_mod_tunnels::relay::code_name)
+                    .unwrap_or_else(|_| format!("code {}", c.code));
+                return Err((code, c.reason));
+            }
+            _ => {
+                return Err((
+                    "PROTOCOL".into(),
+                    "the API sent a frame other than data, half_close or close".into(),
+                ));
+            }
+        }
     }
 }
 
