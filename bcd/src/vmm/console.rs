@@ -69,15 +69,66 @@ pub fn tail(path: &Path, max_bytes: usize) -> std::io::Result<Vec<u8>> {
 }
 
 /// Whether cloud-init's final message (`Cloud-init v. <version> finished at …`) appears after the last start
-/// mark. Pure.
+/// mark, also when kernel messages landed inside it ([`rejoined`]). Pure.
 pub fn cloud_init_done_in(log: &[u8]) -> bool {
     let text = String::from_utf8_lossy(log);
     let boot = match text.rfind(START_MARK) {
         Some(i) => &text[i..],
         None => &text[..],
     };
-    boot.lines()
-        .any(|l| l.contains("Cloud-init v. ") && l.contains(" finished at "))
+    let finished = |l: &str| l.contains("Cloud-init v. ") && l.contains(" finished at ");
+    boot.lines().any(finished) || rejoined(boot.lines()).iter().any(|l| finished(l))
+}
+
+/// Kernel messages inside one line that are looked past before the line is given up as cut.
+const MAX_INSERTED: usize = 16;
+
+/// The console's lines with each kernel message that landed inside another line taken out and that line made whole
+/// again. A program's console output (journald's copy of cloud-init's lines) waits in the tty's buffer and goes to
+/// the UART a FIFO at a time, while the kernel writes its messages to the UART directly; a warning printed meanwhile
+/// (an RCU stall or a clocksource change on a starved TCG guest) splits the line:
+/// `… Cloud-init v. 22.4.2 fin[   40.1] rcu: INFO: …` then `[   40.1] rcu: …` then `ished at …`.
+fn rejoined<'a>(lines: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut out = Vec::new();
+    // The start of a line cut by a kernel message, and how many kernel lines came since.
+    let mut cut: Option<(String, usize)> = None;
+    for line in lines {
+        let head = match cut.take() {
+            Some((head, n)) if stamp_at(line, 0) => {
+                if n < MAX_INSERTED {
+                    cut = Some((head, n + 1));
+                    continue;
+                }
+                out.push(head);
+                String::new()
+            }
+            Some((head, _)) => head,
+            None => String::new(),
+        };
+        let whole = head + line;
+        match (1..whole.len()).find(|&i| stamp_at(&whole, i)) {
+            Some(i) => cut = Some((whole[..i].to_string(), 0)),
+            None => out.push(whole),
+        }
+    }
+    out.extend(cut.map(|(head, _)| head));
+    out
+}
+
+/// Whether a kernel message's timestamp (`[   40.123456]`) starts at byte `i` of `s`.
+fn stamp_at(s: &str, i: usize) -> bool {
+    let Some(rest) = s.get(i..).and_then(|r| r.strip_prefix('[')) else {
+        return false;
+    };
+    let rest = rest.trim_start_matches(' ');
+    let Some((secs, rest)) = rest.split_once('.') else {
+        return false;
+    };
+    let frac_len = rest.bytes().take_while(u8::is_ascii_digit).count();
+    !secs.is_empty()
+        && secs.bytes().all(|b| b.is_ascii_digit())
+        && frac_len > 0
+        && rest[frac_len..].starts_with(']')
 }
 
 /// [`cloud_init_done_in`] over both files of the log.
@@ -139,5 +190,38 @@ mod tests {
         assert!(cloud_init_done(&path));
         mark_start(&path).expect("mark");
         assert!(!cloud_init_done(&path));
+    }
+
+    #[test]
+    fn kernel_messages_inside_the_final_line_do_not_hide_it() {
+        let tail = "ished at Tue, 01 Dec 2026 10:00:00 +0000. Datasource DataSourceNoCloud [seed=/dev/vdb][dsmode=net].  \
+                    Up 40.10 seconds\r\n";
+        // An RCU stall report (two kernel lines) inside the line.
+        let stall = format!(
+            "{START_MARK}\n[   40.100000] cloud-init[412]: Cloud-init v. 22.4.2 fin[   40.123456] rcu: INFO: \
+             rcu_sched self-detected stall on CPU\r\n[   40.123460] rcu: \t1-....: (5249 ticks this GP)\r\n{tail}"
+        );
+        assert!(cloud_init_done_in(stall.as_bytes()));
+        // Cut twice.
+        let twice = format!(
+            "[ 40.1] cloud-init[412]: Cloud-init v. 22.4.2 fin[ 40.2] clocksource: tsc unstable\r\nis\
+             [ 40.3] hrtimer: interrupt took 2301 ns\r\n{}",
+            &tail[2..]
+        );
+        assert!(cloud_init_done_in(twice.as_bytes()));
+        // Joined pieces are not a finish when they do not say so, and a line cut for good stays cut.
+        let running =
+            "[ 13.7] cloud-init[169]: Cloud-init v. 22.4.2 run[ 13.8] x\r\nning 'init-local'\r\n";
+        assert!(!cloud_init_done_in(running.as_bytes()));
+        let lost = format!(
+            "[ 40.1] cloud-init[412]: Cloud-init v. 22.4.2 fin[ 40.2] x\r\n{}{tail}",
+            "[ 40.3] y\r\n".repeat(MAX_INSERTED + 1)
+        );
+        assert!(!cloud_init_done_in(lost.as_bytes()));
+        // The bracketed fields of the line itself are not kernel timestamps.
+        assert!(!stamp_at("cloud-init[412]", 10));
+        assert!(!stamp_at("[seed=/dev/vdb]", 0));
+        assert!(!stamp_at("[12.]", 0));
+        assert!(stamp_at("x[    0.000000] Linux", 1));
     }
 }
