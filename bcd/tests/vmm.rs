@@ -231,9 +231,7 @@ async fn wait_instance(
             let console = node
                 .vmm
                 .as_ref()
-                .and_then(|v| {
-                    std::fs::read_to_string(v.join("instances").join(id).join("console.log")).ok()
-                })
+                .and_then(|v| std::fs::read_to_string(console_of(v, id)).ok())
                 .unwrap_or_default();
             let screen: Vec<&str> = console.lines().rev().take(40).collect();
             panic!(
@@ -246,6 +244,11 @@ async fn wait_instance(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// An instance's serial console log under the VMM's state directory.
+fn console_of(vmm: &Path, id: &str) -> PathBuf {
+    bcd::vmm::instance_dir(vmm, id).join(bcd::vmm::console::FILE)
 }
 
 fn observed<'a>(v: &'a Value, field: &str) -> &'a Value {
@@ -368,8 +371,7 @@ async fn an_instance_lives_its_whole_life_through_the_control_plane_under_qemu()
     )
     .await;
     let to_done = t0.elapsed();
-    let console = std::fs::read_to_string(vmm.join("instances").join(&id).join("console.log"))
-        .unwrap_or_default();
+    let console = std::fs::read_to_string(console_of(&vmm, &id)).unwrap_or_default();
     assert!(
         console.contains("DataSourceNoCloud"),
         "cloud-init read the NoCloud seed"

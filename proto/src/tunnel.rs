@@ -144,7 +144,6 @@ pub async fn write<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// A frame of `f`.
 /// How [`write_reading_ahead`]'s write to a local peer ended.
 #[derive(Debug)]
 pub enum Written {
@@ -198,6 +197,7 @@ where
     }
 }
 
+/// A frame of `f`.
 pub fn frame(f: v1::tunnel_frame::Frame) -> v1::TunnelFrame {
     v1::TunnelFrame { frame: Some(f) }
 }
