@@ -449,6 +449,119 @@ async fn lost_acks_are_retransmitted_and_silence_is_capped() -> Result<()> {
     f.stop().await
 }
 
+fn rrq(name: &str, options: RequestOptions) -> Vec<u8> {
+    let mut out = Vec::new();
+    Packet::Rrq(Request {
+        filename: name.into(),
+        mode: Mode::Octet,
+        options,
+    })
+    .encode(&mut out);
+    out
+}
+
+/// A client that acknowledges every block well inside the timeout, but slowly, is cut off at
+/// `max_transfer_time` with error 0 and frees its slot; its `timeout` option of 255 s (above
+/// `max_client_timeout`) is declined. Before both limits one such client held a slot for as long as it liked.
+#[tokio::test]
+async fn a_slow_steady_client_is_cut_off_at_the_transfer_deadline() -> Result<()> {
+    let f = start(Limits {
+        timeout: Duration::from_millis(800),
+        max_transfer_time: Duration::from_secs(1),
+        ..Limits::default()
+    })
+    .await?;
+    let sock = UdpSocket::bind("127.0.0.1:0").await?;
+    // 1,000 bytes in 8-byte blocks: 126 blocks, 25 s at one ACK every 200 ms.
+    sock.send_to(&rrq("small.bin", opts(Some(8), None, Some(255))), f.addr)
+        .await?;
+    let began = tokio::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    let mut out = Vec::new();
+    let mut blocks = 0;
+    let message = loop {
+        let (n, from) = timeout(Duration::from_secs(3), sock.recv_from(&mut buf)).await??;
+        let block = match Packet::decode(&buf[..n])? {
+            Packet::Oack(o) => {
+                assert!(
+                    !o.iter().any(|(k, _)| k == "timeout"),
+                    "a 255 s timeout must be declined: {o:?}"
+                );
+                0
+            }
+            Packet::Data { block, data } => {
+                blocks += 1;
+                assert_eq!(data.len(), 8, "the transfer must not finish: block {block}");
+                block
+            }
+            Packet::Error { code, message } => {
+                assert_eq!(code, ErrorCode::NotDefined);
+                break message;
+            }
+            other => bail!("unexpected {other:?}"),
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Packet::Ack { block }.encode(&mut out);
+        sock.send_to(&out, from).await?;
+    };
+    let took = began.elapsed();
+    assert!(message.contains("longer than"), "{message}");
+    assert!(
+        (Duration::from_millis(900)..Duration::from_millis(2500)).contains(&took),
+        "cut off after {took:?} and {blocks} blocks"
+    );
+    wait_counter(&f.counters.failed, 1).await?;
+    f.stop().await
+}
+
+/// One address runs at most `max_per_client` transfers; another address is still served meanwhile.
+#[tokio::test]
+async fn one_address_gets_at_most_its_share_of_the_slots() -> Result<()> {
+    let f = start(Limits {
+        max_per_client: 1,
+        timeout: Duration::from_secs(5),
+        ..Limits::default()
+    })
+    .await?;
+    let mut buf = [0u8; 1024];
+    // The first transfer from 127.0.0.1 starts and stalls (never acknowledged).
+    let holder = UdpSocket::bind("127.0.0.1:0").await?;
+    holder
+        .send_to(&rrq("small.bin", RequestOptions::default()), f.addr)
+        .await?;
+    let (n, _) = timeout(Duration::from_secs(2), holder.recv_from(&mut buf)).await??;
+    assert!(matches!(
+        Packet::decode(&buf[..n])?,
+        Packet::Data { block: 1, .. }
+    ));
+    // A second from the same address, another port, is refused and told why.
+    let same = UdpSocket::bind("127.0.0.1:0").await?;
+    same.send_to(&rrq("small.bin", RequestOptions::default()), f.addr)
+        .await?;
+    let (n, _) = timeout(Duration::from_secs(2), same.recv_from(&mut buf)).await??;
+    match Packet::decode(&buf[..n])? {
+        Packet::Error { code, message } => {
+            assert_eq!(code, ErrorCode::NotDefined);
+            assert!(
+                message.contains("too many transfers from this address"),
+                "{message}"
+            );
+        }
+        other => bail!("a second transfer from one address was not refused: {other:?}"),
+    }
+    // Another address is served while the first still holds its slot.
+    let other = UdpSocket::bind("127.0.0.2:0").await?;
+    other
+        .send_to(&rrq("small.bin", RequestOptions::default()), f.addr)
+        .await?;
+    let (n, _) = timeout(Duration::from_secs(2), other.recv_from(&mut buf)).await??;
+    assert!(matches!(
+        Packet::decode(&buf[..n])?,
+        Packet::Data { block: 1, .. }
+    ));
+    f.stop().await
+}
+
 #[tokio::test]
 async fn concurrency_is_bounded_and_writes_refused() -> Result<()> {
     let f = start(Limits {

@@ -94,6 +94,12 @@ pub struct TftpWire {
     pub max_blksize: Option<u16>,
     pub max_windowsize: Option<u16>,
     pub timeout_s: Option<u64>,
+    /// Longest retransmit timeout a client may ask for (default 5 s; longer asks are declined).
+    pub max_client_timeout_s: Option<u64>,
+    /// Longest one transfer may run (default 600 s).
+    pub max_transfer_s: Option<u64>,
+    /// Transfers one client address may run at once (default 8).
+    pub max_per_client: Option<usize>,
     pub max_retries: Option<u32>,
     /// Microseconds each ACK is awaited awake before sleeping (default 100; 0 never spins).
     pub ack_spin_us: Option<u64>,
@@ -294,6 +300,30 @@ impl SiteConfigWire {
             }
             tftp.timeout = Duration::from_secs(s);
         }
+        if let Some(s) = t.max_client_timeout_s {
+            if !(1..=255).contains(&s) {
+                return Err(field(
+                    "tftp.max_client_timeout_s",
+                    "must be within 1..=255 (RFC 2349)",
+                ));
+            }
+            tftp.max_client_timeout = Duration::from_secs(s);
+        }
+        if let Some(s) = t.max_transfer_s {
+            if !(1..=86_400).contains(&s) {
+                return Err(field(
+                    "tftp.max_transfer_s",
+                    "must be within 1..=86400 (a day)",
+                ));
+            }
+            tftp.max_transfer_time = Duration::from_secs(s);
+        }
+        if let Some(n) = t.max_per_client {
+            if n == 0 {
+                return Err(field("tftp.max_per_client", "must be at least 1"));
+            }
+            tftp.max_per_client = n;
+        }
         if let Some(r) = t.max_retries {
             tftp.max_retries = r;
         }
@@ -483,6 +513,35 @@ artifacts = "/srv/artifacts"
         assert_eq!(
             err(&t),
             "site.toml: tftp.timeout_s: must be within 1..=255 (RFC 2349)"
+        );
+        for (key, why) in [
+            (
+                "max_client_timeout_s = 300",
+                "tftp.max_client_timeout_s: must be within 1..=255 (RFC 2349)",
+            ),
+            (
+                "max_transfer_s = 0",
+                "tftp.max_transfer_s: must be within 1..=86400 (a day)",
+            ),
+            (
+                "max_per_client = 0",
+                "tftp.max_per_client: must be at least 1",
+            ),
+        ] {
+            let t = format!("{MINIMAL}\n[tftp]\n{key}\n");
+            assert_eq!(err(&t), format!("site.toml: {why}"));
+        }
+        let t = format!(
+            "{MINIMAL}\n[tftp]\nmax_client_timeout_s = 3\nmax_transfer_s = 60\nmax_per_client = 2\n"
+        );
+        let c = SiteConfig::from_toml(&t, Path::new("site.toml")).expect("valid limits");
+        assert_eq!(
+            (
+                c.tftp.max_client_timeout,
+                c.tftp.max_transfer_time,
+                c.tftp.max_per_client
+            ),
+            (Duration::from_secs(3), Duration::from_secs(60), 2)
         );
         let l = MINIMAL.replace("[boot]", "[boot]\nloaders.bios = \"../x\"");
         assert_eq!(

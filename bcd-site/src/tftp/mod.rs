@@ -24,6 +24,16 @@ pub struct Limits {
     pub max_window_bytes: usize,
     /// Retransmit timeout when the client does not ask for one (RFC 2349 allows 1..=255 s).
     pub timeout: Duration,
+    /// Longest retransmit timeout a client may ask for; a longer `timeout` option is declined (left out of the
+    /// OACK) and `timeout` used. RFC 2349 lets a client ask for 255 s, which with `max_retries` would let one
+    /// silent request hold a transfer slot for about 25 minutes.
+    pub max_client_timeout: Duration,
+    /// Longest one transfer may run, however steadily its client acknowledges: a client that ACKs each block
+    /// just before the timeout would otherwise hold its slot for ever. On expiry the client gets error 0.
+    pub max_transfer_time: Duration,
+    /// Transfers one client address may run at once; more get error 0 until one ends (64 slots are otherwise
+    /// 64 requests from one machine).
+    pub max_per_client: usize,
     /// Retransmissions of one window before the transfer is abandoned.
     pub max_retries: u32,
     /// Files up to this size are kept in memory between transfers (0: no cache).
@@ -44,6 +54,9 @@ impl Default for Limits {
             max_windowsize: 64,
             max_window_bytes: 1 << 20,
             timeout: Duration::from_secs(1),
+            max_client_timeout: Duration::from_secs(5),
+            max_transfer_time: Duration::from_secs(600),
+            max_per_client: 8,
             max_retries: 5,
             cache_max_file: 8 << 20,
             cache_max_total: 64 << 20,
@@ -65,7 +78,8 @@ pub struct Negotiated {
 }
 
 /// Accepts the options within RFC ranges, lowered to `limits`; out-of-range options are left out of the OACK,
-/// which per RFC 2347 means "not accepted". `tsize` is answered with `file_size`. Pure.
+/// which per RFC 2347 means "not accepted" (so is a `timeout` above `max_client_timeout`: RFC 2349 has the server
+/// echo the value or decline it, not lower it). `tsize` is answered with `file_size`. Pure.
 pub fn negotiate(req: &RequestOptions, file_size: u64, limits: &Limits) -> Negotiated {
     let mut n = Negotiated {
         blksize: DEFAULT_BLKSIZE,
@@ -78,7 +92,8 @@ pub fn negotiate(req: &RequestOptions, file_size: u64, limits: &Limits) -> Negot
         n.blksize = usize::try_from(b).unwrap_or(DEFAULT_BLKSIZE);
         n.oack.push(("blksize".into(), b.to_string()));
     }
-    if let Some(t) = req.timeout.filter(|t| (1..=255).contains(t)) {
+    let longest = limits.max_client_timeout.as_secs().clamp(1, 255);
+    if let Some(t) = req.timeout.filter(|t| (1..=longest).contains(t)) {
         n.timeout = Duration::from_secs(t);
         n.oack.push(("timeout".into(), t.to_string()));
     }
@@ -102,6 +117,20 @@ mod tests {
     fn plain_requests_get_rfc1350_defaults() {
         let n = negotiate(&RequestOptions::default(), 10, &Limits::default());
         assert_eq!((n.blksize, n.windowsize, n.oack.len()), (512, 1, 0));
+    }
+
+    #[test]
+    fn a_timeout_beyond_the_limit_is_declined() {
+        let limits = Limits::default();
+        let ask = |t| RequestOptions {
+            timeout: Some(t),
+            ..RequestOptions::default()
+        };
+        let n = negotiate(&ask(255), 10, &limits);
+        assert_eq!((n.timeout, n.oack.len()), (limits.timeout, 0));
+        let n = negotiate(&ask(5), 10, &limits);
+        assert_eq!(n.timeout, Duration::from_secs(5));
+        assert_eq!(n.oack, vec![("timeout".to_string(), "5".to_string())]);
     }
 
     #[test]

@@ -1,14 +1,14 @@
 //! The read-only TFTP server: requests arrive on the listening socket; each accepted read runs as its own task
 //! on its own ephemeral socket (the transfer ID of RFC 1350), bounded by a semaphore. Writes are refused.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::future::Future;
 use std::io::{self, Read as _};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
@@ -61,6 +61,7 @@ pub async fn run(
         limits.cache_max_total,
     ));
     let active = Arc::new(AtomicUsize::new(0));
+    let clients = PerClient::default();
     let limits = Arc::new(limits);
     let mut transfers = JoinSet::new();
     let mut buf = vec![0u8; 2048];
@@ -89,13 +90,20 @@ pub async fn run(
             Ok(Packet::Rrq(req)) if req.mode != Mode::Octet => {
                 Some((ErrorCode::IllegalOperation, "only octet mode is served"))
             }
-            Ok(Packet::Rrq(req)) => match slots.clone().try_acquire_owned() {
-                Ok(permit) => {
+            Ok(Packet::Rrq(req)) => match (
+                clients.take(peer.ip(), limits.max_per_client),
+                slots.clone().try_acquire_owned(),
+            ) {
+                (None, _) => Some((
+                    ErrorCode::NotDefined,
+                    "too many transfers from this address at once, retry when one ends",
+                )),
+                (Some(client), Ok(permit)) => {
                     counters.started.fetch_add(1, Ordering::Relaxed);
                     let (root, limits, counters) = (root.clone(), limits.clone(), counters.clone());
                     let (cache, active) = (cache.clone(), active.clone());
                     transfers.spawn(async move {
-                        let _permit = permit;
+                        let (_permit, _client) = (permit, client);
                         let file = req.filename.clone();
                         let _running = Running::start(&active);
                         let began = Instant::now();
@@ -130,7 +138,7 @@ pub async fn run(
                     });
                     None
                 }
-                Err(_) => Some((ErrorCode::NotDefined, "server busy, retry later")),
+                (Some(_), Err(_)) => Some((ErrorCode::NotDefined, "server busy, retry later")),
             },
             Ok(Packet::Wrq(_)) => Some((ErrorCode::AccessViolation, "read-only server")),
             Ok(other) => {
@@ -154,6 +162,44 @@ pub async fn run(
     transfers.shutdown().await;
     debug!("TFTP stopped");
     Ok(())
+}
+
+/// Transfers running per client address.
+#[derive(Default, Clone)]
+struct PerClient(Arc<Mutex<HashMap<IpAddr, usize>>>);
+
+/// One of a client's transfers, counted until dropped.
+struct ClientSlot {
+    clients: PerClient,
+    ip: IpAddr,
+}
+
+impl PerClient {
+    /// A slot for `ip`, or `None` when it already runs `max` transfers.
+    fn take(&self, ip: IpAddr, max: usize) -> Option<ClientSlot> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(ip).or_default();
+        if *n >= max.max(1) {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            clients: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut map = self.clients.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// Counts a transfer as running until dropped (also when its task is cancelled).
@@ -196,6 +242,8 @@ enum TransferError {
     ClientError { code: ErrorCode, message: String },
     #[error("file size changed while being served")]
     SizeChanged,
+    #[error("transfer ran longer than {0:?} (tftp.max_transfer_s)")]
+    TooLong(Duration),
 }
 
 async fn transfer(
@@ -236,32 +284,43 @@ async fn transfer(
         active: active.clone(),
         waits: Waits::default(),
     };
-    if !link.n.oack.is_empty() {
-        Packet::Oack(link.n.oack.clone()).encode(&mut out);
-        // Block 0 acknowledges the OACK. A client that only wanted `tsize` answers with error 8 instead.
-        let oack = VecDeque::from([(0, std::mem::take(&mut out))]);
-        match link.send_until_acked(&oack).await {
-            Ok(_) => {}
-            Err(TransferError::ClientError { code, message }) => {
-                return Ok(Outcome::Declined { code, message });
+    let longest = limits.max_transfer_time;
+    let sent = tokio::time::timeout(longest, async {
+        if !link.n.oack.is_empty() {
+            Packet::Oack(link.n.oack.clone()).encode(&mut out);
+            // Block 0 acknowledges the OACK. A client that only wanted `tsize` answers with error 8 instead.
+            let oack = VecDeque::from([(0, std::mem::take(&mut out))]);
+            match link.send_until_acked(&oack).await {
+                Ok(_) => {}
+                Err(TransferError::ClientError { code, message }) => {
+                    return Ok(Outcome::Declined { code, message });
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
-    }
-    match link.send_file(source, size).await {
-        Ok(bytes) => Ok(Outcome::Sent {
+        let bytes = link.send_file(source, size).await?;
+        Ok(Outcome::Sent {
             bytes,
             waits: link.waits,
-        }),
-        Err(e) => {
-            // Our side failed (read error, file changed): tell the client rather than leave it waiting.
-            if matches!(e, TransferError::Io(_) | TransferError::SizeChanged) {
-                encode_error(ErrorCode::NotDefined, "server read error", &mut out);
-                let _ = link.socket.send(&out).await;
-            }
-            Err(e)
+        })
+    })
+    .await
+    .unwrap_or(Err(TransferError::TooLong(longest)));
+    if let Err(e) = &sent {
+        // Our side failed or gave up (read error, file changed, too long): tell the client rather than leave it
+        // waiting.
+        let message = match e {
+            TransferError::Io(_) | TransferError::SizeChanged => Some("server read error"),
+            TransferError::TooLong(_) => Some("transfer ran longer than the server allows"),
+            TransferError::TimedOut { .. } | TransferError::ClientError { .. } => None,
+        };
+        if let Some(message) = message {
+            out.clear();
+            encode_error(ErrorCode::NotDefined, message, &mut out);
+            let _ = link.socket.send(&out).await;
         }
     }
+    sent
 }
 
 /// Largest packet read from a client (ACKs and ERRORs; a longer error message is cut and the packet dropped).
