@@ -111,6 +111,69 @@ async fn reads_the_dmtf_rackmount_inventory() -> Result<()> {
     Ok(())
 }
 
+/// The BMC's word is outside input: a link to another host (an absolute `@odata.id`) or a redirect is not
+/// followed, so the BMC's credentials never leave for an address nobody enrolled; and memory sizes whose sum
+/// overflows give a saturated total, not a panic or a wrapped figure.
+#[tokio::test]
+async fn links_elsewhere_are_not_followed_and_sizes_do_not_overflow() -> Result<()> {
+    let dir = mockup_dir();
+    if !dir.join("index.json").is_file() {
+        bc_testkit::skip!("DMTF mockup not found at {}", dir.display());
+    }
+    let (away, seen) = common::elsewhere().await?;
+    let sys = "/redfish/v1/Systems/437XR1138R2";
+    let dimm = |id: &str| json!({"Id": id, "CapacityMiB": u64::MAX, "Status": {"State": "Enabled", "Health": "OK"}});
+    let overlay = HashMap::from([
+        (
+            "/redfish/v1/Systems".to_owned(),
+            json!({"Members": [{"@odata.id": format!("{}{sys}", away.url)}]}),
+        ),
+        (format!("{sys}/Memory/DIMM1"), dimm("DIMM1")),
+        (format!("{sys}/Memory/DIMM2"), dimm("DIMM2")),
+        (
+            "/redfish/v1/Chassis".to_owned(),
+            json!({"$redirect": format!("{}/redfish/v1/Chassis", away.url)}),
+        ),
+    ]);
+    let srv = common::mockup(dir, overlay).await?;
+    let bmc = Bmc::connect(&srv.url, creds(), BmcOptions::default()).await?;
+
+    // The listing names a system on another host: it is left out with a warning, and fetching it fails.
+    let inv = bmc.inventory().await?;
+    assert!(inv.systems.is_empty(), "{inv}");
+    assert!(
+        inv.warnings.iter().any(|w| w.contains("not followed")),
+        "{:?}",
+        inv.warnings
+    );
+    let err = bmc
+        .fetch::<serde_json::Value>(&format!("{}{sys}", away.url))
+        .await
+        .err()
+        .context("a foreign link must fail")?;
+    assert!(
+        matches!(err, redfish::RedfishError::Foreign { .. }),
+        "{err}"
+    );
+    let err = bmc
+        .list("/redfish/v1/Chassis")
+        .await
+        .err()
+        .context("a redirect must fail")?;
+    assert_eq!(err.status(), Some(307), "{err}");
+    let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(seen.is_empty(), "requests went to another host: {seen:?}");
+
+    // The system at its own address: two modules of u64::MAX MiB each and a third of 32 GiB.
+    let inv = bmc.inventory_of(sys).await?;
+    let s = &inv.systems[0];
+    assert_eq!(s.memory.len(), 3);
+    assert_eq!(s.memory_mib(), u64::MAX);
+    println!("{inv}");
+    bmc.close().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn lists_gpus_and_chassis_pcie_devices() -> Result<()> {
     let dir = mockup_dir();

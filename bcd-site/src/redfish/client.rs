@@ -264,6 +264,8 @@ impl Bmc {
             .timeout(opts.timeout)
             .connect_timeout(opts.timeout.min(Duration::from_secs(10)))
             .pool_max_idle_per_host(opts.max_concurrent.max(1))
+            // Redfish needs no redirects, and reqwest would carry X-Auth-Token (and a login's body) to another host.
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("bcd-site/", env!("CARGO_PKG_VERSION")));
         match &opts.trust {
             Some(trust) => {
@@ -520,6 +522,32 @@ impl Bmc {
         }
     }
 
+    /// Where a request for `path` goes: [`Bmc::url`], refused when the BMC handed us an absolute link to another
+    /// scheme, host or port (`@odata.id`, `nextLink`, a session's `Location`): requests carry the credentials or
+    /// the session token, which go to the BMC's own address only.
+    fn request_url(&self, path: &str) -> Result<String, RedfishError> {
+        let url = self.url(path);
+        if !(path.starts_with("http://") || path.starts_with("https://")) {
+            return Ok(url);
+        }
+        let origin = |u: &str| {
+            reqwest::Url::parse(u).ok().map(|u| {
+                (
+                    u.scheme().to_owned(),
+                    u.host_str().map(str::to_owned),
+                    u.port_or_known_default(),
+                )
+            })
+        };
+        match (origin(&url), origin(&self.base)) {
+            (Some(link), Some(own)) if link == own => Ok(url),
+            _ => Err(RedfishError::Foreign {
+                url,
+                base: self.base.clone(),
+            }),
+        }
+    }
+
     pub(crate) fn url(&self, path: &str) -> String {
         if path.starts_with("http://") || path.starts_with("https://") {
             path.to_owned()
@@ -539,7 +567,7 @@ impl Bmc {
         if_match: Option<&str>,
         authed: bool,
     ) -> Result<Reply, RedfishError> {
-        let url = self.url(path);
+        let url = self.request_url(path)?;
         let mut req = self
             .http
             .request(method.clone(), &url)
@@ -871,7 +899,7 @@ impl Bmc {
         else {
             return Ok(());
         };
-        let url = self.url(&location);
+        let url = self.request_url(&location)?;
         self.requests.fetch_add(1, Ordering::Relaxed);
         let resp = self
             .http

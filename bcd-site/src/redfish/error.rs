@@ -33,6 +33,11 @@ pub enum RedfishError {
     #[error("invalid BMC URL {url:?}: {why}")]
     Url { url: String, why: &'static str },
 
+    #[error(
+        "the BMC linked to {url}, outside its own address {base}: not followed (requests carry the BMC's credentials); a BMC whose links name another host for itself needs to be enrolled under that address"
+    )]
+    Foreign { url: String, base: String },
+
     #[error("building the HTTPS client for {url}")]
     Client {
         url: String,

@@ -143,7 +143,11 @@ impl SystemInventory {
                 .and_then(|m| m.total_system_memory_gib)
                 .map_or(0, |g| (g * 1024.0).round() as u64);
         }
-        self.memory.iter().filter_map(|m| m.capacity_mib).sum()
+        // Saturating: the sizes are the BMC's word, and a wrapped sum would be a plausible wrong total.
+        self.memory
+            .iter()
+            .filter_map(|m| m.capacity_mib)
+            .fold(0, u64::saturating_add)
     }
 
     /// The NICs' MACs that are MACs.

@@ -96,7 +96,10 @@ impl fmt::Display for Inventory {
                 )?;
             } else {
                 let cpus: Vec<&Processor> = sys.cpus().collect();
-                let cores: u64 = cpus.iter().filter_map(|p| p.total_cores).sum();
+                let cores = cpus
+                    .iter()
+                    .filter_map(|p| p.total_cores)
+                    .fold(0u64, u64::saturating_add);
                 writeln!(f, "  cpus: {} ({} cores)", cpus.len(), cores)?;
                 for p in &cpus {
                     writeln!(f, "    {}: {} {}", s(&p.id), s(&p.model), health(&p.status))?;

@@ -38,6 +38,34 @@ pub async fn serve(router: Router) -> anyhow::Result<Served> {
     Ok(Served { url, _stop: stop })
 }
 
+/// A server that answers 404 to everything and records each request as `METHOD path authorization x-auth-token`
+/// (the authorization and token `-` when absent): where a BMC's foreign link or redirect would lead.
+pub async fn elsewhere() -> anyhow::Result<(Served, Arc<Mutex<Vec<String>>>)> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let router = Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap| {
+        let log = log.clone();
+        async move {
+            let h = |n: &str| {
+                headers
+                    .get(n)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-")
+                    .to_owned()
+            };
+            let line = format!(
+                "{method} {} {} {}",
+                uri.path(),
+                h("authorization"),
+                h("x-auth-token")
+            );
+            log.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+            StatusCode::NOT_FOUND
+        }
+    });
+    Ok((serve(router).await?, seen))
+}
+
 // === the DMTF mockup, read-only ===
 
 #[derive(Clone)]
@@ -62,6 +90,14 @@ async fn mockup_handler(State(m): State<Mockup>, method: Method, uri: Uri) -> Re
     }
     let path = uri.path().trim_end_matches('/');
     if let Some(v) = m.overlay.get(path) {
+        // `{"$redirect": url}` answers 307 to `url`, as a BMC that redirects elsewhere would.
+        if let Some(to) = v.get("$redirect").and_then(Value::as_str) {
+            return (
+                StatusCode::TEMPORARY_REDIRECT,
+                [(header::LOCATION, to.to_owned())],
+            )
+                .into_response();
+        }
         return axum::Json(v.clone()).into_response();
     }
     let Some(rest) = path.strip_prefix("/redfish/v1") else {

@@ -210,7 +210,10 @@ impl ArtifactCache {
         referenced: &BTreeSet<String>,
         missing: &[v1::NetbootArtifact],
     ) -> EvictionPlan {
-        let incoming = missing.iter().map(|a| a.size).sum();
+        let incoming = missing
+            .iter()
+            .map(|a| a.size)
+            .fold(0u64, u64::saturating_add);
         let plan = plan_eviction(&self.scan(), referenced, incoming, self.max_bytes);
         for (sha256, size) in &plan.evict {
             let path = self.path(sha256);
