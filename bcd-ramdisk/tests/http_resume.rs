@@ -337,6 +337,66 @@ async fn retry_budget_runs_out() {
     );
 }
 
+/// A server that accepts and then never answers: each attempt is given up after `idle_timeout` and the retry
+/// budget ends the download. Before, the request waited for the response head with no deadline at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_answers_is_given_up() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let url = format!("http://{}/image.zst", listener.local_addr().expect("addr"));
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            let Ok(tcp) = stream else { return };
+            count.fetch_add(1, Ordering::SeqCst);
+            held.push(tcp);
+        }
+    });
+    let policy = FetchPolicy {
+        max_retries: 1,
+        idle_timeout: Duration::from_millis(500),
+        ..policy()
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let client = client(rustls::RootCertStore::empty(), &policy).expect("client");
+    let raw = image();
+    let began = std::time::Instant::now();
+    let failure = tokio::time::timeout(
+        Duration::from_secs(20),
+        stream_url(
+            &client,
+            url.parse().expect("url"),
+            device(&dir),
+            spec(b"", &raw),
+            &policy,
+            Box::new(|_| {}),
+        ),
+    )
+    .await
+    .expect("the download must end within 20 s, not wait for ever")
+    .expect_err("nothing was served");
+    match &failure.error {
+        StreamError::Http(HttpError::RetriesExhausted {
+            attempts: 2, last, ..
+        }) => {
+            assert!(matches!(**last, HttpError::Idle { .. }), "{last:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        began.elapsed()
+    );
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        2,
+        "first attempt + 1 retry"
+    );
+    assert_eq!(failure.scrub, Scrub::NotNeeded);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_listening_is_a_clear_error() {
     let port = TcpListener::bind("127.0.0.1:0")

@@ -26,6 +26,7 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(r) = parse_content_range(cr) {
             assert!(r.first <= r.last);
             assert!(r.complete_length.is_none_or(|c| r.last < c));
+            assert!(r.len() >= 1);
         }
     }
     if let Some(cl) = content_length {

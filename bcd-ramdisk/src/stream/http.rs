@@ -212,7 +212,7 @@ async fn open_with_retries(
 ) -> Result<(Response, BodyPlan), HttpError> {
     let mut failures = 0u32;
     loop {
-        match open(client, url, state).await {
+        match open(client, url, state, policy.idle_timeout).await {
             Ok(opened) => return Ok(opened),
             Err(e) if e.is_retryable() && failures < policy.max_retries => {
                 let delay = policy.retry.delay(failures, rand::random());
@@ -233,19 +233,28 @@ async fn open_with_retries(
     }
 }
 
+/// One request: its response head within `idle` (a server that accepts and then says nothing is a broken
+/// connection, like a body that stops: [`HttpError::Idle`], retried).
 async fn open(
     client: &Client,
     url: &Url,
     state: &mut ResumeState,
+    idle: Duration,
 ) -> Result<(Response, BodyPlan), HttpError> {
     let mut request = client.get(url.clone());
     for (name, value) in state.request_headers() {
         request = request.header(name, value);
     }
-    let response = request.send().await.map_err(|source| HttpError::Request {
-        url: url.to_string(),
-        source,
-    })?;
+    let response = tokio::time::timeout(idle, request.send())
+        .await
+        .map_err(|_| HttpError::Idle {
+            url: url.to_string(),
+            idle,
+        })?
+        .map_err(|source| HttpError::Request {
+            url: url.to_string(),
+            source,
+        })?;
     let headers = response.headers();
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let head = ResponseHead {

@@ -67,7 +67,8 @@ pub fn parse_content_range(value: &str) -> Result<ContentRange, RangeError> {
         "*" => None,
         n => Some(parse_u64(n).ok_or_else(bad)?),
     };
-    if last < first || complete_length.is_some_and(|c| last >= c) {
+    // `last` at u64::MAX would make the range's length 2^64 (one more than u64 holds).
+    if last < first || last == u64::MAX || complete_length.is_some_and(|c| last >= c) {
         return Err(bad());
     }
     Ok(ContentRange {
@@ -302,6 +303,8 @@ mod tests {
             "bytes 0-1/",
             "bytes +0-1/2",
             "bytes 0-99999999999999999999/*",
+            // u64::MAX as the last byte: 2^64 bytes, whose length overflowed `len()`.
+            "bytes 0-18446744073709551615/*",
         ] {
             assert!(parse_content_range(bad).is_err(), "{bad:?}");
         }
