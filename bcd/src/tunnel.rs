@@ -419,6 +419,8 @@ where
             }
         }
     };
+    // The last close and the drain below wait on the gateway too: never longer than DRAIN (or a test's backstop).
+    let drain = DRAIN.min(backstop);
     let refusal = {
         tokio::pin!(up, down);
         let (mut up_done, mut down_done) = (false, false);
@@ -427,7 +429,8 @@ where
                 r = &mut up, if !up_done => match r {
                     Ok(()) => up_done = true,
                     Err(Some(r)) => {
-                        let _ = tx.send(r.frame()).await;
+                        // The queue may be full of frames a gateway that stopped reading never took.
+                        let _ = tokio::time::timeout(drain, tx.send(r.frame())).await;
                         break Some(r);
                     }
                     Err(None) => break Some(Refusal::new(C::Aborted, "the gateway stopped reading the tunnel")),
@@ -436,7 +439,7 @@ where
                     Ok(()) => down_done = true,
                     Err((r, send)) => {
                         if send {
-                            let _ = tx.send(r.frame()).await;
+                            let _ = tokio::time::timeout(drain, tx.send(r.frame())).await;
                         }
                         break Some(r);
                     }
@@ -450,7 +453,7 @@ where
     // What this side sent may still be queued: end the outbound stream and wait for the gateway to end its own
     // before dropping the call (dropping it first resets the stream, discarding the queued frames).
     drop(tx);
-    let _ = tokio::time::timeout(DRAIN, async {
+    let _ = tokio::time::timeout(drain, async {
         while let Some(Ok(_)) = inbound.next().await {}
     })
     .await;
@@ -748,6 +751,45 @@ mod tests {
             .expect("the relay ends once the gateway ended its stream")
             .expect("relay");
         assert_eq!(out.refusal.map(|r| r.code), Some(v1::TunnelCloseCode::Idle));
+    }
+
+    /// A gateway that stops reading the tunnel (its queue full of the local port's data) and never ends its
+    /// stream: the relay gives up at the backstop, tries its close within the drain, and ends. Before, the close
+    /// waited for room in that full queue with no deadline, and the tunnel held its slot for good.
+    #[tokio::test]
+    async fn a_gateway_that_stops_reading_is_given_up_at_the_backstop() {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let (node_side, accepted) = tokio::join!(TcpStream::connect(addr), l.accept());
+        let (mut local, _) = accepted.expect("accept");
+        let (tx, from_node) = mpsc::channel(8);
+        let (to_node, rx) = mpsc::channel::<Result<v1::TunnelFrame, tonic::Status>>(8);
+        let task = tokio::spawn(relay_within(
+            node_side.expect("connect"),
+            tx,
+            ReceiverStream::new(rx),
+            Duration::from_secs(1),
+        ));
+        // The local service sends until the relay stops taking its bytes; nobody reads `from_node`.
+        let writer = tokio::spawn(async move {
+            let chunk = vec![1u8; 1 << 20];
+            while local.write_all(&chunk).await.is_ok() {}
+        });
+        let out = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the relay ends within its backstop and drain")
+            .expect("relay");
+        let r = out.refusal.expect("a refusal");
+        assert_eq!(r.code, v1::TunnelCloseCode::Idle);
+        // Whichever backstop fires first: the gateway reads nothing, and sends nothing either.
+        assert!(
+            r.reason.contains("the gateway read nothing for 1 s")
+                || r.reason.contains("nothing from the gateway for 1 s"),
+            "{}",
+            r.reason
+        );
+        drop((from_node, to_node));
+        writer.abort();
     }
 
     #[tokio::test]

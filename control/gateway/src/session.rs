@@ -498,7 +498,7 @@ impl v1::session_service_server::SessionService for SessionSvc {
                     .unwrap_or(u32::MAX),
             })),
         };
-        let _ = tx.send(Ok(Box::new(welcome))).await;
+        queue_within(&tx, Ok(Box::new(welcome)), self.config.idle_timeout).await;
         if !grant.want_sections.is_empty() {
             let req = v1::GatewayMessage {
                 msg: Some(v1::gateway_message::Msg::InventoryRequest(
@@ -507,7 +507,7 @@ impl v1::session_service_server::SessionService for SessionSvc {
                     },
                 )),
             };
-            let _ = tx.send(Ok(Box::new(req))).await;
+            queue_within(&tx, Ok(Box::new(req)), self.config.idle_timeout).await;
         }
         tokio::spawn(drive(
             self.backend.clone(),
@@ -524,6 +524,17 @@ impl v1::session_service_server::SessionService for SessionSvc {
             tokio_stream::wrappers::ReceiverStream::new(rx).map(|m| m.map(|b| *b)),
         )))
     }
+}
+
+/// How long an ending session waits to queue its last status for a node that is not reading its stream.
+const CLOSE_QUEUE_WITHIN: Duration = Duration::from_secs(5);
+
+/// Queues `m` on a session's outbound stream, waiting at most `within` for room: false when the node made none (it
+/// stopped reading, and its stream and this queue are full). A session's task never waits on its node without a
+/// deadline: blocked there it would no longer see the idle timeout, a supersede or a revoke, and its task, queue
+/// and stream would stay for good.
+async fn queue_within(tx: &mpsc::Sender<Outbound>, m: Outbound, within: Duration) -> bool {
+    matches!(tokio::time::timeout(within, tx.send(m)).await, Ok(Ok(())))
 }
 
 /// Reads one session's inbound messages until it ends, is superseded, is closed, or goes idle.
@@ -546,7 +557,7 @@ async fn drive(
             _ = close.changed() => {
                 let status = close.borrow().clone().unwrap_or_else(|| Status::aborted("closed"));
                 let why = status.message().to_string();
-                let _ = tx.send(Err(status)).await;
+                queue_within(&tx, Err(status), CLOSE_QUEUE_WITHIN).await;
                 break why;
             }
         };
@@ -580,7 +591,9 @@ async fn drive(
                     let m = v1::GatewayMessage {
                         msg: Some(v1::gateway_message::Msg::Renew(resp)),
                     };
-                    let _ = tx.send(Ok(Box::new(m))).await;
+                    if !queue_within(&tx, Ok(Box::new(m)), idle).await {
+                        break format!("did not read its stream for {} s", idle.as_secs());
+                    }
                     Ok(())
                 }
                 Err(s) => {
@@ -597,7 +610,7 @@ async fn drive(
         if let Err(s) = result {
             if s.code() == tonic::Code::Aborted {
                 // The store refused a write of a stale epoch: this session is superseded.
-                let _ = tx.send(Err(s.clone())).await;
+                queue_within(&tx, Err(s.clone()), CLOSE_QUEUE_WITHIN).await;
                 break s.message().to_string();
             }
             if must_land && s.code() == tonic::Code::Unavailable {
@@ -608,7 +621,12 @@ async fn drive(
                     "the control plane could not record this message ({}); reconnect and send it again",
                     s.message()
                 );
-                let _ = tx.send(Err(Status::unavailable(why.clone()))).await;
+                queue_within(
+                    &tx,
+                    Err(Status::unavailable(why.clone())),
+                    CLOSE_QUEUE_WITHIN,
+                )
+                .await;
                 break why;
             }
             tracing::info!(

@@ -48,6 +48,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 struct Plane {
     _child: Child,
+    api: ApiClient,
     gateway: SocketAddr,
     config: bcd::config::Config,
     token: String,
@@ -56,16 +57,18 @@ struct Plane {
 /// `better-compute serve` (api, gateway) on `url`; under a hard descriptor limit when `nofile` is given (it cannot
 /// raise it then), else under the limits it inherits (raised to the hard limit at start).
 async fn serve(dir: &std::path::Path, url: &str, admin_key: &str, nofile: Option<u64>) -> Plane {
-    serve_with(dir, url, admin_key, nofile, "").await
+    serve_with(dir, url, admin_key, nofile, "", "warn").await
 }
 
-/// [`serve`] with `extra` lines in its configuration; its log (stderr) goes to `dir/serve.log`.
+/// [`serve`] with `extra` lines in its configuration; its log (stderr, at `log` unless `BC_TEST_SERVE_LOG` says
+/// otherwise) goes to `dir/serve.log`.
 async fn serve_with(
     dir: &std::path::Path,
     url: &str,
     admin_key: &str,
     nofile: Option<u64>,
     extra: &str,
+    log_filter: &str,
 ) -> Plane {
     let cfg = dir.join("serve.toml");
     std::fs::write(
@@ -95,7 +98,7 @@ async fn serve_with(
         .arg(&cfg)
         .env(
             "BC_LOG",
-            std::env::var("BC_TEST_SERVE_LOG").unwrap_or_else(|_| "warn".into()),
+            std::env::var("BC_TEST_SERVE_LOG").unwrap_or_else(|_| log_filter.into()),
         )
         .stdout(Stdio::piped())
         .stderr(log)
@@ -149,6 +152,7 @@ async fn serve_with(
     .expect("node config");
     Plane {
         _child: child,
+        api,
         gateway,
         config,
         token: token["token"].as_str().expect("token").to_string(),
@@ -193,6 +197,21 @@ async fn join(plane: &Plane, name: &str) -> Result<Node, String> {
 
 /// Opens the node's Session and waits for Welcome.
 async fn session(plane: &Plane, node: &Node) -> Result<(), String> {
+    open_session(plane, node).await.map(drop)
+}
+
+/// Opens the node's Session, waits for Welcome and hands back the stream from the gateway (with the sender that
+/// keeps the node's side open).
+async fn open_session(
+    plane: &Plane,
+    node: &Node,
+) -> Result<
+    (
+        tonic::Streaming<v1::GatewayMessage>,
+        tokio::sync::mpsc::Sender<v1::NodeMessage>,
+    ),
+    String,
+> {
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(node.key_der.clone()));
     let tls = channel::client_config(
         ServerTrust::Bundle(node.bundle.clone()),
@@ -221,7 +240,7 @@ async fn session(plane: &Plane, node: &Node) -> Result<(), String> {
         match inbound.message().await {
             Ok(Some(v1::GatewayMessage {
                 msg: Some(v1::gateway_message::Msg::Welcome(_)),
-            })) => return Ok(()),
+            })) => return Ok((inbound, tx)),
             Ok(Some(_)) => {}
             Ok(None) => return Err("session ended before Welcome".into()),
             Err(s) => return Err(format!("{}: {}", s.code(), s.message())),
@@ -404,6 +423,79 @@ async fn connections_that_never_send_the_preface_or_a_request_are_closed() {
     }
 }
 
+/// A node that stops reading its Session does not hold the gateway's task for that session: the node's stream
+/// is filled with commands it never reads (its HTTP/2 window, then the gateway's 64-message queue), and then the
+/// node opens a second session, which supersedes the first. The first session's task must queue its close within
+/// its deadline, give up, and end ("session closed" for its epoch). Before, it waited for room with no deadline:
+/// it never ended, and neither a revoke nor the idle timeout could reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_stops_reading_does_not_hold_its_session_task() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (db, admin, dir) = setup().await;
+    let plane = serve_with(
+        dir.path(),
+        &db.url(),
+        &admin,
+        None,
+        "",
+        "warn,bc_gateway=info",
+    )
+    .await;
+    let node = join(&plane, "deaf").await.expect("join");
+    let (deaf, _keep) = open_session(&plane, &node).await.expect("first session");
+    // 500 commands of about 60 KB each: 30 MB the node never reads, more than its HTTP/2 windows (8 MiB for the
+    // stream), both sockets' buffers and the gateway's queue hold.
+    let pad = "x".repeat(60_000);
+    for i in 0..500 {
+        plane
+            .api
+            .call(
+                "nodes",
+                "command",
+                json!({"node_id": node.id, "kind": "test.fill", "args": {"i": i, "pad": pad}, "timeout_s": 600}),
+            )
+            .await
+            .expect("queue a command");
+    }
+    let log_path = dir.path().join("serve.log");
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let epoch_of_first = || {
+        log()
+            .lines()
+            .find(|l| l.contains("session opened"))
+            .map(|l| {
+                l.split_whitespace()
+                    .find_map(|f| f.strip_prefix("epoch="))
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+    };
+    let first = epoch_of_first().expect("the gateway logged the first session's opening");
+    // Give the gateway's pending pulls time to fill the node's stream and queue.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let t = Instant::now();
+    let (_second, _keep2) = open_session(&plane, &node).await.expect("second session");
+    let ended = |l: &&str| l.contains("session closed") && l.contains(&format!("epoch={first}"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !log().lines().any(|l| ended(&l)) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let log = log();
+    assert!(
+        log.lines().any(|l| ended(&l)),
+        "the first session (epoch {first}) did not end within 20 s of being superseded; the gateway's log:\n{}",
+        log.lines()
+            .filter(|l| l.contains("session"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    println!(
+        "superseded session of a node that stopped reading ended {} ms after the second opened",
+        t.elapsed().as_millis()
+    );
+    drop(deaf);
+}
+
 // === a TCP balancer's PROXY protocol header ===
 
 /// The gateway trusts balancers here (`gateway_proxy_protocol_from`); the test's balancer connects from them.
@@ -464,7 +556,7 @@ async fn a_trusted_balancers_proxy_header_names_the_node_and_no_one_elses_is_rea
     let _one = ONE_AT_A_TIME.lock().await;
     let (db, admin, dir) = setup().await;
     let extra = format!("gateway_proxy_protocol_from = [{BALANCERS:?}]\n");
-    let mut plane = serve_with(dir.path(), &db.url(), &admin, None, &extra).await;
+    let mut plane = serve_with(dir.path(), &db.url(), &admin, None, &extra, "warn").await;
     let gateway = plane.gateway;
 
     // A node joins and opens its Session through the balancer (mTLS end to end, the header before it), and one
