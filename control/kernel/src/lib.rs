@@ -25,6 +25,7 @@ pub mod reconcile;
 pub mod registry;
 pub mod resources;
 pub mod router;
+pub mod serve;
 
 pub use backend::{Authenticator, Backend, Membership, Notice};
 pub use error::{ApiCode, ApiError, Coded, InvalidConfig, http_status};

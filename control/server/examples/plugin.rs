@@ -78,10 +78,10 @@ async fn main() -> anyhow::Result<()> {
         listener.local_addr()?
     );
     let mut running = initialized.start(&RoleSet::parse("api,scheduler")?);
-    tokio::select! {
-        r = axum::serve(listener, initialized.router()) => r?,
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    bc_kernel::serve::serve(listener, initialized.router(), async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await;
     running.stop().await;
     Ok(())
 }

@@ -75,6 +75,9 @@ impl ApiClient {
     pub fn with_timeout(base: &str, key: &str, timeout: std::time::Duration) -> ApiClient {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
+            // The API closes a connection idle for its header deadline (30 s): let go of ours first, so a request
+            // never goes out on a connection the server is closing.
+            .pool_idle_timeout(bc_kernel::serve::HEADER_DEADLINE / 2)
             .build()
             .unwrap_or_else(|_| reqwest::Client::new());
         ApiClient {

@@ -399,14 +399,9 @@ pub async fn start_with(
             axum::middleware::from_fn_with_state(metrics.clone(), telemetry::count_api),
         );
         let mut stop = plane.stop_signal();
-        plane.spawn(async move {
-            if let Err(e) = axum::serve(listener, router)
-                .with_graceful_shutdown(async move { stop.stopped().await })
-                .await
-            {
-                tracing::error!(error = %e, "api stopped");
-            }
-        });
+        plane.spawn(bc_kernel::serve::serve(listener, router, async move {
+            stop.stopped().await
+        }));
         tracing::info!(%addr, "api role listening");
     }
     let sources = telemetry::Sources {
