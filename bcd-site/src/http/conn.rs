@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use percent_encoding::percent_decode_str;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -197,13 +196,10 @@ async fn route(
             "the request target must be a path (/ipxe/<loader>) or an http URI",
         ));
     };
-    let raw_path = target.split(['?', '#']).next().unwrap_or_default();
-    let Ok(path) = percent_decode_str(raw_path).decode_utf8() else {
-        return refused(Response::text(400, "path is not valid UTF-8"));
+    let path = match super::request::target_path(target) {
+        Ok(path) => path,
+        Err(why) => return refused(Response::text(400, why)),
     };
-    if path.contains('\0') {
-        return refused(Response::text(400, "path contains NUL"));
-    }
     if let Some(name) = path.strip_prefix("/boot/") {
         return boot_script(name, peer, counters, catalog);
     }

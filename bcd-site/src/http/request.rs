@@ -227,6 +227,19 @@ fn origin_form(target: &str) -> Result<Option<String>, &'static str> {
     }))
 }
 
+/// The path a request target names, percent-decoded (query and fragment dropped): what the routes match and the
+/// file roots resolve. Refused (the 400's reason): a path that does not decode to UTF-8, or holds NUL.
+pub fn target_path(target: &str) -> Result<String, &'static str> {
+    let raw = target.split(['?', '#']).next().unwrap_or_default();
+    let path = percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map_err(|_| "path is not valid UTF-8")?;
+    if path.contains('\0') {
+        return Err("path contains NUL");
+    }
+    Ok(path.into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
