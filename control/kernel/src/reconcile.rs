@@ -191,7 +191,12 @@ impl Reconciler {
 
 // === the role runner ===
 
-/// Keeps this process's membership of `role` and its shard leases, and publishes the leases held.
+/// Keeps this process's membership of `role` and its shard leases, and publishes the leases held. A renewal that
+/// has not answered, or has failed, by the time the leases it last renewed expire gives them up here too (an empty
+/// set is published): the database has let other workers take them by then, and a reconciler must not go on acting
+/// for shards it no longer holds (fencing keeps its database writes out, not its calls to BMCs or nodes). Every
+/// renewal is bounded by that expiry, or by one lease while nothing is held, so a database that stops answering
+/// (a primary gone silent, no reset) cannot hold this loop.
 pub(crate) async fn membership_loop(
     membership: Arc<dyn Membership>,
     worker: Worker,
@@ -200,9 +205,24 @@ pub(crate) async fn membership_loop(
     mut stop: Stop,
 ) {
     let every = Tick::QuarterLease.resolve(lease);
+    // When the leases published now expire at the latest (counted from before the renewal that took them).
+    let mut held_until: Option<tokio::time::Instant> = None;
     loop {
-        let next = match renew(membership.as_ref(), &worker, lease).await {
+        let started = tokio::time::Instant::now();
+        let answered = tokio::time::timeout_at(
+            held_until.unwrap_or(started + lease),
+            renew(membership.as_ref(), &worker, lease),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(ApiError::unavailable(format!(
+                "the database did not answer the {} membership renewal in time",
+                worker.role
+            )))
+        });
+        let next = match answered {
             Ok(held) => {
+                held_until = (!held.is_empty()).then_some(started + lease);
                 if held.len() != shards.borrow().len() {
                     tracing::info!(
                         role = worker.role,
@@ -224,12 +244,28 @@ pub(crate) async fn membership_loop(
             }
             Err(e) => {
                 tracing::warn!(role = worker.role, error = %e, "{} membership failed", worker.role);
+                if held_until.is_some_and(|t| tokio::time::Instant::now() >= t) {
+                    held_until = None;
+                    shards.send_replace(Arc::from(Vec::new()));
+                    tracing::warn!(
+                        role = worker.role,
+                        worker = worker.id,
+                        "{} shards given up: not renewed within their lease of {} s",
+                        worker.role,
+                        lease.as_secs_f64()
+                    );
+                }
                 Duration::from_millis(500)
             }
         };
         if stop.sleep(next).await {
             shards.send_replace(Arc::from(Vec::new()));
-            if let Err(e) = membership.leave(worker.role, &worker.id).await {
+            let left = tokio::time::timeout(lease, membership.leave(worker.role, &worker.id)).await;
+            if !matches!(left, Ok(Ok(()))) {
+                let e = left.map_or_else(
+                    |_| "no answer".to_owned(),
+                    |r| r.err().map(|e| e.to_string()).unwrap_or_default(),
+                );
                 tracing::warn!(role = worker.role, error = %e, "leaving the role failed; its leases will expire");
             }
             return;
@@ -307,5 +343,118 @@ pub(crate) fn run_body(
     match body {
         Body::Loop(run) => run(cx),
         Body::Step(step) => Box::pin(step_loop(name, shard_scoped, step.clone(), cx)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bc_core::shards::Shard;
+    use std::sync::Mutex;
+
+    /// A database that renews `answers` times, then fails (`hang` false) or never answers (`hang` true).
+    struct Fading {
+        answers: Mutex<u32>,
+        hang: bool,
+    }
+
+    impl Membership for Fading {
+        fn heartbeat<'a>(
+            &'a self,
+            _role: &'a str,
+            worker: &'a str,
+            _ttl: Duration,
+        ) -> BoxFuture<'a, Result<Vec<String>, ApiError>> {
+            Box::pin(async move {
+                let left = {
+                    let mut n = self.answers.lock().unwrap_or_else(|p| p.into_inner());
+                    *n = n.saturating_sub(1);
+                    *n
+                };
+                if left == 0 && self.hang {
+                    std::future::pending::<()>().await;
+                }
+                if left == 0 {
+                    return Err(ApiError::unavailable("connection refused"));
+                }
+                Ok(vec![worker.to_owned()])
+            })
+        }
+
+        fn sync_leases<'a>(
+            &'a self,
+            _role: &'a str,
+            _worker: &'a str,
+            want: &'a [Shard],
+            _ttl: Duration,
+        ) -> BoxFuture<'a, Result<Vec<ShardLease>, ApiError>> {
+            Box::pin(async move {
+                Ok(want
+                    .iter()
+                    .map(|&shard| ShardLease { shard, fence: 1 })
+                    .collect())
+            })
+        }
+
+        fn leave<'a>(
+            &'a self,
+            _role: &'a str,
+            _worker: &'a str,
+        ) -> BoxFuture<'a, Result<(), ApiError>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    /// Runs the loop against `db` until its leases are given up; how long after the last renewal that came.
+    async fn leases_given_up(hang: bool) -> Duration {
+        let lease = Duration::from_secs(20);
+        let db = Arc::new(Fading {
+            // Three renewals: at 0, 5 and 10 s (a quarter lease apart); the fourth, at 15 s, never succeeds.
+            answers: Mutex::new(4),
+            hang,
+        });
+        let (shards, mut seen) = watch::channel(Arc::from(Vec::new()));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let worker = Worker {
+            role: "controllers",
+            id: "w1".into(),
+        };
+        let task = tokio::spawn(membership_loop(
+            db,
+            worker,
+            lease,
+            shards,
+            Stop::new(stop_rx),
+        ));
+        seen.wait_for(|s| !s.is_empty())
+            .await
+            .expect("leases taken");
+        let t0 = tokio::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(120), seen.wait_for(|s| s.is_empty()))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("hang {hang}: the leases were still published 120 s after they were taken")
+            })
+            .expect("leases given up");
+        let took = t0.elapsed();
+        let _ = stop_tx.send(true);
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("the loop ends after a stop, its leave bounded too")
+            .expect("loop");
+        took
+    }
+
+    /// A database that stops answering (or keeps failing) after the leases were taken: they are given up when the
+    /// last renewal's lease runs out (10 s + 20 s after they were taken), not kept for ever as before.
+    #[tokio::test(start_paused = true)]
+    async fn leases_not_renewed_within_their_lease_are_given_up() {
+        for hang in [true, false] {
+            let took = leases_given_up(hang).await;
+            assert!(
+                (Duration::from_secs(30)..=Duration::from_secs(31)).contains(&took),
+                "hang {hang}: given up {took:?} after they were taken"
+            );
+        }
     }
 }
