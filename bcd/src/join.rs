@@ -203,10 +203,20 @@ pub fn request_as(
     })
 }
 
-/// Sends one Join over a fresh pinned-TLS connection.
+/// Sends one Join over a fresh pinned-TLS connection; DEADLINE_EXCEEDED when the gateway has not answered within
+/// [`channel::CALL_DEADLINE`].
 pub async fn send(
     config: &Config,
     request: v1::JoinRequest,
+) -> Result<v1::JoinResponse, tonic::Status> {
+    send_within(config, request, channel::CALL_DEADLINE).await
+}
+
+/// [`send`] with `deadline` for the answer.
+pub async fn send_within(
+    config: &Config,
+    request: v1::JoinRequest,
+    deadline: std::time::Duration,
 ) -> Result<v1::JoinResponse, tonic::Status> {
     let tls = channel::client_config(ServerTrust::Pin(config.ca_pin.clone()), None)
         .map_err(|e| tonic::Status::invalid_argument(chain(&e)))?;
@@ -214,7 +224,9 @@ pub async fn send(
         .await
         .map_err(|e| tonic::Status::unavailable(chain(&e)))?;
     let mut client = v1::join_service_client::JoinServiceClient::new(ch);
-    client.join(request).await.map(tonic::Response::into_inner)
+    channel::answered_within("join", deadline, client.join(request))
+        .await
+        .map(tonic::Response::into_inner)
 }
 
 fn now_ms() -> i64 {

@@ -326,10 +326,12 @@ impl Daemon {
             tasks: tokio::task::JoinSet::new(),
         };
         let mut client = v1::session_service_client::SessionServiceClient::new(ch);
-        let mut inbound = match client
-            .session(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-        {
+        let opened = channel::answered_within(
+            "opening the session",
+            channel::CALL_DEADLINE,
+            client.session(tokio_stream::wrappers::ReceiverStream::new(rx)),
+        );
+        let mut inbound = match opened.await {
             Ok(r) => r.into_inner(),
             // With TLS 1.3 a refused client certificate surfaces as a closed connection at the first call; one more
             // handshake, read by hand, tells a revocation (stop) from a network failure (reconnect).

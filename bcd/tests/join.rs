@@ -671,3 +671,105 @@ async fn a_wrong_ca_pin_is_named_at_once_and_not_retried() -> TestResult {
     assert_eq!((nodes, uses_left), (0, 1), "nothing joined, no use spent");
     Ok(())
 }
+
+/// A gateway that completes TLS and HTTP/2 (and answers pings) but whose Join handler never answers, as one stuck on
+/// its database: the join gives up at its deadline with DEADLINE_EXCEEDED, saying so. Before, it waited for ever
+/// (HTTP/2 keep-alive ends only a connection whose peer is gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_that_never_answers_a_join_is_given_up_at_the_deadline() -> TestResult {
+    struct Stuck;
+    #[tonic::async_trait]
+    impl v1::join_service_server::JoinService for Stuck {
+        async fn join(
+            &self,
+            _: tonic::Request<v1::JoinRequest>,
+        ) -> Result<tonic::Response<v1::JoinResponse>, tonic::Status> {
+            std::future::pending().await
+        }
+    }
+    bc_proto::install_crypto_provider();
+    // A CA and a gateway certificate for 127.0.0.1, the chain presented as the real gateway presents it.
+    let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key)?;
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])?
+        .signed_by(&key, &rcgen::Issuer::from_ca_cert_der(ca.der(), &ca_key)?)?;
+    let mut tls = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone(), ca.der().clone()],
+            rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )?;
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let incoming = async_stream_of(listener, acceptor);
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(v1::join_service_server::JoinServiceServer::new(Stuck))
+            .serve_with_incoming(incoming),
+    );
+    let (_, join_key) = bc_proto::seal::generate_join_keypair();
+    let dir = tempfile::tempdir()?;
+    let config = bcd::config::ConfigWire {
+        gateway_url: Some(format!("https://127.0.0.1:{port}")),
+        ca_pin: bc_proto::channel::ca_pin_of(ca.der()),
+        join_public_key: Some(join_key.encode()),
+        state_dir: Some(dir.path().to_owned()),
+        gpu_backend: Some("none".into()),
+        hardware_root: None,
+        cdi_dir: None,
+        tunnels: None,
+    }
+    .validate("test")?;
+    let t0 = std::time::Instant::now();
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        bcd::join::send_within(
+            &config,
+            v1::JoinRequest::default(),
+            std::time::Duration::from_secs(2),
+        ),
+    )
+    .await
+    .map_err(|_| "the join still waited after 20 s")?;
+    let status = answer.err().ok_or("a stuck gateway cannot have answered")?;
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("join: the gateway did not answer within 2 s"),
+        "{}",
+        status.message()
+    );
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        t0.elapsed()
+    );
+    Ok(())
+}
+
+/// TLS connections accepted on `listener`, as tonic's `serve_with_incoming` takes them.
+fn async_stream_of(
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+) -> impl tokio_stream::Stream<
+    Item = std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
+> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    let _ = tx.send(Ok(tls)).await;
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}

@@ -288,6 +288,26 @@ pub async fn connect_from(
         })
 }
 
+/// How long a call to the gateway may wait for its answer (a unary call's, or a stream's opening).
+pub const CALL_DEADLINE: Duration = Duration::from_secs(30);
+
+/// `call` (a unary call, or the opening of a stream) given up after `deadline` with DEADLINE_EXCEEDED naming
+/// `what`. HTTP/2 keep-alive ends a connection whose peer is gone, not one whose gateway answers pings while the
+/// handler of this call is stuck (on its database, say): without this the caller waits for ever. tonic's
+/// `Request::set_timeout` only tells the server.
+pub async fn answered_within<T>(
+    what: &str,
+    deadline: Duration,
+    call: impl std::future::Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, tonic::Status> {
+    tokio::time::timeout(deadline, call).await.unwrap_or_else(|_| {
+        Err(tonic::Status::deadline_exceeded(format!(
+            "{what}: the gateway did not answer within {} s; retry",
+            deadline.as_secs()
+        )))
+    })
+}
+
 /// A TCP connection to `to` from the local address `local` (its port the kernel's pick).
 pub async fn tcp_from(
     local: std::net::IpAddr,

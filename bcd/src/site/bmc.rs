@@ -326,7 +326,12 @@ impl BmcWorker {
                             id: c.id.clone(),
                             result: Some(env.clone()),
                         };
-                        match client.bmc_result(req).await {
+                        let sent = bc_proto::channel::answered_within(
+                            "reporting a BMC result",
+                            bc_proto::channel::CALL_DEADLINE,
+                            client.bmc_result(req),
+                        );
+                        match sent.await {
                             Ok(_) => break,
                             Err(s) => {
                                 tracing::warn!(

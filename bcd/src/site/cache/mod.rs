@@ -362,17 +362,21 @@ impl ArtifactCache {
         if !is_sha256_hex(&a.sha256) {
             return Err(FetchError::BadReference(a.sha256.clone()));
         }
-        let stream = client
-            .artifact(v1::ArtifactRequest {
-                sha256: a.sha256.clone(),
-            })
-            .await
-            .map_err(|s| FetchError::Refused {
-                sha256: a.sha256.clone(),
-                code: s.code(),
-                message: s.message().to_string(),
-            })?
-            .into_inner();
+        let request = client.artifact(v1::ArtifactRequest {
+            sha256: a.sha256.clone(),
+        });
+        let stream = bc_proto::channel::answered_within(
+            "opening an artifact download",
+            bc_proto::channel::CALL_DEADLINE,
+            request,
+        )
+        .await
+        .map_err(|s| FetchError::Refused {
+            sha256: a.sha256.clone(),
+            code: s.code(),
+            message: s.message().to_string(),
+        })?
+        .into_inner();
         write_verified(&self.dir, &a.sha256, a.size, stream).await
     }
 }
