@@ -10,6 +10,7 @@ pub mod health;
 #[cfg(feature = "nvml")]
 pub mod nvml;
 pub mod sample;
+pub mod watchdog;
 
 pub use health::{GpuHealth, Reading};
 pub use sample::{GpuProcess, GpuSample, MigInstance};
@@ -74,15 +75,23 @@ impl GpuBackend for NoGpus {
     }
 }
 
-/// Builds the configured backend. An NVML that cannot load is returned as an error the caller reports.
+/// A backend behind [`watchdog::Watchdog`]'s deadline.
+fn watched(backend: std::sync::Arc<dyn GpuBackend>) -> Box<dyn GpuBackend> {
+    Box::new(watchdog::Watchdog::new(backend, watchdog::CALL_DEADLINE))
+}
+
+/// Builds the configured backend, every call into it bounded by [`watchdog::CALL_DEADLINE`]. An NVML that cannot
+/// load is returned as an error the caller reports.
 pub fn open(choice: &crate::config::GpuBackendChoice) -> Result<Box<dyn GpuBackend>, GpuError> {
     match choice {
         crate::config::GpuBackendChoice::None => Ok(Box::new(NoGpus)),
-        crate::config::GpuBackendChoice::Fixture(path) => {
-            Ok(Box::new(fixture::FixtureBackend::load(path)?))
-        }
+        crate::config::GpuBackendChoice::Fixture(path) => Ok(watched(std::sync::Arc::new(
+            fixture::FixtureBackend::load(path)?,
+        ))),
         #[cfg(feature = "nvml")]
-        crate::config::GpuBackendChoice::Nvml => Ok(Box::new(nvml::NvmlBackend::init()?)),
+        crate::config::GpuBackendChoice::Nvml => {
+            Ok(watched(std::sync::Arc::new(nvml::NvmlBackend::init()?)))
+        }
         #[cfg(not(feature = "nvml"))]
         crate::config::GpuBackendChoice::Nvml => Err(GpuError::Unavailable {
             backend: "nvml",
