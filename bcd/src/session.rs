@@ -70,12 +70,48 @@ enum SessionEnd {
     Connect(String),
     #[error("gateway: {0}")]
     Status(String),
-    #[error("the gateway closed the session")]
+    #[error("the session's stream ended")]
     Closed,
     #[error("refused: {0}")]
     Refused(String),
     #[error("local: {0}")]
     Local(String),
+}
+
+/// How long the session waits for the gateway to take one message. A gateway that stops reading this session (its
+/// handler stuck, the stream's window full) while its connection answers HTTP/2 pings would otherwise hold the
+/// session for ever; past this the node ends it and reconnects, perhaps to another gateway behind the balancer.
+const SEND_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The session's outbound queue; every send waits at most its deadline.
+struct Outbound {
+    tx: mpsc::Sender<v1::NodeMessage>,
+    deadline: Duration,
+}
+
+impl Outbound {
+    fn new(tx: mpsc::Sender<v1::NodeMessage>, deadline: Duration) -> Outbound {
+        Outbound { tx, deadline }
+    }
+
+    /// Queues `m`; Err when the stream ended or the gateway took nothing for the deadline (then said in the log).
+    async fn send(&self, m: v1::NodeMessage) -> Result<(), ()> {
+        match tokio::time::timeout(self.deadline, self.tx.send(m)).await {
+            Ok(sent) => sent.map_err(|_| ()),
+            Err(_) => {
+                tracing::warn!(
+                    "the gateway took no message from this node for {} s: ending the session to reconnect",
+                    self.deadline.as_secs()
+                );
+                Err(())
+            }
+        }
+    }
+
+    /// The queue itself (its capacity shows what the transport has taken).
+    fn queue(&self) -> &mpsc::Sender<v1::NodeMessage> {
+        &self.tx
+    }
 }
 
 pub use crate::commands::{
@@ -298,6 +334,7 @@ impl Daemon {
             Err(e) => return SessionEnd::Connect(chain(&e)),
         };
         let (tx, rx) = mpsc::channel::<v1::NodeMessage>(64);
+        let tx = Outbound::new(tx, SEND_DEADLINE);
         let hello = v1::Hello {
             node_id: identity.node_id.clone(),
             agent_version: bc_proto::AGENT_VERSION.to_string(),
@@ -382,7 +419,7 @@ impl Daemon {
                     }
                     if let (Some(id), Some(hook)) = (result_id, &self.hook) {
                         // Delivered once the transport took it from the queue (HTTP/2 framed it), not merely queued.
-                        let (tx, hook) = (tx.clone(), hook.clone());
+                        let (tx, hook) = (tx.queue().clone(), hook.clone());
                         tokio::spawn(async move {
                             let drained = tokio::time::Instant::now() + Duration::from_secs(5);
                             while tx.capacity() < tx.max_capacity() && tokio::time::Instant::now() < drained && !tx.is_closed() {
@@ -457,7 +494,7 @@ impl Daemon {
     async fn handle(
         &mut self,
         m: v1::gateway_message::Msg,
-        tx: &mpsc::Sender<v1::NodeMessage>,
+        tx: &Outbound,
         state: &StateDir,
         signer: &Arc<EnvelopeSigner>,
         tunnels: &mut SessionTunnels,
@@ -566,11 +603,7 @@ impl Daemon {
     /// Tries the failed desired state again: acknowledges `applied` once it applies, a failure only when its
     /// reason changed, and otherwise waits longer (backoff with full jitter, capped at [`DESIRED_RETRY_CAP`]). Err
     /// when the session's outbound queue is closed.
-    async fn retry_desired(
-        &mut self,
-        tx: &mpsc::Sender<v1::NodeMessage>,
-        state: &StateDir,
-    ) -> Result<(), ()> {
+    async fn retry_desired(&mut self, tx: &Outbound, state: &StateDir) -> Result<(), ()> {
         let Some(mut r) = self.retry.take() else {
             return Ok(());
         };
@@ -600,7 +633,7 @@ impl Daemon {
 
     /// Sends the `instances` section when the gateway has asked for it before and it changed since it was sent.
     /// Err when the session's outbound queue is closed.
-    async fn push_instances(&mut self, tx: &mpsc::Sender<v1::NodeMessage>) -> Result<(), ()> {
+    async fn push_instances(&mut self, tx: &Outbound) -> Result<(), ()> {
         let Some(host) = &self.instances else {
             return Ok(());
         };
@@ -705,11 +738,7 @@ async fn instances_changed(rx: &mut Option<tokio::sync::watch::Receiver<u64>>) -
 }
 
 /// Acknowledges desired generation `generation`: applied, or failed for `reason`.
-async fn ack(
-    tx: &mpsc::Sender<v1::NodeMessage>,
-    generation: u64,
-    reason: Option<&str>,
-) -> Result<(), ()> {
+async fn ack(tx: &Outbound, generation: u64, reason: Option<&str>) -> Result<(), ()> {
     let ack = v1::DesiredStateAck {
         generation,
         outcome: if reason.is_some() {
@@ -908,6 +937,26 @@ mod tests {
     use crate::state::NodeIdentity;
 
     const DAY_MS: i64 = 24 * 3600 * 1000;
+
+    /// A gateway that takes nothing (the queue full, nothing reading it) fails the session's next send at the
+    /// deadline, so the loop ends the session and reconnects; before, the send waited for ever and with it every
+    /// heartbeat, renewal and acknowledgement. A queue with room is unaffected.
+    #[tokio::test(start_paused = true)]
+    async fn a_gateway_that_takes_nothing_fails_the_send_at_the_deadline() {
+        let (tx, mut rx) = mpsc::channel(1);
+        let out = Outbound::new(tx, SEND_DEADLINE);
+        let beat = |seq| msg(v1::node_message::Msg::Heartbeat(v1::Heartbeat { seq }));
+        assert_eq!(out.send(beat(1)).await, Ok(()), "room for one");
+        let t = tokio::time::Instant::now();
+        assert_eq!(out.send(beat(2)).await, Err(()), "nothing taken");
+        assert_eq!(t.elapsed(), SEND_DEADLINE);
+        assert!(rx.recv().await.is_some());
+        assert_eq!(
+            out.send(beat(3)).await,
+            Ok(()),
+            "room again once the gateway reads"
+        );
+    }
 
     fn identity(issued_at_ms: i64, life_ms: i64) -> NodeIdentity {
         NodeIdentity {

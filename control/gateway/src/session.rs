@@ -457,18 +457,19 @@ impl v1::session_service_server::SessionService for SessionSvc {
         // clock, and the batched liveness only moves last-seen forward, so a session opened does not cost its row a
         // second write at the next liveness tick (50,000 of them in a reconnect storm of 50,000 nodes).
         let hello_at = now_ms();
-        let grant = self
-            .backend
-            .open(id.id(), &session_key, &hello)
-            .await
-            .inspect_err(|s| {
-                tracing::warn!(
-                    ?peer,
-                    node_id = id.id(),
-                    reason = s.message(),
-                    "session refused"
-                );
-            })?;
+        let grant = stored(
+            "opening the session",
+            self.backend.open(id.id(), &session_key, &hello),
+        )
+        .await
+        .inspect_err(|s| {
+            tracing::warn!(
+                ?peer,
+                node_id = id.id(),
+                reason = s.message(),
+                "session refused"
+            );
+        })?;
         let session = SessionRef {
             node_id: id.id().to_string(),
             epoch: grant.epoch,
@@ -526,6 +527,27 @@ impl v1::session_service_server::SessionService for SessionSvc {
     }
 }
 
+/// How long one call into the store may take. The pool's connections have no deadline of their own, and a primary
+/// that vanishes without a reset (power lost, packets dropped) leaves a query waiting for ever: a session's task, or
+/// the one housekeeping task of every session here, must not wait with it.
+const STORE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// `call` into the store within [`STORE_DEADLINE`]; past it UNAVAILABLE naming `what` (a message that must land
+/// then ends its session, and the node sends it again in the next).
+async fn stored<T>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    tokio::time::timeout(STORE_DEADLINE, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Status::unavailable(format!(
+                "{what}: the database did not answer within {} s",
+                STORE_DEADLINE.as_secs()
+            )))
+        })
+}
+
 /// How long an ending session waits to queue its last status for a node that is not reading its stream.
 const CLOSE_QUEUE_WITHIN: Duration = Duration::from_secs(5);
 
@@ -576,10 +598,18 @@ async fn drive(
         );
         let result = match msg.msg {
             Some(Msg::Heartbeat(_)) => Ok(()),
-            Some(Msg::Inventory(section)) => backend.inventory(&session, section).await,
-            Some(Msg::Ack(ack)) => backend.ack(&session, ack).await,
-            Some(Msg::Result(r)) => backend.result(&session, r).await,
-            Some(Msg::Progress(p)) => backend.progress(&session, p).await,
+            Some(Msg::Inventory(section)) => {
+                stored("storing inventory", backend.inventory(&session, section)).await
+            }
+            Some(Msg::Ack(ack)) => {
+                stored("storing an acknowledgement", backend.ack(&session, ack)).await
+            }
+            Some(Msg::Result(r)) => {
+                stored("storing a command result", backend.result(&session, r)).await
+            }
+            Some(Msg::Progress(p)) => {
+                stored("storing progress", backend.progress(&session, p)).await
+            }
             Some(Msg::Hello(_)) => Err(Status::invalid_argument(
                 "Hello may only be the first message",
             )),
@@ -641,7 +671,15 @@ async fn drive(
         session: session.clone(),
         at_ms: last_seen.load(Ordering::Relaxed),
     };
-    backend.closed(&ended).await;
+    if tokio::time::timeout(STORE_DEADLINE, backend.closed(&ended))
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            node_id = session.node_id,
+            "the database did not record the session's close in time"
+        );
+    }
     registry.remove(&session);
     tracing::info!(
         node_id = session.node_id,
@@ -681,7 +719,7 @@ pub(crate) async fn housekeeping(
                     continue;
                 }
                 registry.liveness_writes.fetch_add(1, Ordering::Relaxed);
-                match backend.liveness(&seen).await {
+                match stored("writing liveness", backend.liveness(&seen)).await {
                     Ok(to_close) => close_judged(&registry, &seen, &to_close),
                     Err(e) => tracing::warn!(error = e.message(), "liveness write failed"),
                 }
@@ -697,7 +735,7 @@ pub(crate) async fn housekeeping(
                     continue;
                 }
                 registry.pending_pulls.fetch_add(1, Ordering::Relaxed);
-                match backend.pending(&sessions).await {
+                match stored("pulling pending messages", backend.pending(&sessions)).await {
                     Ok(messages) => {
                         for (node, msg) in messages {
                             if let Some(tx) = registry.sender(&node) {
@@ -746,7 +784,7 @@ pub(crate) async fn refresh_revocations(
     since: Option<i64>,
 ) -> Option<i64> {
     registry.revocation_reads.fetch_add(1, Ordering::Relaxed);
-    match backend.revoked_since(since).await {
+    match stored("reading revocations", backend.revoked_since(since)).await {
         Ok(r) => {
             registry.revoke(r.identities);
             registry.revocations.extend_keys(r.keys);

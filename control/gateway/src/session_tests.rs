@@ -94,3 +94,29 @@ fn it_holds_only_the_current_epoch_and_a_superseded_sessions_end_keeps_the_new_o
     assert!(!registry.holds("n", 2));
     assert!(registry.is_empty());
 }
+
+/// A store call that never answers (a primary gone silent) ends at the deadline as UNAVAILABLE naming what it was,
+/// so a session's task or the housekeeping task goes on; one that answers is passed through.
+#[tokio::test(start_paused = true)]
+async fn a_store_call_that_never_answers_ends_at_the_deadline() {
+    let t = tokio::time::Instant::now();
+    let silent = stored("storing inventory", std::future::pending::<Result<(), Status>>()).await;
+    let s = silent.expect_err("no answer");
+    assert_eq!(s.code(), tonic::Code::Unavailable);
+    assert_eq!(
+        s.message(),
+        "storing inventory: the database did not answer within 30 s"
+    );
+    assert_eq!(t.elapsed(), STORE_DEADLINE);
+    assert_eq!(stored("x", async { Ok::<_, Status>(7) }).await.ok(), Some(7));
+}
+
+/// A queue with no room (a node that stopped reading) is given up at the deadline; one with room takes the message.
+#[tokio::test(start_paused = true)]
+async fn queueing_for_a_node_that_reads_nothing_ends_at_the_deadline() {
+    let (tx, _rx) = mpsc::channel::<Outbound>(1);
+    assert!(queue_within(&tx, Err(Status::aborted("first")), CLOSE_QUEUE_WITHIN).await);
+    let t = tokio::time::Instant::now();
+    assert!(!queue_within(&tx, Err(Status::aborted("second")), CLOSE_QUEUE_WITHIN).await);
+    assert_eq!(t.elapsed(), CLOSE_QUEUE_WITHIN);
+}
