@@ -597,45 +597,25 @@ async fn drive(
             Some(Msg::Inventory(_) | Msg::Ack(_) | Msg::Result(_))
         );
         let result = match msg.msg {
-            Some(Msg::Heartbeat(_)) => Ok(()),
-            Some(Msg::Inventory(section)) => {
-                stored("storing inventory", backend.inventory(&session, section)).await
-            }
-            Some(Msg::Ack(ack)) => {
-                stored("storing an acknowledgement", backend.ack(&session, ack)).await
-            }
-            Some(Msg::Result(r)) => {
-                stored("storing a command result", backend.result(&session, r)).await
-            }
-            Some(Msg::Progress(p)) => {
-                stored("storing progress", backend.progress(&session, p)).await
-            }
-            Some(Msg::Hello(_)) => Err(Status::invalid_argument(
-                "Hello may only be the first message",
-            )),
-            Some(Msg::Renew(r)) => match backend
-                .renew(&session, r.csr_der, session_key.clone())
-                .await
-            {
-                Ok(resp) => {
-                    let m = v1::GatewayMessage {
-                        msg: Some(v1::gateway_message::Msg::Renew(resp)),
-                    };
-                    if !queue_within(&tx, Ok(Box::new(m)), idle).await {
-                        break format!("did not read its stream for {} s", idle.as_secs());
+            Some(Msg::Renew(r)) => {
+                let renewed = backend.renew(&session, r.csr_der, session_key.clone());
+                match stored("renewing the certificate", renewed).await {
+                    Ok(resp) => {
+                        let m = v1::GatewayMessage {
+                            msg: Some(v1::gateway_message::Msg::Renew(resp)),
+                        };
+                        if !queue_within(&tx, Ok(Box::new(m)), idle).await {
+                            break format!("did not read its stream for {} s", idle.as_secs());
+                        }
                     }
-                    Ok(())
+                    Err(s) => {
+                        let reason = s.message();
+                        tracing::warn!(node_id = session.node_id, reason, "renewal refused");
+                    }
                 }
-                Err(s) => {
-                    tracing::warn!(
-                        node_id = session.node_id,
-                        reason = s.message(),
-                        "renewal refused"
-                    );
-                    Ok(())
-                }
-            },
-            None => Err(Status::invalid_argument("empty NodeMessage")),
+                Ok(())
+            }
+            other => store_message(backend.as_ref(), &session, other).await,
         };
         if let Err(s) = result {
             if s.code() == tonic::Code::Aborted {
@@ -689,116 +669,40 @@ async fn drive(
     );
 }
 
-/// Writes liveness in one statement per interval and closes sessions the store says must end; pulls waiting
-/// messages for live sessions when poked, else on the pending interval.
-pub(crate) async fn housekeeping(
-    backend: Arc<dyn SessionBackend>,
-    registry: Registry,
-    config: SessionConfig,
-    revocation_watermark: Option<i64>,
-) {
-    let mut liveness = tokio::time::interval(config.liveness_interval);
-    let mut pending = tokio::time::interval(config.pending_interval);
-    let mut revocations = tokio::time::interval(config.revocation_interval);
-    liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    pending.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    revocations.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // serve() loaded the set before accepting; unless that failed, the first tick would repeat it.
-    if revocation_watermark.is_some() {
-        revocations.reset();
-    }
-    let mut watermark = revocation_watermark;
-    loop {
-        tokio::select! {
-            _ = revocations.tick() => {
-                watermark = refresh_revocations(backend.as_ref(), &registry, watermark).await.or(watermark);
-            }
-            _ = liveness.tick() => {
-                let seen = registry.snapshot();
-                if seen.is_empty() {
-                    continue;
-                }
-                registry.liveness_writes.fetch_add(1, Ordering::Relaxed);
-                match stored("writing liveness", backend.liveness(&seen)).await {
-                    Ok(to_close) => close_judged(&registry, &seen, &to_close),
-                    Err(e) => tracing::warn!(error = e.message(), "liveness write failed"),
-                }
-            }
-            _ = async {
-                tokio::select! {
-                    _ = pending.tick() => {}
-                    _ = registry.pending_poke.notified() => pending.reset(),
-                }
-            } => {
-                let sessions: Vec<SessionRef> = registry.snapshot().into_iter().map(|s| s.session).collect();
-                if sessions.is_empty() {
-                    continue;
-                }
-                registry.pending_pulls.fetch_add(1, Ordering::Relaxed);
-                match stored("pulling pending messages", backend.pending(&sessions)).await {
-                    Ok(messages) => {
-                        for (node, msg) in messages {
-                            if let Some(tx) = registry.sender(&node) {
-                                let _ = tx.try_send(Ok(Box::new(msg)));
-                            }
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = e.message(), "pending pull failed"),
-                }
-            }
-        }
-    }
-}
-
-/// Closes the sessions the store said must end (`to_close`, node ids), each only if it is still the session the
-/// store judged (its epoch in `seen`). A node that reconnected to this gateway while the statement ran holds a newer
-/// session, which the verdict was not about: closing by node id alone closed that one too (seen in CI, where
-/// `two_daemons_with_one_identity_only_the_newest_epoch_writes` lost its new session to the old one's verdict).
-fn close_judged(registry: &Registry, seen: &[Seen], to_close: &[String]) {
-    if to_close.is_empty() {
-        return;
-    }
-    let epochs: HashMap<&str, u64> = seen
-        .iter()
-        .map(|s| (s.session.node_id.as_str(), s.session.epoch))
-        .collect();
-    for node in to_close {
-        if let Some(&epoch) = epochs.get(node.as_str()) {
-            let judged = SessionRef {
-                node_id: node.clone(),
-                epoch,
-            };
-            registry.close_session(
-                &judged,
-                "revoked, superseded or closed by the control plane",
-            );
-        }
-    }
-}
-
-/// Reads revocations since `since` into the registry's set (closing the sessions of newly revoked identities);
-/// returns the next watermark, or None when the store could not be read.
-pub(crate) async fn refresh_revocations(
+/// Stores one message of a session other than a renewal (a heartbeat stores nothing here: liveness is batched).
+async fn store_message(
     backend: &dyn SessionBackend,
-    registry: &Registry,
-    since: Option<i64>,
-) -> Option<i64> {
-    registry.revocation_reads.fetch_add(1, Ordering::Relaxed);
-    match stored("reading revocations", backend.revoked_since(since)).await {
-        Ok(r) => {
-            registry.revoke(r.identities);
-            registry.revocations.extend_keys(r.keys);
-            Some(r.watermark_ms)
+    session: &SessionRef,
+    msg: Option<v1::node_message::Msg>,
+) -> Result<(), Status> {
+    use v1::node_message::Msg;
+    match msg {
+        Some(Msg::Heartbeat(_)) => Ok(()),
+        Some(Msg::Inventory(section)) => {
+            stored("storing inventory", backend.inventory(session, section)).await
         }
-        Err(e) => {
-            tracing::warn!(
-                error = e.message(),
-                "reading revocations failed; retrying next interval"
-            );
-            None
+        Some(Msg::Ack(ack)) => {
+            stored("storing an acknowledgement", backend.ack(session, ack)).await
         }
+        Some(Msg::Result(r)) => {
+            stored("storing a command result", backend.result(session, r)).await
+        }
+        Some(Msg::Progress(p)) => stored("storing progress", backend.progress(session, p)).await,
+        Some(Msg::Hello(_)) => Err(Status::invalid_argument(
+            "Hello may only be the first message",
+        )),
+        Some(Msg::Renew(_)) => Err(Status::internal(
+            "a renewal is answered by the session's task",
+        )),
+        None => Err(Status::invalid_argument("empty NodeMessage")),
     }
 }
+
+#[path = "session_housekeeping.rs"]
+mod housekeeping;
+#[cfg(test)]
+use housekeeping::close_judged;
+pub(crate) use housekeeping::{housekeeping, refresh_revocations};
 
 #[cfg(test)]
 #[path = "session_tests.rs"]

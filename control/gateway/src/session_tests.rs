@@ -100,7 +100,11 @@ fn it_holds_only_the_current_epoch_and_a_superseded_sessions_end_keeps_the_new_o
 #[tokio::test(start_paused = true)]
 async fn a_store_call_that_never_answers_ends_at_the_deadline() {
     let t = tokio::time::Instant::now();
-    let silent = stored("storing inventory", std::future::pending::<Result<(), Status>>()).await;
+    let silent = stored(
+        "storing inventory",
+        std::future::pending::<Result<(), Status>>(),
+    )
+    .await;
     let s = silent.expect_err("no answer");
     assert_eq!(s.code(), tonic::Code::Unavailable);
     assert_eq!(
@@ -108,7 +112,10 @@ async fn a_store_call_that_never_answers_ends_at_the_deadline() {
         "storing inventory: the database did not answer within 30 s"
     );
     assert_eq!(t.elapsed(), STORE_DEADLINE);
-    assert_eq!(stored("x", async { Ok::<_, Status>(7) }).await.ok(), Some(7));
+    assert_eq!(
+        stored("x", async { Ok::<_, Status>(7) }).await.ok(),
+        Some(7)
+    );
 }
 
 /// A queue with no room (a node that stopped reading) is given up at the deadline; one with room takes the message.
