@@ -300,12 +300,14 @@ pub async fn answered_within<T>(
     deadline: Duration,
     call: impl std::future::Future<Output = Result<T, tonic::Status>>,
 ) -> Result<T, tonic::Status> {
-    tokio::time::timeout(deadline, call).await.unwrap_or_else(|_| {
-        Err(tonic::Status::deadline_exceeded(format!(
-            "{what}: the gateway did not answer within {} s; retry",
-            deadline.as_secs()
-        )))
-    })
+    tokio::time::timeout(deadline, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(tonic::Status::deadline_exceeded(format!(
+                "{what}: the gateway did not answer within {} s; retry",
+                deadline.as_secs()
+            )))
+        })
 }
 
 /// A TCP connection to `to` from the local address `local` (its port the kernel's pick).
