@@ -460,6 +460,21 @@ fn rrq(name: &str, options: RequestOptions) -> Vec<u8> {
     out
 }
 
+/// Sends a plain read request for `name` from a new socket on `from` and waits (2 s) for the first answer: the
+/// socket, the answer's length in `buf` and where it came from.
+async fn ask(
+    from: &str,
+    to: SocketAddr,
+    name: &str,
+    buf: &mut [u8],
+) -> Result<(UdpSocket, usize, SocketAddr)> {
+    let sock = UdpSocket::bind((from, 0)).await?;
+    sock.send_to(&rrq(name, RequestOptions::default()), to)
+        .await?;
+    let (n, peer) = timeout(Duration::from_secs(2), sock.recv_from(buf)).await??;
+    Ok((sock, n, peer))
+}
+
 /// A client that acknowledges every block well inside the timeout, but slowly, is cut off at
 /// `max_transfer_time` with error 0 and frees its slot; its `timeout` option of 255 s (above
 /// `max_client_timeout`) is declined. Before both limits one such client held a slot for as long as it liked.
@@ -525,20 +540,13 @@ async fn one_address_gets_at_most_its_share_of_the_slots() -> Result<()> {
     .await?;
     let mut buf = [0u8; 1024];
     // The first transfer from 127.0.0.1 starts and stalls (never acknowledged).
-    let holder = UdpSocket::bind("127.0.0.1:0").await?;
-    holder
-        .send_to(&rrq("small.bin", RequestOptions::default()), f.addr)
-        .await?;
-    let (n, _) = timeout(Duration::from_secs(2), holder.recv_from(&mut buf)).await??;
+    let (_holder, n, _) = ask("127.0.0.1", f.addr, "small.bin", &mut buf).await?;
     assert!(matches!(
         Packet::decode(&buf[..n])?,
         Packet::Data { block: 1, .. }
     ));
     // A second from the same address, another port, is refused and told why.
-    let same = UdpSocket::bind("127.0.0.1:0").await?;
-    same.send_to(&rrq("small.bin", RequestOptions::default()), f.addr)
-        .await?;
-    let (n, _) = timeout(Duration::from_secs(2), same.recv_from(&mut buf)).await??;
+    let (_same, n, _) = ask("127.0.0.1", f.addr, "small.bin", &mut buf).await?;
     match Packet::decode(&buf[..n])? {
         Packet::Error { code, message } => {
             assert_eq!(code, ErrorCode::NotDefined);
@@ -550,11 +558,7 @@ async fn one_address_gets_at_most_its_share_of_the_slots() -> Result<()> {
         other => bail!("a second transfer from one address was not refused: {other:?}"),
     }
     // Another address is served while the first still holds its slot.
-    let other = UdpSocket::bind("127.0.0.2:0").await?;
-    other
-        .send_to(&rrq("small.bin", RequestOptions::default()), f.addr)
-        .await?;
-    let (n, _) = timeout(Duration::from_secs(2), other.recv_from(&mut buf)).await??;
+    let (_other, n, _) = ask("127.0.0.2", f.addr, "small.bin", &mut buf).await?;
     assert!(matches!(
         Packet::decode(&buf[..n])?,
         Packet::Data { block: 1, .. }
@@ -570,25 +574,11 @@ async fn concurrency_is_bounded_and_writes_refused() -> Result<()> {
         ..Limits::default()
     })
     .await?;
-    let rrq = |name: &str| {
-        let mut out = Vec::new();
-        Packet::Rrq(Request {
-            filename: name.into(),
-            mode: Mode::Octet,
-            options: RequestOptions::default(),
-        })
-        .encode(&mut out);
-        out
-    };
     let mut buf = [0u8; 1024];
     // First transfer starts and stalls (we never ACK).
-    let holder = UdpSocket::bind("127.0.0.1:0").await?;
-    holder.send_to(&rrq("small.bin"), f.addr).await?;
-    let (_, holder_peer) = timeout(Duration::from_secs(2), holder.recv_from(&mut buf)).await??;
+    let (holder, _, holder_peer) = ask("127.0.0.1", f.addr, "small.bin", &mut buf).await?;
     // A second is refused while the slot is taken.
-    let second = UdpSocket::bind("127.0.0.1:0").await?;
-    second.send_to(&rrq("small.bin"), f.addr).await?;
-    let (n, _) = timeout(Duration::from_secs(2), second.recv_from(&mut buf)).await??;
+    let (second, n, _) = ask("127.0.0.2", f.addr, "small.bin", &mut buf).await?;
     assert!(matches!(
         Packet::decode(&buf[..n])?,
         Packet::Error {
