@@ -83,25 +83,24 @@ enum SessionEnd {
 /// session for ever; past this the node ends it and reconnects, perhaps to another gateway behind the balancer.
 const SEND_DEADLINE: Duration = Duration::from_secs(60);
 
-/// The session's outbound queue; every send waits at most its deadline.
+/// The session's outbound queue; every send waits at most [`SEND_DEADLINE`].
 struct Outbound {
     tx: mpsc::Sender<v1::NodeMessage>,
-    deadline: Duration,
 }
 
 impl Outbound {
-    fn new(tx: mpsc::Sender<v1::NodeMessage>, deadline: Duration) -> Outbound {
-        Outbound { tx, deadline }
+    fn new(tx: mpsc::Sender<v1::NodeMessage>) -> Outbound {
+        Outbound { tx }
     }
 
     /// Queues `m`; Err when the stream ended or the gateway took nothing for the deadline (then said in the log).
     async fn send(&self, m: v1::NodeMessage) -> Result<(), ()> {
-        match tokio::time::timeout(self.deadline, self.tx.send(m)).await {
+        match tokio::time::timeout(SEND_DEADLINE, self.tx.send(m)).await {
             Ok(sent) => sent.map_err(|_| ()),
             Err(_) => {
                 tracing::warn!(
                     "the gateway took no message from this node for {} s: ending the session to reconnect",
-                    self.deadline.as_secs()
+                    SEND_DEADLINE.as_secs()
                 );
                 Err(())
             }
@@ -334,7 +333,7 @@ impl Daemon {
             Err(e) => return SessionEnd::Connect(chain(&e)),
         };
         let (tx, rx) = mpsc::channel::<v1::NodeMessage>(64);
-        let tx = Outbound::new(tx, SEND_DEADLINE);
+        let tx = Outbound::new(tx);
         let hello = v1::Hello {
             node_id: identity.node_id.clone(),
             agent_version: bc_proto::AGENT_VERSION.to_string(),
@@ -944,7 +943,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_gateway_that_takes_nothing_fails_the_send_at_the_deadline() {
         let (tx, mut rx) = mpsc::channel(1);
-        let out = Outbound::new(tx, SEND_DEADLINE);
+        let out = Outbound::new(tx);
         let beat = |seq| msg(v1::node_message::Msg::Heartbeat(v1::Heartbeat { seq }));
         assert_eq!(out.send(beat(1)).await, Ok(()), "room for one");
         let t = tokio::time::Instant::now();

@@ -315,7 +315,6 @@ async fn transfer(
             TransferError::TimedOut { .. } | TransferError::ClientError { .. } => None,
         };
         if let Some(message) = message {
-            out.clear();
             encode_error(ErrorCode::NotDefined, message, &mut out);
             let _ = link.socket.send(&out).await;
         }

@@ -260,12 +260,14 @@ pub(crate) async fn membership_loop(
         };
         if stop.sleep(next).await {
             shards.send_replace(Arc::from(Vec::new()));
-            let left = tokio::time::timeout(lease, membership.leave(worker.role, &worker.id)).await;
-            if !matches!(left, Ok(Ok(()))) {
-                let e = left.map_or_else(
-                    |_| "no answer".to_owned(),
-                    |r| r.err().map(|e| e.to_string()).unwrap_or_default(),
-                );
+            let why = match tokio::time::timeout(lease, membership.leave(worker.role, &worker.id))
+                .await
+            {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some(format!("no answer within {} s", lease.as_secs_f64())),
+            };
+            if let Some(e) = why {
                 tracing::warn!(role = worker.role, error = %e, "leaving the role failed; its leases will expire");
             }
             return;
