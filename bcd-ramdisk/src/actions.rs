@@ -157,6 +157,8 @@ pub struct StreamOptions {
     /// The CAs an `https` image server must chain to (the control plane's trust bundle from join in agent mode,
     /// plus any the command names). Empty: `https` is refused, never fetched unverified.
     pub trust: Vec<rustls::pki_types::CertificateDer<'static>>,
+    /// The command's deadline: the download stops there and what was written is zeroed ([`FetchPolicy::deadline`]).
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl Default for StreamOptions {
@@ -165,6 +167,7 @@ impl Default for StreamOptions {
             progress_interval: Duration::from_secs(1),
             on_progress: Box::new(|_| {}),
             trust: Vec::new(),
+            deadline: None,
         }
     }
 }
@@ -208,7 +211,10 @@ pub fn stream_with(
         );
     }
     let sink = DirectDevice::open(device).map_err(|e| bc_error_chain::chain(&e))?;
-    let policy = FetchPolicy::default();
+    let policy = FetchPolicy {
+        deadline: options.deadline,
+        ..FetchPolicy::default()
+    };
     let http = client(roots, &policy).map_err(|e| bc_error_chain::chain(&e))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

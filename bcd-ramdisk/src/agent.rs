@@ -84,6 +84,8 @@ pub struct RamdiskCommands {
     handovers: std::sync::Mutex<std::collections::HashMap<String, std::sync::mpsc::Sender<()>>>,
     /// The control plane this ramdisk joined: the installed system joins it too (its seed's bcd.toml).
     control: Option<crate::seed::ControlPlane>,
+    /// Wipe, stream and kexec take turns on the disks ([`crate::disk_gate`]).
+    disks: crate::disk_gate::DiskGate,
 }
 
 impl RamdiskCommands {
@@ -101,6 +103,7 @@ impl RamdiskCommands {
             state_dir: None,
             handovers: std::sync::Mutex::default(),
             control: None,
+            disks: crate::disk_gate::DiskGate::default(),
         }
     }
 
@@ -140,14 +143,24 @@ impl RamdiskCommands {
                 })
                 .map_err(|e| format!("encoding the result: {e}"))
         };
-        match commands::parse(&command.kind, &command.args)? {
+        let parsed = commands::parse(&command.kind, &command.args)?;
+        // The control plane gives up on the command at its deadline: nothing is started after it.
+        let deadline = bcd::commands::deadline_of(command);
+        let _disks = match parsed {
+            RamdiskCommand::Diagnose => None,
+            _ => Some(
+                self.disks
+                    .enter(&format!("{} {}", command.kind, command.id), deadline)?,
+            ),
+        };
+        match parsed {
             // Arguments are not used (the report is always whole); anything sent is ignored, not parsed.
             RamdiskCommand::Diagnose => {
                 let report = diagnose::collect(&self.root, self.nvme.as_ref());
                 json(DIAGNOSE_PAYLOAD_TYPE, &report)
             }
             RamdiskCommand::Wipe(args) => {
-                let r = commands::wipe(&self.root, &args, &|v| progress.report(v))?;
+                let r = commands::wipe(&self.root, &args, deadline, &|v| progress.report(v))?;
                 json(commands::WIPE_PAYLOAD_TYPE, &r)
             }
             RamdiskCommand::Stream(args) => {
@@ -163,6 +176,7 @@ impl RamdiskCommands {
                     &args,
                     self.stream_progress_interval,
                     trust,
+                    deadline,
                     Box::new(move |v| p.report(v)),
                 )?;
                 json(commands::STREAM_PAYLOAD_TYPE, &view)

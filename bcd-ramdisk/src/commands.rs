@@ -301,10 +301,12 @@ pub struct WipeResult {
     pub skipped: Vec<String>,
 }
 
-/// Runs `ramdisk.wipe`; `progress` sees each device as it starts.
+/// Runs `ramdisk.wipe`; `progress` sees each device as it starts. No device is started past `deadline` (the
+/// command's): the control plane has given up by then.
 pub fn wipe(
     root: &Path,
     args: &WipeArgs,
+    deadline: Option<std::time::Instant>,
     progress: &dyn Fn(serde_json::Value),
 ) -> Result<WipeResult, String> {
     let (names, skipped) = match &args.disks {
@@ -325,6 +327,14 @@ pub fn wipe(
     }
     let mut devices = Vec::with_capacity(names.len());
     for (i, name) in names.iter().enumerate() {
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            return Err(format!(
+                "the command's deadline passed with {i} of {} disks done; not started: {} (the control plane \
+                 has given up on this wipe and may ask again)",
+                names.len(),
+                names[i..].join(", ")
+            ));
+        }
         progress(serde_json::json!({"device": name, "index": i, "of": names.len()}));
         devices.extend(actions::wipe_disks(std::slice::from_ref(name)));
     }
@@ -342,11 +352,13 @@ pub fn wipe(
 }
 
 /// Runs `ramdisk.stream`: refuses a device in use, then streams with progress every `interval` to the console and
-/// to `progress` (bytes written, rate, ETA).
+/// to `progress` (bytes written, rate, ETA). The download stops at `deadline` (the command's) and what was
+/// written is zeroed.
 pub fn stream(
     args: &StreamArgs,
     interval: Duration,
     trust: Vec<rustls::pki_types::CertificateDer<'static>>,
+    deadline: Option<std::time::Instant>,
     progress: Box<dyn Fn(serde_json::Value) + Send>,
 ) -> Result<actions::StreamView, String> {
     let caps = crate::wipe::probe_device(&args.device)
@@ -370,6 +382,7 @@ pub fn stream(
     }
     let options = StreamOptions {
         trust,
+        deadline,
         progress_interval: interval,
         on_progress: Box::new(move |p| {
             progress(serde_json::json!({
@@ -600,12 +613,35 @@ mod tests {
         assert!(err("ramdisk.dance", "{}").contains("not a ramdisk command"));
     }
 
+    /// Past the command's deadline no disk is started (these names do not exist: touching one would fail
+    /// differently).
+    #[test]
+    fn a_wipe_past_its_deadline_starts_no_disk() {
+        let started = std::cell::Cell::new(0);
+        let e = wipe(
+            Path::new("/nonexistent"),
+            &WipeArgs {
+                disks: Disks::Named(vec!["bc-none-0".into(), "bc-none-1".into()]),
+            },
+            Some(std::time::Instant::now()),
+            &|_| started.set(started.get() + 1),
+        )
+        .expect_err("past its deadline");
+        assert_eq!(
+            e,
+            "the command's deadline passed with 0 of 2 disks done; not started: bc-none-0, bc-none-1 (the \
+             control plane has given up on this wipe and may ask again)"
+        );
+        assert_eq!(started.get(), 0);
+    }
+
     #[test]
     fn all_disks_and_kexec_are_refused_outside_pid_1() {
         assert!(!is_pid1(), "tests never run as PID 1");
         let e = wipe(
             Path::new("/nonexistent"),
             &WipeArgs { disks: Disks::All },
+            None,
             &|_| {},
         )
         .expect_err("refused");

@@ -18,6 +18,7 @@ pub mod cmdline;
 pub mod commands;
 pub mod dhcp;
 pub mod diagnose;
+pub mod disk_gate;
 pub mod init;
 pub mod kexec;
 pub mod modules;

@@ -397,6 +397,95 @@ async fn a_server_that_never_answers_is_given_up() {
     assert_eq!(failure.scrub, Scrub::NotNeeded);
 }
 
+/// A server that trickles the image (64 KiB every 100 ms) past the command's deadline: the download stops at the
+/// deadline and the pipeline zeroes what it wrote, so the control plane's retry finds no half-written image and no
+/// writer still running. Before, the stream ran on after the control plane had given up on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_past_the_commands_deadline_stops_and_zeroes_what_it_wrote() {
+    let mut x = 0x9E37_79B9u32;
+    let raw: Vec<u8> = (0..3_000_000usize)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x as u8) | 1
+        })
+        .collect();
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let url = format!("http://{}/image.raw", listener.local_addr().expect("addr"));
+    let body = raw.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut tcp) = stream else { return };
+            let mut reader = BufReader::new(tcp.try_clone().expect("clone"));
+            let mut line = String::new();
+            while reader.read_line(&mut line).map(|n| n > 0).unwrap_or(false) && line != "\r\n" {
+                line.clear();
+            }
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = tcp.write_all(head.as_bytes());
+            for chunk in body.chunks(64 << 10) {
+                if tcp.write_all(chunk).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    });
+    let policy = FetchPolicy {
+        deadline: Some(std::time::Instant::now() + Duration::from_millis(1500)),
+        ..policy()
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let client = client(rustls::RootCertStore::empty(), &policy).expect("client");
+    let began = std::time::Instant::now();
+    let failure = tokio::time::timeout(
+        Duration::from_secs(20),
+        stream_url(
+            &client,
+            url.parse().expect("url"),
+            device(&dir),
+            spec(&raw, &raw),
+            &policy,
+            Box::new(|_| {}),
+        ),
+    )
+    .await
+    .expect("the stream must end at its deadline")
+    .expect_err("the image takes 4.7 s to serve");
+    let elapsed = began.elapsed();
+    match &failure.error {
+        StreamError::Http(HttpError::Deadline { received, .. }) => {
+            assert!(*received > 0 && *received < raw.len() as u64, "{received}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        failure
+            .to_string()
+            .contains("the command's deadline passed")
+            || bc_error_chain::chain(&failure).contains("the command's deadline passed"),
+        "{}",
+        bc_error_chain::chain(&failure)
+    );
+    assert!(
+        elapsed >= Duration::from_millis(1400) && elapsed < Duration::from_secs(5),
+        "{elapsed:?}"
+    );
+    match failure.scrub {
+        Scrub::Zeroed { bytes } => assert!(bytes > 0),
+        other => panic!("the written range must be zeroed: {other:?}"),
+    }
+    let on_disk = std::fs::read(dir.path().join("disk.img")).expect("read");
+    assert!(
+        on_disk.iter().all(|b| *b == 0),
+        "the raw image has no zero byte; the disk must hold none of it"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_listening_is_a_clear_error() {
     let port = TcpListener::bind("127.0.0.1:0")

@@ -52,6 +52,32 @@ const KEEP_FINISHED: usize = 64;
 /// them from its buffer. The gateway ignores a result for a command already finished.
 const RESEND_WINDOW: Duration = Duration::from_secs(30);
 
+/// How long command `c` may still run at `now_unix_ms`: `None` when it has no deadline (`deadline_unix_ms` 0),
+/// `Some(ZERO)` once it passed. Past its deadline the control plane has marked the command expired and may ask
+/// again (a metal retry sends the same step anew), so a command must neither start nor keep changing the machine
+/// after it. Pure: the caller passes the time.
+pub fn time_left(c: &v1::Command, now_unix_ms: i64) -> Option<Duration> {
+    if c.deadline_unix_ms <= 0 {
+        return None;
+    }
+    let left = c.deadline_unix_ms.saturating_sub(now_unix_ms);
+    Some(Duration::from_millis(u64::try_from(left).unwrap_or(0)))
+}
+
+/// A deadline in the gateway's time as one in this node's: `offset_ms` is the gateway's clock minus the node's
+/// (measured at the session's Welcome). 0 (no deadline) stays 0.
+pub fn local_deadline(deadline_unix_ms: i64, offset_ms: i64) -> i64 {
+    if deadline_unix_ms <= 0 {
+        return deadline_unix_ms;
+    }
+    deadline_unix_ms.saturating_sub(offset_ms).max(1)
+}
+
+/// [`time_left`] as an instant on the monotonic clock, from the wall clock now.
+pub fn deadline_of(c: &v1::Command) -> Option<std::time::Instant> {
+    time_left(c, crate::session::now_ms()).map(|left| std::time::Instant::now() + left)
+}
+
 // === impl ProgressLimiter ===
 
 /// At most one report per `every` (the first always passes). Pure: the caller passes the time.
@@ -275,6 +301,21 @@ async fn run(
             .sign(ERROR_PAYLOAD_TYPE, payload.to_string().into_bytes())
             .map_err(|e| bc_error_chain::chain(&e))
     };
+    let now = crate::session::now_ms();
+    if time_left(c, now) == Some(Duration::ZERO) {
+        let late = now.saturating_sub(c.deadline_unix_ms);
+        tracing::warn!(
+            command = c.id,
+            kind = c.kind,
+            late_ms = late,
+            "command arrived after its deadline; not run"
+        );
+        return error(format!(
+            "{}: arrived {late} ms after its deadline, so it was not run (the control plane has given up on it); \
+             check the node's clock against the control plane's if this repeats",
+            c.kind
+        ));
+    }
     match c.kind.as_str() {
         crate::diag::KIND => {
             // The control plane's policy (expected GPU count and any thresholds it sets); a malformed policy is
@@ -421,6 +462,116 @@ mod tests {
         assert_eq!(result_of(outbox.try_recv().ok()), first);
         // Nothing else is waiting.
         assert!(outbox.try_recv().is_err());
+    }
+
+    /// A node whose clock runs an hour behind the gateway's (a fresh machine's RTC) still gives a command the
+    /// minute it was given; without the offset it would have an hour and a minute, and one an hour ahead would
+    /// refuse every command as late.
+    #[test]
+    fn deadlines_are_read_in_the_gateways_time() {
+        let hour = 3_600_000;
+        let gateway_now = 1_800_000_000_000;
+        let deadline = gateway_now + 60_000;
+        for node_now in [gateway_now - hour, gateway_now, gateway_now + hour] {
+            let offset = gateway_now - node_now;
+            let c = v1::Command {
+                deadline_unix_ms: local_deadline(deadline, offset),
+                ..v1::Command::default()
+            };
+            assert_eq!(
+                time_left(&c, node_now),
+                Some(Duration::from_secs(60)),
+                "node at {node_now}"
+            );
+        }
+        assert_eq!(local_deadline(0, hour), 0, "no deadline stays none");
+        assert_eq!(local_deadline(5, hour), 1, "never turns into none");
+        assert_eq!(local_deadline(i64::MAX, -hour), i64::MAX, "saturates");
+    }
+
+    #[test]
+    fn time_left_counts_to_the_deadline_and_stops_at_zero() {
+        let at = |deadline_unix_ms| v1::Command {
+            deadline_unix_ms,
+            ..v1::Command::default()
+        };
+        assert_eq!(time_left(&at(0), 5_000), None, "no deadline");
+        assert_eq!(time_left(&at(-1), 5_000), None);
+        assert_eq!(
+            time_left(&at(7_500), 5_000),
+            Some(Duration::from_millis(2_500))
+        );
+        assert_eq!(time_left(&at(5_000), 5_000), Some(Duration::ZERO));
+        assert_eq!(time_left(&at(1), i64::MAX), Some(Duration::ZERO));
+        assert_eq!(
+            time_left(&at(i64::MAX), i64::MIN),
+            Some(Duration::from_millis(i64::MAX as u64)),
+            "saturates rather than wraps"
+        );
+    }
+
+    /// A command that reaches the node after its deadline (a session that delivered it late, a resend after a
+    /// reconnect) is answered with a signed error and never run: the control plane has marked it expired and a
+    /// retry may already be on its way. Before, it ran whatever its deadline.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_command_past_its_deadline_is_answered_and_not_run() {
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let key = rcgen::KeyPair::generate().expect("key");
+        let signer =
+            EnvelopeSigner::new(&key.serialize_der(), "spiffe://t/node/n".into()).expect("signer");
+        let ctx = CommandContext {
+            gpu: None,
+            hook: Some(Arc::new(Slow(runs.clone()))),
+            signer: Arc::new(signer),
+            progress_interval: Duration::from_secs(60),
+        };
+        let commands = Commands::new();
+        let late = v1::Command {
+            id: "late".into(),
+            kind: "test.slow".into(),
+            args: Vec::new(),
+            deadline_unix_ms: crate::session::now_ms() - 1_500,
+        };
+        commands.start(late, ctx.clone());
+        let outbox = commands.outbox();
+        let mut outbox = outbox.lock().await;
+        let r = result_of(
+            tokio::time::timeout(Duration::from_secs(10), outbox.recv())
+                .await
+                .expect("in time"),
+        );
+        let env = r.envelope.expect("signed");
+        assert_eq!(env.payload_type, ERROR_PAYLOAD_TYPE);
+        let body: serde_json::Value = serde_json::from_slice(&env.payload).expect("JSON");
+        let message = body["error"].as_str().expect("error text");
+        assert!(
+            message.starts_with("test.slow: arrived ") && message.contains("after its deadline"),
+            "{message}"
+        );
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 0);
+        // One with time left runs.
+        let timely = v1::Command {
+            id: "timely".into(),
+            kind: "test.slow".into(),
+            args: Vec::new(),
+            deadline_unix_ms: crate::session::now_ms() + 60_000,
+        };
+        commands.start(timely, ctx);
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), outbox.recv())
+                .await
+                .expect("in time")
+            {
+                Some(Outgoing::Progress(_)) => continue,
+                other => {
+                    let r = result_of(other);
+                    assert_eq!(r.id, "timely");
+                    assert_eq!(r.envelope.expect("signed").payload_type, "application/json");
+                    break;
+                }
+            }
+        }
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -140,7 +140,12 @@ pub struct Daemon {
     retry: Option<DesiredRetry>,
     /// Tunnels served at once ([`crate::tunnel::MAX_OPEN`]).
     tunnel_slots: Arc<tokio::sync::Semaphore>,
+    /// The gateway's clock minus this node's, from the last Welcome: command deadlines are in the gateway's time.
+    clock_offset_ms: i64,
 }
+
+/// An offset from the gateway's clock beyond which the node warns that its own clock is wrong.
+const CLOCK_WARN_MS: i64 = 5_000;
 
 /// First and longest wait between attempts to apply a desired state that failed (full jitter in between).
 pub const DESIRED_RETRY_BASE: Duration = Duration::from_secs(1);
@@ -184,6 +189,7 @@ impl Daemon {
             commands: crate::commands::Commands::new(),
             retry: None,
             tunnel_slots: Arc::new(tokio::sync::Semaphore::new(crate::tunnel::MAX_OPEN)),
+            clock_offset_ms: 0,
         }
     }
 
@@ -506,6 +512,16 @@ impl Daemon {
                     "session open (epoch {})",
                     w.session_epoch
                 ));
+                if w.clock_unix_ms > 0 {
+                    self.clock_offset_ms = w.clock_unix_ms.saturating_sub(now_ms());
+                    if self.clock_offset_ms.abs() > CLOCK_WARN_MS {
+                        tracing::warn!(
+                            offset_ms = self.clock_offset_ms,
+                            "this node's clock differs from the gateway's by more than 5 s; command deadlines are \
+                             read in the gateway's time, but fix the clock (NTP) for logs and certificates"
+                        );
+                    }
+                }
                 let ms = u64::from(w.heartbeat_interval_ms).clamp(1_000, 300_000);
                 return Some(Duration::from_millis(ms));
             }
@@ -555,7 +571,9 @@ impl Daemon {
                     }
                 }
             }
-            Msg::Command(c) => {
+            Msg::Command(mut c) => {
+                c.deadline_unix_ms =
+                    crate::commands::local_deadline(c.deadline_unix_ms, self.clock_offset_ms);
                 let ctx = crate::commands::CommandContext {
                     gpu: self.gpu.clone(),
                     hook: self.hook.clone(),

@@ -205,8 +205,20 @@ async fn raw_session(
     // The Welcome (or the refusal) comes first.
     match inbound.message().await? {
         Some(v1::GatewayMessage {
-            msg: Some(v1::gateway_message::Msg::Welcome(_)),
-        }) => Ok((tx, inbound)),
+            msg: Some(v1::gateway_message::Msg::Welcome(w)),
+        }) => {
+            // The gateway's clock, which the node reads command deadlines against (same host: within a minute).
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0);
+            assert!(
+                (w.clock_unix_ms - now).abs() < 60_000,
+                "Welcome carries the gateway's clock: {} vs {now}",
+                w.clock_unix_ms
+            );
+            Ok((tx, inbound))
+        }
         other => Err(tonic::Status::internal(format!(
             "expected Welcome, got {other:?}"
         ))),

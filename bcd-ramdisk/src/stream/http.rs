@@ -30,6 +30,10 @@ pub struct FetchPolicy {
     pub connect_timeout: Duration,
     /// Chunks queued between the download task and the pipeline (each at most a few hundred KiB).
     pub queue_chunks: usize,
+    /// When the whole download must be over (the command's deadline, after which the control plane has given up
+    /// on it and may ask again): past it the download stops with [`HttpError::Deadline`], and the pipeline zeroes
+    /// what it wrote. `None`: only the retry budget and idle timeout bound it.
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl Default for FetchPolicy {
@@ -40,6 +44,7 @@ impl Default for FetchPolicy {
             idle_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
             queue_chunks: 16,
+            deadline: None,
         }
     }
 }
@@ -79,6 +84,11 @@ pub enum HttpError {
     },
     #[error("the image pipeline stopped reading")]
     ConsumerGone,
+    #[error(
+        "the command's deadline passed after {received} bytes of {url} (the control plane has given up on this \
+         stream and may ask again)"
+    )]
+    Deadline { url: String, received: u64 },
 }
 
 impl HttpError {
@@ -159,9 +169,14 @@ pub async fn stream_url<S: BlockSink + 'static>(
     };
     let mut state = ResumeState::new();
     let mut resumes = 0u32;
-    let first = open_with_retries(client, &url, &mut state, policy, &mut resumes)
-        .await
-        .map_err(|e| fail(StreamError::Http(e)))?;
+    let first = within_deadline(
+        policy,
+        &url,
+        0,
+        open_with_retries(client, &url, &mut state, policy, &mut resumes),
+    )
+    .await
+    .map_err(|e| fail(StreamError::Http(e)))?;
     spec.source_size = state.total();
     info!(%url, total = ?state.total(), "image download started");
 
@@ -169,7 +184,21 @@ pub async fn stream_url<S: BlockSink + 'static>(
     let pump = tokio::spawn({
         let (client, url, policy) = (client.clone(), url.clone(), policy.clone());
         async move {
-            let result = pump(&client, &url, first, state, &policy, &tx, &mut resumes).await;
+            let mut state = state;
+            let result = within_deadline(
+                &policy,
+                &url,
+                0,
+                pump(&client, &url, first, &mut state, &policy, &tx, &mut resumes),
+            )
+            .await
+            .map_err(|e| match e {
+                HttpError::Deadline { url, .. } => HttpError::Deadline {
+                    url,
+                    received: state.received(),
+                },
+                other => other,
+            });
             if result.is_err() {
                 // Wake the pipeline with an error rather than a clean end of stream.
                 let _ = tx.send(Err(())).await;
@@ -200,6 +229,26 @@ pub async fn stream_url<S: BlockSink + 'static>(
         (Ok(_), Ok(Err(e))) => Err(fail(StreamError::Http(e))),
         (Ok(_), Err(_)) => Err(fail(StreamError::WriterPanicked)),
     }
+}
+
+/// `f`, given up at `policy.deadline` as [`HttpError::Deadline`] (`received` bytes so far).
+async fn within_deadline<T>(
+    policy: &FetchPolicy,
+    url: &Url,
+    received: u64,
+    f: impl std::future::Future<Output = Result<T, HttpError>>,
+) -> Result<T, HttpError> {
+    let Some(deadline) = policy.deadline else {
+        return f.await;
+    };
+    tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), f)
+        .await
+        .unwrap_or_else(|_| {
+            Err(HttpError::Deadline {
+                url: url.to_string(),
+                received,
+            })
+        })
 }
 
 /// Open (or reopen) the download at `state`'s position, retrying connection failures within the budget.
@@ -277,7 +326,7 @@ async fn pump(
     client: &Client,
     url: &Url,
     first: (Response, BodyPlan),
-    mut state: ResumeState,
+    state: &mut ResumeState,
     policy: &FetchPolicy,
     tx: &mpsc::Sender<Chunk>,
     resumes: &mut u32,
@@ -287,17 +336,7 @@ async fn pump(
     let mut chunks = 0u64;
     loop {
         let before = state.received();
-        let error = match body(
-            url,
-            &mut response,
-            plan,
-            &mut state,
-            policy,
-            tx,
-            &mut chunks,
-        )
-        .await
-        {
+        let error = match body(url, &mut response, plan, state, policy, tx, &mut chunks).await {
             Ok(()) => match state.total() {
                 Some(total) if state.received() < total => HttpError::Incomplete {
                     url: url.to_string(),
@@ -327,7 +366,7 @@ async fn pump(
         failures += 1;
         *resumes += 1;
         tokio::time::sleep(delay).await;
-        (response, plan) = open_with_retries(client, url, &mut state, policy, resumes).await?;
+        (response, plan) = open_with_retries(client, url, state, policy, resumes).await?;
     }
 }
 

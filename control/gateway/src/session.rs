@@ -497,6 +497,7 @@ impl v1::session_service_server::SessionService for SessionSvc {
                 session_epoch: grant.epoch,
                 heartbeat_interval_ms: u32::try_from(self.config.heartbeat.as_millis())
                     .unwrap_or(u32::MAX),
+                clock_unix_ms: now_ms(),
             })),
         };
         queue_within(&tx, Ok(Box::new(welcome)), self.config.idle_timeout).await;

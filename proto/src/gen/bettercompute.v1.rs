@@ -238,6 +238,11 @@ pub struct Welcome {
     pub session_epoch: u64,
     #[prost(uint32, tag = "2")]
     pub heartbeat_interval_ms: u32,
+    /// The gateway's wall clock when it sent this (0 from an older gateway). Command deadlines are in the control
+    /// plane's time; the node reads them against this clock (its own plus the offset measured here), so a node
+    /// whose clock is off, e.g. a freshly racked machine's RTC, neither refuses a timely command nor runs a late one.
+    #[prost(int64, tag = "3")]
+    pub clock_unix_ms: i64,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct InventoryRequest {
