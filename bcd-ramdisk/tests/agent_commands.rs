@@ -6,7 +6,8 @@
 //!   the device reads back as zeros; then streams a zstd image from a slow local HTTP server onto it, with progress
 //!   stored while it runs, and answers a `ramdisk.diagnose` queued meanwhile before the stream ends (commands run
 //!   concurrently); then streams over https: refused from a server the node does not trust (the join's bundle holds
-//!   only the control plane's CA), written from one whose CA the command carries in `ca_pem`;
+//!   only the control plane's CA), written from one whose CA the command carries in `ca_pem`; then a stream past
+//!   its command's deadline is cut and zeroed while the step asked again waits for the disk and then writes;
 //! - the API refuses a caller without the grant.
 
 #[path = "../../bcd/tests/common/mod.rs"]
@@ -506,6 +507,64 @@ async fn the_agent_runs_wipe_stream_and_refusals_from_the_session_concurrently()
     assert!(
         lo.read(image.len() as u64) == image,
         "the device holds the https image"
+    );
+
+    // A stream past its command's deadline, and the step asked again while it stops: the first is cut at its
+    // deadline and zeroes what it wrote; the second, queued meanwhile for the same disk, waits its turn and then
+    // writes its image. Before, the first ran on after the control plane had given up on it, and the second
+    // failed on the first's O_EXCL open ("device busy").
+    let slow = noise(10 << 20, 17);
+    let slow_zst = zstd::encode_all(slow.as_slice(), 1)?;
+    let slow_url = slow_server(slow_zst.clone(), 1 << 20);
+    let cut_at = deadline_ms() - 300_000 + 3_000;
+    p.store
+        .queue_command(
+            "c-cut",
+            &node,
+            STREAM_KIND,
+            &json!({"url": slow_url, "sha256": hex::encode(bc_proto::sha256(&slow_zst)), "device": dev}),
+            cut_at,
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let image = noise(1 << 20, 19);
+    let compressed = zstd::encode_all(image.as_slice(), 1)?;
+    let sha = hex::encode(bc_proto::sha256(&compressed));
+    let fast_url = slow_server(compressed, 64 << 20);
+    p.store
+        .queue_command(
+            "c-again",
+            &node,
+            STREAM_KIND,
+            &json!({"url": fast_url, "sha256": sha, "device": dev}),
+            deadline_ms(),
+        )
+        .await?;
+    let cut = wait_finished(&p, "c-cut").await;
+    println!("the stream past its deadline: {cut:?}");
+    assert_eq!(cut.0, "expired", "{cut:?}");
+    if let Some(e) = &cut.2 {
+        // The node's own account, when it arrived before the control plane's sweep.
+        assert!(e.contains("the command's deadline passed after"), "{e}");
+    }
+    let again = wait_finished(&p, "c-again").await;
+    assert_eq!(again.0, "done", "{again:?}");
+    let result = again.1.clone().expect("result");
+    assert!(result.get("error").is_none(), "{result}");
+    assert_eq!(result["digest"], sha.as_str(), "{result}");
+    let on_disk = lo.read(slow.len() as u64);
+    assert!(
+        on_disk[..image.len()] == image[..],
+        "the device holds the second image"
+    );
+    // (Past the second image the device holds zeros where the cut stream wrote, then the earlier 10 MiB image.)
+    let left = (image.len()..slow.len())
+        .step_by(4096)
+        .filter(|&at| on_disk[at..at + 4096] == slow[at..at + 4096])
+        .count();
+    assert_eq!(
+        left, 0,
+        "blocks of the stream cut at its deadline left on the device"
     );
 
     let _ = stop_tx.send(());

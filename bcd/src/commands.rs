@@ -295,8 +295,14 @@ async fn run(
     progress: ProgressReporter,
 ) -> Result<v1::SignedEnvelope, String> {
     let signer = &ctx.signer;
+    // A failure once the deadline has passed is marked so: the control plane has given up on the command (a
+    // stream cut at its deadline fails for that reason) and records it as expired, which a metal step retries,
+    // rather than as the command's own failure.
     let error = |message: String| {
-        let payload = serde_json::json!({ "error": message });
+        let mut payload = serde_json::json!({ "error": message });
+        if time_left(c, crate::session::now_ms()) == Some(Duration::ZERO) {
+            payload["deadline_passed"] = serde_json::Value::Bool(true);
+        }
         signer
             .sign(ERROR_PAYLOAD_TYPE, payload.to_string().into_bytes())
             .map_err(|e| bc_error_chain::chain(&e))
@@ -548,6 +554,7 @@ mod tests {
             message.starts_with("test.slow: arrived ") && message.contains("after its deadline"),
             "{message}"
         );
+        assert_eq!(body["deadline_passed"], true, "{body}");
         assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 0);
         // One with time left runs.
         let timely = v1::Command {

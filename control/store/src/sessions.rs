@@ -464,7 +464,10 @@ impl Store {
         Ok(())
     }
 
-    /// Stores a verified command result if `epoch` is current; false when stale or unknown.
+    /// Stores a verified command result if `epoch` is current; false when stale or unknown. A signed error the
+    /// node marked `deadline_passed` (it refused the command as late, or the command failed once its deadline had
+    /// passed, e.g. a stream cut there) is stored as `expired`, as the expiry sweep would have: the control plane
+    /// had given up on it, and a metal step retries an expiry where it fails on the command's own failure.
     pub async fn finish_command(
         &self,
         node_id: &str,
@@ -474,6 +477,11 @@ impl Store {
         envelope: &[u8],
     ) -> Result<bool, StoreError> {
         let (state, payload, error) = match result {
+            Ok(v) if v.get("deadline_passed") == Some(&serde_json::Value::Bool(true)) => (
+                "expired",
+                Some(v.clone()),
+                v.get("error").and_then(|e| e.as_str()).map(str::to_owned),
+            ),
             Ok(v) => ("done", Some(v.clone()), None),
             Err(e) => ("failed", None, Some(e.to_string())),
         };

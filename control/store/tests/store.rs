@@ -449,6 +449,40 @@ async fn a_command_sent_on_a_lost_session_is_sent_again_on_the_next_epoch_until_
     );
     let c = store.command("c-live").await.expect("read").expect("row");
     assert_eq!((c.state.as_str(), c.deliveries), ("done", 2));
+    // A signed error the node marked `deadline_passed` (refused as late, or cut at its deadline) is an expiry,
+    // whoever saw the deadline first; an error without the mark is the command's own answer.
+    for (id, marked) in [("c-cut", true), ("c-err", false)] {
+        store
+            .queue_command(
+                id,
+                "node-1",
+                "ramdisk.stream",
+                &serde_json::json!({}),
+                later_ms + 60_000,
+            )
+            .await
+            .expect("queue");
+        assert_eq!(sent_to(&store, "node-1", epoch3, later_ms).await, [id]);
+        let mut r = serde_json::json!({"error": "ramdisk.stream: the command's deadline passed"});
+        if marked {
+            r["deadline_passed"] = true.into();
+        }
+        assert!(
+            store
+                .finish_command("node-1", epoch3, id, Ok(&r), b"env")
+                .await
+                .expect("finish")
+        );
+        let c = store.command(id).await.expect("read").expect("row");
+        let want = if marked { "expired" } else { "done" };
+        assert_eq!(c.state, want, "{id}");
+        assert_eq!(c.result.as_ref(), Some(&r), "{id}");
+        assert_eq!(
+            c.error.is_some(),
+            marked,
+            "{id}: the expiry keeps the node's reason"
+        );
+    }
 }
 
 /// The lifecycle's time-dependent decisions run at a clock the caller chooses (no sleeping against deadlines):

@@ -131,7 +131,11 @@ pub fn ramdisk_outcome(
         "done" => {}
         "expired" => {
             return Outcome::Failed {
-                reason: "the ramdisk did not answer before the command's deadline".into(),
+                reason: match error {
+                    // The ramdisk saw the deadline first and said what it stopped doing.
+                    Some(e) => format!("the command's deadline passed on the ramdisk: {e}"),
+                    None => "the ramdisk did not answer before the command's deadline".into(),
+                },
                 retryable: true,
             };
         }
@@ -144,6 +148,14 @@ pub fn ramdisk_outcome(
         }
     }
     let r = result.unwrap_or(Value::Null);
+    // A signed error (an unknown kind, arguments refused, a disk that failed): its own reason, not a complaint
+    // that the report lacks the step's fields.
+    if let Some(e) = r.get("error").and_then(Value::as_str) {
+        return Outcome::Failed {
+            reason: e.to_owned(),
+            retryable: false,
+        };
+    }
     match step {
         Step::Diagnose => {
             let reasons = strings(&r, "problems");
@@ -252,6 +264,36 @@ mod tests {
                 }
             ),
             "{o:?}"
+        );
+        let o = ramdisk_outcome(
+            Step::Stream,
+            "expired",
+            None,
+            Some("ramdisk.stream: the command's deadline passed after 5 bytes".into()),
+        );
+        assert_eq!(
+            o,
+            Outcome::Failed {
+                reason:
+                    "the command's deadline passed on the ramdisk: ramdisk.stream: the command's \
+                         deadline passed after 5 bytes"
+                        .into(),
+                retryable: true
+            }
+        );
+        // A signed error carries its reason through (before: "the stream result names no verified digest").
+        let o = ramdisk_outcome(
+            Step::Stream,
+            "done",
+            Some(serde_json::json!({"error": "ramdisk.stream: /dev/vda is read-only"})),
+            None,
+        );
+        assert_eq!(
+            o,
+            Outcome::Failed {
+                reason: "ramdisk.stream: /dev/vda is read-only".into(),
+                retryable: false
+            }
         );
         let o = ramdisk_outcome(Step::Wipe, "failed", None, Some("no disk".into()));
         assert_eq!(
