@@ -29,7 +29,9 @@ pub mod serve;
 
 pub use backend::{Authenticator, Backend, Membership, Notice};
 pub use error::{ApiCode, ApiError, Coded, InvalidConfig, http_status};
-pub use method::{ApiMethod, BoxFuture, Caller, Cx, Method, Permission, Scope, ScopeKind};
+pub use method::{
+    ApiMethod, BoxFuture, Caller, Cx, METHOD_DEADLINE, Method, Permission, Scope, ScopeKind,
+};
 pub use module::{HotTables, IntoModule, Migration, Module, Route, StartCx};
 pub use plane::{
     ControlPlane, ControlPlaneBuilder, DEFAULT_SHARD_LEASE, Initialized, OpenApiDocument, Options,

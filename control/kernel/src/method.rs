@@ -249,8 +249,15 @@ pub struct Method<M: ApiMethod> {
     scope: Option<Scope>,
     scope_of: Option<fn(&M::Request) -> String>,
     call: Option<CallFn>,
+    deadline: std::time::Duration,
     _m: PhantomData<M>,
 }
+
+/// How long a method's handler may run ([`Method::deadline`] changes it for one method). The database pool's
+/// connections have no deadline of their own, and a primary that vanishes without a reset leaves a query waiting
+/// for ever; past this the caller gets UNAVAILABLE and the handler is dropped (its open transaction rolls back),
+/// as when the caller hangs up.
+pub const METHOD_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl<M: ApiMethod> Default for Method<M> {
     fn default() -> Self {
@@ -259,6 +266,7 @@ impl<M: ApiMethod> Default for Method<M> {
             scope: None,
             scope_of: None,
             call: None,
+            deadline: METHOD_DEADLINE,
             _m: PhantomData,
         }
     }
@@ -345,7 +353,40 @@ impl<M: ApiMethod> Method<M> {
         self
     }
 
+    /// How long this method's handler may run before the caller gets UNAVAILABLE ([`METHOD_DEADLINE`]).
+    pub fn deadline(mut self, deadline: std::time::Duration) -> Method<M> {
+        self.deadline = deadline;
+        self
+    }
+
     pub(crate) fn into_def(self) -> MethodDef {
+        let deadline = self.deadline;
+        let call = self.call.map(|call| -> CallFn {
+            Arc::new(move |cx: Cx, body: serde_json::Value| {
+                let running = call(cx, body);
+                Box::pin(async move {
+                    match tokio::time::timeout(deadline, running).await {
+                        Ok(answer) => answer,
+                        Err(_) => {
+                            tracing::warn!(
+                                group = M::GROUP,
+                                method = M::METHOD,
+                                deadline_ms = deadline.as_millis() as u64,
+                                "a method ran past its deadline; answered UNAVAILABLE"
+                            );
+                            Err(ApiError::unavailable(format!(
+                                "{}.{} did not finish within {} ms (the database or a service it needs did not \
+                                 answer in time); a change it made in a transaction was rolled back, one it had \
+                                 committed stands: read the state back before you retry",
+                                M::GROUP,
+                                M::METHOD,
+                                deadline.as_millis()
+                            )))
+                        }
+                    }
+                })
+            })
+        });
         MethodDef {
             group: M::GROUP,
             method: M::METHOD,
@@ -354,7 +395,65 @@ impl<M: ApiMethod> Method<M> {
             request: std::any::type_name::<M::Request>(),
             response: std::any::type_name::<M::Response>(),
             schemas: schemas_of::<M>,
-            call: self.call,
+            call,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    crate::api_method!(Stuck = "demo" / "stuck": serde_json::Value => serde_json::Value);
+
+    /// A handler that waits on something that never answers (a query to a primary gone silent) is given up at
+    /// the method's deadline with UNAVAILABLE naming the method; before, the caller waited as long as the
+    /// connection lived. A handler that answers in time is untouched.
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_past_its_deadline_is_answered_unavailable() {
+        let def = Method::<Stuck>::new()
+            .permission("compute:demo:stuck")
+            .handler(|_cx, req: serde_json::Value| async move {
+                if req["hang"] == true {
+                    std::future::pending::<()>().await;
+                }
+                Ok(req)
+            })
+            .deadline(std::time::Duration::from_secs(5))
+            .into_def();
+        let call = def.call.expect("a handler");
+        let caller = Arc::new(Caller {
+            id: "p".into(),
+            tenant_id: "root".into(),
+            tenant_is_root: true,
+            grants: Vec::new(),
+        });
+        let cx = || {
+            Cx::new(
+                Arc::new(crate::resources::Resources::new()),
+                caller.clone(),
+                Permission::AnyCaller,
+            )
+        };
+        let began = tokio::time::Instant::now();
+        let e = tokio::time::timeout(
+            std::time::Duration::from_secs(600),
+            call(cx(), serde_json::json!({"hang": true})),
+        )
+        .await
+        .expect("answered at the method's deadline, not left waiting")
+        .expect_err("it never answers");
+        assert_eq!(began.elapsed(), std::time::Duration::from_secs(5));
+        assert_eq!(e.code(), crate::ApiCode::Unavailable);
+        assert!(
+            e.message()
+                .starts_with("demo.stuck did not finish within 5000 ms"),
+            "{}",
+            e.message()
+        );
+        let ok = call(cx(), serde_json::json!({"hang": false}))
+            .await
+            .expect("answers");
+        assert_eq!(ok, br#"{"hang":false}"#);
     }
 }

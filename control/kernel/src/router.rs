@@ -296,8 +296,16 @@ async fn call(
         ))
     })?;
     let (parts, body) = request.into_parts();
-    // The caller first: an unauthenticated request is answered before its body is read.
-    let caller = state.authenticate(&parts.headers).await?;
+    // The caller first: an unauthenticated request is answered before its body is read. The key's lookup is a
+    // query like any handler's, so it has the methods' deadline too.
+    let caller = tokio::time::timeout(crate::METHOD_DEADLINE, state.authenticate(&parts.headers))
+        .await
+        .map_err(|_| {
+            ApiError::unavailable(format!(
+                "authenticating the caller took longer than {} s (the database did not answer); retry",
+                crate::METHOD_DEADLINE.as_secs()
+            ))
+        })??;
     let body = read_body(&parts.headers, body).await?;
     let def = state
         .methods
