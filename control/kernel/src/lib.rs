@@ -37,7 +37,7 @@ pub use plane::{
     ControlPlane, ControlPlaneBuilder, DEFAULT_SHARD_LEASE, Initialized, OpenApiDocument, Options,
     RoleSet, Running, STOP_GRACE,
 };
-pub use reconcile::{ROLES, ReconcileCx, Reconciler, StepCx, Stop, Tick, Worker};
+pub use reconcile::{ROLES, ReconcileCx, Reconciler, STEP_DEADLINE, StepCx, Stop, Tick, Worker};
 pub use registry::{ApiDocument, Empty, ListMethods, MethodEntry};
 pub use resources::Resources;
 pub use router::{KERNEL_PATHS, MAX_BODY, READY_DEADLINE, RouterState, check_strings, read_body};

@@ -405,7 +405,7 @@ impl Initialized {
             };
             let Some(body) = &r.body else { continue };
             tracing::info!(module, reconciler = r.name, role, "reconciler running");
-            tasks.spawn(run_body(body, r.name, r.shard_scoped, cx));
+            tasks.spawn(run_body(r, body, cx));
         }
         if !subscribers.is_empty() {
             let mut channels: Vec<&'static str> = subscribers

@@ -117,7 +117,13 @@ pub struct Reconciler {
     pub(crate) tick: Tick,
     pub(crate) pokes: Vec<&'static str>,
     pub(crate) body: Option<Body>,
+    pub(crate) step_deadline: Duration,
 }
+
+/// How long one step may run ([`Reconciler::step_deadline`] changes it). A step waiting on a database that does not
+/// answer (a primary gone silent, no reset) would otherwise hold its reconciler for good: past this it is dropped
+/// (its open transaction rolls back, as a failed step's does) and runs again on the next tick.
+pub const STEP_DEADLINE: Duration = Duration::from_secs(120);
 
 impl Reconciler {
     pub fn new(name: &'static str) -> Reconciler {
@@ -128,7 +134,14 @@ impl Reconciler {
             tick: Tick::Every(Duration::from_secs(5)),
             pokes: Vec::new(),
             body: None,
+            step_deadline: STEP_DEADLINE,
         }
+    }
+
+    /// How long one step may run before it is dropped and retried on the next tick ([`STEP_DEADLINE`]).
+    pub fn step_deadline(mut self, deadline: Duration) -> Reconciler {
+        self.step_deadline = deadline;
+        self
     }
 
     pub fn name(&self) -> &'static str {
@@ -292,6 +305,7 @@ pub(crate) async fn step_loop(
     name: &'static str,
     shard_scoped: bool,
     step: StepFn,
+    deadline: Duration,
     mut cx: ReconcileCx,
 ) {
     let mut tick = tokio::time::interval(cx.tick);
@@ -329,22 +343,31 @@ pub(crate) async fn step_loop(
             leases,
             pokes,
         };
-        if let Err(e) = step(step_cx).await {
-            let e: &(dyn std::error::Error + 'static) = e.as_ref();
-            tracing::warn!(reconciler = name, error = %bc_error_chain::InlineErrorChain::new(e), "step failed; retrying next tick");
+        match tokio::time::timeout(deadline, step(step_cx)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let e: &(dyn std::error::Error + 'static) = e.as_ref();
+                tracing::warn!(reconciler = name, error = %bc_error_chain::InlineErrorChain::new(e), "step failed; retrying next tick");
+            }
+            Err(_) => tracing::warn!(
+                reconciler = name,
+                deadline_s = deadline.as_secs_f64(),
+                "step ran past its deadline and was dropped (what it had not committed rolled back); retrying next tick"
+            ),
         }
     }
 }
 
-pub(crate) fn run_body(
-    body: &Body,
-    name: &'static str,
-    shard_scoped: bool,
-    cx: ReconcileCx,
-) -> BoxFuture<'static, ()> {
+pub(crate) fn run_body(r: &Reconciler, body: &Body, cx: ReconcileCx) -> BoxFuture<'static, ()> {
     match body {
         Body::Loop(run) => run(cx),
-        Body::Step(step) => Box::pin(step_loop(name, shard_scoped, step.clone(), cx)),
+        Body::Step(step) => Box::pin(step_loop(
+            r.name,
+            r.shard_scoped,
+            step.clone(),
+            r.step_deadline,
+            cx,
+        )),
     }
 }
 
@@ -445,6 +468,75 @@ mod tests {
             .expect("the loop ends after a stop, its leave bounded too")
             .expect("loop");
         took
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("never")]
+    struct Never;
+
+    /// A step that never returns (a query to a primary gone silent) is dropped at the step deadline and the
+    /// reconciler steps again on its next tick; before, the first such step held the reconciler for good.
+    #[tokio::test(start_paused = true)]
+    async fn a_step_past_its_deadline_is_dropped_and_the_next_tick_steps_again() {
+        let began = Arc::new(Mutex::new(Vec::new()));
+        let seen = began.clone();
+        let r = Reconciler::new("stuck")
+            .tick(Tick::Every(Duration::from_secs(1)))
+            .step_deadline(Duration::from_secs(5))
+            .step(move |_cx: StepCx| {
+                let seen = seen.clone();
+                async move {
+                    let n = {
+                        let mut b = seen.lock().expect("lock");
+                        b.push(tokio::time::Instant::now());
+                        b.len()
+                    };
+                    if n == 1 {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok::<(), Never>(())
+                }
+            });
+        let (_shards_tx, shards) = watch::channel(Arc::from(Vec::new()));
+        let (_pokes_tx, pokes) = mpsc::channel(1);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let cx = ReconcileCx {
+            resources: Arc::new(Resources::new()),
+            worker: Worker {
+                role: "controllers",
+                id: "w1".into(),
+            },
+            shards,
+            pokes,
+            tick: Duration::from_secs(1),
+            lease: Duration::from_secs(20),
+            membership: Arc::new(Fading {
+                answers: Mutex::new(1),
+                hang: false,
+            }),
+            stop: Stop::new(stop_rx),
+        };
+        let t0 = tokio::time::Instant::now();
+        let body = r.body.clone().expect("a step");
+        let task = tokio::spawn(run_body(&r, &body, cx));
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let _ = stop_tx.send(true);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the loop ends at a stop")
+            .expect("loop");
+        let began = began.lock().expect("lock").clone();
+        assert!(
+            began.len() >= 2,
+            "the stuck first step held the reconciler: {} steps in 30 s",
+            began.len()
+        );
+        // The second step began when the first was dropped (5 s) and the next tick came (within 1 s more).
+        let second = began[1] - t0;
+        assert!(
+            (Duration::from_secs(5)..=Duration::from_secs(7)).contains(&second),
+            "{second:?}"
+        );
     }
 
     /// A database that stops answering (or keeps failing) after the leases were taken: they are given up when the
