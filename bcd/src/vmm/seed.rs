@@ -32,6 +32,11 @@ pub enum SeedError {
     },
     #[error("{tool} failed: {stderr}")]
     Tool { tool: &'static str, stderr: String },
+    #[error("{tool} did not finish within {} s and was killed (a hung file system or tool)", .after.as_secs())]
+    Timeout {
+        tool: &'static str,
+        after: std::time::Duration,
+    },
     #[error("{what} {path}")]
     Io {
         what: &'static str,
@@ -76,19 +81,61 @@ fn size_kib(seed: &Seed) -> u64 {
     (1024 + 2 * files.div_ceil(1024)).div_ceil(64) * 64
 }
 
+/// How long mkfs.vfat or mcopy may take on a volume of a few MiB before it is killed.
+#[cfg(feature = "vmm")]
+const TOOL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
 #[cfg(feature = "vmm")]
 fn run(tool: &'static str, cmd: &mut std::process::Command) -> Result<(), SeedError> {
-    let out = cmd
-        .output()
+    run_within(tool, cmd, TOOL_DEADLINE)
+}
+
+/// Runs `cmd` to its end, or kills it at `deadline` (its output is a few lines: the pipes never fill while it
+/// runs). Before, a tool that hung (a stuck file system under the instance directory) held the blocking thread and
+/// the instance's creation for ever.
+#[cfg(feature = "vmm")]
+fn run_within(
+    tool: &'static str,
+    cmd: &mut std::process::Command,
+    deadline: std::time::Duration,
+) -> Result<(), SeedError> {
+    use std::io::Read as _;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .map_err(|source| SeedError::Spawn { tool, source })?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(SeedError::Tool {
-            tool,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
+    let began = std::time::Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if began.elapsed() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(SeedError::Timeout {
+                    tool,
+                    after: deadline,
+                });
+            }
+            Err(source) => return Err(SeedError::Spawn { tool, source }),
+        }
+    };
+    if status.success() {
+        return Ok(());
     }
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    Err(SeedError::Tool {
+        tool,
+        stderr: stderr.trim().to_string(),
+    })
 }
 
 /// Builds the `cidata` volume for `seed` at `path` (0600): mkfs.vfat and mcopy into a temporary file beside it,
@@ -208,6 +255,32 @@ pub(crate) mod tests {
             .arg("--help")
             .output()
             .is_ok()
+    }
+
+    /// A tool that does not finish is killed at the deadline with an error naming it; one that fails says why.
+    #[cfg(feature = "vmm")]
+    #[test]
+    fn a_tool_that_hangs_is_killed_at_the_deadline() {
+        let began = std::time::Instant::now();
+        let e = run_within(
+            "sleep",
+            std::process::Command::new("sleep").arg("60"),
+            std::time::Duration::from_millis(300),
+        )
+        .expect_err("killed");
+        assert!(matches!(e, SeedError::Timeout { tool: "sleep", .. }), "{e}");
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            began.elapsed()
+        );
+        let e = run_within(
+            "sh",
+            std::process::Command::new("sh").args(["-c", "echo no space left >&2; exit 1"]),
+            std::time::Duration::from_secs(10),
+        )
+        .expect_err("failed");
+        assert_eq!(e.to_string(), "sh failed: no space left");
     }
 
     /// The volume holds exactly the rendered files under the `cidata` label (read back with mtools).
