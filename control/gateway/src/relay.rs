@@ -231,9 +231,11 @@ impl Peers {
         crate::tunnel::snapshot(&self.counters)
     }
 
+    /// The cached connection to `url`, or a new one. The cache's lock is not held while connecting (up to 10 s to
+    /// a gateway that accepts and says nothing): before, one such gateway held up relays to every other gateway.
+    /// Two callers that connect at once keep the first connection cached.
     async fn channel(&self, url: &str) -> Result<Channel, RelayError> {
-        let mut channels = self.channels.lock().await;
-        if let Some(c) = channels.get(url) {
+        if let Some(c) = self.channels.lock().await.get(url) {
             return Ok(c.clone());
         }
         let c = bc_proto::channel::connect(url, self.tls.clone())
@@ -242,8 +244,13 @@ impl Peers {
                 url: url.to_string(),
                 reason: bc_error_chain::chain(&e),
             })?;
-        channels.insert(url.to_string(), c.clone());
-        Ok(c)
+        Ok(self
+            .channels
+            .lock()
+            .await
+            .entry(url.to_string())
+            .or_insert(c)
+            .clone())
     }
 
     /// Opens a tunnel to `port` on `node_id` through the gateway at `relay_url`.
@@ -306,6 +313,46 @@ impl Peers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gateway that accepts and never answers the TLS handshake does not hold up a relay to another gateway
+    /// while the first connect waits out its 10 s. Before, the cache's lock was held across the connect.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_gateway_does_not_hold_up_the_others() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let silent_url = format!("https://{}", silent.local_addr().expect("addr"));
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let closed_url = format!("https://{}", closed.local_addr().expect("addr"));
+        drop(closed);
+        let tls = bc_proto::channel::client_config(
+            bc_proto::channel::ServerTrust::Pin(format!("sha256:{}", "00".repeat(32))),
+            None,
+        )
+        .expect("tls");
+        let peers = Peers::new(tls);
+        let stuck = tokio::spawn({
+            let peers = peers.clone();
+            async move { peers.channel(&silent_url).await.map(|_| ()) }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let began = std::time::Instant::now();
+        let e = tokio::time::timeout(Duration::from_secs(5), peers.channel(&closed_url))
+            .await
+            .expect("answered while the other connect waits")
+            .err()
+            .expect("nothing listens there");
+        assert!(matches!(e, RelayError::Unreachable { .. }), "{e}");
+        assert!(
+            began.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            began.elapsed()
+        );
+        assert!(
+            !stuck.is_finished(),
+            "the silent gateway's connect still waits"
+        );
+        stuck.abort();
+        drop(silent);
+    }
 
     #[test]
     fn every_refusal_travels_and_comes_back_as_itself() {

@@ -206,11 +206,13 @@ impl Tunnels {
             );
             id
         };
-        let forget = || {
-            self.lock().pending.remove(&tunnel_id);
+        // Removes the pending entry however this call ends, a caller that gave up (dropped this future) included:
+        // before, a cancelled open left its entry for good.
+        let forget = Forget {
+            tunnels: self,
+            id: &tunnel_id,
         };
         let Some((tx, session)) = self.registry.session_of(node_id) else {
-            forget();
             return Err(OpenError::NotConnected(node_id.to_string()));
         };
         let msg = v1::GatewayMessage {
@@ -222,7 +224,6 @@ impl Tunnels {
             })),
         };
         if let Err(e) = tx.try_send(Ok(Box::new(msg))) {
-            forget();
             return Err(match e {
                 mpsc::error::TrySendError::Full(_) => OpenError::SessionBusy(node_id.to_string()),
                 mpsc::error::TrySendError::Closed(_) => {
@@ -236,14 +237,14 @@ impl Tunnels {
             Ok(Ok(end)) => end,
             Ok(Err(_)) => return Err(OpenError::Closed),
             Err(_) => {
-                forget();
                 return Err(OpenError::DialTimeout {
                     node: node_id.to_string(),
-                    tunnel: tunnel_id,
+                    tunnel: tunnel_id.clone(),
                     ms: wait.as_millis(),
                 });
             }
         };
+        drop(forget);
         self.counters.opened.fetch_add(1, Relaxed);
         self.counters.open_now.fetch_add(1, Relaxed);
         let open = Arc::new(Open {
@@ -556,6 +557,18 @@ impl v1::tunnel_service_server::TunnelService for TunnelSvc {
     }
 }
 
+/// Removes an open's pending entry when dropped (a no-op once the node's stream took it).
+struct Forget<'a> {
+    tunnels: &'a Tunnels,
+    id: &'a str,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.tunnels.lock().pending.remove(self.id);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -665,6 +678,19 @@ mod tests {
         assert!(matches!(e, Some(OpenError::DialTimeout { .. })), "{e:?}");
         assert_eq!((t.stats().opens_sent, t.of_node("n1")), (1, 0));
         assert!(t.lock().pending.is_empty());
+    }
+
+    /// A caller that gives up on an open (its HTTP client hung up, so the future is dropped) leaves no pending
+    /// entry and no slot behind. Before, the entry stayed until the gateway restarted.
+    #[tokio::test]
+    async fn an_open_given_up_by_its_caller_leaves_nothing_pending() {
+        let (registry, mut rx) = with_session("n1", 8);
+        let t = Tunnels::new(registry, limits(1, 60_000));
+        let gave_up = tokio::time::timeout(Duration::from_millis(200), t.open("n1", 22)).await;
+        assert!(gave_up.is_err(), "the node never answers");
+        assert!(rx.try_recv().is_ok(), "the OpenTunnel went out");
+        assert!(t.lock().pending.is_empty(), "the entry is gone");
+        assert_eq!(t.of_node("n1"), 0, "and the slot");
     }
 
     #[test]
