@@ -43,27 +43,54 @@ pub struct Forwarded {
 pub fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
         .tcp_user_timeout(None)
+        .connect_timeout(crate::client::CONNECT_TIMEOUT)
         .build()
         .unwrap_or_default()
 }
 
-/// Opens one tunnel: the upgraded connection, or the API's refusal (`{code, message}`).
+/// Opens one tunnel: the upgraded connection, or the API's refusal (`{code, message}`), within the CLI's call
+/// timeout (the API's own wait for the node to dial is 10 s, plus a relay).
 pub async fn connect(
     api: &Api,
     http: &reqwest::Client,
     node: &str,
     port: u16,
 ) -> Result<reqwest::Upgraded, ClientError> {
+    connect_within(api, http, node, port, crate::client::CALL_TIMEOUT).await
+}
+
+/// [`connect`], given up after `deadline` ([`ClientError::Timeout`]). Before, an API that accepted the request and
+/// never answered held the local connection waiting for ever.
+async fn connect_within(
+    api: &Api,
+    http: &reqwest::Client,
+    node: &str,
+    port: u16,
+    deadline: std::time::Duration,
+) -> Result<reqwest::Upgraded, ClientError> {
     let url = format!(
         "{}/api/tunnels/{node}/{port}",
         api.url.trim_end_matches('/')
     );
+    tokio::time::timeout(deadline, open(api, http, &url))
+        .await
+        .map_err(|_| ClientError::Timeout {
+            url: url.clone(),
+            after: deadline,
+        })?
+}
+
+async fn open(
+    api: &Api,
+    http: &reqwest::Client,
+    url: &str,
+) -> Result<reqwest::Upgraded, ClientError> {
     let failed = |source| ClientError::Http {
-        url: url.clone(),
+        url: url.to_owned(),
         source,
     };
     let resp = http
-        .get(&url)
+        .get(url)
         .bearer_auth(&api.key)
         .header(reqwest::header::CONNECTION, "upgrade")
         .header(reqwest::header::UPGRADE, wire::UPGRADE)
@@ -436,6 +463,40 @@ mod tests {
             "a write to a program that does not read blocks"
         );
         (task, program, api)
+    }
+
+    /// An API that takes the tunnel's request and never answers: the opening is given up at its deadline.
+    #[tokio::test]
+    async fn an_api_that_never_answers_the_opening_is_given_up() {
+        bc_proto::install_crypto_provider();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let holder = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((tcp, _)) = listener.accept().await {
+                held.push(tcp);
+            }
+        });
+        let api = Api {
+            url,
+            key: "k".into(),
+        };
+        let began = std::time::Instant::now();
+        let e = tokio::time::timeout(
+            Duration::from_secs(20),
+            connect_within(&api, &http_client(), "n1", 22, Duration::from_millis(500)),
+        )
+        .await
+        .expect("given up at the deadline, not left waiting")
+        .err()
+        .expect("nothing answers");
+        assert!(matches!(e, ClientError::Timeout { .. }), "{e}");
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            began.elapsed()
+        );
+        holder.abort();
     }
 
     async fn ended(task: JoinHandle<Forwarded>) -> Forwarded {
