@@ -79,6 +79,25 @@ fn hostname_ok(h: &str) -> bool {
         })
 }
 
+/// An OpenSSH public key line as bcd takes it: `<type> <base64> [comment]` of printable ASCII, at most 16 KiB, the
+/// type `ssh-…`, `ecdsa-…` or `sk-…` and the key at least 16 base64 characters. bcd's desired-state parser
+/// (`bcd::vmm::spec`) applies the same rule; the `instance_request` fuzz target holds the two together (a key the
+/// API admitted and the node refused failed the node's whole desired state).
+fn ssh_key_ok(k: &str) -> bool {
+    let mut parts = k.split(' ');
+    let kind = parts.next().unwrap_or_default();
+    let blob = parts.next().unwrap_or_default();
+    k.len() <= 16 * 1024
+        && k.bytes().all(|b| (0x20..0x7f).contains(&b))
+        && ["ssh-", "ecdsa-", "sk-"]
+            .iter()
+            .any(|p| kind.starts_with(p))
+        && blob.len() >= 16
+        && blob
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
+}
+
 impl InstanceRequest {
     /// The limits of bcd's desired-state parser (docs/instances.md), checked before anything is recorded.
     pub fn validate(&self) -> Result<(), InvalidInstance> {
@@ -97,8 +116,15 @@ impl InstanceRequest {
             .strip_prefix("https://")
             .or_else(|| url.strip_prefix("http://"));
         match rest {
-            Some(r) if !r.is_empty() && !r.starts_with('/') => {
-                let authority = r.split('/').next().unwrap_or_default();
+            // The host ends at the first `/`, `?` or `#`, as bcd reads it.
+            Some(r)
+                if !r
+                    .split(['/', '?', '#'])
+                    .next()
+                    .unwrap_or_default()
+                    .is_empty() =>
+            {
+                let authority = r.split(['/', '?', '#']).next().unwrap_or_default();
                 if authority.contains('@') {
                     return invalid("image.url", "must carry no user info");
                 }
@@ -141,13 +167,11 @@ impl InstanceRequest {
                 format!("{} keys: at most 32", self.ssh_keys.len()),
             );
         }
-        if let Some(k) = self.ssh_keys.iter().find(|k| {
-            k.is_empty() || k.len() > 16 * 1024 || !k.bytes().all(|b| (0x20..0x7f).contains(&b))
-        }) {
+        if let Some(k) = self.ssh_keys.iter().find(|k| !ssh_key_ok(k)) {
             return invalid(
                 "ssh_keys",
                 format!(
-                    "{:?} is not one OpenSSH public key line of printable ASCII",
+                    "{:?} is not one OpenSSH public key line (`ssh-ed25519 AAAA… comment`, printable ASCII)",
                     k.chars().take(40).collect::<String>()
                 ),
             );
@@ -443,6 +467,50 @@ pub struct InstancePool {
     pub provider: Option<crate::provider::ProviderPool>,
 }
 
+// === the node's desired state ===
+
+/// One instance as the node's desired state lists it (the contract of docs/instances.md).
+pub fn desired_entry(
+    id: &str,
+    generation: i64,
+    r: &InstanceRequest,
+    gpus: serde_json::Value,
+    power: &str,
+    reboots: i64,
+) -> serde_json::Value {
+    let mut v = placement_entry(id, r, gpus);
+    v["generation"] = serde_json::json!(generation);
+    v["power"] = serde_json::json!(power);
+    v["reboots"] = serde_json::json!(reboots);
+    v
+}
+
+/// What a placement appends to the node's desired `instances`: [`desired_entry`] without the fields the instance's
+/// row holds (`generation`, `power`, `reboots`), which the placement's statement adds from the row it wrote.
+pub fn placement_entry(
+    id: &str,
+    r: &InstanceRequest,
+    gpus: serde_json::Value,
+) -> serde_json::Value {
+    let mut meta = serde_json::json!({ "ssh_keys": r.ssh_keys });
+    if let Some(h) = &r.hostname {
+        meta["hostname"] = serde_json::json!(h);
+    }
+    let mut v = serde_json::json!({
+        "id": id,
+        "vcpus": r.vcpus,
+        "memory_mib": r.memory_mib,
+        "disk_gib": r.disk_gib,
+        "image": {"url": r.image.url, "sha256": r.image.sha256},
+        "meta": meta,
+        "gpus": gpus,
+    });
+    if let Some(u) = &r.user_data {
+        v["user_data"] = serde_json::json!(u);
+    }
+    v
+}
+
 // === placement ===
 
 /// A hosted-pool node's free atoms: what its inventory advertises (`cpu.threads`, `memory.total_bytes`, the sum of
@@ -532,6 +600,22 @@ mod tests {
         let mut r = request();
         r.ssh_keys = vec!["ssh-ed25519 AAAA\nevil".into()];
         assert_eq!(r.validate().map_err(|e| e.field), Err("ssh_keys"));
+        // What bcd refuses, the API refuses (found by the `instance_request` fuzz target: the API admitted these
+        // and the node refused its whole desired state).
+        for key in [
+            "ssh-ed25519 AAAAC3NzaC1lZDI0NT#5AAAAIBcN0tArEaLkEy ops@example",
+            "hello world",
+            "ssh-ed25519 short",
+        ] {
+            r.ssh_keys = vec![key.into()];
+            assert_eq!(r.validate().map_err(|e| e.field), Err("ssh_keys"), "{key}");
+        }
+        r.ssh_keys = vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBcN0tArEaLkEy ops@example".into()];
+        assert_eq!(r.validate(), Ok(()));
+        for url in ["https://?x", "https://#frag", "http://@h/x"] {
+            r.image.url = url.into();
+            assert_eq!(r.validate().map_err(|e| e.field), Err("image.url"), "{url}");
+        }
     }
 
     #[test]

@@ -629,44 +629,4 @@ pub async fn place_and_publish(
     row.map(|r| row_to_instance(&r, 0)).transpose()
 }
 
-/// One instance as the node's desired state lists it (the contract of docs/instances.md).
-pub fn desired_entry(
-    id: &str,
-    generation: i64,
-    r: &InstanceRequest,
-    gpus: serde_json::Value,
-    power: &str,
-    reboots: i64,
-) -> serde_json::Value {
-    let mut v = placement_entry(id, r, gpus);
-    v["generation"] = serde_json::json!(generation);
-    v["power"] = serde_json::json!(power);
-    v["reboots"] = serde_json::json!(reboots);
-    v
-}
-
-/// What a placement appends to the node's desired `instances`: [`desired_entry`] without the fields the instance's
-/// row holds (`generation`, `power`, `reboots`), which the placement's statement adds from the row it wrote.
-pub fn placement_entry(
-    id: &str,
-    r: &InstanceRequest,
-    gpus: serde_json::Value,
-) -> serde_json::Value {
-    let mut meta = serde_json::json!({ "ssh_keys": r.ssh_keys });
-    if let Some(h) = &r.hostname {
-        meta["hostname"] = serde_json::json!(h);
-    }
-    let mut v = serde_json::json!({
-        "id": id,
-        "vcpus": r.vcpus,
-        "memory_mib": r.memory_mib,
-        "disk_gib": r.disk_gib,
-        "image": {"url": r.image.url, "sha256": r.image.sha256},
-        "meta": meta,
-        "gpus": gpus,
-    });
-    if let Some(u) = &r.user_data {
-        v["user_data"] = serde_json::json!(u);
-    }
-    v
-}
+pub use bc_core::api::instances::{desired_entry, placement_entry};
