@@ -258,7 +258,23 @@ impl BmcWorker {
             .await
             .map_err(|_| Round::Failed("BmcCommands did not answer in time".into()))?;
             let commands = match answer {
-                Ok(r) => r.into_inner().commands,
+                Ok(r) => {
+                    let r = r.into_inner();
+                    // Deadlines are in the gateway's time: read them in this host's.
+                    let offset = if r.clock_unix_ms > 0 {
+                        r.clock_unix_ms.saturating_sub(crate::session::now_ms())
+                    } else {
+                        0
+                    };
+                    r.commands
+                        .into_iter()
+                        .map(|mut c| {
+                            c.deadline_unix_ms =
+                                crate::commands::local_deadline(c.deadline_unix_ms, offset);
+                            c
+                        })
+                        .collect::<Vec<_>>()
+                }
                 Err(s) if s.code() == tonic::Code::Unimplemented => {
                     return Err(Round::Unimplemented);
                 }
@@ -287,7 +303,9 @@ impl BmcWorker {
                 return;
             };
             let now = crate::session::now_ms();
-            let left = Duration::from_millis(u64::try_from(c.deadline_unix_ms - now).unwrap_or(0));
+            let left = Duration::from_millis(
+                u64::try_from(c.deadline_unix_ms.saturating_sub(now)).unwrap_or(0),
+            );
             let outcome = match serde_json::from_str::<BmcOp>(&c.op_json) {
                 Err(e) => failed(format!("unknown BMC operation {:?}: {e}", c.op_json), false),
                 Ok(op) => {

@@ -392,6 +392,10 @@ pub struct BmcCommandsRequest {
 pub struct BmcCommandsResponse {
     #[prost(message, repeated, tag = "1")]
     pub commands: ::prost::alloc::vec::Vec<BmcCommand>,
+    /// The gateway's wall clock when it answered (0 from an older gateway): the site agent reads the commands'
+    /// deadlines against it, as a node reads its commands' against the Welcome's.
+    #[prost(int64, tag = "2")]
+    pub clock_unix_ms: i64,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct BmcCommand {

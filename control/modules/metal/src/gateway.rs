@@ -99,7 +99,10 @@ impl WithBmc {
                         deadline_unix_ms: c.deadline_ms,
                     })
                     .collect();
-                return Ok(v1::BmcCommandsResponse { commands });
+                return Ok(v1::BmcCommandsResponse {
+                    commands,
+                    clock_unix_ms: crate::now_ms(),
+                });
             }
             tokio::time::sleep(POLL.min(until - tokio::time::Instant::now())).await;
         }
