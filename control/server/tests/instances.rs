@@ -222,7 +222,7 @@ impl Plane {
 fn body(tenant: &str, vcpus: u32, gpus: u32, key: &str) -> Value {
     json!({"tenant": tenant, "pool": "vps", "vcpus": vcpus, "memory_mib": 1024, "disk_gib": 10, "gpus": gpus,
            "image": {"url": "http://127.0.0.1:9/debian.qcow2", "sha256": SHA},
-           "user_data": "#cloud-config\n{}", "ssh_keys": ["ssh-ed25519 AAAAC3Nz test@example"],
+           "user_data": "#cloud-config\n{}", "ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBcN test@example"],
            "idempotency_key": key})
 }
 
@@ -548,7 +548,7 @@ async fn later_operations_change_only_desired_state() {
     assert_eq!(entry["image"]["sha256"], SHA);
     assert_eq!(
         entry["meta"]["ssh_keys"][0],
-        "ssh-ed25519 AAAAC3Nz test@example"
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBcN test@example"
     );
     let outbox = |g: i64| {
         let store = p.store.clone();
@@ -665,7 +665,7 @@ async fn the_cli_creates_stops_and_deletes_an_instance() {
                 "--image-sha256",
                 SHA,
                 "--ssh-key",
-                "ssh-ed25519 AAAA k@x",
+                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBcN k@x",
                 "--idempotency-key",
                 "cli",
             ],
