@@ -338,8 +338,7 @@ mod tests {
         let e = tokio::time::timeout(Duration::from_secs(5), peers.channel(&closed_url))
             .await
             .expect("answered while the other connect waits")
-            .err()
-            .expect("nothing listens there");
+            .expect_err("nothing listens there");
         assert!(matches!(e, RelayError::Unreachable { .. }), "{e}");
         assert!(
             began.elapsed() < Duration::from_secs(2),

@@ -488,8 +488,7 @@ mod tests {
         )
         .await
         .expect("given up at the deadline, not left waiting")
-        .err()
-        .expect("nothing answers");
+        .expect_err("nothing answers");
         assert!(matches!(e, ClientError::Timeout { .. }), "{e}");
         assert!(
             began.elapsed() < Duration::from_secs(5),
