@@ -337,6 +337,32 @@ async fn retry_budget_runs_out() {
     );
 }
 
+/// Streams `url` (serving `compressed`, the image `raw`) onto a fresh device in `dir` under `policy`, which must
+/// fail, and within 20 s: a stream that waits for ever fails the test.
+async fn failed_within_20_s(
+    url: &str,
+    policy: &FetchPolicy,
+    dir: &tempfile::TempDir,
+    compressed: &[u8],
+    raw: &[u8],
+) -> bcd_ramdisk::stream::StreamFailure {
+    let client = client(rustls::RootCertStore::empty(), policy).expect("client");
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        stream_url(
+            &client,
+            url.parse().expect("url"),
+            device(dir),
+            spec(compressed, raw),
+            policy,
+            Box::new(|_| {}),
+        ),
+    )
+    .await
+    .expect("the stream must end within 20 s, not wait for ever")
+    .expect_err("the stream cannot succeed")
+}
+
 /// A server that accepts and then never answers: each attempt is given up after `idle_timeout` and the retry
 /// budget ends the download. Before, the request waited for the response head with no deadline at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,23 +385,9 @@ async fn a_server_that_never_answers_is_given_up() {
         ..policy()
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let client = client(rustls::RootCertStore::empty(), &policy).expect("client");
     let raw = image();
     let began = std::time::Instant::now();
-    let failure = tokio::time::timeout(
-        Duration::from_secs(20),
-        stream_url(
-            &client,
-            url.parse().expect("url"),
-            device(&dir),
-            spec(b"", &raw),
-            &policy,
-            Box::new(|_| {}),
-        ),
-    )
-    .await
-    .expect("the download must end within 20 s, not wait for ever")
-    .expect_err("nothing was served");
+    let failure = failed_within_20_s(&url, &policy, &dir, b"", &raw).await;
     match &failure.error {
         StreamError::Http(HttpError::RetriesExhausted {
             attempts: 2, last, ..
@@ -440,22 +452,8 @@ async fn a_stream_past_the_commands_deadline_stops_and_zeroes_what_it_wrote() {
         ..policy()
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let client = client(rustls::RootCertStore::empty(), &policy).expect("client");
     let began = std::time::Instant::now();
-    let failure = tokio::time::timeout(
-        Duration::from_secs(20),
-        stream_url(
-            &client,
-            url.parse().expect("url"),
-            device(&dir),
-            spec(&raw, &raw),
-            &policy,
-            Box::new(|_| {}),
-        ),
-    )
-    .await
-    .expect("the stream must end at its deadline")
-    .expect_err("the image takes 4.7 s to serve");
+    let failure = failed_within_20_s(&url, &policy, &dir, &raw, &raw).await;
     let elapsed = began.elapsed();
     match &failure.error {
         StreamError::Http(HttpError::Deadline { received, .. }) => {

@@ -412,8 +412,8 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_command_id_runs_once_and_its_result_outlives_the_session() {
+    /// A context whose hook runs `test.slow`, and the count of its runs.
+    fn slow_context() -> (Arc<std::sync::atomic::AtomicUsize>, CommandContext) {
         let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let key = rcgen::KeyPair::generate().expect("key");
         let signer =
@@ -424,6 +424,12 @@ mod tests {
             signer: Arc::new(signer),
             progress_interval: Duration::from_secs(60),
         };
+        (runs, ctx)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_command_id_runs_once_and_its_result_outlives_the_session() {
+        let (runs, ctx) = slow_context();
         let mut commands = Commands::new();
         let c = v1::Command {
             id: "c1".into(),
@@ -521,16 +527,7 @@ mod tests {
     /// retry may already be on its way. Before, it ran whatever its deadline.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_command_past_its_deadline_is_answered_and_not_run() {
-        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let key = rcgen::KeyPair::generate().expect("key");
-        let signer =
-            EnvelopeSigner::new(&key.serialize_der(), "spiffe://t/node/n".into()).expect("signer");
-        let ctx = CommandContext {
-            gpu: None,
-            hook: Some(Arc::new(Slow(runs.clone()))),
-            signer: Arc::new(signer),
-            progress_interval: Duration::from_secs(60),
-        };
+        let (runs, ctx) = slow_context();
         let commands = Commands::new();
         let late = v1::Command {
             id: "late".into(),
