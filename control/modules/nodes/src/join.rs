@@ -379,9 +379,6 @@ async fn commit_loop(store: Store, mut rx: mpsc::Receiver<Job>) {
     }
 }
 
-/// The path a request takes: the purpose the caller states must match the kind of the token it sealed. A site
-/// token sent to join a node, a join token sent to enroll a site agent, or no purpose at all is refused with what to
-/// run instead, before anything is read or spent.
 /// The request's sizes and required fields, before any cryptography.
 fn check_request(req: &v1::JoinRequest) -> Result<(), Status> {
     check_len("agent_version".into(), &req.agent_version).map_err(|_| {
@@ -412,6 +409,9 @@ fn check_request(req: &v1::JoinRequest) -> Result<(), Status> {
     Ok(())
 }
 
+/// The path a request takes: the purpose the caller states must match the kind of the token it sealed. A site
+/// token sent to join a node, a join token sent to enroll a site agent, or no purpose at all is refused with what to
+/// run instead, before anything is read or spent.
 pub fn check_purpose(purpose: i32, token: &str) -> Result<TokenKind, Status> {
     let site = token.trim().starts_with(TokenKind::Site.prefix());
     match v1::JoinPurpose::try_from(purpose) {
