@@ -3,6 +3,7 @@
 //! the consumer that some may have been lost.
 
 use bc_store::Store;
+use bc_store::sqlx::PgPool;
 use bc_store::sqlx::postgres::PgListener;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -17,68 +18,128 @@ pub enum Notice {
     Resync,
 }
 
+/// How the listening connection is checked: a connection the database end of which vanished without a reset (a
+/// primary cut off, a failover to a standby elsewhere) delivers nothing and reports no error, so without a probe
+/// every notification after it was lost until a restart (each loop still converged on its tick, slower).
+#[derive(Debug, Clone, Copy)]
+pub struct Liveness {
+    /// After this long without a notification, the connection is asked `SELECT 1`.
+    pub every: Duration,
+    /// The probe's answer must come within this long, or the connection is replaced (and [`Notice::Resync`]
+    /// sent).
+    pub within: Duration,
+}
+
+/// A new listening connection (a connect, its authentication and its LISTEN) must be ready within this long.
+pub const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// 30 s between probes, 10 s for an answer.
+pub const LIVENESS: Liveness = Liveness {
+    every: Duration::from_secs(30),
+    within: Duration::from_secs(10),
+};
+
 /// Listens on `channels` until `stop`; notifications arrive on the returned receiver (bounded).
 pub fn listen(
     store: &Store,
     channels: &[&'static str],
+    stop: watch::Receiver<bool>,
+) -> mpsc::Receiver<Notice> {
+    listen_with(store.pool().clone(), channels, stop, LIVENESS)
+}
+
+/// [`listen`] on `pool`'s database with `liveness` (tests shorten it).
+pub fn listen_with(
+    pool: PgPool,
+    channels: &[&'static str],
     mut stop: watch::Receiver<bool>,
+    liveness: Liveness,
 ) -> mpsc::Receiver<Notice> {
     let (tx, rx) = mpsc::channel(4096);
-    let pool = store.pool().clone();
     let channels = channels.to_vec();
     tokio::spawn(async move {
         let mut overflowed = false;
         loop {
-            let mut listener = match PgListener::connect_with(&pool).await {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::warn!(error = %e, "LISTEN connection failed; retrying");
+            // Its own pool of one, to the host the main pool uses now (a failover moves that): a listener dropped
+            // after a failed probe sends `UNLISTEN *` on its connection before giving it back, which on a silent
+            // connection never ends. From the main pool that connection would be lost to every other caller.
+            let own = bc_store::sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .max_lifetime(None)
+                .idle_timeout(None)
+                .acquire_timeout(CONNECT_DEADLINE)
+                .connect_lazy_with((*pool.connect_options()).clone());
+            let opened = tokio::time::timeout(CONNECT_DEADLINE, async {
+                let mut l = PgListener::connect_with(&own).await?;
+                l.listen_all(channels.iter().copied()).await?;
+                Ok::<_, bc_store::sqlx::Error>(l)
+            })
+            .await;
+            let mut listener = match opened {
+                Ok(Ok(l)) => l,
+                failed => {
+                    let why = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => format!("not ready within {} s", CONNECT_DEADLINE.as_secs()),
+                    };
+                    tracing::warn!(error = %why, "LISTEN connection failed; retrying");
                     if sleep_or_stop(&mut stop, Duration::from_secs(1)).await {
                         return;
                     }
                     continue;
                 }
             };
-            if let Err(e) = listener.listen_all(channels.iter().copied()).await {
-                tracing::warn!(error = %e, "LISTEN failed; retrying");
-                if sleep_or_stop(&mut stop, Duration::from_secs(1)).await {
-                    return;
-                }
-                continue;
-            }
             // Anything sent while we were not listening is lost: say so.
             if tx.send(Notice::Resync).await.is_err() {
                 return;
             }
+            let mut probe_at = tokio::time::Instant::now() + liveness.every;
             loop {
                 tokio::select! {
-                    n = listener.try_recv() => match n {
-                        Ok(Some(n)) => {
-                            let notice = Notice::Message {
-                                channel: n.channel().to_string(),
-                                payload: n.payload().to_string(),
-                            };
-                            match tx.try_send(notice) {
-                                Ok(()) => {
-                                    if overflowed && tx.try_send(Notice::Resync).is_ok() {
-                                        overflowed = false;
+                    n = listener.try_recv() => {
+                        probe_at = tokio::time::Instant::now() + liveness.every;
+                        match n {
+                            Ok(Some(n)) => {
+                                let notice = Notice::Message {
+                                    channel: n.channel().to_string(),
+                                    payload: n.payload().to_string(),
+                                };
+                                match tx.try_send(notice) {
+                                    Ok(()) => {
+                                        if overflowed && tx.try_send(Notice::Resync).is_ok() {
+                                            overflowed = false;
+                                        }
                                     }
+                                    Err(mpsc::error::TrySendError::Full(_)) => overflowed = true,
+                                    Err(mpsc::error::TrySendError::Closed(_)) => return,
                                 }
-                                Err(mpsc::error::TrySendError::Full(_)) => overflowed = true,
-                                Err(mpsc::error::TrySendError::Closed(_)) => return,
+                            }
+                            Ok(None) => {
+                                // Connection lost; try_recv reconnects on the next call.
+                                if tx.send(Notice::Resync).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "LISTEN connection broke; reconnecting");
+                                break;
                             }
                         }
-                        Ok(None) => {
-                            // Connection lost; try_recv reconnects on the next call.
-                            if tx.send(Notice::Resync).await.is_err() {
-                                return;
+                    }
+                    () = tokio::time::sleep_until(probe_at) => {
+                        let probe = bc_store::sqlx::query("SELECT 1").execute(&mut listener);
+                        match tokio::time::timeout(liveness.within, probe).await {
+                            Ok(Ok(_)) => probe_at = tokio::time::Instant::now() + liveness.every,
+                            failed => {
+                                let why = match failed {
+                                    Ok(Err(e)) => e.to_string(),
+                                    _ => format!("no answer within {} s", liveness.within.as_secs_f64()),
+                                };
+                                tracing::warn!(error = %why, "LISTEN connection failed its probe; reconnecting");
+                                break;
                             }
                         }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "LISTEN connection broke; reconnecting");
-                            break;
-                        }
-                    },
+                    }
                     changed = stop.changed() => {
                         if changed.is_err() || *stop.borrow() {
                             return;
@@ -102,5 +163,133 @@ pub async fn sleep_or_stop(stop: &mut watch::Receiver<bool>, d: Duration) -> boo
     tokio::select! {
         _ = tokio::time::sleep(d) => false,
         changed = stop.changed() => changed.is_err() || *stop.borrow(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// Copies `from` to `to` until either ends, or until `freeze` moves past `gen`: then it forwards nothing more
+    /// and holds both sockets open (a peer gone silent without a reset).
+    async fn pipe(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        mut freeze: watch::Receiver<u64>,
+        generation: u64,
+    ) {
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            let frozen = async {
+                let _ = freeze.wait_for(|g| *g > generation).await;
+            };
+            tokio::select! {
+                n = from.read(&mut buf) => match n {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => if to.write_all(&buf[..n]).await.is_err() { return },
+                },
+                () = frozen => break,
+            }
+        }
+        // Silent from here on: both sockets stay open, nothing moves.
+        let _held = (from, to);
+        std::future::pending::<()>().await;
+    }
+
+    /// A TCP proxy to `to`; bumping the returned counter freezes every connection open at that moment.
+    async fn proxy(to: SocketAddr) -> (SocketAddr, watch::Sender<u64>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let at = listener.local_addr().expect("addr");
+        let (freeze, watching) = watch::channel(0u64);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(to).await else {
+                    continue;
+                };
+                let generation = *watching.borrow();
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pipe(cr, sw, watching.clone(), generation));
+                tokio::spawn(pipe(sr, cw, watching.clone(), generation));
+            }
+        });
+        (at, freeze)
+    }
+
+    async fn next(rx: &mut mpsc::Receiver<Notice>, what: &str) -> Notice {
+        tokio::time::timeout(Duration::from_secs(15), rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: nothing within 15 s"))
+            .expect("the listener runs")
+    }
+
+    /// The database end of the listening connection goes silent (no reset): the probe notices within its
+    /// deadline, the listener reconnects and says Resync, and notifications arrive again. Before, nothing arrived
+    /// after the silence and nothing said so.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listening_connection_gone_silent_is_replaced() {
+        let db = bc_store::testing::test_db().await;
+        let direct = db.connect_options();
+        let (at, freeze) = proxy(SocketAddr::from(([127, 0, 0, 1], direct.get_port()))).await;
+        let pool = bc_store::sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(direct.clone().port(at.port()))
+            .await
+            .expect("pool through the proxy");
+        let (stop_tx, stop) = watch::channel(false);
+        let mut rx = listen_with(
+            pool,
+            &["bc_test_liveness"],
+            stop,
+            Liveness {
+                every: Duration::from_millis(500),
+                within: Duration::from_millis(500),
+            },
+        );
+        let notify = |payload: &'static str| {
+            let pool = db.pool.clone();
+            async move {
+                bc_store::sqlx::query("SELECT pg_notify('bc_test_liveness', $1)")
+                    .bind(payload)
+                    .execute(&pool)
+                    .await
+                    .expect("notify");
+            }
+        };
+        assert_eq!(next(&mut rx, "listening").await, Notice::Resync);
+        notify("one").await;
+        assert_eq!(
+            next(&mut rx, "one").await,
+            Notice::Message {
+                channel: "bc_test_liveness".into(),
+                payload: "one".into()
+            }
+        );
+        let frozen = tokio::time::Instant::now();
+        freeze.send_modify(|g| *g += 1);
+        notify("lost").await;
+        assert_eq!(
+            next(&mut rx, "after the silence").await,
+            Notice::Resync,
+            "the silent connection is replaced and the loss announced"
+        );
+        assert!(
+            frozen.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            frozen.elapsed()
+        );
+        notify("two").await;
+        assert_eq!(
+            next(&mut rx, "two").await,
+            Notice::Message {
+                channel: "bc_test_liveness".into(),
+                payload: "two".into()
+            }
+        );
+        let _ = stop_tx.send(true);
     }
 }
