@@ -13,8 +13,8 @@ use std::io;
 
 /// What the device held before: any byte that is not 0 and not this is the pipeline's.
 const OLD: u8 = 0xAA;
-/// The device: 1 MiB (a decompression bomb stops at it), 512-byte sectors.
-const CAPACITY: usize = 1 << 20;
+/// The device: 256 KiB (a decompression bomb stops at it), 512-byte sectors.
+const CAPACITY: usize = 256 << 10;
 
 struct Mem(Vec<u8>);
 
@@ -35,7 +35,9 @@ impl BlockSink for Mem {
         Ok(buf.len())
     }
     fn read_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        let at = usize::try_from(offset).map_err(io::Error::other)?.min(self.0.len());
+        let at = usize::try_from(offset)
+            .map_err(io::Error::other)?
+            .min(self.0.len());
         let n = buf.len().min(self.0.len() - at);
         buf[..n].copy_from_slice(&self.0[at..at + n]);
         Ok(n)
@@ -70,12 +72,15 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(*d, digest_of(DigestAlgo::Sha256, &sink.0[..image]));
             }
             assert!(sink.0[image..written].iter().all(|b| *b == 0), "padding");
-            assert!(sink.0[written..].iter().all(|b| *b == OLD), "past the image");
+            assert!(
+                sink.0[written..].iter().all(|b| *b == OLD),
+                "past the image"
+            );
         }
-        Err(failure) => match failure.scrub {
+        Err(failure) => match &failure.scrub {
             Scrub::NotNeeded => assert!(sink.0.iter().all(|b| *b == OLD), "{failure}"),
             Scrub::Zeroed { bytes } => {
-                let bytes = usize::try_from(bytes).expect("fits");
+                let bytes = usize::try_from(*bytes).expect("fits");
                 assert!(sink.0[..bytes].iter().all(|b| *b == 0), "{failure}");
                 assert!(sink.0[bytes..].iter().all(|b| *b == OLD), "{failure}");
             }
