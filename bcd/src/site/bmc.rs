@@ -286,6 +286,42 @@ impl BmcWorker {
         }
     }
 
+    /// What command `c` came to at `now_ms` (the BMC's slot already held): one whose deadline has passed is not
+    /// sent to the BMC at all (the control plane has given up on it and may have asked again: a late power-off
+    /// must not land after the retry's power-on); one that runs past it is given up there.
+    async fn outcome(&self, c: &v1::BmcCommand, now_ms: i64) -> Outcome {
+        let late = now_ms.saturating_sub(c.deadline_unix_ms);
+        let left = Duration::from_millis(u64::try_from(-late).unwrap_or(0));
+        let op = match serde_json::from_str::<BmcOp>(&c.op_json) {
+            Err(e) => return failed(format!("unknown BMC operation {:?}: {e}", c.op_json), false),
+            Ok(op) => op,
+        };
+        if left.is_zero() {
+            return failed(
+                format!(
+                    "the command's deadline had passed {late} ms before it could be sent; not sent to the BMC"
+                ),
+                true,
+            );
+        }
+        tracing::info!(
+            command = c.id,
+            mac = c.mac,
+            bmc = c.bmc_address,
+            ?op,
+            "BMC command"
+        );
+        match tokio::time::timeout(left, self.execute(&c.bmc_address, &c.credentials_ref, &op))
+            .await
+        {
+            Ok(o) => o,
+            Err(_) => failed(
+                "the command's deadline passed before the BMC finished".into(),
+                true,
+            ),
+        }
+    }
+
     fn start(
         self: Arc<Self>,
         c: v1::BmcCommand,
@@ -302,34 +338,7 @@ impl BmcWorker {
             let Some(_slots) = self.slots(&c.bmc_address).await else {
                 return;
             };
-            let now = crate::session::now_ms();
-            let left = Duration::from_millis(
-                u64::try_from(c.deadline_unix_ms.saturating_sub(now)).unwrap_or(0),
-            );
-            let outcome = match serde_json::from_str::<BmcOp>(&c.op_json) {
-                Err(e) => failed(format!("unknown BMC operation {:?}: {e}", c.op_json), false),
-                Ok(op) => {
-                    tracing::info!(
-                        command = c.id,
-                        mac = c.mac,
-                        bmc = c.bmc_address,
-                        ?op,
-                        "BMC command"
-                    );
-                    match tokio::time::timeout(
-                        left,
-                        self.execute(&c.bmc_address, &c.credentials_ref, &op),
-                    )
-                    .await
-                    {
-                        Ok(o) => o,
-                        Err(_) => failed(
-                            "the command's deadline passed before the BMC finished".into(),
-                            true,
-                        ),
-                    }
-                }
-            };
+            let outcome = self.outcome(&c, crate::session::now_ms()).await;
             tracing::info!(
                 command = c.id,
                 mac = c.mac,
@@ -529,6 +538,38 @@ mod tests {
             .expect("the queued command runs once the first is done")
             .expect("join")
             .expect("its slots");
+    }
+
+    /// A command whose deadline passed before its turn came is not sent to the BMC: nothing connects to it.
+    /// Before, the request was started (a zero timeout still polls its future once) and its outcome was whatever
+    /// that first poll gave.
+    #[tokio::test]
+    async fn a_command_past_its_deadline_is_not_sent_to_the_bmc() {
+        let bmc = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = format!("http://{}", bmc.local_addr().expect("addr"));
+        let worker = BmcWorker::new("/nonexistent".into(), BmcWorkerOptions::default());
+        let c = bc_proto::v1::BmcCommand {
+            id: "b-1".into(),
+            mac: "52:54:00:00:00:01".into(),
+            bmc_address: address,
+            credentials_ref: "bmc-creds".into(),
+            op_json: r#"{"op": "power", "power": "off"}"#.into(),
+            deadline_unix_ms: 1_000,
+        };
+        match worker.outcome(&c, 3_500).await {
+            bc_core::metal::Outcome::Failed { reason, retryable } => {
+                assert!(retryable);
+                assert_eq!(
+                    reason,
+                    "the command's deadline had passed 2500 ms before it could be sent; not sent to the BMC"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let connected = tokio::time::timeout(Duration::from_millis(300), bmc.accept()).await;
+        assert!(connected.is_err(), "something connected to the BMC");
     }
 
     #[test]
