@@ -145,7 +145,7 @@ pub struct Daemon {
 }
 
 /// An offset from the gateway's clock beyond which the node warns that its own clock is wrong.
-const CLOCK_WARN_MS: i64 = 5_000;
+const CLOCK_WARN_MS: u64 = 5_000;
 
 /// First and longest wait between attempts to apply a desired state that failed (full jitter in between).
 pub const DESIRED_RETRY_BASE: Duration = Duration::from_secs(1);
@@ -514,7 +514,7 @@ impl Daemon {
                 ));
                 if w.clock_unix_ms > 0 {
                     self.clock_offset_ms = w.clock_unix_ms.saturating_sub(now_ms());
-                    if self.clock_offset_ms.abs() > CLOCK_WARN_MS {
+                    if self.clock_offset_ms.unsigned_abs() > CLOCK_WARN_MS {
                         tracing::warn!(
                             offset_ms = self.clock_offset_ms,
                             "this node's clock differs from the gateway's by more than 5 s; command deadlines are \

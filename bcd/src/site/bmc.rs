@@ -549,7 +549,9 @@ mod tests {
             .await
             .expect("bind");
         let address = format!("http://{}", bmc.local_addr().expect("addr"));
-        let worker = BmcWorker::new("/nonexistent".into(), BmcWorkerOptions::default());
+        // A state directory of its own: were the command run, fetching its secret opens (and creates) it.
+        let state = tempfile::tempdir().expect("tempdir");
+        let worker = BmcWorker::new(state.path().join("site"), BmcWorkerOptions::default());
         let c = bc_proto::v1::BmcCommand {
             id: "b-1".into(),
             mac: "52:54:00:00:00:01".into(),
