@@ -52,16 +52,22 @@ const KEEP_FINISHED: usize = 64;
 /// them from its buffer. The gateway ignores a result for a command already finished.
 const RESEND_WINDOW: Duration = Duration::from_secs(30);
 
-/// How long command `c` may still run at `now_unix_ms`: `None` when it has no deadline (`deadline_unix_ms` 0),
-/// `Some(ZERO)` once it passed. Past its deadline the control plane has marked the command expired and may ask
-/// again (a metal retry sends the same step anew), so a command must neither start nor keep changing the machine
-/// after it. Pure: the caller passes the time.
-pub fn time_left(c: &v1::Command, now_unix_ms: i64) -> Option<Duration> {
-    if c.deadline_unix_ms <= 0 {
+/// How long a command (or BMC command) whose deadline is `deadline_unix_ms` may still run at `now_unix_ms`: `None`
+/// when it has none (0), `Some(ZERO)` once it passed. Past its deadline the control plane has marked the command
+/// expired and may ask again (a metal retry sends the same step anew), so a command must neither start nor keep
+/// changing the machine after it. Pure: the caller passes the time.
+pub fn time_left(deadline_unix_ms: i64, now_unix_ms: i64) -> Option<Duration> {
+    if deadline_unix_ms <= 0 {
         return None;
     }
-    let left = c.deadline_unix_ms.saturating_sub(now_unix_ms);
+    let left = deadline_unix_ms.saturating_sub(now_unix_ms);
     Some(Duration::from_millis(u64::try_from(left).unwrap_or(0)))
+}
+
+/// The gateway's clock minus this host's, from a clock the gateway sent (`gateway_unix_ms`, read at `now_unix_ms`);
+/// `None` when it sent none (0, an older gateway).
+pub fn clock_offset(gateway_unix_ms: i64, now_unix_ms: i64) -> Option<i64> {
+    (gateway_unix_ms > 0).then(|| gateway_unix_ms.saturating_sub(now_unix_ms))
 }
 
 /// A deadline in the gateway's time as one in this node's: `offset_ms` is the gateway's clock minus the node's
@@ -75,7 +81,8 @@ pub fn local_deadline(deadline_unix_ms: i64, offset_ms: i64) -> i64 {
 
 /// [`time_left`] as an instant on the monotonic clock, from the wall clock now.
 pub fn deadline_of(c: &v1::Command) -> Option<std::time::Instant> {
-    time_left(c, crate::session::now_ms()).map(|left| std::time::Instant::now() + left)
+    time_left(c.deadline_unix_ms, crate::session::now_ms())
+        .map(|left| std::time::Instant::now() + left)
 }
 
 // === impl ProgressLimiter ===
@@ -300,7 +307,7 @@ async fn run(
     // rather than as the command's own failure.
     let error = |message: String| {
         let mut payload = serde_json::json!({ "error": message });
-        if time_left(c, crate::session::now_ms()) == Some(Duration::ZERO) {
+        if time_left(c.deadline_unix_ms, crate::session::now_ms()) == Some(Duration::ZERO) {
             payload["deadline_passed"] = serde_json::Value::Bool(true);
         }
         signer
@@ -308,7 +315,7 @@ async fn run(
             .map_err(|e| bc_error_chain::chain(&e))
     };
     let now = crate::session::now_ms();
-    if time_left(c, now) == Some(Duration::ZERO) {
+    if time_left(c.deadline_unix_ms, now) == Some(Duration::ZERO) {
         let late = now.saturating_sub(c.deadline_unix_ms);
         tracing::warn!(
             command = c.id,
@@ -485,17 +492,18 @@ mod tests {
         let gateway_now = 1_800_000_000_000;
         let deadline = gateway_now + 60_000;
         for node_now in [gateway_now - hour, gateway_now, gateway_now + hour] {
-            let offset = gateway_now - node_now;
-            let c = v1::Command {
-                deadline_unix_ms: local_deadline(deadline, offset),
-                ..v1::Command::default()
-            };
+            let offset = clock_offset(gateway_now, node_now).expect("a clock was sent");
             assert_eq!(
-                time_left(&c, node_now),
+                time_left(local_deadline(deadline, offset), node_now),
                 Some(Duration::from_secs(60)),
                 "node at {node_now}"
             );
         }
+        assert_eq!(
+            clock_offset(0, gateway_now),
+            None,
+            "an older gateway sends none"
+        );
         assert_eq!(local_deadline(0, hour), 0, "no deadline stays none");
         assert_eq!(local_deadline(5, hour), 1, "never turns into none");
         assert_eq!(local_deadline(i64::MAX, -hour), i64::MAX, "saturates");
@@ -503,20 +511,13 @@ mod tests {
 
     #[test]
     fn time_left_counts_to_the_deadline_and_stops_at_zero() {
-        let at = |deadline_unix_ms| v1::Command {
-            deadline_unix_ms,
-            ..v1::Command::default()
-        };
-        assert_eq!(time_left(&at(0), 5_000), None, "no deadline");
-        assert_eq!(time_left(&at(-1), 5_000), None);
+        assert_eq!(time_left(0, 5_000), None, "no deadline");
+        assert_eq!(time_left(-1, 5_000), None);
+        assert_eq!(time_left(7_500, 5_000), Some(Duration::from_millis(2_500)));
+        assert_eq!(time_left(5_000, 5_000), Some(Duration::ZERO));
+        assert_eq!(time_left(1, i64::MAX), Some(Duration::ZERO));
         assert_eq!(
-            time_left(&at(7_500), 5_000),
-            Some(Duration::from_millis(2_500))
-        );
-        assert_eq!(time_left(&at(5_000), 5_000), Some(Duration::ZERO));
-        assert_eq!(time_left(&at(1), i64::MAX), Some(Duration::ZERO));
-        assert_eq!(
-            time_left(&at(i64::MAX), i64::MIN),
+            time_left(i64::MAX, i64::MIN),
             Some(Duration::from_millis(i64::MAX as u64)),
             "saturates rather than wraps"
         );

@@ -512,8 +512,8 @@ impl Daemon {
                     "session open (epoch {})",
                     w.session_epoch
                 ));
-                if w.clock_unix_ms > 0 {
-                    self.clock_offset_ms = w.clock_unix_ms.saturating_sub(now_ms());
+                if let Some(offset) = crate::commands::clock_offset(w.clock_unix_ms, now_ms()) {
+                    self.clock_offset_ms = offset;
                     if self.clock_offset_ms.unsigned_abs() > CLOCK_WARN_MS {
                         tracing::warn!(
                             offset_ms = self.clock_offset_ms,

@@ -172,7 +172,6 @@ pub async fn stream_url<S: BlockSink + 'static>(
     let first = within_deadline(
         policy,
         &url,
-        0,
         open_with_retries(client, &url, &mut state, policy, &mut resumes),
     )
     .await
@@ -188,7 +187,6 @@ pub async fn stream_url<S: BlockSink + 'static>(
             let result = within_deadline(
                 &policy,
                 &url,
-                0,
                 pump(&client, &url, first, &mut state, &policy, &tx, &mut resumes),
             )
             .await
@@ -231,11 +229,11 @@ pub async fn stream_url<S: BlockSink + 'static>(
     }
 }
 
-/// `f`, given up at `policy.deadline` as [`HttpError::Deadline`] (`received` bytes so far).
+/// `f`, given up at `policy.deadline` as [`HttpError::Deadline`] (with 0 bytes received: the caller that knows
+/// how many sets them).
 async fn within_deadline<T>(
     policy: &FetchPolicy,
     url: &Url,
-    received: u64,
     f: impl std::future::Future<Output = Result<T, HttpError>>,
 ) -> Result<T, HttpError> {
     let Some(deadline) = policy.deadline else {
@@ -246,7 +244,7 @@ async fn within_deadline<T>(
         .unwrap_or_else(|_| {
             Err(HttpError::Deadline {
                 url: url.to_string(),
-                received,
+                received: 0,
             })
         })
 }

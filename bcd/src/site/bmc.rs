@@ -261,11 +261,9 @@ impl BmcWorker {
                 Ok(r) => {
                     let r = r.into_inner();
                     // Deadlines are in the gateway's time: read them in this host's.
-                    let offset = if r.clock_unix_ms > 0 {
-                        r.clock_unix_ms.saturating_sub(crate::session::now_ms())
-                    } else {
-                        0
-                    };
+                    let offset =
+                        crate::commands::clock_offset(r.clock_unix_ms, crate::session::now_ms())
+                            .unwrap_or(0);
                     r.commands
                         .into_iter()
                         .map(|mut c| {
@@ -291,7 +289,8 @@ impl BmcWorker {
     /// must not land after the retry's power-on); one that runs past it is given up there.
     async fn outcome(&self, c: &v1::BmcCommand, now_ms: i64) -> Outcome {
         let late = now_ms.saturating_sub(c.deadline_unix_ms);
-        let left = Duration::from_millis(u64::try_from(-late).unwrap_or(0));
+        // Every BMC command has a deadline; one without (0) is as late as can be.
+        let left = crate::commands::time_left(c.deadline_unix_ms, now_ms).unwrap_or_default();
         let op = match serde_json::from_str::<BmcOp>(&c.op_json) {
             Err(e) => return failed(format!("unknown BMC operation {:?}: {e}", c.op_json), false),
             Ok(op) => op,
