@@ -27,6 +27,27 @@ use tokio_stream::wrappers::ReceiverStream;
 /// A boxed future, so handlers can be trait objects.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// How long one call into the store may take. The pool's connections have no deadline of their own, and a primary
+/// that vanishes without a reset (power lost, packets dropped) leaves a query waiting for ever: a session's task,
+/// the one housekeeping task of every session here, or a site agent's call must not wait with it.
+pub const STORE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// `call` into the store within [`STORE_DEADLINE`]; past it UNAVAILABLE naming `what` (a message that must land
+/// then ends its session, and the node sends it again in the next; a site agent retries its call).
+pub(crate) async fn stored<T>(
+    what: &str,
+    call: impl Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, tonic::Status> {
+    tokio::time::timeout(STORE_DEADLINE, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(tonic::Status::unavailable(format!(
+                "{what}: the database did not answer within {} s",
+                STORE_DEADLINE.as_secs()
+            )))
+        })
+}
+
 /// JoinService as the gateway sees it: a request in, a response or a status with a clear message out.
 pub trait JoinHandler: Send + Sync + 'static {
     fn join(
@@ -305,6 +326,7 @@ pub async fn serve(
         );
     }
     if let Some((handler, trust_domain)) = services.site {
+        let handler: Arc<dyn site::SiteHandler> = Arc::new(site::Bounded(handler));
         let svc = || site::SiteSvc {
             handler: handler.clone(),
             trust_domain: trust_domain.clone(),

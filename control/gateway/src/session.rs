@@ -6,8 +6,8 @@
 //! session's writes are refused by the store. Liveness stays in memory and reaches the store in one statement per
 //! interval, whatever the number of sessions.
 
-use crate::BoxFuture;
 use crate::tls::Revocations;
+use crate::{BoxFuture, STORE_DEADLINE, stored};
 use bc_proto::spiffe::{Role, SpiffeId};
 use bc_proto::v1;
 use std::collections::HashMap;
@@ -526,27 +526,6 @@ impl v1::session_service_server::SessionService for SessionSvc {
             tokio_stream::wrappers::ReceiverStream::new(rx).map(|m| m.map(|b| *b)),
         )))
     }
-}
-
-/// How long one call into the store may take. The pool's connections have no deadline of their own, and a primary
-/// that vanishes without a reset (power lost, packets dropped) leaves a query waiting for ever: a session's task, or
-/// the one housekeeping task of every session here, must not wait with it.
-const STORE_DEADLINE: Duration = Duration::from_secs(30);
-
-/// `call` into the store within [`STORE_DEADLINE`]; past it UNAVAILABLE naming `what` (a message that must land
-/// then ends its session, and the node sends it again in the next).
-async fn stored<T>(
-    what: &str,
-    call: impl std::future::Future<Output = Result<T, Status>>,
-) -> Result<T, Status> {
-    tokio::time::timeout(STORE_DEADLINE, call)
-        .await
-        .unwrap_or_else(|_| {
-            Err(Status::unavailable(format!(
-                "{what}: the database did not answer within {} s",
-                STORE_DEADLINE.as_secs()
-            )))
-        })
 }
 
 /// How long an ending session waits to queue its last status for a node that is not reading its stream.
