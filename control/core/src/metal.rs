@@ -23,6 +23,7 @@
 
 pub mod hardware;
 mod plan;
+pub mod ramdisk;
 pub mod site_report;
 
 use std::collections::BTreeMap;

@@ -528,7 +528,9 @@ mod tests {
         // Two chunks with the second 20 s after the first; the reader waits 40 s before it asks for the second.
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         let mut chunks = chunks_within(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)));
-        tx.send(Ok(v1::ArtifactChunk::default())).await.expect("the stream holds it");
+        tx.send(Ok(v1::ArtifactChunk::default()))
+            .await
+            .expect("the stream holds it");
         assert!(chunks.next().await.expect("first").is_ok());
         tokio::time::sleep(Duration::from_secs(40)).await;
         tokio::spawn(async move {

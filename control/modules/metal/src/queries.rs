@@ -276,7 +276,7 @@ pub async fn results(
             return Err(corrupt(mac, format!("ramdisk command step {step:?}")));
         };
         let state: String = r.get(1);
-        let outcome = crate::outcomes::ramdisk_outcome(step, &state, r.get(2), r.get(3));
+        let outcome = bc_core::metal::ramdisk::ramdisk_outcome(step, &state, r.get(2), r.get(3));
         out.push(StepResult {
             attempt_id,
             step,
