@@ -44,6 +44,81 @@ pub struct GpuClaim {
     pub memory_mib: u64,
 }
 
+/// The longest claimed value (a serial, a model, a hostname), in bytes.
+pub const MAX_CLAIM: usize = 256;
+/// The most NICs, GPUs and collection notes one claim lists.
+pub const MAX_NICS: usize = 256;
+pub const MAX_GPUS: usize = 64;
+pub const MAX_NOTES: usize = 32;
+
+/// Claims refused at the door: the field and the rule (`claims.nics[3].mac must be at most 256 bytes without
+/// control characters`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidClaims(pub String);
+
+fn check_value(field: &str, v: &str) -> Result<(), InvalidClaims> {
+    if v.len() > MAX_CLAIM || v.chars().any(char::is_control) {
+        return Err(InvalidClaims(format!(
+            "claims.{field} must be at most {MAX_CLAIM} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+impl HardwareClaims {
+    /// What a node claims, as it arrives in its join (outside input): lists and values bounded, no control
+    /// characters (a value with a line break would otherwise read as two of the hardware key's lines).
+    pub fn check(&self) -> Result<(), InvalidClaims> {
+        if self.nics.len() > MAX_NICS
+            || self.gpus.len() > MAX_GPUS
+            || self.collection_notes.len() > MAX_NOTES
+        {
+            return Err(InvalidClaims(format!(
+                "claims list too long: at most {MAX_NICS} nics, {MAX_GPUS} gpus, {MAX_NOTES} notes"
+            )));
+        }
+        let dmi = &self.dmi;
+        for (name, v) in [
+            ("dmi.system_uuid", &dmi.system_uuid),
+            ("dmi.system_serial", &dmi.system_serial),
+            ("dmi.board_serial", &dmi.board_serial),
+            ("dmi.chassis_serial", &dmi.chassis_serial),
+            ("dmi.vendor", &dmi.vendor),
+            ("dmi.product", &dmi.product),
+            ("hostname", &self.hostname),
+            ("arch", &self.arch),
+            ("gpu_backend", &self.gpu_backend),
+        ] {
+            check_value(name, v)?;
+        }
+        for (i, n) in self.nics.iter().enumerate() {
+            for (f, v) in [
+                ("name", &n.name),
+                ("mac", &n.mac),
+                ("driver", &n.driver),
+                ("pci_address", &n.pci_address),
+            ] {
+                check_value(&format!("nics[{i}].{f}"), v)?;
+            }
+        }
+        for (i, g) in self.gpus.iter().enumerate() {
+            for (f, v) in [
+                ("uuid", &g.uuid),
+                ("serial", &g.serial),
+                ("model", &g.model),
+                ("pci_bus_id", &g.pci_bus_id),
+            ] {
+                check_value(&format!("gpus[{i}].{f}"), v)?;
+            }
+        }
+        for (i, n) in self.collection_notes.iter().enumerate() {
+            check_value(&format!("collection_notes[{i}]"), n)?;
+        }
+        Ok(())
+    }
+}
+
 /// Values firmware vendors leave in DMI fields that are not unique to a machine; they never count as identity.
 fn is_placeholder(value: &str) -> bool {
     let v = value.trim().to_ascii_lowercase();
@@ -134,6 +209,34 @@ mod tests {
             }],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn claims_out_of_bounds_are_refused_naming_the_field() {
+        assert_eq!(claims("u", "52:54:00:aa:bb:01").check(), Ok(()));
+        // A line break would make one value read as two of the hardware key's lines.
+        let mut c = claims("u\ndmi.chassis_serial=x", "52:54:00:aa:bb:01");
+        assert_eq!(
+            c.check().map_err(|e| e.0),
+            Err(
+                "claims.dmi.system_uuid must be at most 256 bytes without control characters"
+                    .into()
+            )
+        );
+        c.dmi.system_uuid = "u".into();
+        c.nics[0].mac = "m".repeat(MAX_CLAIM + 1);
+        assert!(
+            c.check().is_err_and(|e| e
+                .0
+                .starts_with("claims.nics[0].mac must be at most 256 bytes")),
+            "{c:?}"
+        );
+        c.nics = vec![NicClaim::default(); MAX_NICS + 1];
+        assert!(
+            c.check()
+                .is_err_and(|e| e.0.starts_with("claims list too long")),
+            "too many nics"
+        );
     }
 
     #[test]

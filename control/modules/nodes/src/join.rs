@@ -21,10 +21,7 @@ use tonic::Status;
 
 const MAX_SEALED: usize = 512;
 const MAX_CSR: usize = 8 * 1024;
-const MAX_STRING: usize = 256;
-const MAX_NICS: usize = 256;
-const MAX_GPUS: usize = 64;
-const MAX_NOTES: usize = 32;
+const MAX_STRING: usize = hardware::MAX_CLAIM;
 /// Join tokens kept in memory (cleared when full).
 const TOKEN_CACHE: usize = 4096;
 /// Most joins one transaction commits.
@@ -381,11 +378,11 @@ async fn commit_loop(store: Store, mut rx: mpsc::Receiver<Job>) {
 
 /// The request's sizes and required fields, before any cryptography.
 fn check_request(req: &v1::JoinRequest) -> Result<(), Status> {
-    check_len("agent_version".into(), &req.agent_version).map_err(|_| {
-        Status::invalid_argument(format!(
+    if req.agent_version.len() > MAX_STRING || req.agent_version.chars().any(char::is_control) {
+        return Err(Status::invalid_argument(format!(
             "agent_version must be at most {MAX_STRING} bytes without control characters"
-        ))
-    })?;
+        )));
+    }
     if req.csr_der.is_empty() {
         return Err(Status::invalid_argument(
             "csr_der is empty: send the node's PKCS#10 request",
@@ -432,60 +429,11 @@ pub fn check_purpose(purpose: i32, token: &str) -> Result<TokenKind, Status> {
     }
 }
 
-fn check_len(field: String, s: &str) -> Result<(), Status> {
-    if s.len() > MAX_STRING || s.chars().any(char::is_control) {
-        return Err(Status::invalid_argument(format!(
-            "claims.{field} must be at most {MAX_STRING} bytes without control characters"
-        )));
-    }
-    Ok(())
-}
-
-/// Converts wire claims to domain claims, refusing oversized or garbled values with the field's path.
+/// Converts wire claims to domain claims, refusing oversized or garbled values with the field's path
+/// ([`HardwareClaims::check`]).
 pub fn validate_claims(c: v1::HardwareClaims) -> Result<HardwareClaims, Status> {
-    if c.nics.len() > MAX_NICS || c.gpus.len() > MAX_GPUS || c.collection_notes.len() > MAX_NOTES {
-        return Err(Status::invalid_argument(format!(
-            "claims list too long: at most {MAX_NICS} nics, {MAX_GPUS} gpus, {MAX_NOTES} notes"
-        )));
-    }
     let dmi = c.dmi.unwrap_or_default();
-    for (name, v) in [
-        ("dmi.system_uuid", &dmi.system_uuid),
-        ("dmi.system_serial", &dmi.system_serial),
-        ("dmi.board_serial", &dmi.board_serial),
-        ("dmi.chassis_serial", &dmi.chassis_serial),
-        ("dmi.vendor", &dmi.vendor),
-        ("dmi.product", &dmi.product),
-        ("hostname", &c.hostname),
-        ("arch", &c.arch),
-        ("gpu_backend", &c.gpu_backend),
-    ] {
-        check_len(name.to_string(), v)?;
-    }
-    for (i, n) in c.nics.iter().enumerate() {
-        for (f, v) in [
-            ("name", &n.name),
-            ("mac", &n.mac),
-            ("driver", &n.driver),
-            ("pci_address", &n.pci_address),
-        ] {
-            check_len(format!("nics[{i}].{f}"), v)?;
-        }
-    }
-    for (i, g) in c.gpus.iter().enumerate() {
-        for (f, v) in [
-            ("uuid", &g.uuid),
-            ("serial", &g.serial),
-            ("model", &g.model),
-            ("pci_bus_id", &g.pci_bus_id),
-        ] {
-            check_len(format!("gpus[{i}].{f}"), v)?;
-        }
-    }
-    for (i, n) in c.collection_notes.iter().enumerate() {
-        check_len(format!("collection_notes[{i}]"), n)?;
-    }
-    Ok(HardwareClaims {
+    let claims = HardwareClaims {
         dmi: hardware::DmiClaims {
             system_uuid: dmi.system_uuid,
             system_serial: dmi.system_serial,
@@ -520,5 +468,9 @@ pub fn validate_claims(c: v1::HardwareClaims) -> Result<HardwareClaims, Status> 
         arch: c.arch,
         gpu_backend: c.gpu_backend,
         collection_notes: c.collection_notes,
-    })
+    };
+    claims
+        .check()
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok(claims)
 }
