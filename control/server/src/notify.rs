@@ -170,55 +170,6 @@ pub async fn sleep_or_stop(stop: &mut watch::Receiver<bool>, d: Duration) -> boo
 mod tests {
     use super::*;
     use std::net::SocketAddr;
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-
-    /// Copies `from` to `to` until either ends, or until `freeze` moves past `gen`: then it forwards nothing more
-    /// and holds both sockets open (a peer gone silent without a reset).
-    async fn pipe(
-        mut from: tokio::net::tcp::OwnedReadHalf,
-        mut to: tokio::net::tcp::OwnedWriteHalf,
-        mut freeze: watch::Receiver<u64>,
-        generation: u64,
-    ) {
-        let mut buf = vec![0u8; 16 << 10];
-        loop {
-            let frozen = async {
-                let _ = freeze.wait_for(|g| *g > generation).await;
-            };
-            tokio::select! {
-                n = from.read(&mut buf) => match n {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => if to.write_all(&buf[..n]).await.is_err() { return },
-                },
-                () = frozen => break,
-            }
-        }
-        // Silent from here on: both sockets stay open, nothing moves.
-        let _held = (from, to);
-        std::future::pending::<()>().await;
-    }
-
-    /// A TCP proxy to `to`; bumping the returned counter freezes every connection open at that moment.
-    async fn proxy(to: SocketAddr) -> (SocketAddr, watch::Sender<u64>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let at = listener.local_addr().expect("addr");
-        let (freeze, watching) = watch::channel(0u64);
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = tokio::net::TcpStream::connect(to).await else {
-                    continue;
-                };
-                let generation = *watching.borrow();
-                let (cr, cw) = client.into_split();
-                let (sr, sw) = server.into_split();
-                tokio::spawn(pipe(cr, sw, watching.clone(), generation));
-                tokio::spawn(pipe(sr, cw, watching.clone(), generation));
-            }
-        });
-        (at, freeze)
-    }
 
     async fn next(rx: &mut mpsc::Receiver<Notice>, what: &str) -> Notice {
         tokio::time::timeout(Duration::from_secs(15), rx.recv())
@@ -234,7 +185,11 @@ mod tests {
     async fn a_listening_connection_gone_silent_is_replaced() {
         let db = bc_store::testing::test_db().await;
         let direct = db.connect_options();
-        let (at, freeze) = proxy(SocketAddr::from(([127, 0, 0, 1], direct.get_port()))).await;
+        let (at, freeze) = bc_store::testing::freezing_proxy(SocketAddr::from((
+            [127, 0, 0, 1],
+            direct.get_port(),
+        )))
+        .await;
         let pool = bc_store::sqlx::postgres::PgPoolOptions::new()
             .max_connections(1)
             .connect_with(direct.clone().port(at.port()))

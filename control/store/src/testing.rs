@@ -6,6 +6,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const TEMPLATE: &str = "bc_template";
 const PREFIX: &str = "bc-test-pg-";
@@ -275,4 +276,56 @@ pub async fn misplaced_shards(
         out.extend(bad);
     }
     Ok(out)
+}
+
+/// Copies `from` to `to` until either ends, or until `freeze` moves past `generation`: then it forwards nothing more
+/// and holds both sockets open (a peer gone silent without a reset).
+async fn frozen_pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut freeze: tokio::sync::watch::Receiver<u64>,
+    generation: u64,
+) {
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let frozen = async {
+            let _ = freeze.wait_for(|g| *g > generation).await;
+        };
+        tokio::select! {
+            n = from.read(&mut buf) => match n {
+                Ok(0) | Err(_) => return,
+                Ok(n) => if to.write_all(&buf[..n]).await.is_err() { return },
+            },
+            () = frozen => break,
+        }
+    }
+    // Silent from here on: both sockets stay open, nothing moves.
+    let _held = (from, to);
+    std::future::pending::<()>().await;
+}
+
+/// A TCP proxy to `to` (a database) that can go silent: bumping the returned counter freezes every connection
+/// open at that moment (nothing forwarded, nothing closed: a primary cut off without a reset), while connections
+/// opened later pass as before (the host a failover moved to).
+pub async fn freezing_proxy(
+    to: std::net::SocketAddr,
+) -> (std::net::SocketAddr, tokio::sync::watch::Sender<u64>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let at = listener.local_addr().expect("addr");
+    let (freeze, watching) = tokio::sync::watch::channel(0u64);
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(to).await else {
+                continue;
+            };
+            let generation = *watching.borrow();
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            tokio::spawn(frozen_pipe(cr, sw, watching.clone(), generation));
+            tokio::spawn(frozen_pipe(sr, cw, watching.clone(), generation));
+        }
+    });
+    (at, freeze)
 }
