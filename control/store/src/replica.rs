@@ -20,6 +20,8 @@ pub struct Replicated {
     primary: Option<EmbeddedPostgres>,
     pub standby: EmbeddedPostgres,
     primary_port: u16,
+    /// The primary's processes stopped by [`Replicated::freeze_primary`], its postmaster first.
+    frozen: Vec<i32>,
 }
 
 fn step_err<'a>(
@@ -102,6 +104,7 @@ impl Replicated {
             primary_port: primary.port(),
             primary: Some(primary),
             standby,
+            frozen: Vec::new(),
         })
     }
 
@@ -119,11 +122,33 @@ impl Replicated {
             + "?target_session_attrs=read-write"
     }
 
-    /// SIGKILL the primary's postmaster (as a crash would) and wait for it. Its backends notice and exit.
+    /// SIGKILL the primary's postmaster (as a crash would) and wait for it. Its backends notice and exit; frozen
+    /// ones ([`Replicated::freeze_primary`]) are killed too.
     pub fn kill_primary(&mut self) {
+        for pid in self.frozen.drain(..).skip(1) {
+            signal(pid, libc::SIGKILL);
+        }
         if let Some(p) = self.primary.take() {
             p.kill();
         }
+    }
+
+    /// The primary hangs (a stalled disk, a VM paused): SIGSTOP its postmaster, then every process it started. Their
+    /// sockets stay open and the kernel still acknowledges what clients send, so no client sees an error, ever:
+    /// only its own deadlines tell it. [`Replicated::kill_primary`], or dropping this, ends them. Returns how many
+    /// processes were stopped.
+    pub fn freeze_primary(&mut self) -> usize {
+        let Some(root) = self.primary.as_ref().map(EmbeddedPostgres::pid) else {
+            return 0;
+        };
+        // The postmaster first, so it starts no process after the list is read.
+        signal(root, libc::SIGSTOP);
+        self.frozen = vec![root];
+        for pid in children_of(root) {
+            signal(pid, libc::SIGSTOP);
+            self.frozen.push(pid);
+        }
+        self.frozen.len()
     }
 
     /// Promotes the standby (`pg_promote`, waiting for it) and returns how long that took.
@@ -203,4 +228,42 @@ fn base_backup(primary: &EmbeddedPostgres, dir: &Path) -> Result<(), EmbeddedErr
         std::os::unix::fs::chown(&pw, Some(uid), Some(gid)).map_err(io_err("chown", &pw))?;
     }
     Ok(())
+}
+
+impl Drop for Replicated {
+    fn drop(&mut self) {
+        // A frozen primary would not answer the fast shutdown its drop asks for.
+        if !self.frozen.is_empty() {
+            self.kill_primary();
+        }
+    }
+}
+
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill(2) with a pid read from /proc as PostgreSQL's (the primary's postmaster, our child, or one of
+    // its children); no memory is touched.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// The pids whose parent is `parent` (`/proc/<pid>/stat`'s fourth field, after the command's parentheses).
+fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let after = stat.rsplit_once(')')?.1;
+                    after.split_whitespace().nth(1)?.parse::<i32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
 }
