@@ -107,14 +107,12 @@ impl Writers {
         for (t, e) in errs.iter().take(5) {
             println!("  {:.2} s: {e}", (*t - from).as_secs_f64());
         }
-        let keys = self
-            .acked
+        self.acked
             .lock()
             .expect("lock")
             .iter()
             .map(|(k, _)| *k)
-            .collect();
-        keys
+            .collect()
     }
 }
 
