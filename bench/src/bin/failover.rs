@@ -6,7 +6,7 @@
 //! `failover: <s> s to recover` (the latest role's first success after the kill). The peer in the same run is
 //! PostgreSQL's own promotion time (`pg_promote`, which the recovery includes).
 
-use bc_bench::failover::{Options, run};
+use bc_bench::failover::{Failure, Options, run};
 use bc_store::embedded::Durability;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,8 +17,15 @@ async fn main() -> anyhow::Result<()> {
     let bin =
         PathBuf::from(std::env::var("BC_BIN_DIR").unwrap_or_else(|_| "target/release".into()));
     let data = tempfile::tempdir()?;
+    // BC_FAILOVER_FAILURE=hang stops the primary (SIGSTOP) instead of killing it.
+    let failure = match std::env::var("BC_FAILOVER_FAILURE").as_deref() {
+        Ok("hang") => Failure::Hang,
+        Ok("kill") | Err(_) => Failure::Kill,
+        Ok(other) => anyhow::bail!("BC_FAILOVER_FAILURE={other}: use kill (the default) or hang"),
+    };
     let opts = Options {
         durability: Durability::Durable,
+        failure,
         daemons: 3,
         shard_lease_ms: 2000,
         before: Duration::from_secs(10),

@@ -28,6 +28,8 @@ use verify::verify;
 #[derive(Debug, Clone)]
 pub struct Options {
     pub durability: Durability,
+    /// How the primary fails.
+    pub failure: Failure,
     /// Real `bcd run` daemons in session.
     pub daemons: usize,
     pub shard_lease_ms: u64,
@@ -36,6 +38,16 @@ pub struct Options {
     pub after: Duration,
     /// How long the roles may take to recover before the scenario fails.
     pub deadline: Duration,
+}
+
+/// How the primary fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// SIGKILL, as a crash: its connections are reset, so every client learns at once.
+    Kill,
+    /// SIGSTOP of the postmaster and its processes, as a stalled disk or a paused VM: the connections stay open and
+    /// the kernel acknowledges what is sent, so no client learns but by its own deadlines.
+    Hang,
 }
 
 /// One role's first success after the kill.
@@ -514,8 +526,13 @@ pub async fn run(bin: &Path, dir: &Path, opts: &Options) -> anyhow::Result<Repor
     ));
     tokio::time::sleep(opts.before).await;
 
-    pg.kill_primary();
-    // From here on the old primary is gone (reaped): whatever commits after this, commits on the standby.
+    match opts.failure {
+        Failure::Kill => pg.kill_primary(),
+        Failure::Hang => {
+            pg.freeze_primary();
+        }
+    }
+    // From here on the old primary is gone (reaped) or stopped: whatever commits after this, commits on the standby.
     let kill_at = Instant::now();
     let kill_wall = SystemTime::now();
     let promote = pg.promote_standby().await?;

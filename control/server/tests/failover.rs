@@ -6,7 +6,7 @@
 //! every role works again, nothing acknowledged is lost, nothing is booked twice and no command runs twice
 //! ([`bc_bench::failover`], which `scripts/bench failover` runs in release).
 
-use bc_bench::failover::{Options, run};
+use bc_bench::failover::{Failure, Options, Report, run};
 use bc_store::embedded::Durability;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -37,14 +37,15 @@ fn binaries() -> PathBuf {
     dir
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_primary_is_replaced_by_its_standby_and_every_role_resumes_losing_nothing() {
+/// The scenario with the primary failing as `failure`; its report, or a panic naming the kept logs.
+async fn scenario(failure: Failure) -> Report {
     bc_proto::install_crypto_provider();
     let bin = binaries();
     let dir = tempfile::tempdir().expect("tempdir");
     let opts = Options {
         // fsync off (a throwaway cluster); synchronous commit stays on, which is what the standby's copy needs.
         durability: Durability::Throwaway,
+        failure,
         daemons: 2,
         shard_lease_ms: 2000,
         before: Duration::from_secs(5),
@@ -68,4 +69,17 @@ async fn a_killed_primary_is_replaced_by_its_standby_and_every_role_resumes_losi
         );
     }
     println!("failover: {:.1} s to recover", r.recovered.as_secs_f64());
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_replaced_by_its_standby_and_every_role_resumes_losing_nothing() {
+    scenario(Failure::Kill).await;
+}
+
+/// The primary hangs (SIGSTOP of its postmaster and processes): no connection is reset, so every process learns
+/// only by its deadlines, and calls in flight hold their connections until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_primary_is_replaced_by_its_standby_and_every_role_resumes_losing_nothing() {
+    scenario(Failure::Hang).await;
 }
