@@ -459,7 +459,7 @@ async fn first_after(
 pub async fn run(bin: &Path, dir: &Path, opts: &Options) -> anyhow::Result<Report> {
     let mut pg = Replicated::start(&dir.join("pg"), opts.durability, "bc").await?;
     let url = pg.url("bc");
-    let store = Store::new(bc_store::multihost::connect(&url, 8, Duration::from_secs(10)).await?);
+    let store = bc_store::multihost::connect(&url, 8, Duration::from_secs(10)).await?;
     bc_control::migrate(&store).await?;
     store.ensure_root_tenant().await?;
     store

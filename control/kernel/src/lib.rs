@@ -39,6 +39,6 @@ pub use plane::{
 };
 pub use reconcile::{ROLES, ReconcileCx, Reconciler, STEP_DEADLINE, StepCx, Stop, Tick, Worker};
 pub use registry::{ApiDocument, Empty, ListMethods, MethodEntry};
-pub use resources::Resources;
+pub use resources::{DatabaseMoves, Resources};
 pub use router::{KERNEL_PATHS, MAX_BODY, READY_DEADLINE, RouterState, check_strings, read_body};
 pub use schemars;

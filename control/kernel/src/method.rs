@@ -363,9 +363,28 @@ impl<M: ApiMethod> Method<M> {
         let deadline = self.deadline;
         let call = self.call.map(|call| -> CallFn {
             Arc::new(move |cx: Cx, body: serde_json::Value| {
+                let moved = crate::resources::next_move(cx.resources());
                 let running = call(cx, body);
                 Box::pin(async move {
-                    match tokio::time::timeout(deadline, running).await {
+                    let bounded = tokio::time::timeout(deadline, running);
+                    let answer = tokio::select! {
+                        answer = bounded => answer,
+                        () = moved => {
+                            tracing::warn!(
+                                group = M::GROUP,
+                                method = M::METHOD,
+                                "the database primary moved while a method ran; answered UNAVAILABLE"
+                            );
+                            return Err(ApiError::unavailable(format!(
+                                "{}.{} was cut short: the database primary moved while it ran; a change it made in \
+                                 a transaction was rolled back, one it had committed stands: read the state back \
+                                 before you retry",
+                                M::GROUP,
+                                M::METHOD,
+                            )));
+                        }
+                    };
+                    match answer {
                         Ok(answer) => answer,
                         Err(_) => {
                             tracing::warn!(
@@ -409,6 +428,47 @@ mod tests {
     /// A handler that waits on something that never answers (a query to a primary gone silent) is given up at
     /// the method's deadline with UNAVAILABLE naming the method; before, the caller waited as long as the
     /// connection lived. A handler that answers in time is untouched.
+    /// The database primary moves while a handler waits on the old one: the caller is answered UNAVAILABLE at the
+    /// move, not at the method's deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_in_flight_when_the_database_moves_is_answered_unavailable() {
+        let def = Method::<Stuck>::new()
+            .permission("compute:demo:stuck")
+            .handler(|_cx, _req: serde_json::Value| async move {
+                std::future::pending::<()>().await;
+                Ok(serde_json::Value::Null)
+            })
+            .into_def();
+        let call = def.call.expect("a handler");
+        let caller = Arc::new(Caller {
+            id: "p".into(),
+            tenant_id: "root".into(),
+            tenant_is_root: true,
+            grants: Vec::new(),
+        });
+        let (moves_tx, moves) = tokio::sync::watch::channel(0u64);
+        let mut resources = crate::resources::Resources::new();
+        resources.insert(crate::DatabaseMoves(moves));
+        let cx = Cx::new(Arc::new(resources), caller, Permission::AnyCaller);
+        let began = tokio::time::Instant::now();
+        let answer = tokio::spawn(call(cx, serde_json::json!({})));
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        moves_tx.send_modify(|n| *n += 1);
+        let e = tokio::time::timeout(std::time::Duration::from_secs(1), answer)
+            .await
+            .expect("answered at the move")
+            .expect("task")
+            .expect_err("cut short");
+        assert_eq!(began.elapsed(), std::time::Duration::from_secs(2));
+        assert_eq!(e.code(), crate::ApiCode::Unavailable);
+        assert!(
+            e.message()
+                .starts_with("demo.stuck was cut short: the database primary moved"),
+            "{}",
+            e.message()
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_handler_past_its_deadline_is_answered_unavailable() {
         let def = Method::<Stuck>::new()

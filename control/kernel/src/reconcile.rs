@@ -343,17 +343,27 @@ pub(crate) async fn step_loop(
             leases,
             pokes,
         };
-        match tokio::time::timeout(deadline, step(step_cx)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                let e: &(dyn std::error::Error + 'static) = e.as_ref();
-                tracing::warn!(reconciler = name, error = %bc_error_chain::InlineErrorChain::new(e), "step failed; retrying next tick");
+        let moved = crate::resources::next_move(&cx.resources);
+        tokio::select! {
+            r = tokio::time::timeout(deadline, step(step_cx)) => match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    let e: &(dyn std::error::Error + 'static) = e.as_ref();
+                    tracing::warn!(reconciler = name, error = %bc_error_chain::InlineErrorChain::new(e), "step failed; retrying next tick");
+                }
+                Err(_) => tracing::warn!(
+                    reconciler = name,
+                    deadline_s = deadline.as_secs_f64(),
+                    "step ran past its deadline and was dropped (what it had not committed rolled back); retrying next tick"
+                ),
+            },
+            () = moved => {
+                tracing::warn!(
+                    reconciler = name,
+                    "the database primary moved during the step: dropped (what it had not committed rolled back) and stepped again on the new primary"
+                );
+                tick.reset_immediately();
             }
-            Err(_) => tracing::warn!(
-                reconciler = name,
-                deadline_s = deadline.as_secs_f64(),
-                "step ran past its deadline and was dropped (what it had not committed rolled back); retrying next tick"
-            ),
         }
     }
 }
@@ -536,6 +546,74 @@ mod tests {
         assert!(
             (Duration::from_secs(5)..=Duration::from_secs(7)).contains(&second),
             "{second:?}"
+        );
+    }
+
+    /// The database primary moves while a step waits on the old one (gone silent, it would never answer): the step
+    /// is dropped at the move and the next one begins at once, not at the step's deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_step_in_flight_when_the_database_moves_is_dropped_and_stepped_again() {
+        let began = Arc::new(Mutex::new(Vec::new()));
+        let seen = began.clone();
+        let r = Reconciler::new("stuck-on-the-old-primary")
+            .tick(Tick::Every(Duration::from_secs(10)))
+            .step(move |_cx: StepCx| {
+                let seen = seen.clone();
+                async move {
+                    let n = {
+                        let mut b = seen.lock().expect("lock");
+                        b.push(tokio::time::Instant::now());
+                        b.len()
+                    };
+                    if n == 1 {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok::<(), Never>(())
+                }
+            });
+        let (moves_tx, moves) = watch::channel(0u64);
+        let mut resources = Resources::new();
+        resources.insert(crate::DatabaseMoves(moves));
+        let (_shards_tx, shards) = watch::channel(Arc::from(Vec::new()));
+        let (_pokes_tx, pokes) = mpsc::channel(1);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let cx = ReconcileCx {
+            resources: Arc::new(resources),
+            worker: Worker {
+                role: "controllers",
+                id: "w1".into(),
+            },
+            shards,
+            pokes,
+            tick: Duration::from_secs(10),
+            lease: Duration::from_secs(20),
+            membership: Arc::new(Fading {
+                answers: Mutex::new(1),
+                hang: false,
+            }),
+            stop: Stop::new(stop_rx),
+        };
+        let t0 = tokio::time::Instant::now();
+        let body = r.body.clone().expect("a step");
+        let task = tokio::spawn(run_body(&r, &body, cx));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        moves_tx.send_modify(|n| *n += 1);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let _ = stop_tx.send(true);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the loop ends at a stop")
+            .expect("loop");
+        let began = began.lock().expect("lock").clone();
+        assert_eq!(
+            began.len(),
+            2,
+            "one step held on the old primary, one after the move"
+        );
+        assert_eq!(
+            began[1] - t0,
+            Duration::from_secs(3),
+            "stepped again at the move"
         );
     }
 

@@ -122,3 +122,35 @@ mod tests {
         );
     }
 }
+
+/// The database's moves to another primary, counted (the server provides it when its pool follows the primary
+/// among several hosts, `bc_store::Store::primary_moves`). What still waits on the old primary when it moves may
+/// never be answered (a primary gone silent answers nothing, and nothing resets its connections), so at a move a
+/// reconciler's step in flight is dropped and stepped again, and a method in flight is answered UNAVAILABLE, at
+/// once instead of at their deadlines.
+#[derive(Clone, Debug)]
+pub struct DatabaseMoves(pub tokio::sync::watch::Receiver<u64>);
+
+impl DatabaseMoves {
+    /// Resolves at the first move after the call; never when the pool's watcher is gone.
+    pub async fn next(&self) {
+        let mut moves = self.0.clone();
+        moves.borrow_and_update();
+        if moves.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Resolves at the next move of the database in `resources` ([`DatabaseMoves`]); never when it provides none.
+pub(crate) fn next_move(
+    resources: &Resources,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let moves = resources.get::<DatabaseMoves>().cloned();
+    async move {
+        match moves {
+            Some(m) => m.next().await,
+            None => std::future::pending().await,
+        }
+    }
+}

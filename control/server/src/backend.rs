@@ -104,6 +104,9 @@ impl Backend for StoreBackend {
 
     fn provide(&self, resources: &mut Resources) {
         resources.insert(self.store.clone());
+        if let Some(moves) = self.store.primary_moves() {
+            resources.insert(bc_kernel::DatabaseMoves(moves));
+        }
     }
 
     fn authenticator(&self) -> Arc<dyn Authenticator> {

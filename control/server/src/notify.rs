@@ -45,12 +45,20 @@ pub fn listen(
     channels: &[&'static str],
     stop: watch::Receiver<bool>,
 ) -> mpsc::Receiver<Notice> {
-    listen_with(store.pool().clone(), channels, stop, LIVENESS)
+    listen_with(
+        store.pool().clone(),
+        store.primary_moves(),
+        channels,
+        stop,
+        LIVENESS,
+    )
 }
 
-/// [`listen`] on `pool`'s database with `liveness` (tests shorten it).
+/// [`listen`] on `pool`'s database with `liveness` (tests shorten it). `moves` counts the pool's moves to another
+/// primary: at one the listening connection follows at once (it would wait on the old primary until its probe).
 pub fn listen_with(
     pool: PgPool,
+    mut moves: Option<watch::Receiver<u64>>,
     channels: &[&'static str],
     mut stop: watch::Receiver<bool>,
     liveness: Liveness,
@@ -94,8 +102,24 @@ pub fn listen_with(
                 return;
             }
             let mut probe_at = tokio::time::Instant::now() + liveness.every;
+            if let Some(m) = moves.as_mut() {
+                m.borrow_and_update();
+            }
             loop {
+                let moved = async {
+                    let followed = match moves.as_mut() {
+                        Some(m) => m.changed().await.is_ok(),
+                        None => false,
+                    };
+                    if !followed {
+                        std::future::pending::<()>().await;
+                    }
+                };
                 tokio::select! {
+                    () = moved => {
+                        tracing::warn!("the database primary moved; the LISTEN connection follows it");
+                        break;
+                    }
                     n = listener.try_recv() => {
                         probe_at = tokio::time::Instant::now() + liveness.every;
                         match n {
@@ -198,6 +222,7 @@ mod tests {
         let (stop_tx, stop) = watch::channel(false);
         let mut rx = listen_with(
             pool,
+            None,
             &["bc_test_liveness"],
             stop,
             Liveness {

@@ -121,7 +121,7 @@ pub async fn connect(url: &str) -> anyhow::Result<Store> {
     // Each host is given 10 s to answer, so a database that refuses or does not answer is named at once: a pool
     // would retry in silence for 30 s and then say only "pool timed out".
     const PROBE: std::time::Duration = std::time::Duration::from_secs(10);
-    let pool = bc_store::multihost::connect(url, 64, PROBE)
+    bc_store::multihost::connect(url, 64, PROBE)
         .await
         .map_err(|e| match e {
             bc_store::multihost::TargetsError::NoHost { .. } => anyhow::anyhow!(
@@ -129,6 +129,5 @@ pub async fn connect(url: &str) -> anyhow::Result<Store> {
                  that nothing drops the traffic)"
             ),
             e => anyhow::Error::new(e).context("connecting to PostgreSQL"),
-        })?;
-    Ok(Store::new(pool))
+        })
 }

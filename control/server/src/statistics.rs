@@ -24,7 +24,13 @@ pub async fn run(store: Store, tables: Vec<&'static str>, mut stop: watch::Recei
                 }
             }
         }
-        match store.refresh_stale_statistics(&tables).await {
+        // Bounded, and cut short when the pool moves to another primary (`Store::within`).
+        let refreshed = store.within(
+            "checking planner statistics",
+            bc_kernel::STEP_DEADLINE,
+            store.refresh_stale_statistics(&tables),
+        );
+        match refreshed.await {
             Ok(tables) if !tables.is_empty() => tracing::info!(
                 ?tables,
                 "analyzed tables that outgrew the planner's estimate"

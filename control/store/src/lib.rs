@@ -38,6 +38,8 @@ pub use sqlx;
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: PgPool,
+    /// Counts the pool's moves to another primary ([`multihost`]); `None` for a pool on one host.
+    moves: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,11 +52,65 @@ pub enum StoreError {
     Conflict(String),
     #[error("stored value is invalid: {0}")]
     Corrupt(String),
+    /// A call given up ([`Store::within`]): past its deadline, or cut short when the pool moved to another
+    /// primary. What it had not committed was rolled back.
+    #[error("{0}")]
+    Cut(String),
 }
 
 impl Store {
     pub fn new(pool: PgPool) -> Store {
-        Store { pool }
+        Store { pool, moves: None }
+    }
+
+    /// A store whose pool follows the primary among several hosts, `moves` counting each move
+    /// ([`multihost::connect`]).
+    pub fn following(pool: PgPool, moves: tokio::sync::watch::Receiver<u64>) -> Store {
+        Store {
+            pool,
+            moves: Some(moves),
+        }
+    }
+
+    /// `call` within `deadline`, and cut short when the pool moves to another primary ([`Store::primary_moves`]):
+    /// a call waiting on a primary gone silent would otherwise wait as long as its connection lives (for ever on
+    /// one that hangs). A loop that must go on (a batcher, a scheduler) runs each round through this. `what` names
+    /// the call in the error ([`StoreError::Cut`]).
+    pub async fn within<T>(
+        &self,
+        what: &str,
+        deadline: std::time::Duration,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let mut moves = self.moves.clone();
+        let moved = async {
+            let seen = match moves.as_mut() {
+                Some(m) => {
+                    m.borrow_and_update();
+                    m.changed().await.is_ok()
+                }
+                None => false,
+            };
+            if !seen {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            r = tokio::time::timeout(deadline, call) => r.unwrap_or_else(|_| {
+                Err(StoreError::Cut(format!(
+                    "{what}: the database did not answer within {deadline:?}"
+                )))
+            }),
+            () = moved => Err(StoreError::Cut(format!(
+                "{what}: cut short, the database primary moved while it ran"
+            ))),
+        }
+    }
+
+    /// The count of the pool's moves to another primary, watched: a change says that whatever still waits on the
+    /// old primary (which may never answer: one gone silent) can be given up. `None` for a pool on one host.
+    pub fn primary_moves(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.moves.clone()
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -80,13 +136,14 @@ impl bc_core::api::Coded for StoreError {
         match self {
             StoreError::NotFound { .. } => ApiCode::NotFound,
             StoreError::Conflict(_) => ApiCode::Conflict,
-            StoreError::Db(_) | StoreError::Corrupt(_) => ApiCode::Unavailable,
+            StoreError::Db(_) | StoreError::Corrupt(_) | StoreError::Cut(_) => ApiCode::Unavailable,
         }
     }
 
     fn public_message(&self) -> String {
         match self {
             StoreError::NotFound { .. } | StoreError::Conflict(_) => self.to_string(),
+            StoreError::Cut(why) => format!("{why}; retry"),
             StoreError::Db(_) | StoreError::Corrupt(_) => {
                 "the database is unavailable; retry later".into()
             }

@@ -233,6 +233,8 @@ struct Shared {
     /// When the pool last switched hosts: connections older than that are dropped when next handed out.
     switched: Mutex<Option<Instant>>,
     wake: tokio::sync::Notify,
+    /// Counts the moves to another host ([`crate::Store::primary_moves`]).
+    moves: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
@@ -242,13 +244,14 @@ impl Shared {
     }
 }
 
-/// A pool of up to `max_connections` on the database at `url` (one host or several, see the module's doc). The
-/// first host that qualifies is found within `first_timeout` per host, or the error names why each did not.
+/// A store on a pool of up to `max_connections` on the database at `url` (one host or several, see the module's
+/// doc). The first host that qualifies is found within `first_timeout` per host, or the error names why each did
+/// not. With several hosts the store counts the pool's moves ([`crate::Store::primary_moves`]).
 pub async fn connect(
     url: &str,
     max_connections: u32,
     first_timeout: Duration,
-) -> Result<PgPool, TargetsError> {
+) -> Result<crate::Store, TargetsError> {
     let mut targets = Targets::parse(url)?;
     for host in &mut targets.hosts {
         host.options = host
@@ -265,6 +268,7 @@ pub async fn connect(
         current: AtomicUsize::new(first),
         switched: Mutex::new(None),
         wake: tokio::sync::Notify::new(),
+        moves: tokio::sync::watch::Sender::new(0),
     });
     let mut pool = PgPoolOptions::new().max_connections(max_connections);
     if attrs == SessionAttrs::ReadWrite {
@@ -298,11 +302,13 @@ pub async fn connect(
         .map_err(TargetsError::Pool)?;
     if watched {
         tracing::info!(host = %shared.targets.hosts[first].label, hosts = shared.targets.hosts.len(), "database host chosen");
+        let moves = shared.moves.subscribe();
         tokio::spawn(watch(pool.clone(), shared, probe));
+        Ok(crate::Store::following(pool, moves))
     } else {
         let _ = probe.close().await;
+        Ok(crate::Store::new(pool))
     }
-    Ok(pool)
 }
 
 /// Keeps the pool on a host that qualifies until the pool is closed.
@@ -337,6 +343,7 @@ async fn watch(pool: PgPool, shared: Arc<Shared>, probe: PgConnection) {
                         Some(Instant::now());
                     shared.current.store(i, Ordering::Relaxed);
                     pool.set_connect_options(shared.targets.hosts[i].options.clone());
+                    shared.moves.send_modify(|n| *n += 1);
                     tracing::warn!(
                         from = %shared.targets.hosts[current].label,
                         to = %shared.targets.hosts[i].label,

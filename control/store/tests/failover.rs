@@ -125,7 +125,9 @@ async fn replicated_with_table(
         .expect("primary and standby");
     let pool = multihost::connect(&pg.url("bc"), max_connections, Duration::from_secs(10))
         .await
-        .expect("pool");
+        .expect("pool")
+        .pool()
+        .clone();
     sqlx::query("CREATE TABLE acked (k bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())")
         .execute(&pool)
         .await

@@ -474,7 +474,17 @@ pub(crate) fn decisions_reconciler() -> Reconciler {
             loop {
                 tokio::select! {
                     n = cx.pokes.recv() => match (n, &capacity) {
-                        (Some(Notice::Message { payload, .. }), Some(c)) => c.decisions.decided(&c.store, &payload).await,
+                        (Some(Notice::Message { payload, .. }), Some(c)) => {
+                            // Bounded, and cut short when the pool moves to another primary: the waiting calls
+                            // read their decisions back on their own deadline.
+                            let handed = c.store.within("handing out decisions", bc_kernel::STEP_DEADLINE, async {
+                                c.decisions.decided(&c.store, &payload).await;
+                                Ok(())
+                            });
+                            if let Err(e) = handed.await {
+                                tracing::warn!(error = %e, "handing out placement decisions failed");
+                            }
+                        }
                         (Some(_), _) => {}
                         // The listener ended: the process is stopping.
                         (None, _) => break,

@@ -9,7 +9,7 @@ use crate::pool_lease::Held;
 use crate::view::View;
 use crate::{PlacementObserver, Placer};
 use bc_core::reservation::ReservationRequest;
-use bc_kernel::{Notice, ReconcileCx};
+use bc_kernel::{Notice, ReconcileCx, STEP_DEADLINE};
 use bc_store::Store;
 use bc_store::reservations::{CAPACITY_CHANNEL, Decision};
 use std::collections::HashSet;
@@ -73,8 +73,16 @@ pub async fn run(run: Run, mut cx: ReconcileCx) {
         while let Ok(n) = cx.pokes.try_recv() {
             s.heard(n);
         }
+        // Each database wait is bounded as a step is (bc_kernel::STEP_DEADLINE) and cut short when the pool moves
+        // to another primary: a round waiting on a primary that hangs would otherwise hold the scheduler for good.
+        let store = run.store.clone();
         if Instant::now() >= membership_due {
-            membership_due = match held.renew(&run.store, &run.worker, run.lease).await {
+            let renewed = store.within(
+                "scheduler membership",
+                STEP_DEADLINE,
+                held.renew(&run.store, &run.worker, run.lease),
+            );
+            membership_due = match renewed.await {
                 Ok(()) => Instant::now() + run.lease / 4,
                 Err(e) => {
                     tracing::warn!(error = %e, "scheduler membership failed");
@@ -87,10 +95,21 @@ pub async fn run(run: Run, mut cx: ReconcileCx) {
             s.named.clear();
             continue;
         }
-        if !s.converge_view(&run).await {
-            continue;
+        let converged = store.within("loading the capacity view", STEP_DEADLINE, async {
+            Ok(s.converge_view(&run).await)
+        });
+        match converged.await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "loading the capacity view failed; reloading it");
+                s.loaded_at = None;
+                s.scan = true;
+                continue;
+            }
         }
-        if let Err(e) = s.round(&run, &mut held).await {
+        let round = store.within("a placement round", STEP_DEADLINE, s.round(&run, &mut held));
+        if let Err(e) = round.await {
             tracing::warn!(error = %e, "placement round failed; reloading capacity and scanning the queue");
             s.loaded_at = None;
             s.named.clear();

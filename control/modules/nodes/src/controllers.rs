@@ -4,7 +4,7 @@
 //! sooner.
 
 use bc_core::gateways::GatewayWatch;
-use bc_kernel::{Notice, ReconcileCx};
+use bc_kernel::{Notice, ReconcileCx, STEP_DEADLINE};
 use bc_store::Store;
 use bc_store::work::ShardLease;
 
@@ -117,8 +117,15 @@ pub async fn run(mut cx: ReconcileCx) {
         if leases.is_empty() {
             continue;
         }
+        // Each database wait is bounded as a step is and cut short when the pool moves to another primary
+        // (`Store::within`): a round waiting on a primary that hangs would otherwise hold this loop for good.
         if !outbox_only {
-            match store.run_due_expiries(ROLE, &worker, &leases, 500).await {
+            let expired = store.within(
+                "an expiry round",
+                STEP_DEADLINE,
+                store.run_due_expiries(ROLE, &worker, &leases, 500),
+            );
+            match expired.await {
                 Ok(ended) => {
                     for r in ended {
                         tracing::info!(reservation = %r.id, nodes = ?r.nodes, "reservation expired; GPUs freed");
@@ -131,10 +138,21 @@ pub async fn run(mut cx: ReconcileCx) {
                 swept_with.clone_from(&leases);
             }
             let now_ms = i64::try_from(clock.elapsed().as_millis()).unwrap_or(i64::MAX);
-            silent_gateways(&store, &mut watch, (&worker, &leases), now_ms).await;
+            let swept = store.within("sweeping silent gateways", STEP_DEADLINE, async {
+                silent_gateways(&store, &mut watch, (&worker, &leases), now_ms).await;
+                Ok(())
+            });
+            if let Err(e) = swept.await {
+                tracing::warn!(error = %e, "sweeping silent gateways failed");
+            }
         }
         loop {
-            match store.drain_outbox(ROLE, &worker, &leases, 1000).await {
+            let drained = store.within(
+                "draining the outbox",
+                STEP_DEADLINE,
+                store.drain_outbox(ROLE, &worker, &leases, 1000),
+            );
+            match drained.await {
                 Ok(n) if n >= 1000 => continue,
                 Ok(_) => break,
                 Err(e) => {

@@ -22,6 +22,8 @@ use tonic::Status;
 const MAX_SEALED: usize = 512;
 const MAX_CSR: usize = 8 * 1024;
 const MAX_STRING: usize = hardware::MAX_CLAIM;
+/// How long one batch's commit may take.
+const COMMIT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 /// Join tokens kept in memory (cleared when full).
 const TOKEN_CACHE: usize = 4096;
 /// Most joins one transaction commits.
@@ -356,10 +358,15 @@ async fn commit_loop(store: Store, mut rx: mpsc::Receiver<Job>) {
             jobs = rest;
             let candidates: Vec<JoinCandidate> =
                 group.iter().map(|j| j.candidate.clone()).collect();
-            match store
-                .commit_joins(&token, &pool, &candidates, unix_ms(now()))
-                .await
-            {
+            // Bounded, and cut short when the pool moves to another primary: a batch waiting on a primary that
+            // hangs would otherwise hold every join after it for good. A node told to retry joins again with the
+            // same key and token (its replay window answers a join that did commit).
+            let committed = store.within(
+                "committing joins",
+                COMMIT_DEADLINE,
+                store.commit_joins(&token, &pool, &candidates, unix_ms(now())),
+            );
+            match committed.await {
                 Ok(outcomes) => {
                     for (job, outcome) in group.into_iter().zip(outcomes) {
                         let _ = job.reply.send(Ok(outcome));

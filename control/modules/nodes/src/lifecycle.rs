@@ -172,7 +172,13 @@ pub async fn run(mut cx: ReconcileCx) {
         }
         while cx.pokes.try_recv().is_ok() {}
         let mine: Vec<i16> = cx.shards.borrow().iter().map(|l| l.shard.get()).collect();
-        if let Err(e) = step(&store, &timing, &mine, crate::now_ms()).await {
+        // Bounded as a step is, and cut short when the pool moves to another primary (`Store::within`).
+        let stepped = store.within(
+            "a lifecycle step",
+            bc_kernel::STEP_DEADLINE,
+            step(&store, &timing, &mine, crate::now_ms()),
+        );
+        if let Err(e) = stepped.await {
             tracing::warn!(error = %e, "lifecycle step failed; retrying next tick");
         }
     }

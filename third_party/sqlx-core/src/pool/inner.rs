@@ -473,6 +473,27 @@ async fn check_idle_conn<DB: Database>(
     mut conn: Floating<DB, Idle<DB>>,
     options: &PoolOptions<DB>,
 ) -> Result<Floating<DB, Live<DB>>, DecrementSizeGuard<DB>> {
+    // Better Compute patch: the hook first. A connection it rejects is closed without being pinged: after a
+    // failover, `bc_store::multihost`'s hook rejects every connection opened before it without I/O, where each
+    // one's ping to the old primary, gone silent, would cost its full timeout.
+    if let Some(test) = &options.before_acquire {
+        let meta = conn.metadata();
+        match test(&mut conn.live.raw, meta).await {
+            Ok(false) => {
+                // connection was rejected by user-defined hook, close nicely
+                return Err(conn.close().await);
+            }
+
+            Err(error) => {
+                tracing::warn!(%error, "error from `before_acquire`");
+                // connection is broken so don't try to close nicely
+                return Err(conn.close_hard().await);
+            }
+
+            Ok(true) => {}
+        }
+    }
+
     if options.test_before_acquire {
         // Check that the connection is still live
         // Better Compute patch: within PING_ON_ACQUIRE_TIMEOUT. An idle connection to a database gone silent
@@ -497,24 +518,6 @@ async fn check_idle_conn<DB: Database>(
                 drop(inner);
                 return Err(guard);
             }
-        }
-    }
-
-    if let Some(test) = &options.before_acquire {
-        let meta = conn.metadata();
-        match test(&mut conn.live.raw, meta).await {
-            Ok(false) => {
-                // connection was rejected by user-defined hook, close nicely
-                return Err(conn.close().await);
-            }
-
-            Err(error) => {
-                tracing::warn!(%error, "error from `before_acquire`");
-                // connection is broken so don't try to close nicely
-                return Err(conn.close_hard().await);
-            }
-
-            Ok(true) => {}
         }
     }
 
