@@ -425,6 +425,15 @@ mod tests {
 
     crate::api_method!(Stuck = "demo" / "stuck": serde_json::Value => serde_json::Value);
 
+    fn root_caller() -> Arc<Caller> {
+        Arc::new(Caller {
+            id: "p".into(),
+            tenant_id: "root".into(),
+            tenant_is_root: true,
+            grants: Vec::new(),
+        })
+    }
+
     /// A handler that waits on something that never answers (a query to a primary gone silent) is given up at
     /// the method's deadline with UNAVAILABLE naming the method; before, the caller waited as long as the
     /// connection lived. A handler that answers in time is untouched.
@@ -440,12 +449,7 @@ mod tests {
             })
             .into_def();
         let call = def.call.expect("a handler");
-        let caller = Arc::new(Caller {
-            id: "p".into(),
-            tenant_id: "root".into(),
-            tenant_is_root: true,
-            grants: Vec::new(),
-        });
+        let caller = root_caller();
         let (moves_tx, moves) = tokio::sync::watch::channel(0u64);
         let mut resources = crate::resources::Resources::new();
         resources.insert(crate::DatabaseMoves(moves));
@@ -482,12 +486,7 @@ mod tests {
             .deadline(std::time::Duration::from_secs(5))
             .into_def();
         let call = def.call.expect("a handler");
-        let caller = Arc::new(Caller {
-            id: "p".into(),
-            tenant_id: "root".into(),
-            tenant_is_root: true,
-            grants: Vec::new(),
-        });
+        let caller = root_caller();
         let cx = || {
             Cx::new(
                 Arc::new(crate::resources::Resources::new()),

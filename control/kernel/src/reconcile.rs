@@ -484,17 +484,17 @@ mod tests {
     #[error("never")]
     struct Never;
 
-    /// A step that never returns (a query to a primary gone silent) is dropped at the step deadline and the
-    /// reconciler steps again on its next tick; before, the first such step held the reconciler for good.
-    #[tokio::test(start_paused = true)]
-    async fn a_step_past_its_deadline_is_dropped_and_the_next_tick_steps_again() {
-        let began = Arc::new(Mutex::new(Vec::new()));
-        let seen = began.clone();
-        let r = Reconciler::new("stuck")
-            .tick(Tick::Every(Duration::from_secs(1)))
-            .step_deadline(Duration::from_secs(5))
+    /// A reconciler ticking every `tick` whose first step never returns (a query to a primary gone silent) and whose
+    /// later ones return at once.
+    fn hangs_first(
+        name: &'static str,
+        tick: Duration,
+        began: Arc<Mutex<Vec<tokio::time::Instant>>>,
+    ) -> Reconciler {
+        Reconciler::new(name)
+            .tick(Tick::Every(tick))
             .step(move |_cx: StepCx| {
-                let seen = seen.clone();
+                let seen = began.clone();
                 async move {
                     let n = {
                         let mut b = seen.lock().expect("lock");
@@ -506,74 +506,18 @@ mod tests {
                     }
                     Ok::<(), Never>(())
                 }
-            });
-        let (_shards_tx, shards) = watch::channel(Arc::from(Vec::new()));
-        let (_pokes_tx, pokes) = mpsc::channel(1);
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let cx = ReconcileCx {
-            resources: Arc::new(Resources::new()),
-            worker: Worker {
-                role: "controllers",
-                id: "w1".into(),
-            },
-            shards,
-            pokes,
-            tick: Duration::from_secs(1),
-            lease: Duration::from_secs(20),
-            membership: Arc::new(Fading {
-                answers: Mutex::new(1),
-                hang: false,
-            }),
-            stop: Stop::new(stop_rx),
-        };
-        let t0 = tokio::time::Instant::now();
-        let body = r.body.clone().expect("a step");
-        let task = tokio::spawn(run_body(&r, &body, cx));
-        tokio::time::sleep(Duration::from_secs(30)).await;
-        let _ = stop_tx.send(true);
-        tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .expect("the loop ends at a stop")
-            .expect("loop");
-        let began = began.lock().expect("lock").clone();
-        assert!(
-            began.len() >= 2,
-            "the stuck first step held the reconciler: {} steps in 30 s",
-            began.len()
-        );
-        // The second step began when the first was dropped (5 s) and the next tick came (within 1 s more).
-        let second = began[1] - t0;
-        assert!(
-            (Duration::from_secs(5)..=Duration::from_secs(7)).contains(&second),
-            "{second:?}"
-        );
+            })
     }
 
-    /// The database primary moves while a step waits on the old one (gone silent, it would never answer): the step
-    /// is dropped at the move and the next one begins at once, not at the step's deadline.
-    #[tokio::test(start_paused = true)]
-    async fn a_step_in_flight_when_the_database_moves_is_dropped_and_stepped_again() {
-        let began = Arc::new(Mutex::new(Vec::new()));
-        let seen = began.clone();
-        let r = Reconciler::new("stuck-on-the-old-primary")
-            .tick(Tick::Every(Duration::from_secs(10)))
-            .step(move |_cx: StepCx| {
-                let seen = seen.clone();
-                async move {
-                    let n = {
-                        let mut b = seen.lock().expect("lock");
-                        b.push(tokio::time::Instant::now());
-                        b.len()
-                    };
-                    if n == 1 {
-                        std::future::pending::<()>().await;
-                    }
-                    Ok::<(), Never>(())
-                }
-            });
-        let (moves_tx, moves) = watch::channel(0u64);
-        let mut resources = Resources::new();
-        resources.insert(crate::DatabaseMoves(moves));
+    /// Runs `r` (ticking every `tick`) with `resources` while `during` runs, then stops it; when each of its steps
+    /// began, from the start.
+    async fn steps_while(
+        r: Reconciler,
+        resources: Resources,
+        tick: Duration,
+        began: Arc<Mutex<Vec<tokio::time::Instant>>>,
+        during: impl std::future::Future<Output = ()>,
+    ) -> Vec<Duration> {
         let (_shards_tx, shards) = watch::channel(Arc::from(Vec::new()));
         let (_pokes_tx, pokes) = mpsc::channel(1);
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -585,7 +529,7 @@ mod tests {
             },
             shards,
             pokes,
-            tick: Duration::from_secs(10),
+            tick,
             lease: Duration::from_secs(20),
             membership: Arc::new(Fading {
                 answers: Mutex::new(1),
@@ -596,24 +540,58 @@ mod tests {
         let t0 = tokio::time::Instant::now();
         let body = r.body.clone().expect("a step");
         let task = tokio::spawn(run_body(&r, &body, cx));
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        moves_tx.send_modify(|n| *n += 1);
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        during.await;
         let _ = stop_tx.send(true);
         tokio::time::timeout(Duration::from_secs(10), task)
             .await
             .expect("the loop ends at a stop")
             .expect("loop");
         let began = began.lock().expect("lock").clone();
-        assert_eq!(
-            began.len(),
-            2,
-            "one step held on the old primary, one after the move"
+        began.iter().map(|b| *b - t0).collect()
+    }
+
+    /// A step that never returns (a query to a primary gone silent) is dropped at the step deadline and the
+    /// reconciler steps again on its next tick; before, the first such step held the reconciler for good.
+    #[tokio::test(start_paused = true)]
+    async fn a_step_past_its_deadline_is_dropped_and_the_next_tick_steps_again() {
+        let began = Arc::new(Mutex::new(Vec::new()));
+        let tick = Duration::from_secs(1);
+        let r = hangs_first("stuck", tick, began.clone()).step_deadline(Duration::from_secs(5));
+        let during = tokio::time::sleep(Duration::from_secs(30));
+        let began = steps_while(r, Resources::new(), tick, began, during).await;
+        assert!(
+            began.len() >= 2,
+            "the stuck first step held the reconciler: {} steps in 30 s",
+            began.len()
         );
+        // The second step began when the first was dropped (5 s) and the next tick came (within 1 s more).
+        assert!(
+            (Duration::from_secs(5)..=Duration::from_secs(7)).contains(&began[1]),
+            "{:?}",
+            began[1]
+        );
+    }
+
+    /// The database primary moves while a step waits on the old one (gone silent, it would never answer): the step
+    /// is dropped at the move and the next one begins at once, not at the step's deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_step_in_flight_when_the_database_moves_is_dropped_and_stepped_again() {
+        let began = Arc::new(Mutex::new(Vec::new()));
+        let tick = Duration::from_secs(10);
+        let r = hangs_first("stuck-on-the-old-primary", tick, began.clone());
+        let (moves_tx, moves) = watch::channel(0u64);
+        let mut resources = Resources::new();
+        resources.insert(crate::DatabaseMoves(moves));
+        let during = async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            moves_tx.send_modify(|n| *n += 1);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        let began = steps_while(r, resources, tick, began, during).await;
         assert_eq!(
-            began[1] - t0,
-            Duration::from_secs(3),
-            "stepped again at the move"
+            began,
+            [Duration::ZERO, Duration::from_secs(3)],
+            "one step held on the old primary, one at the move"
         );
     }
 

@@ -106,17 +106,8 @@ pub fn listen_with(
                 m.borrow_and_update();
             }
             loop {
-                let moved = async {
-                    let followed = match moves.as_mut() {
-                        Some(m) => m.changed().await.is_ok(),
-                        None => false,
-                    };
-                    if !followed {
-                        std::future::pending::<()>().await;
-                    }
-                };
                 tokio::select! {
-                    () = moved => {
+                    () = next_move(&mut moves) => {
                         tracing::warn!("the database primary moved; the LISTEN connection follows it");
                         break;
                     }
@@ -177,6 +168,17 @@ pub fn listen_with(
         }
     });
     rx
+}
+
+/// Resolves at the pool's next move to another primary; never when it has no moves to count.
+async fn next_move(moves: &mut Option<watch::Receiver<u64>>) {
+    let followed = match moves.as_mut() {
+        Some(m) => m.changed().await.is_ok(),
+        None => false,
+    };
+    if !followed {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Sleeps for `d`; true when `stop` fired first.

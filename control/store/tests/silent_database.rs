@@ -7,19 +7,55 @@ use bc_store::sqlx;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_given_up_on_a_silent_database_are_replaced() {
+/// Real PostgreSQL behind a proxy that freezes on demand (`bc_store::testing::freezing_proxy`), and a pool of 2 on
+/// it made with `options` (a 10 s acquire timeout). The database is kept for as long as the pool is used.
+async fn through_freezing_proxy(
+    options: sqlx::postgres::PgPoolOptions,
+) -> (
+    bc_store::testing::TestDb,
+    sqlx::PgPool,
+    tokio::sync::watch::Sender<u64>,
+) {
     let db = bc_store::testing::test_db().await;
     let direct = db.connect_options();
     let (at, freeze) =
         bc_store::testing::freezing_proxy(SocketAddr::from(([127, 0, 0, 1], direct.get_port())))
             .await;
-    let pool = sqlx::postgres::PgPoolOptions::new()
+    let pool = options
         .max_connections(2)
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(direct.clone().port(at.port()))
         .await
         .expect("pool through the proxy");
+    (db, pool, freeze)
+}
+
+/// How long the next query took once both of `pool`'s connections, idle, went silent (`frozen` runs as they do).
+async fn served_after_the_idle_connections_froze(
+    pool: &sqlx::PgPool,
+    freeze: &tokio::sync::watch::Sender<u64>,
+    frozen: impl FnOnce(),
+) -> Duration {
+    drop((
+        pool.acquire().await.expect("first"),
+        pool.acquire().await.expect("second"),
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(pool.num_idle(), 2);
+    freeze.send_modify(|g| *g += 1);
+    frozen();
+    let t = Instant::now();
+    let r = sqlx::query_scalar::<_, i32>("SELECT 3")
+        .fetch_one(pool)
+        .await;
+    let waited = t.elapsed();
+    assert!(matches!(r, Ok(3)), "after {waited:?}: {r:?}");
+    waited
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_given_up_on_a_silent_database_are_replaced() {
+    let (_db, pool, freeze) = through_freezing_proxy(sqlx::postgres::PgPoolOptions::new()).await;
 
     // Both of the pool's connections are taken, then the database goes silent under them.
     let mut taken = vec![
@@ -58,32 +94,8 @@ async fn connections_given_up_on_a_silent_database_are_replaced() {
 /// each silent connection is given up after its ping's few seconds and a new connection serves the call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_on_a_silent_database_do_not_fail_the_next_call() {
-    let db = bc_store::testing::test_db().await;
-    let direct = db.connect_options();
-    let (at, freeze) =
-        bc_store::testing::freezing_proxy(SocketAddr::from(([127, 0, 0, 1], direct.get_port())))
-            .await;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_with(direct.clone().port(at.port()))
-        .await
-        .expect("pool through the proxy");
-    // Two connections, both idle in the pool.
-    drop((
-        pool.acquire().await.expect("first"),
-        pool.acquire().await.expect("second"),
-    ));
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(pool.num_idle(), 2);
-    freeze.send_modify(|g| *g += 1);
-
-    let t = Instant::now();
-    let r = sqlx::query_scalar::<_, i32>("SELECT 3")
-        .fetch_one(&pool)
-        .await;
-    let waited = t.elapsed();
-    assert!(matches!(r, Ok(3)), "after {waited:?}: {r:?}");
+    let (_db, pool, freeze) = through_freezing_proxy(sqlx::postgres::PgPoolOptions::new()).await;
+    let waited = served_after_the_idle_connections_froze(&pool, &freeze, || {}).await;
     println!("served {waited:?} after its idle connections went silent");
     assert!(waited < Duration::from_secs(9), "{waited:?}");
 }
@@ -93,41 +105,20 @@ async fn idle_connections_on_a_silent_database_do_not_fail_the_next_call() {
 /// next call is served at once by a new connection instead of after a ping's timeout for each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_the_pool_rejects_are_not_pinged_first() {
-    let db = bc_store::testing::test_db().await;
-    let direct = db.connect_options();
-    let (at, freeze) =
-        bc_store::testing::freezing_proxy(SocketAddr::from(([127, 0, 0, 1], direct.get_port())))
-            .await;
     let moved_at: std::sync::Arc<std::sync::Mutex<Option<Instant>>> = Default::default();
     let moved = moved_at.clone();
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(10))
-        .before_acquire(move |_, meta| {
-            let stale = moved
-                .lock()
-                .expect("lock")
-                .is_some_and(|at| meta.age > at.elapsed());
-            Box::pin(async move { Ok(!stale) })
-        })
-        .connect_with(direct.clone().port(at.port()))
-        .await
-        .expect("pool through the proxy");
-    drop((
-        pool.acquire().await.expect("first"),
-        pool.acquire().await.expect("second"),
-    ));
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(pool.num_idle(), 2);
-    freeze.send_modify(|g| *g += 1);
-    *moved_at.lock().expect("lock") = Some(Instant::now());
-
-    let t = Instant::now();
-    let r = sqlx::query_scalar::<_, i32>("SELECT 4")
-        .fetch_one(&pool)
-        .await;
-    let waited = t.elapsed();
-    assert!(matches!(r, Ok(4)), "after {waited:?}: {r:?}");
+    let options = sqlx::postgres::PgPoolOptions::new().before_acquire(move |_, meta| {
+        let stale = moved
+            .lock()
+            .expect("lock")
+            .is_some_and(|at| meta.age > at.elapsed());
+        Box::pin(async move { Ok(!stale) })
+    });
+    let (_db, pool, freeze) = through_freezing_proxy(options).await;
+    let waited = served_after_the_idle_connections_froze(&pool, &freeze, || {
+        *moved_at.lock().expect("lock") = Some(Instant::now());
+    })
+    .await;
     println!("served {waited:?} after the pool moved off its silent connections");
     assert!(waited < Duration::from_secs(2), "{waited:?}");
 }
