@@ -295,6 +295,14 @@ pub async fn connect(
             let stale = s.opened_before_switch(meta.age);
             Box::pin(async move { Ok(!stale) })
         });
+        // And when given back: a connection to the old primary (a call cut short at the move drops it mid-query)
+        // is closed at once, not pinged first, which on one that hangs costs the return's whole 5 s
+        // (third_party/sqlx-core/PATCHED.md) with its place in the pool held.
+        let s = shared.clone();
+        pool = pool.after_release(move |_, meta| {
+            let stale = s.opened_before_switch(meta.age);
+            Box::pin(async move { Ok(!stale) })
+        });
     }
     let pool = pool
         .connect_with(options)

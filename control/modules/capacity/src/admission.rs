@@ -178,6 +178,8 @@ impl Ask {
 }
 
 const ADMIT_BATCH: usize = 256;
+/// How long one batch's (or one reservation's) admission may take.
+const ADMIT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Admitter {
     pub fn start(store: bc_store::Store) -> Admitter {
@@ -192,7 +194,15 @@ impl Admitter {
                     }
                 }
                 let news: Vec<_> = batch.iter().map(Ask::as_new).collect();
-                let recorded = store.admit_reservations(&news).await;
+                // Bounded, and cut short when the pool moves to another primary: a batch waiting on a primary that
+                // hangs would otherwise hold every admission after it (the one-by-one path below retries it).
+                let recorded = store
+                    .within(
+                        "admitting reservations",
+                        ADMIT_DEADLINE,
+                        store.admit_reservations(&news),
+                    )
+                    .await;
                 drop(news);
                 let recorded = match recorded {
                     Ok(flags) => flags,
@@ -209,7 +219,12 @@ impl Admitter {
                         // or with this request's own error.
                         let store = store.clone();
                         tokio::spawn(async move {
-                            let r = store.admit_reservation(ask.as_new()).await;
+                            let r = {
+                                let one = store.admit_reservation(ask.as_new());
+                                store
+                                    .within("admitting a reservation", ADMIT_DEADLINE, one)
+                                    .await
+                            };
                             let _ = ask.reply.send(r);
                         });
                     }
