@@ -107,7 +107,7 @@ pub fn listen_with(
             }
             loop {
                 tokio::select! {
-                    () = next_move(&mut moves) => {
+                    () = bc_store::next_move(&mut moves) => {
                         tracing::warn!("the database primary moved; the LISTEN connection follows it");
                         break;
                     }
@@ -168,17 +168,6 @@ pub fn listen_with(
         }
     });
     rx
-}
-
-/// Resolves at the pool's next move to another primary; never when it has no moves to count.
-async fn next_move(moves: &mut Option<watch::Receiver<u64>>) {
-    let followed = match moves.as_mut() {
-        Some(m) => m.changed().await.is_ok(),
-        None => false,
-    };
-    if !followed {
-        std::future::pending::<()>().await;
-    }
 }
 
 /// Sleeps for `d`; true when `stop` fired first.

@@ -83,18 +83,10 @@ impl Store {
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let mut moves = self.moves.clone();
-        let moved = async {
-            let seen = match moves.as_mut() {
-                Some(m) => {
-                    m.borrow_and_update();
-                    m.changed().await.is_ok()
-                }
-                None => false,
-            };
-            if !seen {
-                std::future::pending::<()>().await;
-            }
-        };
+        if let Some(m) = moves.as_mut() {
+            m.borrow_and_update();
+        }
+        let moved = next_move(&mut moves);
         tokio::select! {
             r = tokio::time::timeout(deadline, call) => r.unwrap_or_else(|_| {
                 Err(StoreError::Cut(format!(
@@ -126,6 +118,18 @@ pub(crate) fn to_ms(t: time::OffsetDateTime) -> i64 {
 pub(crate) fn from_ms(ms: i64) -> time::OffsetDateTime {
     time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+}
+
+/// Resolves at the pool's next move to another primary after the last one `moves` saw; never when it counts none
+/// (a pool on one host) or its watcher is gone.
+pub async fn next_move(moves: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    let followed = match moves.as_mut() {
+        Some(m) => m.changed().await.is_ok(),
+        None => false,
+    };
+    if !followed {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// The API code of a store error (the control plane's kernel turns it into `{code, message}`): a missing row is
