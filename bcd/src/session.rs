@@ -133,6 +133,10 @@ pub struct Daemon {
     known: HashMap<String, [u8; 32]>,
     /// The gateway asked for the `instances` section by name: from then on it is pushed when it changes.
     instances_asked: bool,
+    /// The TLS configuration of the last session and the hash of the certificate and trust bundle it was built
+    /// from: kept while they are the same, so a reconnect resumes with the session tickets it holds (a ticket is
+    /// bound to the configuration that received it) instead of a full handshake.
+    tls: Option<([u8; 32], Arc<rustls::ClientConfig>)>,
     boot_id: String,
     /// Running and recently finished commands, and the outbox their results wait in between sessions.
     commands: crate::commands::Commands,
@@ -185,6 +189,7 @@ impl Daemon {
             progress_interval: Duration::from_secs(1),
             known: HashMap::new(),
             instances_asked: false,
+            tls: None,
             boot_id,
             commands: crate::commands::Commands::new(),
             retry: None,
@@ -291,13 +296,25 @@ impl Daemon {
         Ok(())
     }
 
-    fn tls(&self, state: &StateDir) -> Result<Arc<rustls::ClientConfig>, SessionEnd> {
+    fn tls(&mut self, state: &StateDir) -> Result<Arc<rustls::ClientConfig>, SessionEnd> {
         let local = |e: &(dyn std::error::Error + 'static)| SessionEnd::Local(chain(e));
         let cert = state.certificate().map_err(|e| local(&e))?;
         let bundle = state.trust_bundle().map_err(|e| local(&e))?;
+        let mut built_from = cert.to_vec();
+        for ca in &bundle {
+            built_from.extend_from_slice(ca);
+        }
+        let built_from = bc_proto::sha256(&built_from);
+        if let Some((from, tls)) = &self.tls
+            && *from == built_from
+        {
+            return Ok(tls.clone());
+        }
         let key = PrivateKeyDer::from_pem_file(state.path("node.key")).map_err(|e| local(&e))?;
-        channel::client_config(ServerTrust::Bundle(bundle), Some((vec![cert], key)))
-            .map_err(|e| local(&e))
+        let tls = channel::client_config(ServerTrust::Bundle(bundle), Some((vec![cert], key)))
+            .map_err(|e| local(&e))?;
+        self.tls = Some((built_from, tls.clone()));
+        Ok(tls)
     }
 
     async fn session_once(&mut self) -> SessionEnd {
@@ -331,9 +348,29 @@ impl Daemon {
             Err(e) => return SessionEnd::Local(e),
         };
         let tls_again = tls.clone();
-        let ch = match channel::connect(&identity.gateway_url, tls).await {
+        // A resumed handshake carries no certificate to refuse: the gateway checks the one the ticket holds after the
+        // handshake and closes the connection if it is revoked, so a connection closed after a resumed handshake is
+        // probed with a full one (below) before it counts as a network failure.
+        let resumed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen: channel::HandshakeSeen = {
+            let resumed = resumed.clone();
+            Arc::new(move |kind| {
+                resumed.store(
+                    kind == rustls::HandshakeKind::Resumed,
+                    std::sync::atomic::Ordering::Relaxed,
+                )
+            })
+        };
+        let ch = match channel::connect_observed(&identity.gateway_url, tls, None, Some(seen)).await
+        {
             Ok(c) => c,
             Err(e) if revoked_at_handshake(&e) => {
+                return SessionEnd::Refused(REVOKED_AT_HANDSHAKE.into());
+            }
+            Err(_)
+                if resumed.load(std::sync::atomic::Ordering::Relaxed)
+                    && revoked_probe(&identity.gateway_url, tls_again.clone()).await =>
+            {
                 return SessionEnd::Refused(REVOKED_AT_HANDSHAKE.into());
             }
             Err(e) => return SessionEnd::Connect(chain(&e)),
@@ -834,8 +871,13 @@ pub(crate) fn connect_refused_as_revoked<'a>(
 }
 
 /// Whether a fresh TLS connection to the gateway is answered with the `certificate_revoked` alert: the handshake,
-/// the HTTP/2 preface, then the first bytes the gateway sends (its SETTINGS, or the alert). Bounded by 10 s.
+/// the HTTP/2 preface, then the first bytes the gateway sends (its SETTINGS, or the alert). Bounded by 10 s. Never
+/// resumed: a resumed handshake carries no certificate to refuse (the gateway closes a resumed connection whose
+/// certificate is revoked without an alert), so the probe is a full one.
 async fn revoked_probe(url: &str, tls: Arc<rustls::ClientConfig>) -> bool {
+    let mut full = (*tls).clone();
+    full.resumption = rustls::client::Resumption::disabled();
+    let tls = Arc::new(full);
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let Ok((host, port)) = channel::parse_gateway_url(url) else {
         return false;

@@ -427,12 +427,65 @@ async fn gateway_restart_daemons_reconnect_by_themselves() -> TestResult {
         n.online && n.session_epoch == 2
     })
     .await;
+    // The daemon resumed its TLS session with a ticket the stopped gateway sealed (the same join key and CA, so the
+    // same ticket key), rather than repeating the whole mTLS handshake.
+    let counts = p.running.handshakes.clone().expect("gateway role");
+    assert_eq!(
+        counts.resumed.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "the daemon's reconnect did not resume its session"
+    );
     // Nothing duplicated: still one node, its inventory sections stored once each.
     assert_eq!(p.snapshot().await.0, 1);
     let sections = p.store.inventory(&node.id).await?;
     let mut names: Vec<_> = sections.iter().map(|s| s.0.clone()).collect();
     names.dedup();
     assert_eq!(names.len(), sections.len());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_revoked_while_its_gateway_was_down_is_refused_when_it_resumes() -> TestResult {
+    let opts = Options {
+        controllers: false,
+        fast: true,
+        leaf_lifetime: None,
+    };
+    let mut p = plane_with(opts.clone()).await;
+    let mut node = joined_node(&p, "resumer", 1).await;
+    spawn_run(&p, &mut node, "resumer");
+    wait_node(&p, &node.id, 30, "first session", |n| n.online).await;
+    let gateway = p.running.gateway_addr.expect("gateway addr");
+    p.running.stop().await;
+    // Revoked while no gateway ran: the daemon holds tickets sealed before, which still open.
+    assert!(matches!(
+        p.store
+            .set_node_schedulable(&node.id, NodeVerb::Revoke, "test/while-down")
+            .await?,
+        NodeStateChange::Changed { .. }
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    p.running =
+        bc_control::start(&serve_config(p.dir.path(), &opts, gateway), p.store.clone()).await?;
+    // The daemon resumes, the gateway closes the connection for the certificate the ticket holds, and the daemon's
+    // full handshake (its probe) is refused with `certificate_revoked`: it stops instead of reconnecting for ever.
+    let mut child = node.child.take().expect("bcd run");
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait()).await??;
+    assert_eq!(
+        status.code(),
+        Some(bcd::session::EXIT_REFUSED),
+        "bcd run: {status}"
+    );
+    let counts = p.running.handshakes.clone().expect("gateway role");
+    assert!(
+        counts
+            .resumed_refused
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1,
+        "the daemon did not try to resume (the refusal was a full handshake's)"
+    );
+    assert_eq!(counts.resumed.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert!(!node_row(&p, &node.id).await.online);
     Ok(())
 }
 

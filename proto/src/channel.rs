@@ -235,6 +235,19 @@ pub async fn connect_from(
     tls: Arc<rustls::ClientConfig>,
     local: Option<std::net::IpAddr>,
 ) -> Result<Channel, ChannelError> {
+    connect_observed(url, tls, local, None).await
+}
+
+/// What a caller of [`connect_observed`] is told of each handshake: full or resumed.
+pub type HandshakeSeen = Arc<dyn Fn(rustls::HandshakeKind) + Send + Sync>;
+
+/// [`connect_from`], telling `seen` how each handshake of the channel went (load tools count resumed sessions).
+pub async fn connect_observed(
+    url: &str,
+    tls: Arc<rustls::ClientConfig>,
+    local: Option<std::net::IpAddr>,
+    seen: Option<HandshakeSeen>,
+) -> Result<Channel, ChannelError> {
     let (host, port) = parse_gateway_url(url)?;
     let server_name = ServerName::try_from(host.clone()).map_err(|_| ChannelError::BadUrl {
         url: url.to_string(),
@@ -243,6 +256,7 @@ pub async fn connect_from(
         let tls = tls.clone();
         let host = host.clone();
         let server_name = server_name.clone();
+        let seen = seen.clone();
         async move {
             let tcp = match local {
                 None => tokio::net::TcpStream::connect((host.as_str(), port)).await?,
@@ -263,6 +277,9 @@ pub async fn connect_from(
             let stream = tokio_rustls::TlsConnector::from(tls)
                 .connect(server_name, tcp)
                 .await?;
+            if let (Some(seen), Some(kind)) = (&seen, stream.get_ref().1.handshake_kind()) {
+                seen(kind);
+            }
             Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
         }
     });

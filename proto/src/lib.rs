@@ -18,6 +18,7 @@ pub mod proxy_protocol;
 pub mod runtime;
 pub mod seal;
 pub mod spiffe;
+pub mod tickets;
 pub mod token;
 pub mod tunnel;
 

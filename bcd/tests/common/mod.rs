@@ -18,7 +18,7 @@ use std::time::Duration;
 
 pub type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Options {
     pub controllers: bool,
     /// Workload certificate lifetime (renewal tests); None is the 24 h default.

@@ -182,12 +182,14 @@ fn crypto_floor(dir: &std::path::Path) -> anyhow::Result<()> {
     use rcgen::PublicKeyData as _;
     let ca = bc_ca::Ca::load_or_create(dir, "floor.bench")?;
     let (chain, key) = ca.issue_gateway("gw-floor", &["localhost".to_string()])?;
-    // The gateway's own server config: optional client certificates, revocation check, no resumption, h2.
+    // The gateway's own server config: optional client certificates, revocation check, h2 (a join never resumes).
     let server = bc_gateway::tls::server_config(
         bc_gateway::tls::Renewable::new(chain, key)?,
         std::slice::from_ref(ca.cert_der()),
         bc_gateway::tls::Revocations::default(),
-    )?;
+        None,
+    )?
+    .config;
     let client =
         bc_proto::channel::client_config(bc_proto::channel::ServerTrust::Pin(ca.pin()), None)?;
     let tls = time_us(300, || handshake(&client, &server))?;

@@ -262,7 +262,8 @@ async fn join_all(
 
 #[derive(Debug)]
 enum Event {
-    Up,
+    /// A session is up (its Welcome came); whether its TLS handshake resumed a session.
+    Up(bool),
     /// A session that was up ended, and why ([`why`]).
     Down(String),
     /// An attempt ended before its session was up, and why.
@@ -395,9 +396,19 @@ async fn session(
     slots: &Semaphore,
     events: &mpsc::UnboundedSender<Event>,
 ) -> Result<bool, (bool, anyhow::Error)> {
+    let resumed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen: channel::HandshakeSeen = {
+        let resumed = resumed.clone();
+        Arc::new(move |kind| {
+            resumed.store(
+                kind == rustls::HandshakeKind::Resumed,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+        })
+    };
     let opened = async {
         let _slot = slots.acquire().await?;
-        let ch = channel::connect_from(url, tls, source).await?;
+        let ch = channel::connect_observed(url, tls, source, Some(seen)).await?;
         let (tx, rx) = mpsc::channel(4);
         tx.send(v1::NodeMessage {
             msg: Some(v1::node_message::Msg::Hello(v1::Hello {
@@ -429,7 +440,7 @@ async fn session(
             m = inbound.message() => match m {
                 Ok(Some(v1::GatewayMessage { msg: Some(v1::gateway_message::Msg::Welcome(w)) })) => {
                     up = true;
-                    let _ = events.send(Event::Up);
+                    let _ = events.send(Event::Up(resumed.load(std::sync::atomic::Ordering::Relaxed)));
                     let every = Duration::from_millis(u64::from(w.heartbeat_interval_ms).max(1000));
                     heartbeat = tokio::time::interval(every);
                     heartbeat.reset();
@@ -456,6 +467,8 @@ struct Fleet {
     spawned: usize,
     /// Why sessions ended (true) and attempts failed (false) since [`Fleet::reasons`] last took them.
     ended: HashMap<(bool, String), u64>,
+    /// Sessions that came up over a resumed TLS session, since the start.
+    resumed: usize,
 }
 
 /// A load-tool process running the daemons of a slice of the creds ([`worker_main`]): told `grow <upto>` and `stop`
@@ -508,6 +521,7 @@ impl Fleet {
             live: 0,
             spawned: 0,
             ended: HashMap::new(),
+            resumed: 0,
         }
     }
 
@@ -557,7 +571,8 @@ impl Fleet {
                     .map_while(Result::ok)
                 {
                     let e = match line.split_once(' ') {
-                        None if line == "U" => Event::Up,
+                        None if line == "U" => Event::Up(false),
+                        None if line == "R" => Event::Up(true),
                         Some(("D", why)) => Event::Down(why.to_string()),
                         Some(("F", why)) => Event::Failed(why.to_string()),
                         _ => continue,
@@ -634,7 +649,7 @@ impl Fleet {
     /// Counts an end: a session's (one fewer up) or a failed attempt's.
     fn count(&mut self, e: Event) {
         let key = match e {
-            Event::Up => return,
+            Event::Up(_) => return,
             Event::Down(why) => {
                 self.live = self.live.saturating_sub(1);
                 (true, why)
@@ -668,6 +683,12 @@ impl Fleet {
         )
     }
 
+    /// A session came up (`resumed`: its TLS handshake resumed a session).
+    fn came_up(&mut self, resumed: bool) {
+        self.live += 1;
+        self.resumed += usize::from(resumed);
+    }
+
     /// Sessions up now.
     fn up(&self) -> usize {
         self.live
@@ -678,8 +699,8 @@ impl Fleet {
         let deadline = tokio::time::Instant::now() + limit;
         while self.live < target {
             match tokio::time::timeout_at(deadline, self.events.recv()).await {
-                Ok(Some(Event::Up)) => {
-                    self.live += 1;
+                Ok(Some(Event::Up(resumed))) => {
+                    self.came_up(resumed);
                     marks.push(Instant::now());
                 }
                 Ok(Some(e)) => self.count(e),
@@ -693,7 +714,7 @@ impl Fleet {
         let until = tokio::time::Instant::now() + limit;
         while self.live > 0 {
             match tokio::time::timeout_at(until, self.events.recv()).await {
-                Ok(Some(Event::Up)) => self.live += 1,
+                Ok(Some(Event::Up(resumed))) => self.came_up(resumed),
                 Ok(Some(e)) => self.count(e),
                 _ => return,
             }
@@ -709,7 +730,13 @@ impl Fleet {
     ) -> (usize, Option<Duration>, Option<Duration>) {
         let n = self.spawned;
         let mut storm = Vec::new();
+        let resumed_before = self.resumed;
         self.wait_up(n, limit, &mut storm).await;
+        println!(
+            "storm: {} of the {} sessions back resumed their TLS session (the rest made a full handshake)",
+            self.resumed - resumed_before,
+            storm.len()
+        );
         let mut storm: Vec<Duration> = storm.into_iter().map(|at| at - t0).collect();
         storm.sort();
         let back = storm.len();
@@ -744,8 +771,8 @@ impl Fleet {
                     ended = Some(Instant::now());
                 }
                 e = self.events.recv() => match e {
-                    Some(Event::Up) => {
-                        self.live += 1;
+                    Some(Event::Up(resumed)) => {
+                        self.came_up(resumed);
                         if self.live >= n {
                             all_back = Some(t0.elapsed());
                         }
@@ -822,7 +849,8 @@ async fn worker_main(creds_path: &str) -> anyhow::Result<()> {
             let mut buf = Vec::new();
             let mut push = |e: Event| {
                 let line = match e {
-                    Event::Up => "U\n".to_string(),
+                    Event::Up(false) => "U\n".to_string(),
+                    Event::Up(true) => "R\n".to_string(),
                     // One line each: every reason is a `why` class or a fixed text.
                     Event::Down(why) => format!("D {why}\n"),
                     Event::Failed(why) => format!("F {why}\n"),

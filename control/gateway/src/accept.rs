@@ -418,6 +418,8 @@ fn out_of_descriptors(e: &io::Error) -> bool {
 /// What the accept loop needs besides the listener.
 pub(crate) struct AcceptConfig {
     pub(crate) acceptor: tokio_rustls::TlsAcceptor,
+    /// What a resumed session passes after its handshake.
+    pub(crate) tls: crate::tls::ServerTls,
     pub(crate) tx: tokio::sync::mpsc::Sender<io::Result<TlsConn>>,
     /// Bounds a handshake even if the policy's deadlines did not.
     pub(crate) handshake_ceiling: Duration,
@@ -554,6 +556,14 @@ async fn handshake(stream: Tracked, gate: Gate, config: &AcceptConfig) {
     let (id, peer) = (stream.conn.id, stream.client);
     match tokio::time::timeout(config.handshake_ceiling, config.acceptor.accept(stream)).await {
         Ok(Ok(tls)) => {
+            if let Err(why) = config.tls.admit(tls.get_ref().1, crate::session::now_ms()) {
+                tracing::info!(
+                    %peer,
+                    reason = why,
+                    "resumed TLS session closed before any request: the client certificate its ticket holds no longer passes"
+                );
+                return;
+            }
             let authenticated = tls.get_ref().1.peer_certificates().is_some();
             gate.handshake_done(id, authenticated);
             let _ = config.tx.send(Ok(tls)).await;

@@ -202,11 +202,7 @@ struct Accepting {
 }
 
 /// Starts the accept loop (the connection policy, PROXY headers, TLS handshakes) and its sweeper on `listener`.
-fn start_accepting(
-    listener: TcpListener,
-    tls: Arc<rustls::ServerConfig>,
-    limits: &Limits,
-) -> Accepting {
+fn start_accepting(listener: TcpListener, tls: tls::ServerTls, limits: &Limits) -> Accepting {
     let c = &limits.connections;
     tracing::info!(
         max_connections = c.max_connections,
@@ -222,7 +218,8 @@ fn start_accepting(
         listener,
         gate.clone(),
         accept::AcceptConfig {
-            acceptor: tokio_rustls::TlsAcceptor::from(tls),
+            acceptor: tokio_rustls::TlsAcceptor::from(tls.config.clone()),
+            tls,
             tx,
             handshake_ceiling: c.handshake.base,
             proxies: Arc::new(limits.proxy_protocol_from.clone()),
@@ -255,7 +252,7 @@ async fn ended_by_itself(accept_loop: tokio::task::JoinHandle<()>) -> String {
 /// Serves the gateway on an already-bound listener until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
-    tls: Arc<rustls::ServerConfig>,
+    tls: tls::ServerTls,
     services: Services,
     limits: Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,

@@ -374,7 +374,7 @@ pub(crate) struct SessionSvc {
     pub config: SessionConfig,
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)

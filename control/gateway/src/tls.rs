@@ -6,8 +6,14 @@
 //! when any key is revoked (node keys a reclaim superseded), are looked up in [`Revocations`], sets the control
 //! plane fills at start and keeps current (on its own tick, and at once when a revoke happens in the same process).
 //! A revoked identity or key gets the `certificate_revoked` alert; each lookup is one hash probe whatever the number
-//! of revocations. Sessions are never resumed, so every connection, even a
-//! reconnect of a client that held a session before its revocation, passes the check.
+//! of revocations.
+//!
+//! Sessions resume (TLS 1.3 tickets, [`bc_proto::tickets`]) when the gateway is given the tickets' key: a resumed
+//! handshake carries no certificate, so the client certificate the ticket holds is checked after the handshake,
+//! against its dates and the same sets ([`ServerTls::admit`]), and a connection that fails is closed before any
+//! request is read. A client that held a session before its revocation is refused either way; what it learns is a
+//! closed connection, and its next full handshake (the daemons' revocation probe never resumes) the
+//! `certificate_revoked` alert.
 
 use bc_proto::spiffe::SpiffeId;
 use rustls::client::danger::HandshakeSignatureValid;
@@ -16,6 +22,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 #[derive(Debug, thiserror::Error)]
@@ -182,13 +189,86 @@ impl ClientCertVerifier for RevocationChecking {
     }
 }
 
+/// The gateway's TLS: rustls' configuration, and what a resumed session must pass after its handshake.
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    pub config: Arc<rustls::ServerConfig>,
+    revoked: Revocations,
+    counts: Arc<HandshakeCounts>,
+}
+
+/// Handshakes the gateway completed since start, by kind ([`ServerTls::counts`]).
+#[derive(Debug, Default)]
+pub struct HandshakeCounts {
+    pub full: AtomicU64,
+    pub resumed: AtomicU64,
+    /// Resumed sessions closed because the certificate their ticket holds no longer passes.
+    pub resumed_refused: AtomicU64,
+}
+
+/// How a connection's handshake went, as the gateway counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handshake {
+    Full,
+    Resumed,
+}
+
+impl ServerTls {
+    /// Whether an established connection may be served: a full handshake verified its certificate already; a
+    /// resumed one is refused when the client certificate its ticket holds is out of its dates at `now_ms` or
+    /// revoked (the sets as they are now, not as they were when the ticket was sealed).
+    pub fn admit(&self, conn: &rustls::ServerConnection, now_ms: i64) -> Result<Handshake, String> {
+        let counted = |c: &AtomicU64| c.fetch_add(1, Ordering::Relaxed);
+        if conn.handshake_kind() != Some(rustls::HandshakeKind::Resumed) {
+            counted(&self.counts.full);
+            return Ok(Handshake::Full);
+        }
+        let refusal = conn
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(|leaf| self.refusal_of_resumed(leaf, now_ms));
+        match refusal {
+            Some(why) => {
+                counted(&self.counts.resumed_refused);
+                Err(why)
+            }
+            None => {
+                counted(&self.counts.resumed);
+                Ok(Handshake::Resumed)
+            }
+        }
+    }
+
+    /// Why the certificate a resumed session's ticket holds is refused at `now_ms`, if it is.
+    fn refusal_of_resumed(&self, leaf: &CertificateDer<'_>, now_ms: i64) -> Option<String> {
+        match bc_proto::channel::cert_validity_ms(leaf) {
+            Some((from, to)) if from <= now_ms && now_ms <= to => self.revoked.refusal(leaf),
+            Some((_, to)) if now_ms > to => Some("its certificate expired".into()),
+            Some(_) => Some("its certificate is not valid yet".into()),
+            None => Some("its certificate does not parse".into()),
+        }
+    }
+
+    /// The handshakes counted since start (shared: the counts go on).
+    pub fn counts(&self) -> Arc<HandshakeCounts> {
+        self.counts.clone()
+    }
+}
+
+/// Tickets sent after each handshake: a daemon's reconnect attempts while the gateways are down each spend one
+/// (the client sends it before it learns the gateway is gone), so one ticket would be used up by the first such
+/// attempt.
+pub const TICKETS_PER_HANDSHAKE: usize = 4;
+
 /// A server config with ALPN h2, presenting `chain` (leaf first, then the CA) and verifying optional client
-/// certificates against `client_cas`, refusing identities in `revoked`.
+/// certificates against `client_cas`, refusing identities in `revoked`. With `tickets`, sessions resume with the
+/// tickets they seal (every gateway given the same key opens them); without, sessions are never resumed.
 pub fn server_config(
     identity: Arc<Renewable>,
     client_cas: &[CertificateDer<'static>],
     revoked: Revocations,
-) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    tickets: Option<Arc<bc_proto::tickets::SessionTickets>>,
+) -> Result<ServerTls, TlsError> {
     let provider = Arc::new(bc_proto::tls_provider());
     let mut roots = rustls::RootCertStore::empty();
     for ca in client_cas {
@@ -198,17 +278,29 @@ pub fn server_config(
         .allow_unauthenticated()
         .build()
         .map_err(|e| TlsError::Verifier(e.to_string()))?;
-    let verifier = Arc::new(RevocationChecking { inner, revoked });
+    let verifier = Arc::new(RevocationChecking {
+        inner,
+        revoked: revoked.clone(),
+    });
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
         .with_cert_resolver(identity);
-    // No session resumption: a resumed TLS 1.3 session skips the client certificate and so the revocation check
-    // (an agent reconnecting with its cached session would outlive its revocation). Every connection verifies.
+    // Stateless tickets only: nothing is kept per session on the gateway.
     config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
-    config.send_tls13_tickets = 0;
+    match tickets {
+        Some(t) => {
+            config.ticketer = t;
+            config.send_tls13_tickets = TICKETS_PER_HANDSHAKE;
+        }
+        None => config.send_tls13_tickets = 0,
+    }
     config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(config))
+    Ok(ServerTls {
+        config: Arc::new(config),
+        revoked,
+        counts: Arc::default(),
+    })
 }
 
 /// A certificate chain and key that can be replaced while connections use it: a gateway's serving certificate and a

@@ -38,7 +38,7 @@ impl JoinHandler for Stuck {
 struct Pki {
     ca: rustls::pki_types::CertificateDer<'static>,
     issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    server: Arc<rustls::ServerConfig>,
+    server: bc_gateway::tls::ServerTls,
 }
 
 fn pki() -> Result<Pki, Error> {
@@ -50,27 +50,19 @@ fn pki() -> Result<Pki, Error> {
     let key = rcgen::KeyPair::generate()?;
     let cert =
         rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])?.signed_by(&key, &issuer)?;
-    let provider = Arc::new(bc_proto::tls_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.der().clone())?;
-    let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots),
-        provider.clone(),
-    )
-    .allow_unauthenticated()
-    .build()?;
-    let mut server = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_client_cert_verifier(clients)
-        .with_single_cert(
+    let server = bc_gateway::tls::server_config(
+        bc_gateway::tls::Renewable::new(
             vec![cert.der().clone()],
             rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )?;
-    server.alpn_protocols = vec![b"h2".to_vec()];
+        )?,
+        &[ca.der().clone()],
+        bc_gateway::tls::Revocations::default(),
+        None,
+    )?;
     Ok(Pki {
         ca: ca.der().clone(),
         issuer,
-        server: Arc::new(server),
+        server,
     })
 }
 

@@ -98,6 +98,8 @@ pub struct Running {
     pub sessions: Option<bc_gateway::session::Registry>,
     /// The gateway role's tunnels (for status and tests).
     pub tunnels: Option<bc_gateway::tunnel::Tunnels>,
+    /// The gateway role's TLS handshakes since start, full and resumed (for metrics and tests).
+    pub handshakes: Option<Arc<bc_gateway::tls::HandshakeCounts>>,
     pub ca_pin: String,
     pub join_public_key: String,
     pub trust_domain: String,
@@ -173,7 +175,7 @@ struct Gateway {
     registry: bc_gateway::session::Registry,
     /// Tunnels to the nodes of `registry` (the tunnels module's relay reaches them).
     tunnels: bc_gateway::tunnel::Tunnels,
-    tls: Arc<rustls::ServerConfig>,
+    tls: bc_gateway::tls::ServerTls,
     /// Its serving certificate, re-issued while it runs.
     renewal: renew::Renewal,
     services: bc_gateway::Services,
@@ -224,10 +226,14 @@ async fn gateway(
     )?;
     let registry = bc_gateway::session::Registry::default();
     let tunnels = bc_gateway::tunnel::Tunnels::new(registry.clone(), Default::default());
+    // Every gateway of the plane holds the join key and the CA, so each opens the others' session tickets: a node
+    // whose gateway restarted, or whose balancer sent it elsewhere, resumes instead of a full mTLS handshake.
+    let tickets = bc_proto::tickets::SessionTickets::new(&join_key.to_bytes(), ca.cert_der());
     let tls = bc_gateway::tls::server_config(
         renewal.current.clone(),
         std::slice::from_ref(ca.cert_der()),
         registry.revocations(),
+        Some(Arc::new(tickets)),
     )?;
     let sites: join::SiteEnroller = {
         let (store, ca) = (store.clone(), ca.clone());
@@ -338,6 +344,7 @@ pub async fn start_with(
     let sessions = gateway.as_ref().map(|g| g.registry.clone());
     let gateway_addr = gateway.as_ref().map(|g| g.addr);
     let gateway_id = gateway.as_ref().map(|g| g.id.clone());
+    let handshakes = gateway.as_ref().map(|g| g.tls.counts());
     let metrics = telemetry::ControlMetrics::default();
     let worker = bc_mod_nodes::controllers::worker_id();
     let lease = config.shard_lease.unwrap_or(config::DEFAULT_SHARD_LEASE);
@@ -408,6 +415,7 @@ pub async fn start_with(
         store: store.clone(),
         worker: worker.clone(),
         gateway: gateway_id.zip(sessions.clone()),
+        handshakes: handshakes.clone(),
         lease_roles: Vec::new(),
         queues: config.roles.controllers,
     };
@@ -420,6 +428,7 @@ pub async fn start_with(
         gateway_url,
         sessions,
         tunnels,
+        handshakes,
         ca_pin: ca.pin(),
         join_public_key,
         trust_domain: config.trust_domain.clone(),

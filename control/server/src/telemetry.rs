@@ -5,7 +5,9 @@
 //! - api: `bc_api_requests_total{group, method, code}` and `bc_api_request_duration_seconds{group, method}` per
 //!   `POST /api/compute/{group}/{method}` (`code` is the HTTP status; a call to a method that does not exist, or
 //!   from a caller we do not know, counts under `group="unknown"`, so hostile paths cannot grow the series);
-//! - gateway: `bc_gateway_sessions{gateway}`, the node sessions this gateway holds;
+//! - gateway: `bc_gateway_sessions{gateway}`, the node sessions this gateway holds, and
+//!   `bc_gateway_tls_handshakes_total{gateway, kind}`, its completed TLS handshakes by kind (`full`, `resumed`, and
+//!   `resumed_refused`: a resumed session closed because the certificate its ticket holds no longer passes);
 //! - scheduler: `bc_placement_duration_seconds`, from admission (the reservation's `created_at`, by the database's
 //!   clock) to the commit of its placement;
 //! - controllers and scheduler: `bc_shard_leases_held{role}`, the unexpired shard leases this process holds;
@@ -71,6 +73,7 @@ pub struct ControlMetrics {
     api_duration: HistogramVec,
     placement: HistogramVec,
     sessions: GaugeVec,
+    handshakes: CounterVec,
     leases: GaugeVec,
     queues: GaugeVec,
 }
@@ -108,6 +111,10 @@ impl ControlMetrics {
                 "bc_gateway_sessions",
                 "Node sessions this gateway holds.",
                 "",
+            ),
+            handshakes: registry.counter(
+                "bc_gateway_tls_handshakes_total",
+                "TLS handshakes this gateway completed, by kind: full, resumed (a session ticket), resumed_refused.",
             ),
             leases: registry.gauge(
                 "bc_shard_leases_held",
@@ -197,11 +204,28 @@ pub struct Sources {
     pub worker: String,
     /// The gateway's id and its sessions, when this process runs the gateway role.
     pub gateway: Option<(String, bc_gateway::session::Registry)>,
+    /// The gateway's TLS handshakes, when this process runs the gateway role.
+    pub handshakes: Option<std::sync::Arc<bc_gateway::tls::HandshakeCounts>>,
     /// The lease roles this process runs (`controllers`, `scheduler`).
     pub lease_roles: Vec<&'static str>,
     /// Whether to report queue depths (the controllers role does; one such process per deployment suffices, and
     /// every one reports the same figures under its own `instance`).
     pub queues: bool,
+}
+
+/// Brings the handshake counters up to the gateway's counts.
+fn handshakes(metrics: &ControlMetrics, gateway: &str, counts: &bc_gateway::tls::HandshakeCounts) {
+    use std::sync::atomic::Ordering::Relaxed;
+    for (kind, n) in [
+        ("full", counts.full.load(Relaxed)),
+        ("resumed", counts.resumed.load(Relaxed)),
+        ("resumed_refused", counts.resumed_refused.load(Relaxed)),
+    ] {
+        let counter = metrics
+            .handshakes
+            .with(&[("gateway", gateway), ("kind", kind)]);
+        counter.add(n.saturating_sub(counter.get()));
+    }
 }
 
 /// Refreshes the gauges every `interval` until `stop` is set. A failed query leaves the last values and logs once
@@ -219,6 +243,9 @@ pub async fn sample(
                 .sessions
                 .with(&[("gateway", id.as_str())])
                 .set(sessions.len() as f64);
+            if let Some(counts) = &sources.handshakes {
+                handshakes(&metrics, id, counts);
+            }
         }
         let read = async {
             if !sources.lease_roles.is_empty() {
