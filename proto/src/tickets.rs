@@ -173,10 +173,12 @@ mod tests {
     #[test]
     fn a_ticket_opens_at_every_gateway_with_the_same_secret_and_ca_and_nowhere_else() {
         let a = tickets(b"join key", b"ca");
-        let t = a.seal(b"session", NOW, [7; 12]).unwrap();
-        assert_eq!(a.open(&t, NOW).unwrap(), b"session");
+        let t = a.seal(b"session", NOW, [7; 12]).expect("sealed");
+        assert_eq!(a.open(&t, NOW).expect("opens"), b"session");
         assert_eq!(
-            tickets(b"join key", b"ca").open(&t, NOW + 1).unwrap(),
+            tickets(b"join key", b"ca")
+                .open(&t, NOW + 1)
+                .expect("opens"),
             b"session"
         );
         assert_eq!(
@@ -192,7 +194,7 @@ mod tests {
     #[test]
     fn a_ticket_opens_for_its_lifetime_and_not_from_the_future() {
         let a = tickets(b"k", b"ca");
-        let t = a.seal(b"s", NOW, [1; 12]).unwrap();
+        let t = a.seal(b"s", NOW, [1; 12]).expect("sealed");
         let life = TICKET_LIFETIME.as_secs();
         assert!(a.open(&t, NOW + life).is_ok());
         assert_eq!(a.open(&t, NOW + life + 1), Err(TicketRefused::Expired));
@@ -204,7 +206,7 @@ mod tests {
     #[test]
     fn an_altered_ticket_does_not_open() {
         let a = tickets(b"k", b"ca");
-        let t = a.seal(b"session bytes", NOW, [2; 12]).unwrap();
+        let t = a.seal(b"session bytes", NOW, [2; 12]).expect("sealed");
         for i in 0..t.len() {
             let mut bad = t.clone();
             bad[i] ^= 0x01;
