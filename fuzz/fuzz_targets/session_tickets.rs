@@ -6,7 +6,8 @@ use bc_proto::tickets::{CLOCK_SKEW, MIN_TICKET, SessionTickets, TICKET_LIFETIME}
 use libfuzzer_sys::fuzz_target;
 use std::sync::LazyLock;
 
-static OURS: LazyLock<SessionTickets> = LazyLock::new(|| SessionTickets::new(b"fuzz join key", b"fuzz ca"));
+static OURS: LazyLock<SessionTickets> =
+    LazyLock::new(|| SessionTickets::new(b"fuzz join key", b"fuzz ca"));
 static THEIRS: LazyLock<SessionTickets> =
     LazyLock::new(|| SessionTickets::new(b"another join key", b"fuzz ca"));
 
