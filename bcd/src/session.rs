@@ -351,16 +351,7 @@ impl Daemon {
         // A resumed handshake carries no certificate to refuse: the gateway checks the one the ticket holds after the
         // handshake and closes the connection if it is revoked, so a connection closed after a resumed handshake is
         // probed with a full one (below) before it counts as a network failure.
-        let resumed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let seen: channel::HandshakeSeen = {
-            let resumed = resumed.clone();
-            Arc::new(move |kind| {
-                resumed.store(
-                    kind == rustls::HandshakeKind::Resumed,
-                    std::sync::atomic::Ordering::Relaxed,
-                )
-            })
-        };
+        let (resumed, seen) = channel::resumed_flag();
         let ch = match channel::connect_observed(&identity.gateway_url, tls, None, Some(seen)).await
         {
             Ok(c) => c,

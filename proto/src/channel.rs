@@ -241,6 +241,19 @@ pub async fn connect_from(
 /// What a caller of [`connect_observed`] is told of each handshake: full or resumed.
 pub type HandshakeSeen = Arc<dyn Fn(rustls::HandshakeKind) + Send + Sync>;
 
+/// A [`HandshakeSeen`] and the flag it sets: whether the channel's last handshake resumed a session.
+pub fn resumed_flag() -> (Arc<std::sync::atomic::AtomicBool>, HandshakeSeen) {
+    let resumed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = resumed.clone();
+    let seen: HandshakeSeen = Arc::new(move |kind| {
+        flag.store(
+            kind == rustls::HandshakeKind::Resumed,
+            std::sync::atomic::Ordering::Relaxed,
+        )
+    });
+    (resumed, seen)
+}
+
 /// [`connect_from`], telling `seen` how each handshake of the channel went (load tools count resumed sessions).
 pub async fn connect_observed(
     url: &str,

@@ -139,29 +139,8 @@ fn handshake(
     client: &Arc<rustls::ClientConfig>,
     server: &Arc<rustls::ServerConfig>,
 ) -> anyhow::Result<()> {
-    let name = rustls_pki_types::ServerName::try_from("localhost")?;
-    let mut c = rustls::ClientConnection::new(client.clone(), name)?;
-    let mut s = rustls::ServerConnection::new(server.clone())?;
-    let mut buf = Vec::new();
-    for _ in 0..8 {
-        // Done once both sides are, and the client has read what the server sent after (its session tickets).
-        if !c.is_handshaking() && !s.is_handshaking() && !s.wants_write() {
-            return Ok(());
-        }
-        buf.clear();
-        while c.wants_write() {
-            c.write_tls(&mut buf)?;
-        }
-        s.read_tls(&mut buf.as_slice())?;
-        s.process_new_packets()?;
-        buf.clear();
-        while s.wants_write() {
-            s.write_tls(&mut buf)?;
-        }
-        c.read_tls(&mut buf.as_slice())?;
-        c.process_new_packets()?;
-    }
-    bail!("the in-memory handshake did not finish")
+    bc_gateway::tls::handshake_in_memory(client, server)?;
+    Ok(())
 }
 
 /// Mean microseconds of `f` over `n` runs (after one unmeasured run).

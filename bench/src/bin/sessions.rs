@@ -396,16 +396,7 @@ async fn session(
     slots: &Semaphore,
     events: &mpsc::UnboundedSender<Event>,
 ) -> Result<bool, (bool, anyhow::Error)> {
-    let resumed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let seen: channel::HandshakeSeen = {
-        let resumed = resumed.clone();
-        Arc::new(move |kind| {
-            resumed.store(
-                kind == rustls::HandshakeKind::Resumed,
-                std::sync::atomic::Ordering::Relaxed,
-            )
-        })
-    };
+    let (resumed, seen) = channel::resumed_flag();
     let opened = async {
         let _slot = slots.acquire().await?;
         let ch = channel::connect_observed(url, tls, source, Some(seen)).await?;

@@ -74,34 +74,14 @@ fn gateway(
     )?)
 }
 
-/// One handshake of `client` with `server`, then the tickets the server sends after it read by the client; the
-/// server's side of the connection.
 fn connect(
     client: &Arc<rustls::ClientConfig>,
     server: &ServerTls,
 ) -> Result<rustls::ServerConnection, Error> {
-    let name = rustls::pki_types::ServerName::try_from("localhost")?;
-    let mut c = rustls::ClientConnection::new(client.clone(), name)?;
-    let mut s = rustls::ServerConnection::new(server.config.clone())?;
-    let mut buf = Vec::new();
-    for _ in 0..8 {
-        buf.clear();
-        while c.wants_write() {
-            c.write_tls(&mut buf)?;
-        }
-        s.read_tls(&mut buf.as_slice())?;
-        s.process_new_packets()?;
-        buf.clear();
-        while s.wants_write() {
-            s.write_tls(&mut buf)?;
-        }
-        c.read_tls(&mut buf.as_slice())?;
-        c.process_new_packets()?;
-        if !c.is_handshaking() && !s.is_handshaking() && !s.wants_write() {
-            return Ok(s);
-        }
-    }
-    Err("the in-memory handshake did not finish".into())
+    Ok(bc_gateway::tls::handshake_in_memory(
+        client,
+        &server.config,
+    )?)
 }
 
 fn node_client(
