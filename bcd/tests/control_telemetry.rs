@@ -113,6 +113,15 @@ async fn the_control_planes_own_metrics_reach_prometheus() -> TestResult {
         ),
         ("bc_placement_duration_seconds_count", 2.0),
         ("sum(bc_gateway_sessions)", 1.0),
+        // The join's and the session's handshakes were full ones; nothing resumed was refused.
+        (
+            r#"count(bc_gateway_tls_handshakes_total{kind="full"} >= 2)"#,
+            1.0,
+        ),
+        (
+            r#"sum(bc_gateway_tls_handshakes_total{kind="resumed_refused"})"#,
+            0.0,
+        ),
         (r#"bc_shard_leases_held{role="controllers"}"#, 256.0),
         (r#"bc_queue_depth{queue="reservations_pending"}"#, 0.0),
     ];
