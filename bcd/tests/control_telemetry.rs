@@ -94,7 +94,7 @@ async fn the_control_planes_own_metrics_reach_prometheus() -> TestResult {
         assert_eq!(r["reservation"]["state"], "placed", "{r}");
     }
 
-    let expected: [(&str, f64); 8] = [
+    let expected: [(&str, f64); 10] = [
         (
             r#"bc_api_requests_total{group="nodes",method="list",code="200"}"#,
             3.0,

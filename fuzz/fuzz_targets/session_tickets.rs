@@ -7,9 +7,9 @@ use libfuzzer_sys::fuzz_target;
 use std::sync::LazyLock;
 
 static OURS: LazyLock<SessionTickets> =
-    LazyLock::new(|| SessionTickets::new(b"fuzz join key", b"fuzz ca"));
+    LazyLock::new(|| SessionTickets::new(b"fuzz ca key", b"fuzz ca"));
 static THEIRS: LazyLock<SessionTickets> =
-    LazyLock::new(|| SessionTickets::new(b"another join key", b"fuzz ca"));
+    LazyLock::new(|| SessionTickets::new(b"another ca key", b"fuzz ca"));
 
 fuzz_target!(|data: &[u8]| {
     let (now, rest) = match data.split_first_chunk::<8>() {

@@ -1,6 +1,8 @@
 //! TLS 1.3 session tickets every gateway of a control plane can open: sealed with a key derived from a secret the
-//! gateways already share (the join key) and the CA they verify clients against, so a node whose gateway restarted,
-//! or whose balancer sent it to another gateway, resumes its session instead of repeating the whole mTLS handshake.
+//! gateways already share (the CA's private key: `bc_ca::Ca::session_tickets`) and the CA certificate they verify
+//! clients against, so a node whose gateway restarted, or whose balancer sent it to another gateway, resumes its
+//! session instead of repeating the whole mTLS handshake. Whoever can seal a ticket can resume as any node whose
+//! certificate they have; whoever holds the CA key can already issue one.
 //!
 //! A resumed session skips the certificates and their signatures (on both sides: the largest part of a reconnect's
 //! CPU, see BENCHMARKS.md), so the gateway checks the client certificate the ticket carries after the handshake
@@ -67,7 +69,7 @@ impl hkdf::KeyType for Len32 {
 }
 
 impl SessionTickets {
-    /// The sealing key for gateways holding `secret` (the join key's bytes) and verifying clients against the CA
+    /// The sealing key for gateways holding `secret` (the CA's private key) and verifying clients against the CA
     /// certificate `ca_der`.
     pub fn new(secret: &[u8], ca_der: &[u8]) -> SessionTickets {
         let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, SALT).extract(secret);
@@ -172,13 +174,11 @@ mod tests {
 
     #[test]
     fn a_ticket_opens_at_every_gateway_with_the_same_secret_and_ca_and_nowhere_else() {
-        let a = tickets(b"join key", b"ca");
+        let a = tickets(b"ca key", b"ca");
         let t = a.seal(b"session", NOW, [7; 12]).expect("sealed");
         assert_eq!(a.open(&t, NOW).expect("opens"), b"session");
         assert_eq!(
-            tickets(b"join key", b"ca")
-                .open(&t, NOW + 1)
-                .expect("opens"),
+            tickets(b"ca key", b"ca").open(&t, NOW + 1).expect("opens"),
             b"session"
         );
         assert_eq!(
@@ -186,7 +186,7 @@ mod tests {
             Err(TicketRefused::Forged)
         );
         assert_eq!(
-            tickets(b"join key", b"another ca").open(&t, NOW),
+            tickets(b"ca key", b"another ca").open(&t, NOW),
             Err(TicketRefused::Forged)
         );
     }

@@ -197,6 +197,13 @@ impl Ca {
         })
     }
 
+    /// The gateways' TLS session-ticket key: derived (HKDF) from this CA's private key and certificate, so every
+    /// process holding the CA seals and opens the same tickets, and sealing one (which resumes a session as the node
+    /// its certificate names) takes no more than issuing that node a certificate already does.
+    pub fn session_tickets(&self) -> bc_proto::tickets::SessionTickets {
+        bc_proto::tickets::SessionTickets::new(&self.issuer.key().serialize_der(), &self.cert_der)
+    }
+
     /// Issues workload certificates of `lifetime` instead of 24 h (tests of renewal).
     pub fn with_leaf_lifetime(mut self, lifetime: Duration) -> Ca {
         self.leaf_lifetime = lifetime;

@@ -113,18 +113,18 @@ fn a_session_resumes_at_every_gateway_sharing_the_key_and_a_full_handshake_elsew
 -> Result<(), Error> {
     let pki = pki()?;
     let revoked = Revocations::default();
-    let tickets = Arc::new(SessionTickets::new(b"join key", &pki.ca));
+    let tickets = Arc::new(SessionTickets::new(b"ca key", &pki.ca));
     let a = gateway(&pki, &revoked, Some(tickets.clone()))?;
     // Another gateway process of the same plane: its own serving certificate, the same key.
     let b = gateway(
         &pki,
         &revoked,
-        Some(Arc::new(SessionTickets::new(b"join key", &pki.ca))),
+        Some(Arc::new(SessionTickets::new(b"ca key", &pki.ca))),
     )?;
     let other = gateway(
         &pki,
         &revoked,
-        Some(Arc::new(SessionTickets::new(b"another key", &pki.ca))),
+        Some(Arc::new(SessionTickets::new(b"another ca key", &pki.ca))),
     )?;
     let without = gateway(&pki, &revoked, None)?;
     let (client, _) = node_client(
@@ -166,7 +166,7 @@ fn a_resumed_session_of_a_revoked_identity_or_key_is_refused_after_its_handshake
 -> Result<(), Error> {
     let pki = pki()?;
     let revoked = Revocations::default();
-    let tickets = Arc::new(SessionTickets::new(b"join key", &pki.ca));
+    let tickets = Arc::new(SessionTickets::new(b"ca key", &pki.ca));
     let gw = gateway(&pki, &revoked, Some(tickets))?;
     let from = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
     let (client, _) = node_client(&pki, "revokee", from, time::Duration::days(1))?;

@@ -226,9 +226,9 @@ async fn gateway(
     )?;
     let registry = bc_gateway::session::Registry::default();
     let tunnels = bc_gateway::tunnel::Tunnels::new(registry.clone(), Default::default());
-    // Every gateway of the plane holds the join key and the CA, so each opens the others' session tickets: a node
-    // whose gateway restarted, or whose balancer sent it elsewhere, resumes instead of a full mTLS handshake.
-    let tickets = bc_proto::tickets::SessionTickets::new(&join_key.to_bytes(), ca.cert_der());
+    // Every gateway of the plane holds the CA, so each opens the others' session tickets: a node whose gateway
+    // restarted, or whose balancer sent it elsewhere, resumes instead of a full mTLS handshake.
+    let tickets = ca.session_tickets();
     let tls = bc_gateway::tls::server_config(
         renewal.current.clone(),
         std::slice::from_ref(ca.cert_der()),
