@@ -351,8 +351,14 @@ impl Daemon {
         // A resumed handshake carries no certificate to refuse: the gateway checks the one the ticket holds after the
         // handshake and closes the connection if it is revoked, so a connection closed after a resumed handshake is
         // probed with a full one (below) before it counts as a network failure.
-        let (resumed, seen) = channel::resumed_flag();
-        let ch = match channel::connect_observed(&identity.gateway_url, tls, None, Some(seen)).await
+        let resumed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ch = match channel::connect_observed(
+            &identity.gateway_url,
+            tls,
+            None,
+            Some(resumed.clone()),
+        )
+        .await
         {
             Ok(c) => c,
             Err(e) if revoked_at_handshake(&e) => {

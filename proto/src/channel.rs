@@ -238,28 +238,13 @@ pub async fn connect_from(
     connect_observed(url, tls, local, None).await
 }
 
-/// What a caller of [`connect_observed`] is told of each handshake: full or resumed.
-pub type HandshakeSeen = Arc<dyn Fn(rustls::HandshakeKind) + Send + Sync>;
-
-/// A [`HandshakeSeen`] and the flag it sets: whether the channel's last handshake resumed a session.
-pub fn resumed_flag() -> (Arc<std::sync::atomic::AtomicBool>, HandshakeSeen) {
-    let resumed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = resumed.clone();
-    let seen: HandshakeSeen = Arc::new(move |kind| {
-        flag.store(
-            kind == rustls::HandshakeKind::Resumed,
-            std::sync::atomic::Ordering::Relaxed,
-        )
-    });
-    (resumed, seen)
-}
-
-/// [`connect_from`], telling `seen` how each handshake of the channel went (load tools count resumed sessions).
+/// [`connect_from`], setting `resumed` after each handshake of the channel to whether it resumed a session (`bcd
+/// run` probes a resumed connection that fails; load tools count them).
 pub async fn connect_observed(
     url: &str,
     tls: Arc<rustls::ClientConfig>,
     local: Option<std::net::IpAddr>,
-    seen: Option<HandshakeSeen>,
+    resumed: Option<Arc<std::sync::atomic::AtomicBool>>,
 ) -> Result<Channel, ChannelError> {
     let (host, port) = parse_gateway_url(url)?;
     let server_name = ServerName::try_from(host.clone()).map_err(|_| ChannelError::BadUrl {
@@ -269,7 +254,7 @@ pub async fn connect_observed(
         let tls = tls.clone();
         let host = host.clone();
         let server_name = server_name.clone();
-        let seen = seen.clone();
+        let resumed = resumed.clone();
         async move {
             let tcp = match local {
                 None => tokio::net::TcpStream::connect((host.as_str(), port)).await?,
@@ -290,8 +275,12 @@ pub async fn connect_observed(
             let stream = tokio_rustls::TlsConnector::from(tls)
                 .connect(server_name, tcp)
                 .await?;
-            if let (Some(seen), Some(kind)) = (&seen, stream.get_ref().1.handshake_kind()) {
-                seen(kind);
+            if let Some(resumed) = &resumed {
+                let kind = stream.get_ref().1.handshake_kind();
+                resumed.store(
+                    kind == Some(rustls::HandshakeKind::Resumed),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
             }
             Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
         }

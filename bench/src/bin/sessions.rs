@@ -396,10 +396,10 @@ async fn session(
     slots: &Semaphore,
     events: &mpsc::UnboundedSender<Event>,
 ) -> Result<bool, (bool, anyhow::Error)> {
-    let (resumed, seen) = channel::resumed_flag();
+    let resumed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let opened = async {
         let _slot = slots.acquire().await?;
-        let ch = channel::connect_observed(url, tls, source, Some(seen)).await?;
+        let ch = channel::connect_observed(url, tls, source, Some(resumed.clone())).await?;
         let (tx, rx) = mpsc::channel(4);
         tx.send(v1::NodeMessage {
             msg: Some(v1::node_message::Msg::Hello(v1::Hello {
