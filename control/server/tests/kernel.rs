@@ -280,3 +280,66 @@ async fn a_test_plugin_answers_over_http_and_runs_in_its_role() {
     assert!(leases.iter().all(|(_, _, _, valid)| !valid), "{leases:?}");
     server.abort();
 }
+
+/// The database primary goes silent (no reset) while a caller's API key is looked up, and the pool moves to
+/// another primary: the request is answered UNAVAILABLE at the move, saying to retry, not at the methods' 60 s
+/// deadline. Before, the lookup was bounded by the deadline only, so it held its pooled connection, and with enough
+/// of them every later call waited out the pool's acquire timeout (`BC_FAILOVER_FAILURE=hang scripts/bench
+/// failover`: a command queued after the hang was done 10.4 s after it, 5.0 s with the cut).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_looked_up_when_the_primary_moves_is_answered_unavailable_at_the_move() {
+    bc_proto::install_crypto_provider();
+    let primary = bc_store::testing::SilentPrimary::start(4).await;
+    let admin = bc_control::bootstrap_admin(&Store::new(primary.db.pool.clone()))
+        .await
+        .expect("admin");
+    let plane = ControlPlane::builder(options())
+        .plugin(greeter())
+        .build()
+        .expect("build");
+    let init = plane
+        .initialize(StoreBackend::new(primary.store.clone()))
+        .await
+        .expect("initialize");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!(
+        "http://{}/api/compute/greeter/hello",
+        listener.local_addr().expect("addr")
+    );
+    let router = init.router();
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+
+    // Every connection open now goes silent; the admin's key was never looked up, so its lookup reads the database.
+    primary.silence();
+    let http = reqwest::Client::new();
+    let request = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let answer = post(&http, &url, Some(&admin), json!({"name": "alice"})).await;
+        (answer, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        !request.is_finished(),
+        "the lookup answered through a silent database"
+    );
+    primary.move_primary();
+    let ((status, v), waited) = tokio::time::timeout(Duration::from_secs(5), request)
+        .await
+        .expect("answered at the move, not at the methods' deadline")
+        .expect("request task");
+    assert_eq!(
+        (status, v["code"].as_str()),
+        (503, Some("UNAVAILABLE")),
+        "{v}"
+    );
+    assert!(
+        v["message"].as_str().is_some_and(|m| m
+            .starts_with("authenticating the caller was cut short: the database primary moved")
+            && m.ends_with("retry")),
+        "{v}"
+    );
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    server.abort();
+}

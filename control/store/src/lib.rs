@@ -82,16 +82,28 @@ impl Store {
         deadline: std::time::Duration,
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
+        self.cut(what, deadline, call).await?
+    }
+
+    /// Any `call` (one that reports its own errors, such as a gateway's handler made of several store calls)
+    /// within `deadline`, and cut short when the pool moves to another primary: [`Store::within`]'s bounds for a
+    /// call whose output is not the store's `Result`.
+    pub async fn cut<F: std::future::Future>(
+        &self,
+        what: &str,
+        deadline: std::time::Duration,
+        call: F,
+    ) -> Result<F::Output, StoreError> {
         let mut moves = self.moves.clone();
         if let Some(m) = moves.as_mut() {
             m.borrow_and_update();
         }
         let moved = next_move(&mut moves);
         tokio::select! {
-            r = tokio::time::timeout(deadline, call) => r.unwrap_or_else(|_| {
-                Err(StoreError::Cut(format!(
+            r = tokio::time::timeout(deadline, call) => r.map_err(|_| {
+                StoreError::Cut(format!(
                     "{what}: the database did not answer within {deadline:?}"
-                )))
+                ))
             }),
             () = moved => Err(StoreError::Cut(format!(
                 "{what}: cut short, the database primary moved while it ran"

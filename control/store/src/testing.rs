@@ -329,3 +329,79 @@ pub async fn freezing_proxy(
     });
     (at, freeze)
 }
+
+/// A fresh database reached through a [`freezing_proxy`] by a [`Store`](crate::Store) that follows its primary:
+/// [`SilentPrimary::silence`] makes every connection open at that moment go silent (a primary that hangs), and
+/// [`SilentPrimary::move_primary`] counts a move as `multihost`'s watcher does when it finds another primary. As
+/// there, connections opened before the move are not handed out again, and are closed (not pinged) when given back;
+/// the proxy lets connections opened later through (the host the pool moved to).
+pub struct SilentPrimary {
+    /// The database itself, reached directly (not through the proxy).
+    pub db: TestDb,
+    /// The store through the proxy.
+    pub store: crate::Store,
+    freeze: tokio::sync::watch::Sender<u64>,
+    moves: tokio::sync::watch::Sender<u64>,
+    moved_at: std::sync::Arc<OnceLock<std::time::Instant>>,
+}
+
+impl SilentPrimary {
+    /// A pool of `connections`, all open and idle, handed out without a ping (so a call after [`Self::silence`]
+    /// waits on a silent connection, as calls in flight at a hang do).
+    pub async fn start(connections: u32) -> SilentPrimary {
+        let db = test_db().await;
+        let direct = db.connect_options();
+        let (at, freeze) = freezing_proxy(std::net::SocketAddr::from((
+            [127, 0, 0, 1],
+            direct.get_port(),
+        )))
+        .await;
+        let moved_at = std::sync::Arc::new(OnceLock::<std::time::Instant>::new());
+        let (before, after) = (moved_at.clone(), moved_at.clone());
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(connections)
+            .test_before_acquire(false)
+            .before_acquire(move |_, meta| {
+                let stale = before.get().is_some_and(|t| meta.age > t.elapsed());
+                Box::pin(async move { Ok(!stale) })
+            })
+            .after_release(move |_, meta| {
+                let stale = after.get().is_some_and(|t| meta.age > t.elapsed());
+                Box::pin(async move { Ok(!stale) })
+            })
+            .connect_with(direct.port(at.port()))
+            .await
+            .expect("a pool through the freezing proxy");
+        let mut open = Vec::new();
+        for _ in 0..connections {
+            open.push(
+                pool.acquire()
+                    .await
+                    .expect("a connection through the proxy"),
+            );
+        }
+        drop(open);
+        while pool.num_idle() < connections as usize {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let (moves, moved) = tokio::sync::watch::channel(0u64);
+        SilentPrimary {
+            db,
+            store: crate::Store::following(pool, moved),
+            freeze,
+            moves,
+            moved_at,
+        }
+    }
+
+    /// Every connection open now goes silent.
+    pub fn silence(&self) {
+        self.freeze.send_modify(|g| *g += 1);
+    }
+
+    /// The pool moves to another primary (the same database, through connections opened from now on).
+    pub fn move_primary(&self) {
+        let _ = self.moved_at.set(std::time::Instant::now());
+        self.moves.send_modify(|n| *n += 1);
+    }
+}

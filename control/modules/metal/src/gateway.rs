@@ -257,6 +257,21 @@ impl WithBmc {
     }
 }
 
+impl WithBmc {
+    /// `call` given up as UNAVAILABLE when the database primary moves while it runs, or past the gateway's deadline
+    /// ([`Store::cut`]), as the site backend it wraps does.
+    async fn cut<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        self.store
+            .cut(what, bc_gateway::STORE_DEADLINE, call)
+            .await
+            .unwrap_or_else(|e| Err(internal(what, &e)))
+    }
+}
+
 impl SiteHandler for WithBmc {
     fn boot_lease(
         &self,
@@ -268,7 +283,9 @@ impl SiteHandler for WithBmc {
 
     fn netboot(&self, agent: &SiteAgent) -> BoxFuture<'_, Result<v1::NetbootResponse, Status>> {
         let agent = agent.clone();
-        Box::pin(async move { self.netboot_with_images(&agent).await })
+        Box::pin(self.cut("reading the netboot table", async move {
+            self.netboot_with_images(&agent).await
+        }))
     }
 
     fn renew(
@@ -293,7 +310,9 @@ impl SiteHandler for WithBmc {
         request: v1::ArtifactRequest,
     ) -> BoxFuture<'_, Result<ArtifactStream, Status>> {
         let agent = agent.clone();
-        Box::pin(async move { self.image_or_boot_artifact(&agent, request).await })
+        Box::pin(self.cut("opening an artifact", async move {
+            self.image_or_boot_artifact(&agent, request).await
+        }))
     }
 
     fn stored_artifact(&self, sha256: &str) -> BoxFuture<'_, Result<ArtifactStream, Status>> {
@@ -306,7 +325,9 @@ impl SiteHandler for WithBmc {
         request: v1::SiteReport,
     ) -> BoxFuture<'_, Result<v1::SiteReportResponse, Status>> {
         let agent = agent.clone();
-        Box::pin(async move { WithBmc::report(self, &agent, request).await })
+        Box::pin(self.cut("storing the site's report", async move {
+            WithBmc::report(self, &agent, request).await
+        }))
     }
 
     fn bmc_commands(
@@ -315,7 +336,9 @@ impl SiteHandler for WithBmc {
         request: v1::BmcCommandsRequest,
     ) -> BoxFuture<'_, Result<v1::BmcCommandsResponse, Status>> {
         let agent = agent.clone();
-        Box::pin(async move { self.commands(&agent, request).await })
+        Box::pin(self.cut("reading BMC commands", async move {
+            self.commands(&agent, request).await
+        }))
     }
 
     fn bmc_result(
@@ -324,6 +347,107 @@ impl SiteHandler for WithBmc {
         request: v1::BmcResultRequest,
     ) -> BoxFuture<'_, Result<v1::BmcResultResponse, Status>> {
         let agent = agent.clone();
-        Box::pin(async move { self.result(&agent, request).await })
+        Box::pin(self.cut("storing a BMC result", async move {
+            self.result(&agent, request).await
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The site services WithBmc does not answer itself: none in this test.
+    struct NoSite;
+
+    fn none<T: Send + 'static>() -> BoxFuture<'static, Result<T, Status>> {
+        Box::pin(async { Err(Status::unimplemented("this test has no site backend")) })
+    }
+
+    impl SiteHandler for NoSite {
+        fn boot_lease(
+            &self,
+            _: &SiteAgent,
+            _: v1::BootLeaseRequest,
+        ) -> BoxFuture<'_, Result<v1::BootLeaseResponse, Status>> {
+            none()
+        }
+        fn netboot(&self, _: &SiteAgent) -> BoxFuture<'_, Result<v1::NetbootResponse, Status>> {
+            none()
+        }
+        fn renew(
+            &self,
+            _: &SiteAgent,
+            _: v1::RenewRequest,
+        ) -> BoxFuture<'_, Result<v1::RenewResponse, Status>> {
+            none()
+        }
+        fn secret(
+            &self,
+            _: &SiteAgent,
+            _: v1::SecretRequestMessage,
+        ) -> BoxFuture<'_, Result<v1::SecretResponse, Status>> {
+            none()
+        }
+        fn artifact(
+            &self,
+            _: &SiteAgent,
+            _: v1::ArtifactRequest,
+        ) -> BoxFuture<'_, Result<ArtifactStream, Status>> {
+            none()
+        }
+        fn stored_artifact(&self, _: &str) -> BoxFuture<'_, Result<ArtifactStream, Status>> {
+            none()
+        }
+    }
+
+    /// The database primary goes silent (no reset) under a site agent's BMC calls, and the pool moves to another
+    /// primary: each is answered UNAVAILABLE at the move, not at the gateway's 30 s deadline, and the next is
+    /// served on the new primary.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bmc_calls_waiting_on_a_silent_primary_are_answered_at_its_move() {
+        let primary = bc_store::testing::SilentPrimary::start(4).await;
+        let bmc = WithBmc::new(Arc::new(NoSite), primary.store.clone(), "test.local");
+        let agent = SiteAgent {
+            site_id: "s1".into(),
+            agent_id: "a1".into(),
+            public_point: vec![0x04; 65],
+        };
+        let poll = v1::BmcCommandsRequest::default();
+        let none_yet = bmc.bmc_commands(&agent, poll).await.expect("read through");
+        assert!(none_yet.commands.is_empty());
+
+        primary.silence();
+        let (polled, reported) = (
+            bmc.bmc_commands(&agent, poll),
+            SiteHandler::report(&bmc, &agent, v1::SiteReport::default()),
+        );
+        let both = async { tokio::join!(polled, reported) };
+        tokio::pin!(both);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(700), &mut both)
+                .await
+                .is_err(),
+            "answered through a silent database"
+        );
+        let moved = std::time::Instant::now();
+        primary.move_primary();
+        let (polled, reported) = tokio::time::timeout(Duration::from_secs(5), both)
+            .await
+            .expect("answered at the move");
+        assert!(
+            moved.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            moved.elapsed()
+        );
+        for e in [polled.err(), reported.err()] {
+            let e = e.expect("served through a silent database");
+            assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        }
+        let after = tokio::time::timeout(Duration::from_secs(5), bmc.bmc_commands(&agent, poll))
+            .await
+            .expect("a call after the move waited on the old primary")
+            .expect("served on the new primary");
+        assert!(after.commands.is_empty());
     }
 }

@@ -4,8 +4,8 @@
 
 use crate::grouped::Grouped;
 use bc_ca::{Ca, CsrError, VerifiedCsr, verify_csr};
-use bc_gateway::BoxFuture;
 use bc_gateway::session::{RevokedSince, Seen, SessionBackend, SessionGrant, SessionRef};
+use bc_gateway::{BoxFuture, STORE_DEADLINE};
 use bc_proto::spiffe::{Role, SpiffeId};
 use bc_proto::v1;
 use bc_store::Store;
@@ -60,7 +60,13 @@ fn group_statements(
                     .iter()
                     .map(|(id, key)| (id.as_str(), key.as_slice()))
                     .collect();
-                store.open_sessions_on(&opens, gateway.as_deref()).await
+                store
+                    .within(
+                        "opening sessions",
+                        STORE_DEADLINE,
+                        store.open_sessions_on(&opens, gateway.as_deref()),
+                    )
+                    .await
             })
         }),
     );
@@ -75,7 +81,14 @@ fn group_statements(
                     .iter()
                     .map(|(id, epoch, seen)| (id.as_str(), *epoch, Some(*seen)))
                     .collect();
-                store.close_sessions(&closes).await.map(|()| vec![(); n])
+                store
+                    .within(
+                        "closing sessions",
+                        STORE_DEADLINE,
+                        store.close_sessions(&closes),
+                    )
+                    .await
+                    .map(|()| vec![(); n])
             })
         }),
     );
@@ -110,6 +123,21 @@ fn epoch(s: &SessionRef) -> i64 {
 }
 
 impl ControlSessions {
+    /// `call` (one of the gateway's calls into this backend) given up as UNAVAILABLE when the database primary moves
+    /// while it runs, or past the gateway's deadline ([`Store::cut`]). A call waiting on a primary gone silent is
+    /// answered by nothing but that: it held its session, or the gateway's housekeeping (which awaits liveness and
+    /// the pull of waiting messages in turn), until the gateway's own 30 s deadline.
+    async fn cut<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        self.store
+            .cut(what, STORE_DEADLINE, call)
+            .await
+            .unwrap_or_else(|e| Err(unavailable(e)))
+    }
+
     pub fn new(
         store: Store,
         ca: Arc<Ca>,
@@ -443,7 +471,9 @@ impl SessionBackend for ControlSessions {
         hello: &v1::Hello,
     ) -> BoxFuture<'_, Result<SessionGrant, Status>> {
         let (node_id, key, hello) = (node_id.to_string(), public_key.to_vec(), hello.clone());
-        Box::pin(async move { self.open_inner(&node_id, &key, &hello).await })
+        Box::pin(self.cut("opening a session", async move {
+            self.open_inner(&node_id, &key, &hello).await
+        }))
     }
 
     fn inventory(
@@ -452,12 +482,14 @@ impl SessionBackend for ControlSessions {
         section: v1::InventorySection,
     ) -> BoxFuture<'_, Result<(), Status>> {
         let s = s.clone();
-        Box::pin(async move { self.inventory_inner(&s, section).await })
+        Box::pin(self.cut("storing inventory", async move {
+            self.inventory_inner(&s, section).await
+        }))
     }
 
     fn ack(&self, s: &SessionRef, ack: v1::DesiredStateAck) -> BoxFuture<'_, Result<(), Status>> {
         let s = s.clone();
-        Box::pin(async move {
+        Box::pin(self.cut("storing an acknowledgement", async move {
             let generation = i64::try_from(ack.generation).unwrap_or(i64::MAX);
             let applied = ack.outcome == "applied";
             let message = ack_reason(&ack);
@@ -481,7 +513,7 @@ impl SessionBackend for ControlSessions {
             } else {
                 Err(stale(&s))
             }
-        })
+        }))
     }
 
     fn result(
@@ -490,7 +522,9 @@ impl SessionBackend for ControlSessions {
         result: v1::CommandResult,
     ) -> BoxFuture<'_, Result<(), Status>> {
         let s = s.clone();
-        Box::pin(async move { self.result_inner(&s, result).await })
+        Box::pin(self.cut("storing a command result", async move {
+            self.result_inner(&s, result).await
+        }))
     }
 
     fn progress(
@@ -499,7 +533,9 @@ impl SessionBackend for ControlSessions {
         progress: v1::CommandProgress,
     ) -> BoxFuture<'_, Result<(), Status>> {
         let s = s.clone();
-        Box::pin(async move { self.progress_inner(&s, progress).await })
+        Box::pin(self.cut("storing progress", async move {
+            self.progress_inner(&s, progress).await
+        }))
     }
 
     fn renew(
@@ -509,17 +545,16 @@ impl SessionBackend for ControlSessions {
         session_key: Vec<u8>,
     ) -> BoxFuture<'_, Result<v1::RenewResponse, Status>> {
         let s = s.clone();
-        Box::pin(async move { self.renew_inner(&s, &csr_der, &session_key).await })
+        Box::pin(self.cut("renewing a certificate", async move {
+            self.renew_inner(&s, &csr_der, &session_key).await
+        }))
     }
 
     fn closed(&self, ended: &Seen) -> BoxFuture<'_, ()> {
         let (s, at_ms) = (ended.session.clone(), ended.at_ms);
         Box::pin(async move {
-            if let Err(e) = self
-                .closes
-                .call((s.node_id.clone(), epoch(&s), at_ms))
-                .await
-            {
+            let close = self.closes.call((s.node_id.clone(), epoch(&s), at_ms));
+            if let Err(e) = self.cut("recording a session's close", close).await {
                 tracing::warn!(
                     error = e.message(),
                     node_id = s.node_id,
@@ -539,12 +574,12 @@ impl SessionBackend for ControlSessions {
             .iter()
             .map(|s| (s.session.node_id.clone(), epoch(&s.session), s.at_ms))
             .collect();
-        Box::pin(async move {
+        Box::pin(self.cut("writing liveness", async move {
             self.store
                 .record_liveness(&rows, LAST_SEEN_RESOLUTION_MS)
                 .await
                 .map_err(unavailable)
-        })
+        }))
     }
 
     fn pending(
@@ -552,11 +587,13 @@ impl SessionBackend for ControlSessions {
         sessions: &[SessionRef],
     ) -> BoxFuture<'_, Result<Vec<(String, v1::GatewayMessage)>, Status>> {
         let sessions = sessions.to_vec();
-        Box::pin(async move { self.pending_inner(&sessions).await })
+        Box::pin(self.cut("pulling pending messages", async move {
+            self.pending_inner(&sessions).await
+        }))
     }
 
     fn revoked_since(&self, since: Option<i64>) -> BoxFuture<'_, Result<RevokedSince, Status>> {
-        Box::pin(async move {
+        Box::pin(self.cut("reading revocations", async move {
             let revoked = self
                 .store
                 .revoked_identities_since(since)
@@ -578,162 +615,10 @@ impl SessionBackend for ControlSessions {
                 keys,
                 watermark_ms: revoked.watermark_ms,
             })
-        })
+        }))
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use rcgen::{CertificateParams, KeyPair, PKCS_ECDSA_P256_SHA256, PublicKeyData, SigningKey};
-
-    /// Names one key in the CSR and signs with another: what a thief of the certificate (not the key) could send.
-    struct Impostor<'a> {
-        named: &'a KeyPair,
-        signer: &'a KeyPair,
-    }
-
-    impl PublicKeyData for Impostor<'_> {
-        fn der_bytes(&self) -> &[u8] {
-            self.named.der_bytes()
-        }
-        fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
-            self.named.algorithm()
-        }
-    }
-
-    impl SigningKey for Impostor<'_> {
-        fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
-            self.signer.sign(msg)
-        }
-    }
-
-    #[test]
-    fn renewal_needs_proof_of_possession_of_the_session_key()
-    -> Result<(), Box<dyn std::error::Error>> {
-        let node = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
-        let stranger = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
-        let session_key = node.public_key_raw().to_vec();
-        let csr = |k: &dyn Fn(&CertificateParams) -> Result<Vec<u8>, rcgen::Error>| {
-            k(&CertificateParams::default())
-        };
-        let own = csr(&|p| Ok(p.serialize_request(&node)?.der().to_vec()))?;
-        let other = csr(&|p| Ok(p.serialize_request(&stranger)?.der().to_vec()))?;
-        let forged = csr(&|p| {
-            let k = Impostor {
-                named: &node,
-                signer: &stranger,
-            };
-            Ok(p.serialize_request(&k)?.der().to_vec())
-        })?;
-
-        assert!(
-            renewal_csr(&own, &session_key).is_ok(),
-            "the node's own key renews"
-        );
-        let e = renewal_csr(&other, &session_key)
-            .err()
-            .ok_or("another key renewed")?;
-        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-        assert!(e.message().contains("another key"), "{e:?}");
-        let e = renewal_csr(&forged, &session_key)
-            .err()
-            .ok_or("a forged CSR renewed")?;
-        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-        assert!(e.message().contains("signature"), "{e:?}");
-        let e = renewal_csr(&own, &[])
-            .err()
-            .ok_or("a session without a key renewed")?;
-        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-        let e = renewal_csr(b"not a csr", &session_key)
-            .err()
-            .ok_or("garbage renewed")?;
-        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
-        Ok(())
-    }
-
-    /// Takes no section: the opens below send none.
-    struct NoInventory;
-
-    impl bc_core::api::inventory::InventorySink for NoInventory {
-        fn record<'a>(
-            &'a self,
-            _: bc_core::api::inventory::SectionReport<'a>,
-        ) -> bc_core::api::inventory::RecordFuture<'a> {
-            Box::pin(async {
-                Err(bc_core::api::inventory::InventoryRefusal::Invalid(
-                    "this test takes no inventory".into(),
-                ))
-            })
-        }
-    }
-
-    /// Transactions that took a transaction id (every write) since `since`, on a clock of the database's own:
-    /// exact, unlike the statistics, which a backend reports up to a second late.
-    async fn writes_since(store: &Store, since: i64) -> i64 {
-        let now: i64 = bc_store::sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
-            .fetch_one(store.pool())
-            .await
-            .expect("xid");
-        now - since - 1
-    }
-
-    /// Opens that wait together share a statement: 200 nodes opening at once (a reconnect storm's shape) each get
-    /// their session and epoch, in a few write transactions, not 200; the last open, alone, still goes at once.
-    #[tokio::test]
-    async fn opens_that_wait_together_share_one_statement() -> Result<(), Box<dyn std::error::Error>>
-    {
-        let db = bc_store::testing::test_db().await;
-        let store = Store::new(db.pool.clone());
-        store.ensure_root_tenant().await?;
-        store.ensure_pool("p1", "root", "pool one", true).await?;
-        bc_store::sqlx::query(
-            "INSERT INTO nodes (id, shard, pool_id, state, claims, join_key_hash, joined_at, cert_serial, \
-             cert_not_after, public_key) SELECT 'n' || i, bc_shard('n' || i), 'p1', 'adopting', '{}', 'k' || i, now(), i::text, now() + interval '1 day', \
-             '\\x04ab'::bytea FROM generate_series(1, 200) i",
-        )
-        .execute(store.pool())
-        .await?;
-        let dir = tempfile::tempdir()?;
-        let ca = Arc::new(Ca::load_or_create(dir.path(), "test.local")?);
-        let sessions = Arc::new(
-            ControlSessions::new(store.clone(), ca, Arc::new(NoInventory)).on_gateway("gw-test"),
-        );
-        let hello = v1::Hello::default();
-        let before: i64 = bc_store::sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
-            .fetch_one(store.pool())
-            .await?;
-        let mut opens = tokio::task::JoinSet::new();
-        for i in 1..=200 {
-            let (sessions, hello) = (sessions.clone(), hello.clone());
-            opens
-                .spawn(async move { sessions.open(&format!("n{i}"), &[0x04, 0xab], &hello).await });
-        }
-        let mut epochs = Vec::new();
-        while let Some(opened) = opens.join_next().await {
-            epochs.push(opened??.epoch);
-        }
-        assert_eq!(epochs, vec![1; 200], "every node opened its first session");
-        let writes = writes_since(&store, before).await;
-        assert!(
-            (1..=20).contains(&writes),
-            "200 opens at once took {writes} write transactions"
-        );
-        let online: i64 = bc_store::sqlx::query_scalar(
-            "SELECT count(*) FROM nodes WHERE online AND session_epoch = 1 AND gateway_id = 'gw-test'",
-        )
-        .fetch_one(store.pool())
-        .await?;
-        assert_eq!(online, 200);
-        // Alone: answered by a statement of its own, and a refusal says why.
-        let again = sessions.open("n7", &[0x04, 0xab], &hello).await?;
-        assert_eq!(again.epoch, 2);
-        let e = sessions
-            .open("n8", &[0x04, 0xcd], &hello)
-            .await
-            .err()
-            .ok_or("a key that is not the node's opened a session")?;
-        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-        Ok(())
-    }
-}
+#[path = "session_tests.rs"]
+mod tests;

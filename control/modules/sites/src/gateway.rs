@@ -445,6 +445,22 @@ impl SiteBackend {
     }
 }
 
+impl SiteBackend {
+    /// `call` (one of the gateway's calls into this backend) given up as UNAVAILABLE when the database primary
+    /// moves while it runs, or past the gateway's deadline ([`Store::cut`]): one waiting on a primary gone silent
+    /// would otherwise hold the agent's call until the gateway's own deadline.
+    async fn cut<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        self.store
+            .cut(what, bc_gateway::STORE_DEADLINE, call)
+            .await
+            .unwrap_or_else(|e| Err(internal(what, &e)))
+    }
+}
+
 impl SiteHandler for SiteBackend {
     fn boot_lease(
         &self,
@@ -452,18 +468,18 @@ impl SiteHandler for SiteBackend {
         request: v1::BootLeaseRequest,
     ) -> BoxFuture<'_, Result<v1::BootLeaseResponse, Status>> {
         let agent = agent.clone();
-        Box::pin(async move {
+        Box::pin(self.cut("the boot lease", async move {
             self.admit(&agent).await?;
             self.lease(&agent, request).await
-        })
+        }))
     }
 
     fn netboot(&self, agent: &SiteAgent) -> BoxFuture<'_, Result<v1::NetbootResponse, Status>> {
         let agent = agent.clone();
-        Box::pin(async move {
+        Box::pin(self.cut("reading the netboot table", async move {
             self.admit(&agent).await?;
             self.table(&agent).await
-        })
+        }))
     }
 
     fn renew(
@@ -472,10 +488,10 @@ impl SiteHandler for SiteBackend {
         request: v1::RenewRequest,
     ) -> BoxFuture<'_, Result<v1::RenewResponse, Status>> {
         let agent = agent.clone();
-        Box::pin(async move {
+        Box::pin(self.cut("renewing a certificate", async move {
             self.admit(&agent).await?;
             self.renew_cert(&agent, request).await
-        })
+        }))
     }
 
     fn secret(
@@ -484,10 +500,10 @@ impl SiteHandler for SiteBackend {
         request: v1::SecretRequestMessage,
     ) -> BoxFuture<'_, Result<v1::SecretResponse, Status>> {
         let agent = agent.clone();
-        Box::pin(async move {
+        Box::pin(self.cut("reading a secret", async move {
             self.admit(&agent).await?;
             self.secrets.answer(&self.store, &agent, request).await
-        })
+        }))
     }
 
     fn artifact(
@@ -496,14 +512,75 @@ impl SiteHandler for SiteBackend {
         request: v1::ArtifactRequest,
     ) -> BoxFuture<'_, Result<ArtifactStream, Status>> {
         let agent = agent.clone();
-        Box::pin(async move {
+        Box::pin(self.cut("opening an artifact", async move {
             self.admit(&agent).await?;
             self.artifact_stream(&agent, request).await
-        })
+        }))
     }
 
     fn stored_artifact(&self, sha256: &str) -> BoxFuture<'_, Result<ArtifactStream, Status>> {
         let sha256 = sha256.to_owned();
-        Box::pin(async move { self.open_artifact(&sha256).await })
+        Box::pin(self.cut("opening an artifact", async move {
+            self.open_artifact(&sha256).await
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The database primary goes silent (no reset) under a site agent's calls, and the pool moves to another
+    /// primary: each is answered UNAVAILABLE at the move, not at the gateway's 30 s deadline, and the next call is
+    /// served on the new primary.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_agents_calls_waiting_on_a_silent_primary_are_answered_at_its_move()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let primary = bc_store::testing::SilentPrimary::start(4).await;
+        let dir = tempfile::tempdir()?;
+        let site = SiteBackend::new(
+            primary.store.clone(),
+            Arc::new(Ca::load_or_create(dir.path(), "test.local")?),
+            Arc::new(SecretBox::load_or_create(dir.path())?),
+            ArtifactDir::new(dir.path()),
+        );
+        let agent = SiteAgent {
+            site_id: "s1".into(),
+            agent_id: "a1".into(),
+            public_point: vec![0x04; 65],
+        };
+        // A site with no machines yet (its certificate vouches for it): an empty table, read from the database.
+        assert!(site.netboot(&agent).await?.machines.is_empty());
+
+        primary.silence();
+        let lease = v1::BootLeaseRequest::default();
+        let (netboot, leased) = (site.netboot(&agent), site.boot_lease(&agent, lease));
+        let both = async { tokio::join!(netboot, leased) };
+        tokio::pin!(both);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(700), &mut both)
+                .await
+                .is_err(),
+            "answered through a silent database"
+        );
+        let moved = std::time::Instant::now();
+        primary.move_primary();
+        let (netboot, leased) = tokio::time::timeout(std::time::Duration::from_secs(5), both)
+            .await
+            .map_err(|_| "the calls were not answered at the move")?;
+        assert!(
+            moved.elapsed() < std::time::Duration::from_secs(3),
+            "{:?}",
+            moved.elapsed()
+        );
+        for e in [netboot.err(), leased.err()] {
+            let e = e.ok_or("served through a silent database")?;
+            assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        }
+        let after = tokio::time::timeout(std::time::Duration::from_secs(5), site.netboot(&agent))
+            .await
+            .map_err(|_| "a call after the move waited on the old primary")??;
+        assert!(after.machines.is_empty());
+        Ok(())
     }
 }
