@@ -45,10 +45,15 @@ impl Replicated {
         durability: Durability,
         database: &str,
     ) -> Result<Replicated, EmbeddedError> {
+        // `wal_retrieve_retry_interval`: a standby whose primary vanished waits this long between tries to get WAL,
+        // and a promotion requested during that wait ends recovery only after it (PostgreSQL 15: "received promote
+        // request", then 5 s to "redo done" at the default 5 s, in 2 of 12 runs of `scripts/bench failover`; the
+        // control plane waited for it). 200 ms, as a failover's operator would set it (docs/failover.md).
         let settings = [
             "synchronous_commit=on",
             "wal_level=replica",
             "max_wal_senders=4",
+            "wal_retrieve_retry_interval=200ms",
         ];
         let primary = EmbeddedPostgres::start_with(&dir.join("primary"), durability, &settings)?;
         let mut conn = connect_ready(&primary).await?;
