@@ -789,3 +789,67 @@ async fn the_cli_prints_tables_json_and_yaml_and_takes_flags_anywhere_and_contex
     );
     f.stop().await;
 }
+
+/// A decision whose notification was lost (the placer's `bc_reservation_decided` sent while the API's LISTEN
+/// connection was being replaced, as at a move of the database primary) reaches the waiting `create` when the
+/// listener is back: the kernel's `Resync` makes the decisions reconciler read every reservation a call waits for.
+/// Without that read the call waits out its 5 s for the decision and then reads the row itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_whose_notification_was_lost_is_read_back_when_listening_resumes() {
+    let f = fleet(1, 8).await;
+    let a = f.tenant_user("team-a").await;
+    // No placer from here on: the reservation stays pending until this test decides it.
+    f.back.shutdown().await;
+    let create = tokio::spawn(async move {
+        let r = a
+            .call(
+                "reservations",
+                "create",
+                json!({"tenant": "team-a", "gpus": 1, "duration_s": 600}),
+            )
+            .await;
+        (r, tokio::time::Instant::now())
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let id: String = loop {
+        let pending: Option<String> =
+            sqlx::query_scalar("SELECT id FROM reservations WHERE state = 'pending'")
+                .fetch_optional(f.store.pool())
+                .await
+                .expect("pending");
+        if let Some(id) = pending {
+            break id;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no pending reservation"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Decided without a notification (one lost), then the API's listening connection ended under it.
+    sqlx::query("UPDATE reservations SET state = 'placed' WHERE id = $1")
+        .bind(&id)
+        .execute(f.store.pool())
+        .await
+        .expect("placed");
+    let cut = tokio::time::Instant::now();
+    let ended: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND query LIKE 'LISTEN%') t",
+    )
+    .fetch_one(f.store.pool())
+    .await
+    .expect("terminate");
+    assert_eq!(ended, 1, "the API process's one listening connection");
+    let (r, answered) = create.await.expect("create task");
+    let r = r.expect("create");
+    assert_eq!(r["reservation"]["id"], id.as_str(), "{r}");
+    assert_eq!(r["reservation"]["state"], "placed", "{r}");
+    let after = answered - cut;
+    assert!(
+        after < Duration::from_millis(2500),
+        "answered {after:?} after the listener was cut (the call's own wait is 5 s)"
+    );
+    println!("answered {after:?} after the listening connection ended");
+    f.api.shutdown().await;
+}

@@ -8,7 +8,8 @@
 //!
 //! The pool ([`connect`]) opens its connections on the host that qualified; with more than one host, a watcher
 //! task checks that host every [`WATCH_INTERVAL`] over a connection of its own and, when it stops qualifying (it
-//! died, or it is a standby again), walks the list until one does and switches the pool's connect options to it
+//! died, or it is a standby again), walks the list until one does (a host that gave no answer to the check is tried
+//! last: [`Targets::find_after_silence`]) and switches the pool's connect options to it
 //! (`Pool::set_connect_options`: connections opened later go there). Pooled connections opened before the switch are
 //! dropped when next handed out (`before_acquire`), and a new connection that lands on a host that cannot write is
 //! refused (`after_connect`) and wakes the watcher at once. While no host qualifies (between a primary's death and
@@ -156,8 +157,25 @@ impl Targets {
 
     /// Walks the hosts in order and returns the first that qualifies, with the connection that checked it.
     pub async fn find(&self, timeout: Duration) -> Result<(usize, PgConnection), TargetsError> {
+        self.find_after_silence(timeout, None).await
+    }
+
+    /// [`Targets::find`], with the host `silent` (one that just gave no answer within `timeout`) tried last: libpq
+    /// too goes on to the next host once one has not answered within its `connect_timeout`, and trying that host
+    /// first again would cost a whole `timeout` more whenever it still hangs (a primary cut off without a reset,
+    /// the case a failover must be quick for). The other hosts keep their order, so which host qualifies first is
+    /// still decided by the list; the silent one is tried when none of the others qualifies.
+    pub async fn find_after_silence(
+        &self,
+        timeout: Duration,
+        silent: Option<usize>,
+    ) -> Result<(usize, PgConnection), TargetsError> {
+        let order = (0..self.hosts.len())
+            .filter(|&i| Some(i) != silent)
+            .chain(silent.filter(|&i| i < self.hosts.len()));
         let mut tried = Vec::new();
-        for (i, t) in self.hosts.iter().enumerate() {
+        for i in order {
+            let t = &self.hosts[i];
             match tokio::time::timeout(timeout, open_checked(&t.options, self.attrs)).await {
                 Ok(Ok(Ok(conn))) => return Ok((i, conn)),
                 Ok(Ok(Err(why))) => tried.push(format!("{} {why}", t.label)),
@@ -332,17 +350,24 @@ async fn watch(pool: PgPool, shared: Arc<Shared>, probe: PgConnection) {
         if pool.is_closed() {
             return;
         }
+        let current = shared.current.load(Ordering::Relaxed);
+        let mut silent = None;
         if let Some(conn) = probe.as_mut() {
             let check =
                 tokio::time::timeout(HOST_TIMEOUT, qualifies(conn, shared.targets.attrs)).await;
-            if matches!(check, Ok(Ok(Ok(())))) {
-                continue;
+            match check {
+                Ok(Ok(Ok(()))) => continue,
+                Err(_) => silent = Some(current),
+                _ => {}
             }
             probe = None;
         }
-        let current = shared.current.load(Ordering::Relaxed);
         let lost = *lost_at.get_or_insert_with(Instant::now);
-        match shared.targets.find(HOST_TIMEOUT).await {
+        match shared
+            .targets
+            .find_after_silence(HOST_TIMEOUT, silent)
+            .await
+        {
             Ok((i, conn)) => {
                 probe = Some(conn);
                 lost_at = None;
@@ -412,6 +437,43 @@ mod tests {
             let e = Targets::parse(url).expect_err(url).to_string();
             assert!(e.contains(says), "{url}: {e}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_host_that_gave_no_answer_is_tried_after_the_others() {
+        // Host 0 accepts connections (the kernel's backlog) and never answers; host 1 refuses (bound, then dropped).
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let refused = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("port")
+            .port();
+        let silent_port = silent.local_addr().expect("addr").port();
+        let t = Targets::parse(&format!(
+            "postgres://a:b@127.0.0.1:{silent_port},127.0.0.1:{refused}/x?target_session_attrs=read-write"
+        ))
+        .expect("parse");
+        let timeout = Duration::from_millis(300);
+        let t = &t;
+        let walk = |silent| async move {
+            t.find_after_silence(timeout, silent)
+                .await
+                .expect_err("nothing qualifies")
+                .to_string()
+        };
+        let in_order = walk(None).await;
+        let silent_last = walk(Some(0)).await;
+        let (hung, down) = (
+            format!("127.0.0.1:{silent_port} gave no answer"),
+            format!("127.0.0.1:{refused}"),
+        );
+        let at = |e: &str, what: &str| e.find(what).unwrap_or_else(|| panic!("{what} in {e}"));
+        assert!(at(&in_order, &hung) < at(&in_order, &down), "{in_order}");
+        assert!(
+            at(&silent_last, &down) < at(&silent_last, &hung),
+            "{silent_last}"
+        );
+        // An index past the list changes nothing.
+        assert_eq!(walk(Some(7)).await, in_order);
     }
 
     #[tokio::test]

@@ -119,20 +119,19 @@ impl Writers {
 async fn replicated_with_table(
     dir: &std::path::Path,
     max_connections: u32,
-) -> (Replicated, sqlx::PgPool) {
+) -> (Replicated, bc_store::Store, sqlx::PgPool) {
     let pg = Replicated::start(dir, Durability::Throwaway, "bc")
         .await
         .expect("primary and standby");
-    let pool = multihost::connect(&pg.url("bc"), max_connections, Duration::from_secs(10))
+    let store = multihost::connect(&pg.url("bc"), max_connections, Duration::from_secs(10))
         .await
-        .expect("pool")
-        .pool()
-        .clone();
+        .expect("pool");
+    let pool = store.pool().clone();
     sqlx::query("CREATE TABLE acked (k bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())")
         .execute(&pool)
         .await
         .expect("table");
-    (pg, pool)
+    (pg, store, pool)
 }
 
 /// Every acknowledged commit is on the promoted standby, which the pool is on and which now writes.
@@ -155,7 +154,7 @@ async fn all_acknowledged_on_the_new_primary(pool: &sqlx::PgPool, keys: &[i64]) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pool_follows_the_promoted_standby_and_no_acknowledged_commit_is_lost() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut pg, pool) = replicated_with_table(dir.path(), 8).await;
+    let (mut pg, _store, pool) = replicated_with_table(dir.path(), 8).await;
     let writers = Writers::start(&pool, 4, INSERT, Duration::from_secs(60));
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
@@ -191,7 +190,10 @@ async fn the_pool_follows_the_promoted_standby_and_no_acknowledged_commit_is_los
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pool_follows_the_promoted_standby_when_the_primary_hangs() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut pg, pool) = replicated_with_table(dir.path(), 4).await;
+    let (mut pg, store, pool) = replicated_with_table(dir.path(), 4).await;
+    let mut moves = store
+        .primary_moves()
+        .expect("a store on two hosts counts its moves");
     let writers = Writers::start(&pool, 4, SLOW_INSERT, Duration::from_secs(3));
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
@@ -200,23 +202,37 @@ async fn the_pool_follows_the_promoted_standby_when_the_primary_hangs() {
     );
 
     let hung = Instant::now();
+    let moved = tokio::spawn(async move {
+        let _ = tokio::time::timeout(Duration::from_secs(60), moves.changed()).await;
+        hung.elapsed()
+    });
     let stopped = pg.freeze_primary();
     assert!(stopped > 1, "the postmaster and its processes: {stopped}");
     let promote = pg.promote_standby().await.expect("promote");
     let promoted = hung.elapsed();
     let recovered = writers.first_commit_after(hung, hung + promoted).await;
+    let moved = moved.await.expect("the move's watch");
     tokio::time::sleep(Duration::from_secs(1)).await;
     println!(
         "{stopped} processes of the primary stopped; standby promoted (pg_promote) {:.2} s, in all {:.2} s after; \
-         first commit after it at {:.2} s",
+         the pool moved at {:.2} s; first commit after it at {:.2} s",
         promote.as_secs_f64(),
         promoted.as_secs_f64(),
+        moved.as_secs_f64(),
         recovered.as_secs_f64(),
     );
     let keys = writers.stop(hung).await;
     assert!(
         recovered < promoted + Duration::from_secs(15),
         "the pool took {recovered:?} to commit again; the standby was promoted at {promoted:?}"
+    );
+    // The watcher's check of the hung primary gives no answer within HOST_TIMEOUT; the walk that follows tries the
+    // hung host last, so the promoted standby is found at once. Tried first again, the hung host would cost a second
+    // HOST_TIMEOUT: the move could not come before 2 × HOST_TIMEOUT.
+    assert!(
+        promoted < multihost::HOST_TIMEOUT && moved < 2 * multihost::HOST_TIMEOUT,
+        "the pool moved {moved:?} after the primary hung (promoted at {promoted:?}); the walk after the silent \
+         check should try the hung host last"
     );
     all_acknowledged_on_the_new_primary(&pool, &keys).await;
     pg.kill_primary();

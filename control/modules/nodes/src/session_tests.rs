@@ -94,21 +94,28 @@ async fn writes_since(store: &Store, since: i64) -> i64 {
     now - since - 1
 }
 
+/// Nodes `n1` to `n{count}` in pool `p1`, adopting, each with the public key `04ab` (what a session open checks).
+async fn adopting_nodes(store: &Store, count: i32) -> Result<(), Box<dyn std::error::Error>> {
+    store.ensure_root_tenant().await?;
+    store.ensure_pool("p1", "root", "pool one", true).await?;
+    bc_store::sqlx::query(
+        "INSERT INTO nodes (id, shard, pool_id, state, claims, join_key_hash, joined_at, cert_serial, \
+         cert_not_after, public_key) SELECT 'n' || i, bc_shard('n' || i), 'p1', 'adopting', '{}', 'k' || i, now(), i::text, now() + interval '1 day', \
+         '\\x04ab'::bytea FROM generate_series(1, $1) i",
+    )
+    .bind(count)
+    .execute(store.pool())
+    .await?;
+    Ok(())
+}
+
 /// Opens that wait together share a statement: 200 nodes opening at once (a reconnect storm's shape) each get
 /// their session and epoch, in a few write transactions, not 200; the last open, alone, still goes at once.
 #[tokio::test]
 async fn opens_that_wait_together_share_one_statement() -> Result<(), Box<dyn std::error::Error>> {
     let db = bc_store::testing::test_db().await;
     let store = Store::new(db.pool.clone());
-    store.ensure_root_tenant().await?;
-    store.ensure_pool("p1", "root", "pool one", true).await?;
-    bc_store::sqlx::query(
-        "INSERT INTO nodes (id, shard, pool_id, state, claims, join_key_hash, joined_at, cert_serial, \
-         cert_not_after, public_key) SELECT 'n' || i, bc_shard('n' || i), 'p1', 'adopting', '{}', 'k' || i, now(), i::text, now() + interval '1 day', \
-         '\\x04ab'::bytea FROM generate_series(1, 200) i",
-    )
-    .execute(store.pool())
-    .await?;
+    adopting_nodes(&store, 200).await?;
     let dir = tempfile::tempdir()?;
     let ca = Arc::new(Ca::load_or_create(dir.path(), "test.local")?);
     let sessions = Arc::new(
@@ -160,16 +167,7 @@ async fn opens_that_wait_together_share_one_statement() -> Result<(), Box<dyn st
 async fn calls_waiting_on_a_silent_primary_are_answered_at_its_move()
 -> Result<(), Box<dyn std::error::Error>> {
     let primary = bc_store::testing::SilentPrimary::start(6).await;
-    let direct = Store::new(primary.db.pool.clone());
-    direct.ensure_root_tenant().await?;
-    direct.ensure_pool("p1", "root", "pool one", true).await?;
-    bc_store::sqlx::query(
-        "INSERT INTO nodes (id, shard, pool_id, state, claims, join_key_hash, joined_at, cert_serial, \
-         cert_not_after, public_key) SELECT 'n' || i, bc_shard('n' || i), 'p1', 'adopting', '{}', 'k' || i, now(), i::text, now() + interval '1 day', \
-         '\\x04ab'::bytea FROM generate_series(1, 3) i",
-    )
-    .execute(direct.pool())
-    .await?;
+    adopting_nodes(&Store::new(primary.db.pool.clone()), 3).await?;
     let dir = tempfile::tempdir()?;
     let ca = Arc::new(Ca::load_or_create(dir.path(), "test.local")?);
     let sessions = Arc::new(
