@@ -486,6 +486,7 @@ async fn any_killed_process_is_replaced_within_the_lease_and_a_paused_owner_is_f
     // first ("shards given up"); which comes first is a race of the timers that fire at the resume.
     signal(&ctl[1].child, "-CONT").await;
     let log = dir.path().join("ctl1.log");
+    let status = format!("/proc/{}/status", ctl[1].child.id().unwrap_or_default());
     let stopped_acting = |l: &str| l.contains("fenced out") || l.contains("shards given up");
     until(
         20,
@@ -495,7 +496,17 @@ async fn any_killed_process_is_replaced_within_the_lease_and_a_paused_owner_is_f
             if text.lines().any(stopped_acting) {
                 Ok(())
             } else {
-                Err(text)
+                // Once seen failing in CI with nothing logged after the resume: say whether it runs at all.
+                let state = std::fs::read_to_string(&status)
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.starts_with("State:") || l.starts_with("Threads:"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let (valid, owners) = leases(&store, "controllers").await;
+                Err(format!(
+                    "process {state}; {valid} valid controller leases by owner pid {owners:?}; its log:\n{text}"
+                ))
             }
         },
     )
